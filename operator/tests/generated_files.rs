@@ -1,0 +1,19 @@
+//! Files generated from the Rust types must match them; `make generate` refreshes them.
+
+use std::path::Path;
+
+use kube::CustomResourceExt;
+use stoker_api::DataPipeline;
+
+fn assert_file_is(path: &str, expected: &str) {
+    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    let actual = std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("reading {}: {e}", full.display()));
+    assert!(actual == expected, "{path} is out of date with the DataPipeline types: run `make generate`");
+}
+
+#[test]
+fn crd_files_match_the_types() {
+    let crd = stoker_api::to_yaml(&DataPipeline::crd()).unwrap();
+    assert_file_is("crds/datapipelines.stoker.dev.yaml", &crd);
+    assert_file_is("charts/stoker/files/crds/datapipelines.stoker.dev.yaml", &crd);
+}
