@@ -6,7 +6,7 @@ export PATH := $(HOME)/.cache/stoker/bin:$(PATH)
 
 # Runs the local demo: no cluster needed.
 demo:
-	$(CARGO) run --release -q -p stoker-operator --bin stoker -- demo
+	$(CARGO) run -q -p stoker-operator --bin stoker -- demo
 
 # Every test tier that can run on this machine: unit, chart, and e2e on a real control plane
 # (kind too where docker and kind exist; otherwise it says why it is skipped).

@@ -295,3 +295,40 @@ impl CacheAccessMode {
         }
     }
 }
+
+/// The data-plane part of a pipeline, as the operator hands it to workers (env STOKER_PIPELINE,
+/// JSON). Scaling knobs are left out so that changing them does not restart workers.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerPipeline {
+    pub namespace: String,
+    pub name: String,
+    pub source: Source,
+    #[serde(default)]
+    pub transforms: Vec<Transform>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle: Option<Shuffle>,
+    pub batch_size: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub on_error: OnError,
+    #[serde(default)]
+    pub cache_mode: CacheMode,
+}
+
+impl WorkerPipeline {
+    pub fn new(namespace: &str, name: &str, spec: &DataPipelineSpec) -> Self {
+        WorkerPipeline {
+            namespace: namespace.into(),
+            name: name.into(),
+            source: spec.source.clone(),
+            transforms: spec.transforms.clone(),
+            shuffle: spec.shuffle.clone(),
+            batch_size: spec.batch_size,
+            seed: spec.seed,
+            on_error: spec.on_error,
+            cache_mode: spec.cache.mode,
+        }
+    }
+}

@@ -46,7 +46,18 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
         ),
     }
 
+    // Also enforced by the CRD schema; checked here for pipelines that never pass an API server
+    // (standalone workers, `stoker check`).
+    if spec.batch_size == 0 {
+        err("spec.batchSize", "must be at least 1".into());
+    }
+    if spec.shuffle.as_ref().is_some_and(|s| s.buffer_size == 0) {
+        err("spec.shuffle.bufferSize", "must be at least 1".into());
+    }
     let w = &spec.workers;
+    if w.min < 0 || w.max < 1 {
+        err("spec.workers", format!("need min >= 0 and max >= 1, got min {} and max {}", w.min, w.max));
+    }
     if w.min > w.max {
         err("spec.workers", format!("min ({}) is greater than max ({}); set min <= max", w.min, w.max));
     }
@@ -220,6 +231,13 @@ mod tests {
                 "spec.transforms[3].decodeImage"
             ]
         );
+    }
+
+    #[test]
+    fn schema_ranges_are_checked_without_an_api_server() {
+        let s = spec("source: {uri: 'file:///d', format: jsonl}\nbatchSize: 0\nshuffle: {bufferSize: 0}\n");
+        let fields: Vec<_> = validate(&s).unwrap_err().into_iter().map(|e| e.field).collect();
+        assert_eq!(fields, ["spec.batchSize", "spec.shuffle.bufferSize"]);
     }
 
     #[test]

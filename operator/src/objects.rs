@@ -13,8 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
-use serde::Serialize;
-use stoker_api::{AutoscalingMode, CacheMode, DataPipeline, DataPipelineSpec};
+use stoker_api::{AutoscalingMode, CacheMode, DataPipeline, DataPipelineSpec, WorkerPipeline};
 
 use crate::names;
 
@@ -54,24 +53,6 @@ pub fn initial_replicas(spec: &DataPipelineSpec) -> i32 {
     }
 }
 
-/// The data-plane part of the spec the workers run, handed over in the pod template so that a
-/// change to it rolls the workers and a change to scaling knobs does not.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct WorkerPipeline<'a> {
-    namespace: &'a str,
-    name: &'a str,
-    source: &'a stoker_api::Source,
-    transforms: &'a [stoker_api::Transform],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    shuffle: &'a Option<stoker_api::Shuffle>,
-    batch_size: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    seed: Option<u64>,
-    on_error: stoker_api::OnError,
-    cache_mode: CacheMode,
-}
-
 pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32) -> PipelineObjects {
     let name = dp.name_any();
     let ns = dp.namespace().unwrap_or_default();
@@ -98,17 +79,7 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32) -> Pip
     };
 
     let caching = spec.cache.mode != CacheMode::Never;
-    let pipeline_json = serde_json::to_string(&WorkerPipeline {
-        namespace: &ns,
-        name: &name,
-        source: &spec.source,
-        transforms: &spec.transforms,
-        shuffle: &spec.shuffle,
-        batch_size: spec.batch_size,
-        seed: spec.seed,
-        on_error: spec.on_error,
-        cache_mode: spec.cache.mode,
-    })
+    let pipeline_json = serde_json::to_string(&WorkerPipeline::new(&ns, &name, spec))
     .expect("pipeline spec serializes");
 
     let field_ref = |path: &str| EnvVarSource {
