@@ -66,13 +66,14 @@ fn check(dp: &DataPipeline) -> anyhow::Result<()> {
 }
 
 fn demo(samples: &Path, yaml: bool) -> anyhow::Result<()> {
+    let samples = &samples.canonicalize().with_context(|| format!("finding {}", samples.display()))?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(samples)
         .with_context(|| format!("reading samples from {}", samples.display()))?
         .chain(std::fs::read_dir(samples.join("invalid")).into_iter().flatten())
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
         .collect();
-    files.sort();
+    files.sort_by_key(|p| (p.parent() != Some(samples), p.clone()));
     let defaults = WorkerDefaults {
         image: concat!("ghcr.io/stoker-dev/stoker-worker:", env!("CARGO_PKG_VERSION")).into(),
         dispatcher_url: "http://stoker-dispatcher.stoker-system.svc:50051".into(),
@@ -85,7 +86,7 @@ fn demo(samples: &Path, yaml: bool) -> anyhow::Result<()> {
         let mut dp = match load(&file) {
             Ok(dp) => dp,
             Err(e) => {
-                println!("✗ {name}\n    refused by the API server's schema: {e:#}\n");
+                println!("✗ {name}\n    refused by the CRD schema: {}\n", e.root_cause());
                 continue;
             }
         };
