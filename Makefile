@@ -13,6 +13,7 @@ demo:
 test: tools
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
+	STOKER_E2E_PROVIDER=kind $(CARGO) test -p stoker-e2e --test e2e
 
 # etcd, kube-apiserver, kube-controller-manager, kubectl, helm into ~/.cache/stoker/bin.
 tools:

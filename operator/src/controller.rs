@@ -18,7 +18,6 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 use stoker_api::{DataPipeline, validate};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -29,8 +28,6 @@ use crate::status::{self, Outcome};
 
 /// The single field manager of everything the operator applies.
 pub const FIELD_MANAGER: &str = "stoker-operator";
-/// Hash of what we last applied; lets a restarted operator see that nothing needs writing.
-const APPLIED_HASH: &str = "stoker.dev/applied-hash";
 const RESYNC: Duration = Duration::from_secs(300);
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
@@ -155,31 +152,22 @@ async fn apply_objects(ctx: &Context, dp: &DataPipeline, built: &PipelineObjects
     apply(&Api::<Deployment>::namespaced(ctx.client.clone(), &ns), &built.deployment).await
 }
 
-/// Server-side apply, skipped when the object already carries what we would apply: a restarted
-/// operator then writes nothing. The hash catches fields we stopped setting; the containment
-/// check catches edits by others.
+/// Server-side apply with our one field manager. The API server does not write an object
+/// whose applied fields are unchanged, so a resync or a restarted operator writes nothing
+/// (the e2e suite checks resourceVersions across a restart).
 async fn apply<K>(api: &Api<K>, desired: &K) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
     let name = desired.meta().name.clone().unwrap_or_default();
-    let fail = |source| Error::Apply {
-        kind: K::kind(&()).into_owned(),
-        namespace: desired.meta().namespace.clone().unwrap_or_default(),
-        name: name.clone(),
-        source,
-    };
-    let hash = content_hash(desired);
-    let mut desired = desired.clone();
-    desired.meta_mut().annotations.get_or_insert_default().insert(APPLIED_HASH.into(), hash.clone());
-    if let Some(current) = api.get_opt(&name).await.map_err(fail)? {
-        let up_to_date = current.meta().annotations.as_ref().and_then(|a| a.get(APPLIED_HASH)) == Some(&hash)
-            && json_contains(&serde_json::to_value(&current).unwrap(), &serde_json::to_value(&desired).unwrap());
-        if up_to_date {
-            return Ok(current);
+    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(desired)).await.map_err(|source| {
+        Error::Apply {
+            kind: K::kind(&()).into_owned(),
+            namespace: desired.meta().namespace.clone().unwrap_or_default(),
+            name: name.clone(),
+            source,
         }
-    }
-    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&desired)).await.map_err(fail)
+    })
 }
 
 /// Creates the object if it does not exist; never updates it. Returns whether it created it.
@@ -201,22 +189,6 @@ where
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
         Err(e) => Err(fail(e)),
-    }
-}
-
-fn content_hash<K: Serialize>(object: &K) -> String {
-    let digest = Sha256::digest(serde_json::to_vec(object).expect("object serializes"));
-    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Whether `have` holds every field of `want` (objects may have more keys; arrays match
-/// element by element).
-fn json_contains(have: &serde_json::Value, want: &serde_json::Value) -> bool {
-    use serde_json::Value;
-    match (have, want) {
-        (Value::Object(h), Value::Object(w)) => w.iter().all(|(k, wv)| h.get(k).is_some_and(|hv| json_contains(hv, wv))),
-        (Value::Array(h), Value::Array(w)) => h.len() == w.len() && h.iter().zip(w).all(|(hv, wv)| json_contains(hv, wv)),
-        _ => have == want,
     }
 }
 
@@ -247,20 +219,5 @@ async fn publish(ctx: &Context, dp: &DataPipeline, type_: EventType, reason: &st
     };
     if let Err(e) = ctx.recorder.publish(&event, &dp.object_ref(&())).await {
         warn!(error = %e, reason, "could not publish an event");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::json_contains;
-    use serde_json::json;
-
-    #[test]
-    fn containment_ignores_server_defaults_but_not_differences() {
-        let have = json!({"spec": {"replicas": 2, "strategy": {"type": "RollingUpdate"}, "ports": [{"port": 1, "protocol": "TCP"}]}});
-        assert!(json_contains(&have, &json!({"spec": {"replicas": 2, "ports": [{"port": 1}]}})));
-        assert!(!json_contains(&have, &json!({"spec": {"replicas": 3}})));
-        assert!(!json_contains(&have, &json!({"spec": {"ports": [{"port": 1}, {"port": 2}]}})));
-        assert!(!json_contains(&have, &json!({"spec": {"missing": true}})));
     }
 }

@@ -1,0 +1,33 @@
+//! The Stoker end-to-end harness: one scenario suite, two cluster providers.
+//!
+//! - [`local::LocalControlPlane`] (the default, on every CI run): etcd, kube-apiserver and
+//!   kube-controller-manager as child processes on free loopback ports, with a generated admin
+//!   kubeconfig. There is no kubelet: pods are created and stay Pending, and the operator runs
+//!   as a local process that the harness starts, stops and restarts.
+//! - [`kind::KindCluster`]: a kind cluster with locally built images and the Helm chart
+//!   installed; the operator runs in-cluster. Skipped, with the reason, where Docker or kind is
+//!   missing.
+//!
+//! Scenarios are written against the [`Cluster`] trait and run on either.
+
+pub mod cluster;
+pub mod http;
+pub mod k8s;
+pub mod kind;
+pub mod local;
+pub mod ports;
+pub mod process;
+pub mod tools;
+pub mod wait;
+
+pub use cluster::{Cluster, OperatorInstance, OperatorOptions, Provider, StartError};
+pub use wait::{Check, wait_for};
+
+/// Namespace of the operator (the chart's release namespace and the Lease's namespace).
+pub const OPERATOR_NAMESPACE: &str = "stoker-system";
+/// Name of the Helm release.
+pub const RELEASE: &str = "stoker";
+/// Name of the operator's Lease.
+pub const LEASE_NAME: &str = "stoker-operator";
+/// Name of the DataPipeline CRD.
+pub const CRD_NAME: &str = "datapipelines.stoker.dev";

@@ -1,0 +1,36 @@
+//! The scenarios, one module per area. Each is an `async fn(&dyn Cluster) -> anyhow::Result<()>`
+//! that runs on both providers; add it to [`ALL`] (they run in that order, sharing the cluster
+//! and the operator, so leave the cluster as you found it: own namespaces, deleted at the end).
+
+pub mod chart;
+pub mod control_plane;
+pub mod operator;
+pub mod pipelines;
+
+use futures::future::BoxFuture;
+use stoker_e2e::Cluster;
+
+pub type ScenarioFn = for<'a> fn(&'a dyn Cluster) -> BoxFuture<'a, anyhow::Result<()>>;
+
+pub struct Scenario {
+    pub name: &'static str,
+    pub run: ScenarioFn,
+}
+
+macro_rules! scenarios {
+    ($($module:ident :: $func:ident),* $(,)?) => {
+        &[$(Scenario { name: stringify!($func), run: |cluster| Box::pin($module::$func(cluster)) }),*]
+    };
+}
+
+/// Every scenario, in run order.
+pub static ALL: &[Scenario] = scenarios![
+    control_plane::control_plane_is_real,
+    chart::chart_installs,
+    operator::operator_leader_election,
+    pipelines::samples_become_workers,
+    pipelines::spec_changes_and_deletion,
+    pipelines::invalid_specs_are_refused,
+    pipelines::apply_failures_degrade_and_back_off,
+    pipelines::restart_writes_nothing,
+];
