@@ -59,7 +59,8 @@ struct RunArgs {
     /// Where workers reach the dispatcher; default: the stoker-dispatcher Service of the lease namespace.
     #[arg(long, env = "STOKER_DISPATCHER_URL")]
     dispatcher_url: Option<String>,
-    /// Cluster-wide cap on worker pods across all pipelines (0 = no cap).
+    /// Cluster-wide cap on worker pods across all pipelines (0 = no cap); the batch-time
+    /// autoscaler shares it out. Until the autoscaler lands, pipelines run at their start count.
     #[arg(long, env = "STOKER_WORKER_BUDGET", default_value_t = 0)]
     worker_budget: u32,
     /// Log filter, e.g. `info` or `stoker_operator=debug,kube=info`.
@@ -141,7 +142,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         _ = leading.wait_for(|l| *l) => {}
         _ = waiting.wait_for(|s| *s) => return finish(server, elector).await,
     }
-    info!(%identity, "leading: starting the controller");
+    info!(%identity, worker_image = %args.worker_image, worker_budget = args.worker_budget, "leading: starting the controller");
 
     let defaults = WorkerDefaults {
         image: args.worker_image.clone(),
