@@ -1,6 +1,6 @@
 # Entry points; CI runs `make test` through .ci/run.
 CARGO ?= cargo
-export PATH := $(HOME)/.cache/stoker/bin:$(PATH)
+export PATH := $(or $(STOKER_CACHE),$(HOME)/.cache/stoker)/bin:$(PATH)
 
 .PHONY: demo test tools generate lint
 

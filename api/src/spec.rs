@@ -241,9 +241,9 @@ impl Default for AutoscalingPolicy {
 pub struct Cache {
     #[serde(default)]
     pub mode: CacheMode,
-    /// Size of the namespace's cache volume when Stoker creates it.
-    #[serde(default = "default_volume_size")]
-    pub volume_size: Quantity,
+    /// Size of the namespace's cache volume when Stoker creates it; 100Gi when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_size: Option<Quantity>,
     /// Storage class of the cache volume; the cluster default when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
@@ -251,15 +251,19 @@ pub struct Cache {
     pub access_mode: CacheAccessMode,
 }
 
-fn default_volume_size() -> Quantity {
-    Quantity("100Gi".into())
+impl Cache {
+    pub const DEFAULT_VOLUME_SIZE: &str = "100Gi";
+
+    pub fn volume_size(&self) -> Quantity {
+        self.volume_size.clone().unwrap_or_else(|| Quantity(Self::DEFAULT_VOLUME_SIZE.into()))
+    }
 }
 
 impl Default for Cache {
     fn default() -> Self {
         Cache {
             mode: CacheMode::default(),
-            volume_size: default_volume_size(),
+            volume_size: None,
             storage_class_name: None,
             access_mode: CacheAccessMode::default(),
         }

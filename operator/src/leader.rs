@@ -28,23 +28,34 @@ pub struct LeaderElector {
     config: LeaseConfig,
     /// The record last seen (holder, renew time) and when we saw it change.
     observed: Option<(Option<String>, Option<MicroTime>, Instant)>,
+    /// When this process last wrote the lease as its holder.
+    last_renewed: Option<Instant>,
 }
 
 impl LeaderElector {
     pub fn new(client: kube::Client, config: LeaseConfig) -> Self {
-        LeaderElector { api: Api::namespaced(client, &config.namespace), config, observed: None }
+        LeaderElector { api: Api::namespaced(client, &config.namespace), config, observed: None, last_renewed: None }
     }
 
     /// Tries to acquire or renew until `shutdown` fires; publishes leadership on `tx`. On
     /// shutdown a leader releases the lease so a standby takes over at once.
     pub async fn run(mut self, tx: watch::Sender<bool>, mut shutdown: watch::Receiver<bool>) {
         loop {
-            let leading = match self.try_acquire_or_renew().await {
-                Ok(leading) => leading,
-                Err(e) => {
-                    warn!(error = %e, "lease update failed");
-                    // Keep leading only while our last renewal can still be valid.
-                    *tx.borrow() && self.observed.as_ref().is_some_and(|o| o.2.elapsed() < self.config.lease_duration)
+            // A hung request must not keep a leader leading past its lease: give up on a renewal
+            // well before a standby could see the lease expire.
+            let renew_deadline = self.config.lease_duration * 2 / 3;
+            let attempt = tokio::time::timeout(renew_deadline, self.try_acquire_or_renew()).await;
+            let leading = match attempt {
+                Ok(Ok(leading)) => leading,
+                failed => {
+                    let error = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no answer within {renew_deadline:?}"),
+                    };
+                    warn!(%error, "lease update failed");
+                    // Keep leading only while our last renewal is recent enough that no standby
+                    // can have taken over.
+                    *tx.borrow() && self.last_renewed.is_some_and(|t| t.elapsed() < renew_deadline)
                 }
             };
             if leading != *tx.borrow() {
@@ -75,6 +86,7 @@ impl LeaderElector {
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => {
                     self.observed = Some((Some(me.clone()), Some(now), Instant::now()));
+                    self.last_renewed = Some(Instant::now());
                     Ok(true)
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
@@ -104,6 +116,7 @@ impl LeaderElector {
         match self.api.replace(&self.config.name, &PostParams::default(), &lease).await {
             Ok(_) => {
                 self.observed = Some((Some(me.clone()), Some(now), Instant::now()));
+                self.last_renewed = Some(Instant::now());
                 Ok(true)
             }
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),

@@ -48,7 +48,7 @@ struct RunArgs {
     #[arg(long, env = "STOKER_LEASE_NAME", default_value = "stoker-operator")]
     lease_name: String,
     /// Seconds a lease stays valid without renewal; a standby takes over after this.
-    #[arg(long, default_value_t = 15)]
+    #[arg(long, env = "STOKER_LEASE_DURATION", default_value_t = 15)]
     lease_duration: u64,
     /// This process's name in the Lease; the pod name in a cluster.
     #[arg(long, env = "POD_NAME")]

@@ -221,7 +221,7 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32) -> Pip
             access_modes: Some(vec![spec.cache.access_mode.as_str().into()]),
             storage_class_name: spec.cache.storage_class_name.clone(),
             resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([("storage".to_string(), spec.cache.volume_size.clone())])),
+                requests: Some(BTreeMap::from([("storage".to_string(), spec.cache.volume_size())])),
                 limits: None,
             }),
             ..Default::default()
@@ -348,6 +348,8 @@ mod tests {
         assert_eq!(s.access_modes.as_deref(), Some(&["ReadWriteOnce".to_string()][..]));
         assert_eq!(s.storage_class_name.as_deref(), Some("fast"));
         assert_eq!(s.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0, "20Gi");
+        let default_size = build(&pipeline("p", "cache: {mode: Auto}\n"), &defaults(), 1).cache_pvc.unwrap();
+        assert_eq!(default_size.spec.unwrap().resources.unwrap().requests.unwrap()["storage"].0, "100Gi");
         let p = pod(&on);
         assert_eq!(env(p, "STOKER_CACHE_DIR").unwrap().value.as_deref(), Some(CACHE_MOUNT));
         assert!(p.volumes.as_ref().unwrap().iter().any(|v| v

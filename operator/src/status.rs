@@ -36,7 +36,12 @@ pub fn next(
             (
                 Phase::Invalid,
                 cond(condition::READY, false, "InvalidSpec", &msg),
-                cond(condition::PROGRESSING, false, "InvalidSpec", "Fix the spec; nothing is applied until then"),
+                cond(
+                    condition::PROGRESSING,
+                    false,
+                    "InvalidSpec",
+                    "Fix the spec; until then nothing new is applied and workers of an earlier valid spec keep running",
+                ),
                 cond(condition::DEGRADED, false, "InvalidSpec", "The spec was refused before anything ran"),
             )
         }
