@@ -236,7 +236,7 @@ impl Default for AutoscalingPolicy {
 }
 
 /// Caching at `autocache` hints on the namespace's shared `stoker-cache` volume.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Cache {
     #[serde(default)]
@@ -259,16 +259,6 @@ impl Cache {
     }
 }
 
-impl Default for Cache {
-    fn default() -> Self {
-        Cache {
-            mode: CacheMode::default(),
-            volume_size: None,
-            storage_class_name: None,
-            access_mode: CacheAccessMode::default(),
-        }
-    }
-}
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum CacheMode {
