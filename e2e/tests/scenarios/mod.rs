@@ -32,5 +32,6 @@ pub static ALL: &[Scenario] = scenarios![
     pipelines::spec_changes_and_deletion,
     pipelines::invalid_specs_are_refused,
     pipelines::apply_failures_degrade_and_back_off,
+    pipelines::long_names_fit,
     pipelines::restart_writes_nothing,
 ];

@@ -372,3 +372,32 @@ pub async fn restart_writes_nothing(cluster: &dyn Cluster) -> anyhow::Result<()>
     ensure!(before == after, "a restart must not write: before {before:?}\nafter {after:?}");
     delete_namespace(&client, &ns, Duration::from_secs(120)).await
 }
+
+pub async fn long_names_fit(cluster: &dyn Cluster) -> anyhow::Result<()> {
+    cluster.operator_start(OperatorOptions::default()).await?;
+    let client = cluster.client();
+    let ns = fresh_namespace(&client, "e2e-names").await?;
+    // A valid DataPipeline name (DNS subdomain, up to 253 characters) that is no valid Service name.
+    let name = format!("{}.imagenet.{}", "a".repeat(100), "b".repeat(100));
+    let manifest = format!(
+        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {name}}}\nspec:\n  \
+         source: {{uri: 'file:///data/x', format: jsonl}}\n  batchSize: 8\n"
+    );
+    cluster.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], &manifest).await?;
+    let dp = wait_status(cluster, &ns, &name, "phase Pending", |dp| {
+        dp.status.as_ref().unwrap().phase == Some(Phase::Pending)
+    })
+    .await?;
+    let uid = dp.uid();
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns).list(&ListParams::default()).await?.items;
+    let owned: Vec<_> = deployments
+        .iter()
+        .filter(|d| d.owner_references().iter().any(|o| Some(&o.uid) == uid.as_ref()))
+        .map(|d| d.name_any())
+        .collect();
+    ensure!(owned.len() == 1, "one workers Deployment for the long-named pipeline, got {owned:?}");
+    ensure!(owned[0].len() <= 63 && owned[0].ends_with("-workers"), "Deployment name {:?}", owned[0]);
+    let service = Api::<Service>::namespaced(client.clone(), &ns).get_opt(&owned[0]).await?;
+    ensure!(service.is_some(), "the Service has the same 63-character name");
+    delete_namespace(&client, &ns, Duration::from_secs(120)).await
+}
