@@ -11,7 +11,7 @@ pub use spec::*;
 pub use status::*;
 pub use transform::*;
 pub use validate::{ValidationError, validate};
-pub use yaml::{from_yaml, to_yaml};
+pub use yaml::{from_yaml, from_yaml_checked, to_yaml};
 
 /// API group of every Stoker resource.
 pub const GROUP: &str = "stoker.dev";

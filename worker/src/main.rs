@@ -33,7 +33,11 @@ fn load(args: &Args) -> anyhow::Result<WorkerPipeline> {
     let pipeline = match &args.pipeline {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let dp: DataPipeline = stoker_api::from_yaml(&text).with_context(|| format!("parsing {}", path.display()))?;
+            let (dp, unknown) = stoker_api::from_yaml_checked::<DataPipeline>(&text)
+                .with_context(|| format!("parsing {}", path.display()))?;
+            if !unknown.is_empty() {
+                bail!("{}: unknown field(s) {}", path.display(), unknown.join(", "));
+            }
             let name = dp.metadata.name.clone().unwrap_or_default();
             let namespace = dp.metadata.namespace.clone().unwrap_or_else(|| "default".into());
             if let Err(errors) = stoker_api::validate(&dp.spec) {

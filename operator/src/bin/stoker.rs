@@ -58,7 +58,15 @@ fn main() -> anyhow::Result<()> {
 
 fn load(path: &Path) -> anyhow::Result<DataPipeline> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    stoker_api::from_yaml(&text).context("not a DataPipeline the API server would accept")
+    let (dp, unknown) = stoker_api::from_yaml_checked::<DataPipeline>(&text)
+        .context("not a DataPipeline the API server would accept")?;
+    if !unknown.is_empty() {
+        bail!(
+            "unknown field(s) {}: the API server would drop them silently; check the spelling against docs/reference.md",
+            unknown.join(", ")
+        );
+    }
+    Ok(dp)
 }
 
 fn check(dp: &DataPipeline) -> anyhow::Result<()> {
