@@ -3,12 +3,14 @@
 
 mod spec;
 mod status;
+mod tensor;
 mod transform;
 mod validate;
 mod yaml;
 
 pub use spec::*;
 pub use status::*;
+pub use tensor::{Batch, ShapeMismatch, Tensor};
 pub use transform::*;
 pub use validate::{ValidationError, validate};
 pub use yaml::{from_yaml, from_yaml_checked, to_yaml};
