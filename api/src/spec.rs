@@ -40,6 +40,13 @@ pub struct DataPipelineSpec {
     /// Elements per batch.
     #[schemars(range(min = 1))]
     pub batch_size: u32,
+    /// Drop the last batch of an epoch when it has fewer than batchSize elements.
+    #[serde(default)]
+    pub drop_remainder: bool,
+    /// Elements whose tensors differ in shape are padded to the batch's largest shape with this
+    /// value; without it such a batch is an error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_value: Option<f64>,
     /// Seed of every random op and of the shuffle: runs with the same seed see the same data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
@@ -303,6 +310,10 @@ pub struct WorkerPipeline {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shuffle: Option<Shuffle>,
     pub batch_size: u32,
+    #[serde(default)]
+    pub drop_remainder: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_value: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
     #[serde(default)]
@@ -320,6 +331,8 @@ impl WorkerPipeline {
             transforms: spec.transforms.clone(),
             shuffle: spec.shuffle.clone(),
             batch_size: spec.batch_size,
+            drop_remainder: spec.drop_remainder,
+            pad_value: spec.pad_value,
             seed: spec.seed,
             on_error: spec.on_error,
             cache_mode: spec.cache.mode,

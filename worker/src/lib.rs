@@ -1,3 +1,5 @@
 //! The Stoker worker: reads a pipeline's source, runs its transforms and streams batches.
 
+pub mod batch;
+pub mod shuffle;
 pub mod source;

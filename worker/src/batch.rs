@@ -1,0 +1,168 @@
+//! Batching: elements' tensors stacked along a new first axis, one tensor per field.
+//! Elements of different shapes are padded to the batch's largest shape with the pipeline's
+//! `padValue`, or refused when it declares none.
+
+use std::collections::BTreeMap;
+
+use bytes::BytesMut;
+use stoker_api::{Batch, DType, Tensor};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BatchError {
+    #[error("field {field:?} is missing from some elements of the batch")]
+    MissingField { field: String },
+    #[error("field {field:?} mixes dtypes {first:?} and {other:?}")]
+    DTypeMismatch { field: String, first: DType, other: DType },
+    #[error("field {field:?} has shapes {first:?} and {other:?}; set spec.padValue to pad to the largest")]
+    ShapeMismatch { field: String, first: Vec<usize>, other: Vec<usize> },
+    #[error("field {field:?} has ranks {first} and {other}; padding needs equal ranks")]
+    RankMismatch { field: String, first: usize, other: usize },
+}
+
+/// One element as the batcher sees it: every field already a tensor.
+pub type Row = BTreeMap<String, Tensor>;
+
+pub fn make_batch(rows: &[Row], pad: Option<f64>, epoch: u64, split: u64, sequence: u64) -> Result<Batch, BatchError> {
+    let mut tensors = BTreeMap::new();
+    if let Some(first) = rows.first() {
+        for field in first.keys() {
+            let column: Vec<&Tensor> = rows
+                .iter()
+                .map(|r| r.get(field).ok_or_else(|| BatchError::MissingField { field: field.clone() }))
+                .collect::<Result<_, _>>()?;
+            tensors.insert(field.clone(), stack(field, &column, pad)?);
+        }
+        if let Some(extra) = rows.iter().flat_map(|r| r.keys()).find(|k| !first.contains_key(*k)) {
+            return Err(BatchError::MissingField { field: extra.clone() });
+        }
+    }
+    Ok(Batch { tensors, epoch, split, sequence })
+}
+
+fn stack(field: &str, column: &[&Tensor], pad: Option<f64>) -> Result<Tensor, BatchError> {
+    let first = column[0];
+    let mut shape = first.shape.clone();
+    for t in column {
+        if t.dtype != first.dtype {
+            return Err(BatchError::DTypeMismatch { field: field.into(), first: first.dtype, other: t.dtype });
+        }
+        if t.shape.len() != shape.len() {
+            return Err(BatchError::RankMismatch { field: field.into(), first: shape.len(), other: t.shape.len() });
+        }
+        if t.shape != first.shape && pad.is_none() {
+            return Err(BatchError::ShapeMismatch { field: field.into(), first: first.shape.clone(), other: t.shape.clone() });
+        }
+        for (m, d) in shape.iter_mut().zip(&t.shape) {
+            *m = (*m).max(*d);
+        }
+    }
+    let item_bytes = shape.iter().product::<usize>() * first.dtype.size();
+    let mut data = BytesMut::with_capacity(item_bytes * column.len());
+    let fill = pad_bytes(first.dtype, pad.unwrap_or(0.0));
+    for t in column {
+        if t.shape == shape {
+            data.extend_from_slice(&t.data);
+        } else {
+            pad_into(&mut data, t, &shape, &fill);
+        }
+    }
+    let mut batched = vec![column.len()];
+    batched.extend(shape);
+    Ok(Tensor::new(first.dtype, batched, data.freeze()).expect("stacked length matches the shape"))
+}
+
+/// Copies `t` into a block of `shape` (every dim >= t's), filling the rest with `fill`.
+fn pad_into(out: &mut BytesMut, t: &Tensor, shape: &[usize], fill: &[u8]) {
+    let size = t.dtype.size();
+    let total = shape.iter().product::<usize>();
+    let start = out.len();
+    for _ in 0..total {
+        out.extend_from_slice(fill);
+    }
+    if t.is_empty() {
+        return;
+    }
+    // Copy row by row: the innermost dimension is contiguous in both layouts.
+    let inner = *t.shape.last().unwrap_or(&1);
+    let rows = t.len() / inner.max(1);
+    let rank = t.shape.len();
+    for row in 0..rows {
+        // Multi-index of this row in t, then its offset in the padded block.
+        let (mut rest, mut offset, mut stride) = (row, 0usize, shape.last().copied().unwrap_or(1));
+        for d in (0..rank.saturating_sub(1)).rev() {
+            let i = rest % t.shape[d];
+            rest /= t.shape[d];
+            offset += i * stride;
+            stride *= shape[d];
+        }
+        let src = &t.data[row * inner * size..(row + 1) * inner * size];
+        let dst = start + offset * size;
+        out[dst..dst + src.len()].copy_from_slice(src);
+    }
+}
+
+fn pad_bytes(dtype: DType, value: f64) -> Vec<u8> {
+    match dtype {
+        DType::Uint8 => vec![value.clamp(0.0, 255.0) as u8],
+        DType::Int32 => (value as i32).to_le_bytes().to_vec(),
+        DType::Int64 => (value as i64).to_le_bytes().to_vec(),
+        DType::Float16 => half::f16::from_f64(value).to_le_bytes().to_vec(),
+        DType::Float32 => (value as f32).to_le_bytes().to_vec(),
+        DType::Float64 => value.to_le_bytes().to_vec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn i32s(shape: Vec<usize>, values: &[i32]) -> Tensor {
+        Tensor::new(DType::Int32, shape, Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())).unwrap()
+    }
+
+    fn values(t: &Tensor) -> Vec<i32> {
+        t.data.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+    }
+
+    fn row(fields: &[(&str, Tensor)]) -> Row {
+        fields.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    }
+
+    #[test]
+    fn same_shapes_stack_along_a_new_axis() {
+        let rows = [row(&[("x", i32s(vec![2], &[1, 2])), ("y", i32s(vec![], &[7]))]), row(&[("x", i32s(vec![2], &[3, 4])), ("y", i32s(vec![], &[8]))])];
+        let b = make_batch(&rows, None, 1, 2, 3).unwrap();
+        assert_eq!((b.epoch, b.split, b.sequence), (1, 2, 3));
+        assert_eq!(b.tensors["x"].shape, [2, 2]);
+        assert_eq!(values(&b.tensors["x"]), [1, 2, 3, 4]);
+        assert_eq!(b.tensors["y"].shape, [2]);
+        assert_eq!(values(&b.tensors["y"]), [7, 8]);
+    }
+
+    #[test]
+    fn variable_shapes_pad_to_the_largest_with_the_declared_value() {
+        let rows = [row(&[("x", i32s(vec![1, 2], &[1, 2]))]), row(&[("x", i32s(vec![2, 1], &[3, 4]))])];
+        let b = make_batch(&rows, Some(-1.0), 0, 0, 0).unwrap();
+        assert_eq!(b.tensors["x"].shape, [2, 2, 2]);
+        assert_eq!(values(&b.tensors["x"]), [1, 2, -1, -1, 3, -1, 4, -1]);
+    }
+
+    #[test]
+    fn mismatches_are_clear_errors() {
+        let a = row(&[("x", i32s(vec![2], &[1, 2]))]);
+        let b = row(&[("x", i32s(vec![3], &[1, 2, 3]))]);
+        let e = make_batch(&[a.clone(), b], None, 0, 0, 0).unwrap_err();
+        assert!(e.to_string().contains("set spec.padValue"), "{e}");
+        let c = row(&[("y", i32s(vec![2], &[1, 2]))]);
+        assert!(matches!(make_batch(&[a.clone(), c], None, 0, 0, 0), Err(BatchError::MissingField { .. })));
+        let f = row(&[("x", Tensor::new(DType::Uint8, vec![2], Bytes::from_static(&[1, 2])).unwrap())]);
+        assert!(matches!(make_batch(&[a, f], None, 0, 0, 0), Err(BatchError::DTypeMismatch { .. })));
+    }
+
+    #[test]
+    fn float16_padding_encodes_the_value() {
+        assert_eq!(pad_bytes(DType::Float16, 1.0), half::f16::from_f32(1.0).to_le_bytes());
+        assert_eq!(pad_bytes(DType::Uint8, 300.0), [255]);
+    }
+}
