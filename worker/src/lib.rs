@@ -1,5 +1,6 @@
 //! The Stoker worker: reads a pipeline's source, runs its transforms and streams batches.
 
 pub mod batch;
+pub mod corpus;
 pub mod shuffle;
 pub mod source;
