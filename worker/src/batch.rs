@@ -15,6 +15,8 @@ pub enum BatchError {
     DTypeMismatch { field: String, first: DType, other: DType },
     #[error("field {field:?} has shapes {first:?} and {other:?}; set spec.padValue to pad to the largest")]
     ShapeMismatch { field: String, first: Vec<usize>, other: Vec<usize> },
+    #[error("field {field:?} is {kind}, which has no tensor form; drop it with selectFields")]
+    Unbatchable { field: String, kind: &'static str },
     #[error("field {field:?} has ranks {first} and {other}; padding needs equal ranks")]
     RankMismatch { field: String, first: usize, other: usize },
 }

@@ -2,5 +2,7 @@
 
 pub mod batch;
 pub mod corpus;
+pub mod element;
+pub mod formats;
 pub mod shuffle;
 pub mod source;
