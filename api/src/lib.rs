@@ -1,6 +1,8 @@
 //! Types shared by every Stoker component. Nothing here talks to a cluster: the worker and the
 //! clients depend on this crate without pulling in a Kubernetes client.
 
+pub mod chunk;
+pub mod proto;
 mod spec;
 mod status;
 mod tensor;

@@ -1,5 +1,24 @@
 //! Rust client of Stoker: streams preprocessed batches from workers into a training loop.
-//! The stream itself builds on the worker's data service; this crate already shares the
-//! pipeline types with the rest of Stoker.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), stoker_client::Error> {
+//! use stoker_client::{Client, ClientOptions};
+//! let mut client = Client::connect(vec!["127.0.0.1:7070".into()], ClientOptions::new("team-a", "imagenet")).await?;
+//! while let Some(batch) = client.next().await {
+//!     let batch = batch?;
+//!     // train on batch.tensors ...
+//! }
+//! println!("{:?}", client.window());
+//! # Ok(()) }
+//! ```
 
-pub use stoker_api::{DataPipelineSpec, WorkerPipeline};
+mod client;
+mod error;
+pub mod reassemble;
+pub mod stats;
+
+pub use client::{Client, ClientOptions};
+pub use error::{Error, ProtocolError};
+pub use stats::WindowStats;
+pub use stoker_api::{Batch, DType, DataPipelineSpec, Tensor, WorkerPipeline};
+pub use tonic::codec::CompressionEncoding;

@@ -17,6 +17,8 @@ pub enum Field {
     Int64(Vec<i64>),
     Float32(Vec<f32>),
     Float64(Vec<f64>),
+    /// What transforms make: a decoded image, a normalized array.
+    Tensor(stoker_api::Tensor),
 }
 
 impl Field {
@@ -37,6 +39,19 @@ impl Field {
             Field::Int64(v) => v.len(),
             Field::Float32(v) => v.len(),
             Field::Float64(v) => v.len(),
+            Field::Tensor(t) => t.len(),
+        }
+    }
+
+    /// The variant's name, for error messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Field::Bytes(_) => "bytes",
+            Field::BytesList(_) => "a list of byte strings",
+            Field::Int64(_) => "int64",
+            Field::Float32(_) => "float32",
+            Field::Float64(_) => "float64",
+            Field::Tensor(_) => "a tensor",
         }
     }
 

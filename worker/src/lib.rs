@@ -1,8 +1,15 @@
 //! The Stoker worker: reads a pipeline's source, runs its transforms and streams batches.
 
+pub mod apply;
 pub mod batch;
-pub mod corpus;
+pub mod bench;
+pub mod budget;
+pub mod ops;
 pub mod element;
+pub mod engine;
 pub mod formats;
+pub mod corpus;
 pub mod shuffle;
+pub mod serve;
 pub mod source;
+pub mod stream;

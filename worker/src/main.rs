@@ -1,23 +1,129 @@
-//! `stoker-worker`: loads the pipeline it is given (from the operator's STOKER_PIPELINE or a
-//! DataPipeline manifest) and checks it. The pipeline engine and the batch stream build on this.
+//! `stoker-worker`: runs a pipeline and streams its batches (under the operator, or standalone
+//! from a manifest), generates the benchmark corpus, and runs the benchmarks.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use stoker_api::{DataPipeline, WorkerPipeline};
+use stoker_worker::corpus::{self, CorpusSpec};
+use stoker_worker::engine::{Engine, EngineConfig};
+use stoker_worker::serve::EngineSource;
 
 #[derive(Parser)]
-#[command(version, about = "Stoker worker")]
-struct Args {
-    /// A DataPipeline manifest; without it the pipeline comes from STOKER_PIPELINE.
-    #[arg(long)]
-    pipeline: Option<PathBuf>,
+#[command(version, about = "Stoker worker: preprocesses a pipeline's data and streams batches")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
 }
 
-fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).init();
-    let args = Args::parse();
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Run without a dispatcher from a DataPipeline manifest (--pipeline).
+    #[arg(long, requires = "pipeline")]
+    standalone: bool,
+    /// A DataPipeline manifest; without it the pipeline comes from STOKER_PIPELINE (the operator's).
+    #[arg(long)]
+    pipeline: Option<PathBuf>,
+    /// Where clients connect.
+    #[arg(long, env = "STOKER_LISTEN", default_value = "0.0.0.0:50052")]
+    listen: SocketAddr,
+    /// Epochs to produce; unlimited when unset.
+    #[arg(long)]
+    epochs: Option<u64>,
+    /// Transform threads; every core when unset.
+    #[arg(long, env = "STOKER_THREADS")]
+    threads: Option<usize>,
+    /// Bytes of ready batches held before production pauses for slow clients.
+    #[arg(long, env = "STOKER_MEMORY_BUDGET", default_value_t = 512 << 20)]
+    memory_budget: usize,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write the deterministic ImageNet-like JPEG corpus (`<out>/<class>/<n>.jpg`).
+    Corpus {
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 1000)]
+        images: usize,
+        #[arg(long, default_value_t = 10)]
+        classes: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Benchmarks (see docs/performance.md).
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// ResNet-50 training transforms over an image folder: images/s and images/s per core.
+    Preprocess {
+        /// The corpus; generated there (with --images) if it does not exist.
+        #[arg(long)]
+        corpus: PathBuf,
+        #[arg(long, default_value_t = 2000)]
+        images: usize,
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Epochs to time; the best is reported.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        None => run(cli.run).await,
+        Some(Command::Corpus { out, images, classes, seed }) => {
+            let files = corpus::generate(&out, &CorpusSpec { images, classes, seed, ..Default::default() })?;
+            let bytes: u64 = files.iter().map(|f| f.metadata().map_or(0, |m| m.len())).sum();
+            println!("wrote {} images ({:.1} MB) under {}", files.len(), bytes as f64 / 1e6, out.display());
+            Ok(())
+        }
+        Some(Command::Bench { bench: Bench::Preprocess { corpus, images, threads, repeat } }) => {
+            if !corpus.exists() {
+                eprintln!("generating {images} images under {} ...", corpus.display());
+                corpus::generate(&corpus, &CorpusSpec { images, ..Default::default() })?;
+            }
+            let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let mut best: Option<stoker_worker::bench::PreprocessReport> = None;
+            for run in 1..=repeat.max(1) {
+                let report = stoker_worker::bench::preprocess(&corpus, threads).await?;
+                println!(
+                    "run {run}: {} images in {:.2} s: {:.0} images/s, {:.0} images/s per core ({threads} threads)",
+                    report.images,
+                    report.seconds,
+                    report.images_per_second(),
+                    report.per_core()
+                );
+                let ops: Vec<String> = report.op_ms.iter().map(|(op, ms)| format!("{op} {ms:.2} ms")).collect();
+                println!("  per image: {}", ops.join(", "));
+                if best.as_ref().is_none_or(|b| report.seconds < b.seconds) {
+                    best = Some(report);
+                }
+            }
+            let best = best.expect("at least one run");
+            println!("best: {:.0} images/s, {:.0} images/s per core", best.images_per_second(), best.per_core());
+            Ok(())
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
     let pipeline = load(&args)?;
     tracing::info!(
         pipeline = %format!("{}/{}", pipeline.namespace, pipeline.name),
@@ -26,10 +132,26 @@ fn main() -> anyhow::Result<()> {
         batch_size = pipeline.batch_size,
         "pipeline loaded"
     );
+    let mut config = EngineConfig { memory_budget: args.memory_budget, ..Default::default() };
+    if let Some(threads) = args.threads {
+        config.threads = threads;
+    }
+    let engine = Engine::open(pipeline, config).await.context("opening the pipeline's source")?;
+    tracing::info!(splits = engine.splits().len(), listen = %args.listen, "serving batches");
+    let (source, producer) = EngineSource::start(engine, args.epochs);
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! { _ = term.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
+        tracing::info!("shutting down");
+    };
+    stoker_worker::stream::serve(args.listen, source, shutdown).await?;
+    if producer.is_finished() {
+        producer.join().map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
+    }
     Ok(())
 }
 
-fn load(args: &Args) -> anyhow::Result<WorkerPipeline> {
+fn load(args: &RunArgs) -> anyhow::Result<WorkerPipeline> {
     let pipeline = match &args.pipeline {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;

@@ -32,6 +32,7 @@ pub enum SourceError {
     Store { uri: String, source: object_store::Error },
 }
 
+#[derive(Clone)]
 pub struct DataSource {
     store: Arc<dyn ObjectStore>,
     prefix: Path,

@@ -171,7 +171,8 @@ fn decode_int64_list(buf: Bytes, out: &mut Vec<i64>) -> Result<(), String> {
 }
 
 /// Encodes an element as a serialized Example, lists packed as protobuf writers do.
-/// Example has no float64 list, so `Float64` values are narrowed to float32.
+/// Example has no float64 list, so `Float64` values are narrowed to float32; a tensor is
+/// written as its raw bytes (Example has no shapes).
 pub fn encode(element: &Element) -> Vec<u8> {
     let mut features = Vec::new();
     for (name, field) in element {
@@ -179,6 +180,10 @@ pub fn encode(element: &Element) -> Vec<u8> {
         let member = match field {
             Field::Bytes(b) => {
                 put_len(&mut list, 1, b);
+                1
+            }
+            Field::Tensor(t) => {
+                put_len(&mut list, 1, &t.data);
                 1
             }
             Field::BytesList(v) => {

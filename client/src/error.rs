@@ -1,0 +1,61 @@
+//! What can go wrong, split where callers branch: retry another worker (connection), give up on
+//! a worker that sends garbage (protocol), or act on what the worker said (status).
+
+/// A broken chunk sequence: the worker (or something between) does not speak the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("a chunk without a header started a batch")]
+    MissingHeader,
+    #[error("a header arrived in the middle of a batch")]
+    UnexpectedHeader,
+    #[error("tensor {tensor:?} has unknown dtype {dtype}")]
+    UnknownDtype { tensor: String, dtype: i32 },
+    #[error("tensor {tensor:?} appears twice")]
+    DuplicateTensor { tensor: String },
+    #[error("tensor {tensor:?}: shape {shape:?} does not match its {byte_length} bytes")]
+    ShapeMismatch { tensor: String, shape: Vec<u64>, byte_length: u64 },
+    #[error("batch of {declared} bytes is over the client's limit of {limit}")]
+    BatchTooLarge { declared: u64, limit: u64 },
+    #[error("more payload than the header declared ({declared} bytes)")]
+    ExcessPayload { declared: u64 },
+    #[error("batch ended after {received} of {declared} payload bytes")]
+    Truncated { received: u64, declared: u64 },
+    #[error("the stream ended in the middle of a batch")]
+    EndedMidBatch,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no worker addresses given")]
+    NoWorkers,
+    #[error("invalid client options: {0}")]
+    InvalidOptions(String),
+    #[error("cannot connect to worker {worker}: {source}")]
+    Connect {
+        worker: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("worker {worker}: {status}")]
+    Status {
+        worker: String,
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    #[error("worker {worker}: {source}")]
+    Protocol {
+        worker: String,
+        #[source]
+        source: ProtocolError,
+    },
+}
+
+impl Error {
+    /// The gRPC status code when the worker answered with one.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            Error::Status { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Runs a pipeline's transforms on one element: picks each op's field, calls the kernel in
+//! `ops`, and seeds random ops per (seed, epoch, element, op) so a run repeats exactly
+//! whichever worker or thread processes the element.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use stoker_api::{DType, FilterOp, Tensor, Transform};
+
+use crate::element::{Element, Field};
+use crate::ops::{self, OpError};
+
+/// Where an element sits in the run, for its random ops.
+#[derive(Clone, Copy, Debug)]
+pub struct ElementKey {
+    pub seed: u64,
+    pub epoch: u64,
+    pub element: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ElementError {
+    #[error("transforms[{index}].{op}: {source}")]
+    Op { index: usize, op: &'static str, source: OpError },
+    #[error("transforms[{index}].{op}: the element has no field {field:?}")]
+    MissingField { index: usize, op: &'static str, field: String },
+    #[error("transforms[{index}].{op}: field {field:?} is {have}, expected {want}")]
+    FieldType { index: usize, op: &'static str, field: String, have: &'static str, want: &'static str },
+}
+
+impl ElementError {
+    /// A stable label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ElementError::Op { source, .. } => source.reason(),
+            ElementError::MissingField { .. } => "missing_field",
+            ElementError::FieldType { .. } => "field_type",
+        }
+    }
+}
+
+/// Applies `transforms` in order; `Ok(None)` when a filter drops the element. `timings[i]`
+/// accumulates the time spent in transform `i`.
+pub fn apply(
+    transforms: &[Transform],
+    mut element: Element,
+    key: ElementKey,
+    timings: &mut [Duration],
+) -> Result<Option<Element>, ElementError> {
+    for (index, transform) in transforms.iter().enumerate() {
+        let started = Instant::now();
+        let op = transform.name();
+        let fail = |source| ElementError::Op { index, op, source };
+        let rng = || ops::element_rng(key.seed, key.epoch, key.element, index as u64);
+        match transform {
+            Transform::DecodeImage(d) => {
+                let bytes = take_bytes(&mut element, &d.field, index, op)?;
+                let image = ops::decode_image(&bytes, d.channels).map_err(fail)?;
+                element.insert(d.field.clone(), Field::Tensor(image));
+            }
+            Transform::Resize(r) => map_tensor(&mut element, &r.field, index, op, |t| ops::resize(t, r).map_err(fail))?,
+            Transform::CenterCrop(c) => {
+                map_tensor(&mut element, &c.field, index, op, |t| ops::center_crop(t, c).map_err(fail))?
+            }
+            Transform::RandomResizedCrop(c) => map_tensor(&mut element, &c.field, index, op, |t| {
+                ops::random_resized_crop(t, c, &mut rng()).map_err(fail)
+            })?,
+            Transform::RandomFlip(f) => {
+                map_tensor(&mut element, &f.field, index, op, |t| ops::random_flip(t, f, &mut rng()).map_err(fail))?
+            }
+            Transform::Normalize(n) => {
+                map_tensor(&mut element, &n.field, index, op, |t| ops::normalize(t, n).map_err(fail))?
+            }
+            Transform::Cast(c) => {
+                let field = element.remove(&c.field).ok_or_else(|| missing(index, op, &c.field))?;
+                let tensor = to_tensor(field).map_err(|have| ElementError::FieldType {
+                    index,
+                    op,
+                    field: c.field.clone(),
+                    have,
+                    want: "numeric",
+                })?;
+                element.insert(c.field.clone(), Field::Tensor(ops::cast(&tensor, c.dtype).map_err(fail)?));
+            }
+            Transform::SelectFields(s) => {
+                if let Some(absent) = s.fields.iter().find(|f| !element.contains_key(*f)) {
+                    return Err(missing(index, op, absent));
+                }
+                element.retain(|k, _| s.fields.contains(k));
+            }
+            Transform::RenameFields(r) => {
+                for (from, to) in &r.mapping {
+                    let value = element.remove(from).ok_or_else(|| missing(index, op, from))?;
+                    element.insert(to.clone(), value);
+                }
+            }
+            Transform::Filter(f) => {
+                let value = element.get(&f.field).ok_or_else(|| missing(index, op, &f.field))?;
+                if !keeps(value, f.op, &f.value) {
+                    timings[index] += started.elapsed();
+                    return Ok(None);
+                }
+            }
+            Transform::Autocache(_) => {}
+        }
+        timings[index] += started.elapsed();
+    }
+    Ok(Some(element))
+}
+
+fn missing(index: usize, op: &'static str, field: &str) -> ElementError {
+    ElementError::MissingField { index, op, field: field.to_string() }
+}
+
+fn take_bytes(element: &mut Element, field: &str, index: usize, op: &'static str) -> Result<Bytes, ElementError> {
+    match element.remove(field) {
+        Some(Field::Bytes(b)) => Ok(b),
+        Some(Field::BytesList(mut list)) if list.len() == 1 => Ok(list.remove(0)),
+        Some(other) => {
+            Err(ElementError::FieldType { index, op, field: field.into(), have: other.kind(), want: "bytes" })
+        }
+        None => Err(missing(index, op, field)),
+    }
+}
+
+fn map_tensor(
+    element: &mut Element,
+    field: &str,
+    index: usize,
+    op: &'static str,
+    f: impl FnOnce(&Tensor) -> Result<Tensor, ElementError>,
+) -> Result<(), ElementError> {
+    match element.get(field) {
+        Some(Field::Tensor(t)) => {
+            let out = f(t)?;
+            element.insert(field.to_string(), Field::Tensor(out));
+            Ok(())
+        }
+        Some(other) => Err(ElementError::FieldType {
+            index,
+            op,
+            field: field.into(),
+            have: other.kind(),
+            want: "an image tensor (decodeImage first)",
+        }),
+        None => Err(missing(index, op, field)),
+    }
+}
+
+/// A field as a tensor for batching: numeric lists of one value become scalars, longer lists
+/// vectors, bytes a uint8 vector. Lists of byte strings have no tensor form.
+pub fn to_tensor(field: Field) -> Result<Tensor, &'static str> {
+    fn from_values<T: Copy>(dtype: DType, values: &[T], le: impl Fn(T) -> Vec<u8>) -> Tensor {
+        let shape = if values.len() == 1 { vec![] } else { vec![values.len()] };
+        let data: Vec<u8> = values.iter().flat_map(|v| le(*v)).collect();
+        Tensor::new(dtype, shape, Bytes::from(data)).expect("length matches")
+    }
+    Ok(match field {
+        Field::Tensor(t) => t,
+        Field::Bytes(b) => Tensor::new(DType::Uint8, vec![b.len()], b).expect("length matches"),
+        Field::Int64(v) => from_values(DType::Int64, &v, |x| x.to_le_bytes().to_vec()),
+        Field::Float32(v) => from_values(DType::Float32, &v, |x| x.to_le_bytes().to_vec()),
+        Field::Float64(v) => from_values(DType::Float64, &v, |x| x.to_le_bytes().to_vec()),
+        other @ Field::BytesList(_) => return Err(other.kind()),
+    })
+}
+
+/// Numeric comparison when both sides are numbers, else comparison of the text.
+fn keeps(value: &Field, op: FilterOp, target: &str) -> bool {
+    use std::cmp::Ordering;
+    let ordering = match (value, target.parse::<f64>()) {
+        (Field::Int64(v), Ok(t)) if v.len() == 1 => (v[0] as f64).partial_cmp(&t),
+        (Field::Float32(v), Ok(t)) if v.len() == 1 => (v[0] as f64).partial_cmp(&t),
+        (Field::Float64(v), Ok(t)) if v.len() == 1 => v[0].partial_cmp(&t),
+        (field, _) => field.as_bytes().map(|b| b.as_ref().cmp(target.as_bytes())),
+    };
+    let Some(ordering) = ordering else { return false };
+    match op {
+        FilterOp::Eq => ordering == Ordering::Equal,
+        FilterOp::Ne => ordering != Ordering::Equal,
+        FilterOp::Lt => ordering == Ordering::Less,
+        FilterOp::Le => ordering != Ordering::Greater,
+        FilterOp::Gt => ordering == Ordering::Greater,
+        FilterOp::Ge => ordering != Ordering::Less,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn element(fields: &[(&str, Field)]) -> Element {
+        fields.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    }
+
+    fn transforms(yaml: &str) -> Vec<Transform> {
+        stoker_api::from_yaml(yaml).unwrap()
+    }
+
+    fn run(ts: &[Transform], el: Element) -> Result<Option<Element>, ElementError> {
+        let mut timings = vec![Duration::ZERO; ts.len()];
+        apply(ts, el, ElementKey { seed: 1, epoch: 0, element: 0 }, &mut timings)
+    }
+
+    #[test]
+    fn filter_compares_numbers_numerically_and_text_as_text() {
+        let ts = transforms("- filter: {field: n, op: ge, value: '10'}");
+        assert!(run(&ts, element(&[("n", Field::Int64(vec![10]))])).unwrap().is_some());
+        assert!(run(&ts, element(&[("n", Field::Int64(vec![9]))])).unwrap().is_none(), "9 < 10 numerically");
+        let ts = transforms("- filter: {field: lang, op: eq, value: en}");
+        assert!(run(&ts, element(&[("lang", Field::Bytes(Bytes::from_static(b"en")))])).unwrap().is_some());
+        assert!(run(&ts, element(&[("lang", Field::Bytes(Bytes::from_static(b"de")))])).unwrap().is_none());
+    }
+
+    #[test]
+    fn select_and_rename_name_the_missing_field() {
+        let el = element(&[("a", Field::Int64(vec![1])), ("b", Field::Int64(vec![2]))]);
+        let out = run(&transforms("- selectFields: {fields: [b]}\n- renameFields: {mapping: {b: c}}"), el.clone()).unwrap().unwrap();
+        assert_eq!(out.keys().collect::<Vec<_>>(), ["c"]);
+        let err = run(&transforms("- selectFields: {fields: [zz]}"), el.clone()).unwrap_err();
+        assert_eq!(err.to_string(), "transforms[0].selectFields: the element has no field \"zz\"");
+        assert_eq!(err.reason(), "missing_field");
+    }
+
+    #[test]
+    fn image_ops_need_a_decoded_image() {
+        let el = element(&[("image", Field::Bytes(Bytes::from_static(b"not a jpeg")))]);
+        let err = run(&transforms("- resize: {shorterSide: 8}"), el.clone()).unwrap_err();
+        assert!(err.to_string().contains("decodeImage first"), "{err}");
+        let err = run(&transforms("- decodeImage: {}"), el).unwrap_err();
+        assert_eq!(err.reason(), "corrupt_image", "{err}");
+    }
+
+    #[test]
+    fn cast_and_batching_forms() {
+        let el = element(&[("x", Field::Float64(vec![1.5, 2.5]))]);
+        let out = run(&transforms("- cast: {field: x, dtype: float32}"), el).unwrap().unwrap();
+        let Field::Tensor(t) = &out["x"] else { panic!("cast makes a tensor") };
+        assert_eq!((t.dtype, t.shape.clone()), (DType::Float32, vec![2]));
+        assert_eq!(to_tensor(Field::Int64(vec![7])).unwrap().shape, Vec::<usize>::new(), "one value is a scalar");
+        assert_eq!(to_tensor(Field::Bytes(Bytes::from_static(b"abc"))).unwrap().shape, [3]);
+        assert!(to_tensor(Field::BytesList(vec![])).is_err());
+    }
+}

@@ -1,0 +1,348 @@
+//! The pipeline engine: reads splits, parses records, runs the transforms on all cores, shuffles
+//! and batches, and hands ready batches to the stream under a memory budget.
+//!
+//! Order: within a split, elements keep their record order through the parallel transform
+//! stage (results are collected in order), so with no shuffle the output is deterministic.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use rayon::prelude::*;
+use stoker_api::{Batch, OnError, SourceFormat, WorkerPipeline};
+
+use crate::apply::{self, ElementError, ElementKey};
+use crate::batch::{self, BatchError, Row};
+use crate::budget::MemoryBudget;
+use crate::element::Element;
+use crate::formats::{self, Corrupt, image_folder};
+use crate::shuffle::ShuffleBuffer;
+use crate::source::{DataSource, Shard, SourceError};
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Threads of the transform pool (default: every core).
+    pub threads: usize,
+    /// Bytes of ready batches held before production pauses.
+    pub memory_budget: usize,
+    /// Image-folder files per split (other formats split by shard file).
+    pub files_per_split: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_budget: 512 << 20,
+            files_per_split: 256,
+        }
+    }
+}
+
+/// A unit of work: whole shard files of one format, handed out by the dispatcher later.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Split {
+    pub id: u64,
+    pub shards: Vec<Shard>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("corrupt record (onError: fail): {0}")]
+    Corrupt(Corrupt),
+    #[error("element {element} of split {split} (onError: fail): {source}")]
+    Element { split: u64, element: u64, source: ElementError },
+    #[error("batching: {0}")]
+    Batch(#[from] BatchError),
+    #[error("building the transform pool: {0}")]
+    Pool(String),
+}
+
+/// Counters of everything the engine did, for logs, metrics and heartbeats.
+#[derive(Default, Debug)]
+pub struct Stats {
+    pub records: AtomicU64,
+    pub elements: AtomicU64,
+    pub filtered: AtomicU64,
+    pub batches: AtomicU64,
+    pub batch_bytes: AtomicU64,
+    /// Skipped records and elements by reason.
+    pub skipped: Mutex<BTreeMap<&'static str, u64>>,
+    /// Time per transform index, summed over threads.
+    pub op_time: Mutex<Vec<Duration>>,
+}
+
+impl Stats {
+    fn skip(&self, reason: &'static str) {
+        *self.skipped.lock().unwrap().entry(reason).or_default() += 1;
+    }
+
+    pub fn skipped(&self) -> BTreeMap<&'static str, u64> {
+        self.skipped.lock().unwrap().clone()
+    }
+}
+
+/// A ready batch holding its share of the memory budget until dropped (after it is sent).
+pub struct Ready {
+    pub batch: Batch,
+    bytes: usize,
+    budget: Arc<MemoryBudget>,
+}
+
+impl Ready {
+    /// The batch; its budget share is released now.
+    pub fn into_batch(mut self) -> Batch {
+        std::mem::take(&mut self.batch)
+    }
+}
+
+impl Drop for Ready {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
+pub struct Engine {
+    pipeline: WorkerPipeline,
+    source: DataSource,
+    splits: Vec<Split>,
+    labels: BTreeMap<String, i64>,
+    config: EngineConfig,
+    pool: rayon::ThreadPool,
+    budget: Arc<MemoryBudget>,
+    runtime: tokio::runtime::Handle,
+    pub stats: Arc<Stats>,
+}
+
+impl Engine {
+    /// Lists the source and plans its splits. Must be called inside a tokio runtime.
+    pub async fn open(pipeline: WorkerPipeline, config: EngineConfig) -> Result<Engine, EngineError> {
+        let source = DataSource::open(&pipeline.source.uri)?;
+        let shards = source.list().await?;
+        let (splits, labels) = plan(&source, pipeline.source.format, shards, config.files_per_split);
+        if splits.is_empty() {
+            return Err(SourceError::NotFound { uri: pipeline.source.uri.clone() }.into());
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.threads.max(1))
+            .thread_name(|i| format!("stoker-transform-{i}"))
+            .build()
+            .map_err(|e| EngineError::Pool(e.to_string()))?;
+        let stats = Arc::new(Stats::default());
+        *stats.op_time.lock().unwrap() = vec![Duration::ZERO; pipeline.transforms.len()];
+        Ok(Engine {
+            budget: Arc::new(MemoryBudget::new(config.memory_budget)),
+            runtime: tokio::runtime::Handle::current(),
+            pipeline,
+            source,
+            splits,
+            labels,
+            config,
+            pool,
+            stats,
+        })
+    }
+
+    pub fn splits(&self) -> &[Split] {
+        &self.splits
+    }
+
+    pub fn pipeline(&self) -> &WorkerPipeline {
+        &self.pipeline
+    }
+
+    /// Produces one epoch's batches from `splits` into `out`, blocking (run it on its own
+    /// thread). Returns early, without error, when the receiver is gone.
+    pub fn run_epoch(&self, epoch: u64, splits: &[Split], out: &std::sync::mpsc::SyncSender<Ready>) -> Result<(), EngineError> {
+        let p = &self.pipeline;
+        let seed = p.seed.unwrap_or(0);
+        let mut shuffle = p.shuffle.as_ref().map(|s| ShuffleBuffer::new(s.buffer_size as usize, s.seed.unwrap_or(seed), epoch));
+        let mut rows: Vec<Row> = Vec::with_capacity(p.batch_size as usize);
+        let mut sequence = 0u64;
+        let window = (self.config.threads * 64).max(64);
+        // Reading the next split overlaps transforming this one.
+        let mut next = splits.first().map(|s| self.fetch(s));
+        for (i, split) in splits.iter().enumerate() {
+            let data = self.runtime.block_on(next.take().expect("fetched ahead")).expect("the fetch task runs to completion");
+            next = splits.get(i + 1).map(|s| self.fetch(s));
+            let mut records = self.parse(split, data)?.into_iter();
+            let mut first = 0u64;
+            loop {
+                let chunk: Vec<Element> = records.by_ref().take(window).collect();
+                if chunk.is_empty() {
+                    break;
+                }
+                let len = chunk.len() as u64;
+                let transformed = self.transform(epoch, split, first, chunk)?;
+                first += len;
+                for element in transformed {
+                    let row = match shuffle.as_mut() {
+                        Some(buffer) => buffer.push(element),
+                        None => Some(element),
+                    };
+                    if let Some(row) = row {
+                        rows.push(row);
+                        if rows.len() == p.batch_size as usize && !self.emit(&mut rows, epoch, split.id, &mut sequence, out)? {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(buffer) = shuffle.as_mut() {
+            let last = splits.last().map_or(0, |s| s.id);
+            for row in buffer.drain() {
+                rows.push(row);
+                if rows.len() == p.batch_size as usize && !self.emit(&mut rows, epoch, last, &mut sequence, out)? {
+                    return Ok(());
+                }
+            }
+        }
+        if !rows.is_empty() && !p.drop_remainder {
+            let last = splits.last().map_or(0, |s| s.id);
+            self.emit(&mut rows, epoch, last, &mut sequence, out)?;
+        }
+        Ok(())
+    }
+
+    /// Starts reading a split's shards on the runtime, many at once (image folders are many
+    /// small files).
+    fn fetch(&self, split: &Split) -> tokio::task::JoinHandle<Vec<Result<bytes::Bytes, SourceError>>> {
+        let source = self.source.clone();
+        let shards = split.shards.clone();
+        let reads = shards.into_iter().map(move |shard| {
+            let source = source.clone();
+            async move { source.read(&shard).await }
+        });
+        self.runtime.spawn(futures::stream::iter(reads).buffered(32).collect())
+    }
+
+    /// Parses a split's records; corrupt ones are counted and skipped, or fatal.
+    fn parse(&self, split: &Split, data: Vec<Result<bytes::Bytes, SourceError>>) -> Result<Vec<Element>, EngineError> {
+        let source = &self.source;
+        let mut elements = Vec::new();
+        for (shard, bytes) in split.shards.iter().zip(data) {
+            let bytes = bytes?;
+            let name = source.relative(shard);
+            let parsed: Box<dyn Iterator<Item = Result<Element, Corrupt>>> = match self.pipeline.source.format {
+                // Planning kept only labelled images, so every shard here makes an element.
+                SourceFormat::ImageFolder => Box::new(image_folder::element(name, bytes, &self.labels).map(Ok).into_iter()),
+                SourceFormat::Tfrecord => Box::new(formats::tfrecord::read(bytes, name)),
+                SourceFormat::Jsonl => Box::new(formats::jsonl::read(bytes, name)),
+                SourceFormat::Webdataset => Box::new(formats::tar::read(bytes, name)),
+            };
+            for record in parsed {
+                self.stats.records.fetch_add(1, Ordering::Relaxed);
+                match record {
+                    Ok(element) => elements.push(element),
+                    Err(corrupt) if self.pipeline.on_error == OnError::Skip => {
+                        tracing::warn!(shard = %corrupt.shard, offset = corrupt.offset, reason = %corrupt.reason, detail = %corrupt.detail, "skipping a corrupt record");
+                        self.stats.skip(corrupt.reason.as_str());
+                    }
+                    Err(corrupt) => return Err(EngineError::Corrupt(corrupt)),
+                }
+            }
+        }
+        Ok(elements)
+    }
+
+    /// Runs the transforms on a chunk on every pool thread, keeping the chunk's order.
+    fn transform(&self, epoch: u64, split: &Split, first: u64, chunk: Vec<Element>) -> Result<Vec<Row>, EngineError> {
+        let p = &self.pipeline;
+        let seed = p.seed.unwrap_or(0);
+        type Transformed = (Result<Option<Element>, ElementError>, Vec<Duration>);
+        let results: Vec<Transformed> = self.pool.install(|| {
+            chunk
+                .into_par_iter()
+                .enumerate()
+                .map(|(i, element)| {
+                    // Element ids are stable per (split, position) whatever thread runs them.
+                    let key = ElementKey { seed, epoch, element: (split.id << 32) | (first + i as u64) };
+                    let mut timings = vec![Duration::ZERO; p.transforms.len()];
+                    (apply::apply(&p.transforms, element, key, &mut timings), timings)
+                })
+                .collect()
+        });
+        let mut rows = Vec::with_capacity(results.len());
+        let mut op_time = vec![Duration::ZERO; p.transforms.len()];
+        for (i, (result, timings)) in results.into_iter().enumerate() {
+            for (total, t) in op_time.iter_mut().zip(timings) {
+                *total += t;
+            }
+            match result {
+                Ok(Some(element)) => {
+                    self.stats.elements.fetch_add(1, Ordering::Relaxed);
+                    rows.push(self.to_row(element)?);
+                }
+                Ok(None) => {
+                    self.stats.filtered.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(error) if p.on_error == OnError::Skip => {
+                    tracing::warn!(split = split.id, element = first + i as u64, %error, "skipping an element");
+                    self.stats.skip(error.reason());
+                }
+                Err(source) => return Err(EngineError::Element { split: split.id, element: first + i as u64, source }),
+            }
+        }
+        for (total, t) in self.stats.op_time.lock().unwrap().iter_mut().zip(op_time) {
+            *total += t;
+        }
+        Ok(rows)
+    }
+
+    fn to_row(&self, element: Element) -> Result<Row, EngineError> {
+        element
+            .into_iter()
+            .map(|(name, field)| match apply::to_tensor(field) {
+                Ok(t) => Ok((name, t)),
+                Err(kind) => Err(EngineError::Batch(BatchError::Unbatchable { field: name, kind })),
+            })
+            .collect()
+    }
+
+    /// Makes a batch of `rows` and sends it once the budget has room; false when nobody listens.
+    fn emit(
+        &self,
+        rows: &mut Vec<Row>,
+        epoch: u64,
+        split: u64,
+        sequence: &mut u64,
+        out: &std::sync::mpsc::SyncSender<Ready>,
+    ) -> Result<bool, EngineError> {
+        let batch = batch::make_batch(rows, self.pipeline.pad_value, epoch, split, *sequence)?;
+        rows.clear();
+        *sequence += 1;
+        let bytes = batch.payload_bytes();
+        self.budget.reserve(bytes);
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.batch_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        Ok(out.send(Ready { batch, bytes, budget: self.budget.clone() }).is_ok())
+    }
+}
+
+/// Splits for a listing: image folders group files (the label map comes from their folders);
+/// record formats take one shard file per split.
+fn plan(source: &DataSource, format: SourceFormat, shards: Vec<Shard>, files_per_split: usize) -> (Vec<Split>, BTreeMap<String, i64>) {
+    match format {
+        SourceFormat::ImageFolder => {
+            let images: Vec<Shard> =
+                shards.into_iter().filter(|s| image_folder::is_image(source.relative(s))).collect();
+            let names: Vec<String> = images.iter().map(|s| source.relative(s).to_string()).collect();
+            let labels = image_folder::label_map(&names);
+            let splits = images
+                .chunks(files_per_split.max(1))
+                .enumerate()
+                .map(|(i, c)| Split { id: i as u64, shards: c.to_vec() })
+                .collect();
+            (splits, labels)
+        }
+        _ => {
+            let splits = shards.into_iter().enumerate().map(|(i, s)| Split { id: i as u64, shards: vec![s] }).collect();
+            (splits, BTreeMap::new())
+        }
+    }
+}

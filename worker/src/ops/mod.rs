@@ -1,0 +1,56 @@
+//! Transform kernels: pure functions from tensors to tensors. They know nothing of fields,
+//! elements or pipelines, so the engine can run them on any thread and tests can check them
+//! against reference implementations in isolation.
+//!
+//! Images are uint8 tensors of shape [height, width, channels] with 1, 3 or 4 channels.
+
+mod cast;
+mod crop;
+mod decode;
+mod flip;
+mod image;
+mod normalize;
+mod resize;
+mod rng;
+
+pub use cast::cast;
+pub use crop::{CropBox, center_crop, crop, random_resized_crop, random_resized_crop_box};
+pub use decode::decode_image;
+pub use flip::{flip_horizontal, flip_vertical, random_flip};
+pub use normalize::normalize;
+pub use resize::{resize, resize_exact, resize_shorter_side, shorter_side_size};
+pub use rng::{ElementRng, element_rng};
+
+use stoker_api::DType;
+
+/// Why an op rejected its input. Variants are coarse on purpose: the engine counts failures
+/// per [`OpError::reason`], and the message carries the detail for the log.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OpError {
+    #[error("corrupt image: {0}")]
+    CorruptImage(String),
+    #[error("unsupported image: {0}")]
+    UnsupportedImage(String),
+    #[error("image of {have:?} (height, width) is smaller than the requested {want:?}")]
+    TooSmall { have: [usize; 2], want: [usize; 2] },
+    #[error("expected {expected} channel values, got {actual}")]
+    ChannelMismatch { expected: usize, actual: usize },
+    #[error("expected a uint8 [height, width, channels] image, got {dtype:?} {shape:?}")]
+    NotAnImage { dtype: DType, shape: Vec<usize> },
+    #[error("invalid parameter: {0}")]
+    InvalidParameter(String),
+}
+
+impl OpError {
+    /// A stable label for metrics, one per variant.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            OpError::CorruptImage(_) => "corrupt_image",
+            OpError::UnsupportedImage(_) => "unsupported_image",
+            OpError::TooSmall { .. } => "too_small",
+            OpError::ChannelMismatch { .. } => "channel_mismatch",
+            OpError::NotAnImage { .. } => "not_an_image",
+            OpError::InvalidParameter(_) => "invalid_parameter",
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! The engine as a batch source: epochs run on their own thread, and ready batches are shared
+//! among the connected consumers, each batch going to one of them (standalone mode; the
+//! dispatcher will assign splits and epochs per job).
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use tonic::Status;
+
+use crate::engine::{Engine, EngineError};
+use crate::stream::{BatchSource, Batches, Subscription};
+
+pub struct EngineSource {
+    ready: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<stoker_api::Batch>>>,
+}
+
+impl EngineSource {
+    /// Starts producing `epochs` epochs (None: until stopped). The producer blocks while the
+    /// memory budget is exhausted, i.e. while consumers are slow.
+    pub fn start(engine: Engine, epochs: Option<u64>) -> (Self, std::thread::JoinHandle<Result<(), EngineError>>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let producer = std::thread::Builder::new()
+            .name("stoker-engine".into())
+            .spawn(move || {
+                let splits = engine.splits().to_vec();
+                let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<crate::engine::Ready>(1);
+                // Bridges the engine's blocking channel into the async one; the Ready guard is
+                // dropped (budget released) once the batch is handed to the transport.
+                let bridge = std::thread::spawn(move || {
+                    for ready in ready_rx {
+                        if tx.blocking_send(ready.into_batch()).is_err() {
+                            break;
+                        }
+                    }
+                });
+                let mut epoch = 0;
+                let result = loop {
+                    if epochs.is_some_and(|n| epoch >= n) {
+                        break Ok(());
+                    }
+                    tracing::info!(epoch, splits = splits.len(), "epoch starts");
+                    if let Err(e) = engine.run_epoch(epoch, &splits, &ready_tx) {
+                        break Err(e);
+                    }
+                    let stats = &engine.stats;
+                    tracing::info!(
+                        epoch,
+                        batches = stats.batches.load(std::sync::atomic::Ordering::Relaxed),
+                        skipped = ?stats.skipped(),
+                        "epoch done"
+                    );
+                    epoch += 1;
+                };
+                drop(ready_tx);
+                let _ = bridge.join();
+                result
+            })
+            .expect("spawning the engine thread");
+        (EngineSource { ready: Arc::new(tokio::sync::Mutex::new(rx)) }, producer)
+    }
+}
+
+impl BatchSource for EngineSource {
+    fn subscribe(&self, subscription: &Subscription) -> Result<Batches, Status> {
+        tracing::info!(job = %subscription.job, consumer = subscription.consumer_index, "consumer attached");
+        let ready = self.ready.clone();
+        Ok(futures::stream::unfold(ready, |ready| async move {
+            let next = ready.lock().await.recv().await;
+            next.map(|batch| (Ok(batch), ready))
+        })
+        .boxed())
+    }
+}

@@ -1,0 +1,199 @@
+//! The batch stream: serves a pipeline's ready batches to training clients over gRPC.
+//!
+//! The service is generic over where batches come from (`BatchSource`) and over who may ask
+//! (`Authenticator`). Batches go out cut into chunks that fit the client's message limit
+//! (`stoker_api::chunk`), so any batch size streams.
+//!
+//! Backpressure comes from pulling: tonic polls the response stream only when HTTP/2 flow
+//! control lets it send, and each poll here pulls at most one batch from the source. Nothing
+//! is spawned and nothing buffers ahead, so a slow client stops the source instead of growing
+//! memory.
+
+mod auth;
+mod synthetic;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt, stream};
+use stoker_api::Batch;
+use stoker_api::chunk::chunk_batch;
+use stoker_api::proto::batch_stream_server::{BatchStream, BatchStreamServer};
+use stoker_api::proto::{self, BatchChunk, StreamRequest};
+use tokio::net::TcpListener;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+pub use auth::{AllowAll, Authenticator, Caller};
+pub use synthetic::SyntheticSource;
+
+/// A consumer's validated request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    pub namespace: String,
+    pub pipeline: String,
+    pub job: String,
+    pub consumer_index: u32,
+    pub start_epoch: Option<u64>,
+    pub caller: Caller,
+}
+
+/// Batches for one consumer, in the order they should be sent.
+pub type Batches = Pin<Box<dyn Stream<Item = Result<Batch, Status>> + Send>>;
+
+/// Where the service gets batches: the pipeline engine, or a synthetic source in tests.
+pub trait BatchSource: Send + Sync + 'static {
+    /// Starts a consumer's stream. The stream is polled only as fast as the client reads, so
+    /// it should produce lazily (or from a bounded queue), never run ahead on its own.
+    fn subscribe(&self, subscription: &Subscription) -> Result<Batches, Status>;
+}
+
+/// Serving knobs; the defaults suit a cluster network.
+#[derive(Debug, Clone, Default)]
+pub struct ServerOptions {
+    /// HTTP/2 window for what clients send us; requests are tiny, so the default suffices.
+    pub stream_window_bytes: Option<u32>,
+}
+
+/// The BatchStream gRPC service.
+pub struct StreamService<S, A = AllowAll> {
+    source: Arc<S>,
+    auth: Arc<A>,
+    compression: Option<CompressionEncoding>,
+}
+
+impl<S: BatchSource> StreamService<S> {
+    pub fn new(source: S) -> Self {
+        StreamService { source: Arc::new(source), auth: Arc::new(AllowAll), compression: None }
+    }
+}
+
+impl<S: BatchSource, A: Authenticator> StreamService<S, A> {
+    pub fn with_authenticator<B: Authenticator>(self, auth: B) -> StreamService<S, B> {
+        StreamService { source: self.source, auth: Arc::new(auth), compression: self.compression }
+    }
+
+    /// Compresses responses for clients that accept `encoding` (off by default: tensors
+    /// rarely compress well, and cluster links are faster than gzip).
+    pub fn with_compression(mut self, encoding: CompressionEncoding) -> Self {
+        self.compression = Some(encoding);
+        self
+    }
+
+    /// The tonic service.
+    pub fn into_server(self) -> BatchStreamServer<Self> {
+        let compression = self.compression;
+        let mut server = BatchStreamServer::new(self);
+        if let Some(encoding) = compression {
+            server = server.send_compressed(encoding).accept_compressed(encoding);
+        }
+        server
+    }
+}
+
+/// Checks a request and returns the subscription and the message limit to chunk for.
+pub fn validate(request: StreamRequest, caller: Caller) -> Result<(Subscription, usize), Status> {
+    let invalid = |m: String| Err(Status::invalid_argument(m));
+    let pipeline = request.pipeline.unwrap_or_default();
+    if pipeline.namespace.is_empty() || pipeline.name.is_empty() {
+        return invalid("pipeline namespace and name are required".into());
+    }
+    if pipeline.namespace.len() > 253 || pipeline.name.len() > 253 {
+        return invalid("pipeline namespace and name are at most 253 characters".into());
+    }
+    if request.job.is_empty() || request.job.len() > 253 {
+        return invalid("job is required and at most 253 characters".into());
+    }
+    let limit = proto::effective_max_message_bytes(request.max_message_bytes);
+    let range = proto::MIN_MAX_MESSAGE_BYTES as u64..=proto::MAX_MAX_MESSAGE_BYTES as u64;
+    if !range.contains(&limit) {
+        return invalid(format!("max_message_bytes {limit} is outside {range:?}"));
+    }
+    let subscription = Subscription {
+        namespace: pipeline.namespace,
+        pipeline: pipeline.name,
+        job: request.job,
+        consumer_index: request.consumer_index,
+        start_epoch: request.start_epoch,
+        caller,
+    };
+    Ok((subscription, limit as usize))
+}
+
+/// The chunk size limit for a client's message limit. Compression can grow incompressible
+/// data a little (gzip by ~0.03%, zstd by ~0.4%, plus framing), and the client checks the
+/// compressed size, so compressed streams keep 1% + 1 KiB spare.
+fn chunk_limit(max_message_bytes: usize, compressed: bool) -> usize {
+    if compressed { max_message_bytes - max_message_bytes / 100 - 1024 } else { max_message_bytes }
+}
+
+/// The chunks of a batch stream, pulled one batch at a time.
+fn chunks(batches: Batches, limit: usize) -> impl Stream<Item = Result<BatchChunk, Status>> + Send {
+    batches.flat_map(move |batch| {
+        let chunks: Box<dyn Iterator<Item = Result<BatchChunk, Status>> + Send> = match batch {
+            Ok(batch) => match chunk_batch(&batch, limit) {
+                Ok(chunks) => Box::new(chunks.map(Ok)),
+                Err(e) => Box::new(std::iter::once(Err(Status::resource_exhausted(e.to_string())))),
+            },
+            Err(status) => Box::new(std::iter::once(Err(status))),
+        };
+        stream::iter(chunks)
+    })
+}
+
+#[tonic::async_trait]
+impl<S: BatchSource, A: Authenticator> BatchStream for StreamService<S, A> {
+    type StreamStream = Pin<Box<dyn Stream<Item = Result<BatchChunk, Status>> + Send>>;
+
+    async fn stream(&self, request: Request<StreamRequest>) -> Result<Response<Self::StreamStream>, Status> {
+        let caller = self.auth.authenticate(request.metadata()).await?;
+        let (subscription, limit) = validate(request.into_inner(), caller)?;
+        tracing::info!(
+            pipeline = %format!("{}/{}", subscription.namespace, subscription.pipeline),
+            job = %subscription.job,
+            consumer = subscription.consumer_index,
+            limit,
+            "consumer subscribed"
+        );
+        let batches = self.source.subscribe(&subscription)?;
+        let limit = chunk_limit(limit, self.compression.is_some());
+        Ok(Response::new(Box::pin(chunks(batches, limit))))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves `source` on `addr` until `shutdown` completes.
+pub async fn serve<S: BatchSource>(
+    addr: SocketAddr,
+    source: S,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })?;
+    serve_on(listener, StreamService::new(source), &ServerOptions::default(), shutdown).await
+}
+
+/// Serves on a bound listener (bind to port 0 and read its address to get a free port).
+pub async fn serve_on<S: BatchSource, A: Authenticator>(
+    listener: TcpListener,
+    service: StreamService<S, A>,
+    options: &ServerOptions,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(options.stream_window_bytes)
+        .add_service(service.into_server())
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await?;
+    Ok(())
+}
