@@ -1,0 +1,85 @@
+//! Two standalone worker processes serve a pipeline over gRPC and the Rust client streams from
+//! both: the path a training job takes, minus the dispatcher.
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use stoker_client::{Client, ClientOptions};
+use stoker_worker::corpus::{CorpusSpec, generate};
+
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+async fn wait_listening(addr: SocketAddr, worker: &mut Worker) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        assert!(worker.0.try_wait().unwrap().is_none(), "worker on {addr} exited early");
+        assert!(Instant::now() < deadline, "worker on {addr} did not listen within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_streams_one_epoch_from_two_standalone_workers() {
+    let data = tempfile::tempdir().unwrap();
+    generate(data.path(), &CorpusSpec { images: 12, classes: 3, min_side: 250, max_side: 280, ..Default::default() }).unwrap();
+    let manifest = data.path().join("pipeline.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: tiny, namespace: team-a}}\nspec:\n  \
+             source: {{uri: 'file://{}/', format: imageFolder}}\n  batchSize: 5\n  transforms:\n  \
+             - decodeImage: {{}}\n  - randomResizedCrop: {{size: [64, 64]}}\n  - normalize: {{mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25], dtype: float16}}\n",
+            data.path().display()
+        ),
+    )
+    .unwrap();
+
+    let addrs = [free_addr(), free_addr()];
+    let mut workers: Vec<Worker> = addrs
+        .iter()
+        .map(|addr| {
+            Worker(
+                Command::new(env!("CARGO_BIN_EXE_stoker-worker"))
+                    .args(["--standalone", "--pipeline", manifest.to_str().unwrap(), "--epochs", "1", "--threads", "1"])
+                    .args(["--listen", &addr.to_string()])
+                    .spawn()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    for (addr, worker) in addrs.iter().zip(workers.iter_mut()) {
+        wait_listening(*addr, worker).await;
+    }
+
+    let urls = addrs.iter().map(|a| format!("http://{a}")).collect();
+    let mut client = Client::connect(urls, ClientOptions::new("team-a", "tiny")).await.unwrap();
+    let (mut images, mut batches) = (0, 0);
+    let read = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(batch) = client.next().await {
+            let batch = batch.unwrap();
+            let image = &batch.tensors["image"];
+            assert_eq!(image.dtype, stoker_api::DType::Float16);
+            assert_eq!(&image.shape[1..], [64, 64, 3]);
+            assert_eq!(batch.tensors["label"].shape, [image.shape[0]]);
+            images += image.shape[0];
+            batches += 1;
+        }
+    });
+    read.await.expect("both workers finish their epoch within 120 s");
+    // Standalone, each worker serves the whole epoch (splitting it is the dispatcher's job).
+    assert_eq!(images, 24, "12 images from each worker");
+    assert_eq!(batches, 6, "5 + 5 + 2 per worker");
+    assert_eq!(client.window().batches, 6, "the client measured every batch");
+}
