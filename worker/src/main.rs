@@ -11,6 +11,9 @@ use stoker_worker::corpus::{self, CorpusSpec};
 use stoker_worker::engine::{Engine, EngineConfig};
 use stoker_worker::serve::EngineSource;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(version, about = "Stoker worker: preprocesses a pipeline's data and streams batches")]
 struct Cli {

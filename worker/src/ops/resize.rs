@@ -25,7 +25,9 @@ pub fn resize(image: &Tensor, op: &Resize) -> Result<Tensor, OpError> {
     match (op.size, op.shorter_side) {
         (Some([h, w]), None) => resize_exact(image, [h as usize, w as usize]),
         (None, Some(s)) => resize_shorter_side(image, s as usize),
-        _ => Err(OpError::InvalidParameter("resize needs exactly one of size and shorterSide".into())),
+        _ => Err(OpError::InvalidParameter(
+            "resize needs exactly one of size and shorterSide".into(),
+        )),
     }
 }
 
@@ -38,14 +40,23 @@ pub fn resize_exact(image: &Tensor, size: [usize; 2]) -> Result<Tensor, OpError>
 /// Resizes so the shorter side becomes `side`, keeping the aspect ratio.
 pub fn resize_shorter_side(image: &Tensor, side: usize) -> Result<Tensor, OpError> {
     let d = Dims::of(image)?;
-    resize_region(image, d, [0, 0, d.h, d.w], shorter_side_size([d.h, d.w], side))
+    resize_region(
+        image,
+        d,
+        [0, 0, d.h, d.w],
+        shorter_side_size([d.h, d.w], side),
+    )
 }
 
 /// torchvision's output size: the longer side becomes int(long * side / short). Integer floor
 /// division equals Python's int() of the float quotient here, since a non-integer quotient of
 /// integers this small is never within a float ulp of the next integer.
 pub fn shorter_side_size([h, w]: [usize; 2], side: usize) -> [usize; 2] {
-    if h <= w { [side, w * side / h.max(1)] } else { [h * side / w.max(1), side] }
+    if h <= w {
+        [side, w * side / h.max(1)]
+    } else {
+        [h * side / w.max(1), side]
+    }
 }
 
 /// Resizes the sub-image [top, left, height, width] as if it had been cropped out first (taps
@@ -57,10 +68,15 @@ pub(crate) fn resize_region(
     [oh, ow]: [usize; 2],
 ) -> Result<Tensor, OpError> {
     if oh == 0 || ow == 0 {
-        return Err(OpError::InvalidParameter(format!("cannot resize to {oh}x{ow}")));
+        return Err(OpError::InvalidParameter(format!(
+            "cannot resize to {oh}x{ow}"
+        )));
     }
     if rh == 0 || rw == 0 || top + rh > d.h || left + rw > d.w {
-        return Err(OpError::TooSmall { have: [d.h, d.w], want: [top + rh, left + rw] });
+        return Err(OpError::TooSmall {
+            have: [d.h, d.w],
+            want: [top + rh, left + rw],
+        });
     }
     let src = &image.data[..];
     let c = d.c;
@@ -114,18 +130,17 @@ pub(crate) fn resize_region(
 }
 
 fn horizontal<const C: usize>(row: &[u8], out: &mut [u8], taps: &Taps) {
-    for (x, px) in out.chunks_exact_mut(C).enumerate() {
+    let (pixels, _) = row.as_chunks::<C>();
+    let (out, _) = out.as_chunks_mut::<C>();
+    for (x, px) in out.iter_mut().enumerate() {
         let (first, weights) = taps.of(x);
         let mut sum = [HALF; C];
-        let window = &row[first * C..(first + weights.len()) * C];
-        for (p, &wk) in window.chunks_exact(C).zip(weights) {
+        for (p, &wk) in pixels[first..first + weights.len()].iter().zip(weights) {
             for ch in 0..C {
                 sum[ch] += i32::from(p[ch]) * wk;
             }
         }
-        for ch in 0..C {
-            px[ch] = clip8(sum[ch]);
-        }
+        *px = sum.map(clip8);
     }
 }
 
@@ -192,8 +207,12 @@ mod tests {
     use super::*;
 
     fn image(h: usize, w: usize, c: usize, f: impl Fn(usize) -> u8) -> Tensor {
-        Tensor::new(DType::Uint8, vec![h, w, c], Bytes::from((0..h * w * c).map(f).collect::<Vec<_>>()))
-            .unwrap()
+        Tensor::new(
+            DType::Uint8,
+            vec![h, w, c],
+            Bytes::from((0..h * w * c).map(f).collect::<Vec<_>>()),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -221,8 +240,15 @@ mod tests {
     #[test]
     fn bad_sizes_are_errors() {
         let img = image(4, 4, 1, |_| 0);
-        assert!(matches!(resize_exact(&img, [0, 3]), Err(OpError::InvalidParameter(_))));
-        let both = Resize { size: Some([2, 2]), shorter_side: Some(2), field: "image".into() };
+        assert!(matches!(
+            resize_exact(&img, [0, 3]),
+            Err(OpError::InvalidParameter(_))
+        ));
+        let both = Resize {
+            size: Some([2, 2]),
+            shorter_side: Some(2),
+            field: "image".into(),
+        };
         assert!(resize(&img, &both).is_err());
     }
 }
