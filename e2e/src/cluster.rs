@@ -205,8 +205,15 @@ pub trait Cluster: Send + Sync {
 
 /// Starts the provider chosen by `STOKER_E2E_PROVIDER`.
 pub async fn start_from_env() -> Result<Box<dyn Cluster>, StartError> {
+    install_tls_provider();
     match Provider::from_env()? {
         Provider::Local => Ok(Box::new(crate::local::LocalControlPlane::start().await?)),
         Provider::Kind => Ok(Box::new(crate::kind::KindCluster::start().await?)),
     }
+}
+
+/// Several rustls providers are compiled into the workspace (kube uses ring, object_store
+/// aws-lc-rs), so rustls cannot choose one by itself: choose ring before any client exists.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }

@@ -72,6 +72,8 @@ struct RunArgs {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Several rustls providers are compiled into the workspace; choose one explicitly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     match Cli::parse().command {
         Command::Crd => {
             print!("{}", stoker_api::to_yaml(&DataPipeline::crd())?);

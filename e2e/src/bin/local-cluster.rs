@@ -17,6 +17,7 @@ fn usage() -> ! {
 }
 
 fn main() {
+    stoker_e2e::cluster::install_tls_provider();
     let runtime = tokio::runtime::Runtime::new().expect("building the tokio runtime");
     if let Err(e) = runtime.block_on(run()) {
         eprintln!("local-cluster: {e:#}");
