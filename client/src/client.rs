@@ -9,7 +9,8 @@ use stoker_api::Batch;
 use stoker_api::proto::batch_stream_client::BatchStreamClient;
 use stoker_api::proto::{self, BatchChunk, PipelineRef, StreamRequest};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use std::sync::{Arc, Mutex};
+use tokio::task::AbortHandle;
 use tonic::codec::CompressionEncoding;
 use tonic::transport::{Channel, Endpoint};
 
@@ -77,8 +78,9 @@ impl ClientOptions {
 /// Streams batches from one or more workers. Dropping it stops the streams.
 pub struct Client {
     rx: mpsc::Receiver<Result<Batch, Error>>,
-    pumps: Vec<JoinHandle<()>>,
-    meter: Meter,
+    tasks: Tasks,
+    /// Shared with the window reporter in dispatcher mode.
+    meter: Arc<Mutex<Meter>>,
     /// Start of the `next()` call in progress, kept across polls.
     call_start: Option<Instant>,
 }
@@ -93,12 +95,25 @@ impl Client {
         options.check()?;
         let streams = futures::future::try_join_all(workers.iter().map(|w| open(w, &options))).await?;
         let (tx, rx) = mpsc::channel(options.prefetch);
-        let pumps = workers
-            .into_iter()
-            .zip(streams)
-            .map(|(worker, stream)| tokio::spawn(pump(worker, stream, tx.clone(), options.max_batch_bytes)))
-            .collect();
-        Ok(Client { rx, pumps, meter: Meter::default(), call_start: None })
+        let tasks = Tasks::default();
+        for (worker, stream) in workers.into_iter().zip(streams) {
+            tasks.spawn(pump_to_caller(worker, stream, tx.clone(), options.max_batch_bytes));
+        }
+        Ok(Client { rx, tasks, meter: Arc::default(), call_start: None })
+    }
+
+    /// Registers with the dispatcher at `url`, streams from the pipeline's workers as they come
+    /// and go, and reports batch-time windows for the autoscaler. Fails only when the
+    /// dispatcher refuses the registration; an unreachable dispatcher or a leader change is
+    /// retried, and a worker that dies is dropped (its splits go to the others).
+    pub async fn from_dispatcher(url: &str, options: ClientOptions) -> Result<Client, Error> {
+        options.check()?;
+        let (tx, rx) = mpsc::channel(options.prefetch);
+        let tasks = Tasks::default();
+        let meter: Arc<Mutex<Meter>> = Arc::default();
+        let link = crate::dispatched::Registration::register(url, &options).await?;
+        tasks.spawn(crate::dispatched::follow(link, options, tx, meter.clone(), tasks.clone()));
+        Ok(Client { rx, tasks, meter, call_start: None })
     }
 
     /// The next batch from any worker; None once every worker's stream has ended. An error
@@ -108,12 +123,13 @@ impl Client {
     }
 
     /// Batch-time statistics since the last reset.
+    /// In dispatcher mode the window restarts after each report to the dispatcher.
     pub fn window(&self) -> WindowStats {
-        self.meter.window()
+        self.meter.lock().unwrap().window()
     }
 
     pub fn reset_window(&mut self) {
-        self.meter.reset();
+        self.meter.lock().unwrap().reset();
     }
 
     fn poll_batch(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Batch, Error>>> {
@@ -121,14 +137,14 @@ impl Client {
             Some(start) => start,
             None => {
                 let now = Instant::now();
-                self.meter.call_started(now);
+                self.meter.lock().unwrap().call_started(now);
                 *self.call_start.insert(now)
             }
         };
         let item = std::task::ready!(self.rx.poll_recv(cx));
         self.call_start = None;
         if let Some(Ok(_)) = &item {
-            self.meter.delivered(start, Instant::now());
+            self.meter.lock().unwrap().delivered(start, Instant::now());
         }
         Poll::Ready(item)
     }
@@ -144,8 +160,26 @@ impl Stream for Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        for pump in &self.pumps {
-            pump.abort();
+        self.tasks.abort_all();
+    }
+}
+
+/// The client's background tasks, stopped when it is dropped.
+#[derive(Clone, Default)]
+pub(crate) struct Tasks(Arc<Mutex<Vec<AbortHandle>>>);
+
+impl Tasks {
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) -> AbortHandle {
+        let handle = tokio::spawn(task).abort_handle();
+        let mut tasks = self.0.lock().unwrap();
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(handle.clone());
+        handle
+    }
+
+    fn abort_all(&self) {
+        for task in self.0.lock().unwrap().drain(..) {
+            task.abort();
         }
     }
 }
@@ -155,7 +189,7 @@ fn uri(worker: &str) -> String {
     if worker.contains("://") { worker.to_string() } else { format!("http://{worker}") }
 }
 
-async fn open(worker: &str, options: &ClientOptions) -> Result<tonic::Streaming<BatchChunk>, Error> {
+pub(crate) async fn open(worker: &str, options: &ClientOptions) -> Result<tonic::Streaming<BatchChunk>, Error> {
     let connect = |source| Error::Connect { worker: worker.to_string(), source };
     let channel: Channel = Endpoint::from_shared(uri(worker))
         .map_err(connect)?
@@ -189,26 +223,35 @@ async fn open(worker: &str, options: &ClientOptions) -> Result<tonic::Streaming<
 
 /// Reads one worker's chunks into the shared queue. Waiting on the full queue stops reading the
 /// stream, which stops HTTP/2 window updates, which stops the worker: that is the backpressure.
-async fn pump(worker: String, mut stream: tonic::Streaming<BatchChunk>, tx: mpsc::Sender<Result<Batch, Error>>, max_batch_bytes: u64) {
+/// Returns why the stream failed, or None when it ended or the client is gone.
+pub(crate) async fn pump(
+    worker: String,
+    mut stream: tonic::Streaming<BatchChunk>,
+    tx: &mpsc::Sender<Result<Batch, Error>>,
+    max_batch_bytes: u64,
+) -> Option<Error> {
     let mut reassembler = Reassembler::new(max_batch_bytes);
-    let failure = loop {
+    loop {
         match stream.message().await {
             Ok(Some(chunk)) => match reassembler.push(chunk) {
                 Ok(Some(batch)) => {
                     if tx.send(Ok(batch)).await.is_err() {
-                        return; // the client is gone
+                        return None; // the client is gone
                     }
                 }
                 Ok(None) => {}
-                Err(source) => break Error::Protocol { worker, source },
+                Err(source) => return Some(Error::Protocol { worker, source }),
             },
-            Ok(None) => match reassembler.finish() {
-                Ok(()) => return,
-                Err(source) => break Error::Protocol { worker, source },
-            },
-            Err(status) => break Error::Status { worker, status: Box::new(status) },
+            Ok(None) => return reassembler.finish().err().map(|source| Error::Protocol { worker, source }),
+            Err(status) => return Some(Error::Status { worker, status: Box::new(status) }),
         }
-    };
-    tracing::warn!(error = %failure, "worker stream failed");
-    let _ = tx.send(Err(failure)).await;
+    }
+}
+
+/// A fixed worker's stream: its failure is the caller's to see.
+async fn pump_to_caller(worker: String, stream: tonic::Streaming<BatchChunk>, tx: mpsc::Sender<Result<Batch, Error>>, max_batch_bytes: u64) {
+    if let Some(failure) = pump(worker, stream, &tx, max_batch_bytes).await {
+        tracing::warn!(error = %failure, "worker stream failed");
+        let _ = tx.send(Err(failure)).await;
+    }
 }

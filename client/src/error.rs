@@ -42,6 +42,12 @@ pub enum Error {
         #[source]
         status: Box<tonic::Status>,
     },
+    #[error("dispatcher {url}: {status}")]
+    Dispatcher {
+        url: String,
+        #[source]
+        status: Box<tonic::Status>,
+    },
     #[error("worker {worker}: {source}")]
     Protocol {
         worker: String,
@@ -54,7 +60,7 @@ impl Error {
     /// The gRPC status code when the worker answered with one.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
-            Error::Status { status, .. } => Some(status.code()),
+            Error::Status { status, .. } | Error::Dispatcher { status, .. } => Some(status.code()),
             _ => None,
         }
     }

@@ -13,6 +13,7 @@
 //! ```
 
 mod client;
+mod dispatched;
 mod error;
 pub mod reassemble;
 pub mod stats;

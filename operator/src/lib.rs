@@ -2,10 +2,13 @@
 //! namespace's cache volume, with leader election, metrics and health endpoints.
 
 pub mod controller;
+pub mod dispatcher;
 pub mod http;
 pub mod leader;
+pub mod local_workers;
 pub mod metrics;
 pub mod names;
 pub mod objects;
+pub mod scaler;
 pub mod status;
 pub mod telemetry;

@@ -89,6 +89,8 @@ impl Stats {
 /// A ready batch holding its share of the memory budget until dropped (after it is sent).
 pub struct Ready {
     pub batch: Batch,
+    /// Splits (of the batch's epoch) whose last element is in this batch or was dropped.
+    pub completes: Vec<u64>,
     bytes: usize,
     budget: Arc<MemoryBudget>,
 }
@@ -155,21 +157,40 @@ impl Engine {
         &self.pipeline
     }
 
+    pub fn threads(&self) -> usize {
+        self.config.threads
+    }
+
     /// Produces one epoch's batches from `splits` into `out`, blocking (run it on its own
     /// thread). Returns early, without error, when the receiver is gone.
     pub fn run_epoch(&self, epoch: u64, splits: &[Split], out: &std::sync::mpsc::SyncSender<Ready>) -> Result<(), EngineError> {
+        self.run_splits(epoch, splits.iter().cloned(), out).map(drop)
+    }
+
+    /// Like `run_epoch`, pulling splits one at a time (from the dispatcher) until `splits` ends.
+    /// Each ready batch names the splits it completes (`Ready::completes`); the splits that
+    /// completed with no batch left to carry them are returned.
+    pub fn run_splits(
+        &self,
+        epoch: u64,
+        splits: impl IntoIterator<Item = Split>,
+        out: &std::sync::mpsc::SyncSender<Ready>,
+    ) -> Result<Vec<u64>, EngineError> {
         let p = &self.pipeline;
         let seed = p.seed.unwrap_or(0);
         let mut shuffle = p.shuffle.as_ref().map(|s| ShuffleBuffer::new(s.buffer_size as usize, s.seed.unwrap_or(seed), epoch));
-        let mut rows: Vec<Row> = Vec::with_capacity(p.batch_size as usize);
+        let mut batch = Pending::with_capacity(p.batch_size as usize);
         let mut sequence = 0u64;
+        let mut last_split = 0;
         let window = (self.config.threads * 64).max(64);
+        let mut splits = splits.into_iter();
         // Reading the next split overlaps transforming this one.
-        let mut next = splits.first().map(|s| self.fetch(s));
-        for (i, split) in splits.iter().enumerate() {
-            let data = self.runtime.block_on(next.take().expect("fetched ahead")).expect("the fetch task runs to completion");
-            next = splits.get(i + 1).map(|s| self.fetch(s));
-            let mut records = self.parse(split, data)?.into_iter();
+        let mut next = splits.next().map(|s| (self.fetch(&s), s));
+        while let Some((fetching, split)) = next.take() {
+            let data = self.runtime.block_on(fetching).expect("the fetch task runs to completion");
+            next = splits.next().map(|s| (self.fetch(&s), s));
+            last_split = split.id;
+            let mut records = self.parse(&split, data)?.into_iter();
             let mut first = 0u64;
             loop {
                 let chunk: Vec<Element> = records.by_ref().take(window).collect();
@@ -177,36 +198,38 @@ impl Engine {
                     break;
                 }
                 let len = chunk.len() as u64;
-                let transformed = self.transform(epoch, split, first, chunk)?;
+                let transformed = self.transform(epoch, &split, first, chunk)?;
                 first += len;
-                for element in transformed {
+                for row in transformed {
+                    batch.track.entered(split.id);
                     let row = match shuffle.as_mut() {
-                        Some(buffer) => buffer.push(element),
-                        None => Some(element),
+                        Some(buffer) => buffer.push((split.id, row)),
+                        None => Some((split.id, row)),
                     };
                     if let Some(row) = row {
-                        rows.push(row);
-                        if rows.len() == p.batch_size as usize && !self.emit(&mut rows, epoch, split.id, &mut sequence, out)? {
-                            return Ok(());
+                        batch.push(row);
+                        if batch.len() == p.batch_size as usize && !self.emit(&mut batch, epoch, split.id, &mut sequence, out)? {
+                            return Ok(Vec::new());
                         }
                     }
                 }
             }
+            batch.track.parsed(split.id);
         }
         if let Some(buffer) = shuffle.as_mut() {
-            let last = splits.last().map_or(0, |s| s.id);
             for row in buffer.drain() {
-                rows.push(row);
-                if rows.len() == p.batch_size as usize && !self.emit(&mut rows, epoch, last, &mut sequence, out)? {
-                    return Ok(());
+                batch.push(row);
+                if batch.len() == p.batch_size as usize && !self.emit(&mut batch, epoch, last_split, &mut sequence, out)? {
+                    return Ok(Vec::new());
                 }
             }
         }
-        if !rows.is_empty() && !p.drop_remainder {
-            let last = splits.last().map_or(0, |s| s.id);
-            self.emit(&mut rows, epoch, last, &mut sequence, out)?;
+        if batch.len() > 0 && !p.drop_remainder {
+            self.emit(&mut batch, epoch, last_split, &mut sequence, out)?;
         }
-        Ok(())
+        // Rows dropped as the remainder leave their splits complete too.
+        batch.drop_rows();
+        Ok(std::mem::take(&mut batch.track.completed))
     }
 
     /// Starts reading a split's shards on the runtime, many at once (image folders are many
@@ -304,23 +327,91 @@ impl Engine {
             .collect()
     }
 
-    /// Makes a batch of `rows` and sends it once the budget has room; false when nobody listens.
+    /// Makes a batch of the pending rows and sends it once the budget has room; false when
+    /// nobody listens.
     fn emit(
         &self,
-        rows: &mut Vec<Row>,
+        pending: &mut Pending,
         epoch: u64,
         split: u64,
         sequence: &mut u64,
         out: &std::sync::mpsc::SyncSender<Ready>,
     ) -> Result<bool, EngineError> {
-        let batch = batch::make_batch(rows, self.pipeline.pad_value, epoch, split, *sequence)?;
-        rows.clear();
+        let batch = batch::make_batch(&pending.rows, self.pipeline.pad_value, epoch, split, *sequence)?;
+        pending.drop_rows();
+        let completes = std::mem::take(&mut pending.track.completed);
         *sequence += 1;
         let bytes = batch.payload_bytes();
         self.budget.reserve(bytes);
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.batch_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        Ok(out.send(Ready { batch, bytes, budget: self.budget.clone() }).is_ok())
+        Ok(out.send(Ready { batch, bytes, budget: self.budget.clone(), completes }).is_ok())
+    }
+}
+
+/// The rows of the batch being filled, with the split each came from.
+struct Pending {
+    rows: Vec<Row>,
+    splits: Vec<u64>,
+    track: SplitTracker,
+}
+
+impl Pending {
+    fn with_capacity(n: usize) -> Self {
+        Pending { rows: Vec::with_capacity(n), splits: Vec::with_capacity(n), track: SplitTracker::default() }
+    }
+
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn push(&mut self, (split, row): (u64, Row)) {
+        self.splits.push(split);
+        self.rows.push(row);
+    }
+
+    /// The rows are gone (batched or dropped): their splits may be complete now.
+    fn drop_rows(&mut self) {
+        self.rows.clear();
+        for split in self.splits.drain(..) {
+            self.track.left(split);
+        }
+    }
+}
+
+/// Knows when a split's last element has left the engine, so the dispatcher is told a split
+/// is done only once all its data is on its way to a client.
+#[derive(Default)]
+struct SplitTracker {
+    /// Rows of each split still in the shuffle buffer or the batch being filled.
+    inside: BTreeMap<u64, u64>,
+    /// Splits still being parsed and transformed.
+    reading: std::collections::BTreeSet<u64>,
+    completed: Vec<u64>,
+}
+
+impl SplitTracker {
+    fn entered(&mut self, split: u64) {
+        self.reading.insert(split);
+        *self.inside.entry(split).or_default() += 1;
+    }
+
+    fn left(&mut self, split: u64) {
+        let n = self.inside.get_mut(&split).expect("a row that entered");
+        *n -= 1;
+        if *n == 0 {
+            self.inside.remove(&split);
+            if !self.reading.contains(&split) {
+                self.completed.push(split);
+            }
+        }
+    }
+
+    fn parsed(&mut self, split: u64) {
+        self.reading.remove(&split);
+        if !self.inside.contains_key(&split) {
+            self.completed.push(split);
+        }
     }
 }
 

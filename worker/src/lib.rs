@@ -9,6 +9,7 @@ pub mod element;
 pub mod engine;
 pub mod formats;
 pub mod corpus;
+pub mod dispatched;
 pub mod shuffle;
 pub mod serve;
 pub mod source;

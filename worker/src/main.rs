@@ -3,13 +3,19 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use stoker_api::{DataPipeline, WorkerPipeline};
 use stoker_worker::corpus::{self, CorpusSpec};
 use stoker_worker::engine::{Engine, EngineConfig};
+use stoker_worker::dispatched::{DispatchedSource, Link};
 use stoker_worker::serve::EngineSource;
+use stoker_worker::stream::StreamService;
+
+/// How often a worker under the dispatcher reports its progress.
+const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -43,6 +49,13 @@ struct RunArgs {
     /// Bytes of ready batches held before production pauses for slow clients.
     #[arg(long, env = "STOKER_MEMORY_BUDGET", default_value_t = 512 << 20)]
     memory_budget: usize,
+    /// The dispatcher's URL (the operator sets it); splits come from there instead of this
+    /// worker producing every split itself.
+    #[arg(long, env = "STOKER_DISPATCHER", conflicts_with = "standalone")]
+    dispatcher: Option<String>,
+    /// host:port clients reach this worker at; default: POD_IP (or 127.0.0.1) and the bound port.
+    #[arg(long, env = "STOKER_ADVERTISE")]
+    advertise: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -140,18 +153,42 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         config.threads = threads;
     }
     let engine = Engine::open(pipeline, config).await.context("opening the pipeline's source")?;
-    tracing::info!(splits = engine.splits().len(), listen = %args.listen, "serving batches");
-    let (source, producer) = EngineSource::start(engine, args.epochs);
+    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let bound = listener.local_addr()?;
+    tracing::info!(splits = engine.splits().len(), listen = %bound, "serving batches");
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! { _ = term.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
         tracing::info!("shutting down");
     };
-    stoker_worker::stream::serve(args.listen, source, shutdown).await?;
-    if producer.is_finished() {
-        producer.join().map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
+    let options = stoker_worker::stream::ServerOptions::default();
+    match args.dispatcher.filter(|_| !args.standalone) {
+        Some(url) => {
+            let engine = Arc::new(engine);
+            let address = args.advertise.unwrap_or_else(|| advertised(bound));
+            let link = Link::register(&url, &engine, address).await?;
+            let source = DispatchedSource::new(engine.clone(), link.clone());
+            link.spawn_heartbeats(engine, source.errors.clone(), HEARTBEAT_INTERVAL);
+            stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, shutdown).await?;
+        }
+        None => {
+            let (source, producer) = EngineSource::start(engine, args.epochs);
+            stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, shutdown).await?;
+            if producer.is_finished() {
+                producer.join().map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
+            }
+        }
     }
     Ok(())
+}
+
+/// The address to register: the pod's IP in a cluster, loopback otherwise, with the bound port.
+fn advertised(bound: SocketAddr) -> String {
+    if !bound.ip().is_unspecified() {
+        return bound.to_string();
+    }
+    let host = std::env::var("POD_IP").unwrap_or_else(|_| "127.0.0.1".into());
+    format!("{host}:{}", bound.port())
 }
 
 fn load(args: &RunArgs) -> anyhow::Result<WorkerPipeline> {

@@ -136,3 +136,47 @@ async fn a_missing_source_is_a_clear_error() {
     let err = Engine::open(resnet50_train("file:///nonexistent/stoker/", 8), config(1)).await.map(|_| ()).unwrap_err();
     assert!(err.to_string().contains("does not exist"), "{err}");
 }
+
+/// The dispatcher is told a split is done only when all its elements are in batches: with a
+/// shuffle buffer mixing splits, each split completes exactly once, in the batch holding its
+/// last element or after the last batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn splits_complete_once_their_last_element_is_batched() {
+    let dir = tempfile::tempdir().unwrap();
+    // Five shards of 3 lines; shard 3 is all filtered out, so it completes with no element.
+    for shard in 0..5 {
+        let lines: String = (0..3).map(|i| format!("{{\"x\": {}}}\n", if shard == 3 { -1 } else { shard * 10 + i })).collect();
+        std::fs::write(dir.path().join(format!("{shard}.jsonl")), lines).unwrap();
+    }
+    let manifest = format!(
+        "source: {{uri: '{}', format: jsonl}}\nbatchSize: 4\nshuffle: {{bufferSize: 5, seed: 3}}\n\
+         transforms:\n- filter: {{field: x, op: ge, value: '0'}}\n",
+        uri(dir.path())
+    );
+    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
+    let engine = Engine::open(WorkerPipeline::new("ns", "t", &spec), config(2)).await.unwrap();
+    let (tx, rx) = sync_channel(16);
+    let leftover = tokio::task::spawn_blocking(move || {
+        let splits = engine.splits().to_vec();
+        engine.run_splits(0, splits, &tx)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let mut seen: Vec<i64> = Vec::new();
+    let mut completed: Vec<u64> = Vec::new();
+    for ready in rx.iter() {
+        let xs = ready.batch.tensors["x"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()));
+        seen.extend(xs);
+        for &split in &ready.completes {
+            // Shard n holds x in n*10..n*10+3: all of them must have been seen by now.
+            let want: Vec<i64> = if split == 3 { vec![] } else { (0..3).map(|i| split as i64 * 10 + i).collect() };
+            assert!(want.iter().all(|x| seen.contains(x)), "split {split} completed before its elements {want:?}; seen {seen:?}");
+        }
+        completed.extend(&ready.completes);
+    }
+    completed.extend(leftover);
+    completed.sort_unstable();
+    assert_eq!(completed, [0, 1, 2, 3, 4], "every split completes exactly once");
+    assert_eq!(seen.len(), 12);
+}

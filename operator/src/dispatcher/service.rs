@@ -1,0 +1,219 @@
+//! The dispatcher's gRPC face: maps requests onto `DispatcherState`, publishes worker lists to
+//! watching clients, and expires silent workers and clients on a timer.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use stoker_api::proto::dispatcher_server::{self, DispatcherServer};
+use stoker_api::proto::{self, next_split_response::Next};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use super::state::{Assignment, ClientWindow, DispatchError, DispatcherState, PipelineKey, Progress, Timeouts, WorkerRegistration};
+
+/// How often workers heartbeat; the dead-worker timeout is several of these.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a worker waits before asking again while an epoch drains.
+const DRAINING_RETRY: Duration = Duration::from_millis(200);
+
+/// The dispatcher shared by the gRPC service, the autoscaler loop and status reporting.
+pub struct Dispatcher {
+    state: Mutex<DispatcherState>,
+    worker_lists: Mutex<HashMap<PipelineKey, watch::Sender<Vec<String>>>>,
+    /// Whether this process may answer (the leader); others answer UNAVAILABLE so callers retry.
+    serving: AtomicBool,
+    window: Duration,
+}
+
+impl Dispatcher {
+    pub fn new(timeouts: Timeouts, window: Duration) -> Arc<Self> {
+        // Ids stay distinct across dispatcher restarts without coordination.
+        let instance = format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() & 0xff_ffff);
+        Arc::new(Dispatcher {
+            state: Mutex::new(DispatcherState::new(instance, timeouts)),
+            worker_lists: Mutex::new(HashMap::new()),
+            serving: AtomicBool::new(true),
+            window,
+        })
+    }
+
+    pub fn set_serving(&self, serving: bool) {
+        self.serving.store(serving, Ordering::SeqCst);
+    }
+
+    /// Reads or changes the state; workers' list changes are published by the caller's
+    /// request handlers and the expiry timer.
+    pub fn with_state<R>(&self, f: impl FnOnce(&mut DispatcherState) -> R) -> R {
+        f(&mut self.state.lock().unwrap())
+    }
+
+    fn publish(&self, pipeline: &PipelineKey) {
+        let addresses = self.with_state(|s| s.worker_addresses(pipeline));
+        let mut lists = self.worker_lists.lock().unwrap();
+        let sender = lists.entry(pipeline.clone()).or_insert_with(|| watch::channel(Vec::new()).0);
+        sender.send_if_modified(|current| {
+            let changed = *current != addresses;
+            *current = addresses;
+            changed
+        });
+    }
+
+    fn watch(&self, pipeline: &PipelineKey) -> watch::Receiver<Vec<String>> {
+        self.publish(pipeline);
+        self.worker_lists.lock().unwrap().get(pipeline).expect("published above").subscribe()
+    }
+
+    /// Expires silent workers and clients once a second until the dispatcher is dropped.
+    pub fn spawn_expiry(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(dispatcher) = weak.upgrade() else { return };
+                let changed = dispatcher.with_state(|s| s.expire(Instant::now()));
+                for pipeline in changed {
+                    dispatcher.publish(&pipeline);
+                }
+            }
+        })
+    }
+
+    pub fn into_server(self: Arc<Self>) -> DispatcherServer<DispatcherService> {
+        DispatcherServer::new(DispatcherService(self))
+    }
+
+    fn check_serving(&self) -> Result<(), Status> {
+        if self.serving.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(Status::unavailable("this operator is not the leader; retry (the dispatcher Service routes to the leader)"))
+        }
+    }
+}
+
+pub struct DispatcherService(Arc<Dispatcher>);
+
+fn status(e: DispatchError) -> Status {
+    match e {
+        DispatchError::Unknown { .. } => Status::not_found(e.to_string()),
+        DispatchError::PlanMismatch { .. } => Status::failed_precondition(e.to_string()),
+        DispatchError::Invalid(_) => Status::invalid_argument(e.to_string()),
+    }
+}
+
+fn pipeline_key(p: Option<proto::PipelineRef>) -> Result<PipelineKey, Status> {
+    match p {
+        Some(p) if !p.namespace.is_empty() && !p.name.is_empty() => Ok(PipelineKey { namespace: p.namespace, name: p.name }),
+        _ => Err(Status::invalid_argument("pipeline (namespace and name) is required")),
+    }
+}
+
+type WorkerListStream = Pin<Box<dyn Stream<Item = Result<proto::WorkerList, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl dispatcher_server::Dispatcher for DispatcherService {
+    async fn register_worker(&self, request: Request<proto::RegisterWorkerRequest>) -> Result<Response<proto::RegisterWorkerResponse>, Status> {
+        self.0.check_serving()?;
+        let r = request.into_inner();
+        let registration = WorkerRegistration {
+            pipeline: pipeline_key(r.pipeline)?,
+            address: r.address,
+            threads: r.threads,
+            splits: r.splits,
+            plan_digest: r.plan_digest,
+            worker_id: Some(r.worker_id),
+        };
+        let pipeline = registration.pipeline.clone();
+        let address = registration.address.clone();
+        let worker_id = self.0.with_state(|s| s.register_worker(registration, Instant::now())).map_err(status)?;
+        tracing::info!(%pipeline, %address, worker = %worker_id, "worker registered");
+        self.0.publish(&pipeline);
+        Ok(Response::new(proto::RegisterWorkerResponse {
+            worker_id,
+            heartbeat_interval_ms: HEARTBEAT_INTERVAL.as_millis() as u32,
+        }))
+    }
+
+    async fn worker_heartbeat(&self, request: Request<proto::WorkerHeartbeatRequest>) -> Result<Response<proto::WorkerHeartbeatResponse>, Status> {
+        self.0.check_serving()?;
+        let r = request.into_inner();
+        let p = r.progress.unwrap_or_default();
+        let progress = Progress {
+            records: p.records,
+            elements: p.elements,
+            batches: p.batches,
+            batch_bytes: p.batch_bytes,
+            skipped: p.skipped.into_iter().collect(),
+            op_seconds: p.op_seconds,
+            error: (!p.error.is_empty()).then_some(p.error),
+        };
+        self.0.with_state(|s| s.heartbeat(&r.worker_id, progress, Instant::now())).map_err(status)?;
+        Ok(Response::new(proto::WorkerHeartbeatResponse {}))
+    }
+
+    async fn next_split(&self, request: Request<proto::NextSplitRequest>) -> Result<Response<proto::NextSplitResponse>, Status> {
+        self.0.check_serving()?;
+        let r = request.into_inner();
+        if r.job.is_empty() {
+            return Err(Status::invalid_argument("job is required"));
+        }
+        let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
+        let next = self.0.with_state(|s| s.next_split(&r.worker_id, &r.job, &completed, r.epoch, Instant::now())).map_err(status)?;
+        let next = match next {
+            Assignment::Split { epoch, split } => Next::Split(proto::SplitRef { epoch, split }),
+            Assignment::Draining { epoch } => Next::Draining(proto::EpochDraining { epoch, retry_ms: DRAINING_RETRY.as_millis() as u32 }),
+        };
+        Ok(Response::new(proto::NextSplitResponse { next: Some(next) }))
+    }
+
+    async fn register_client(&self, request: Request<proto::RegisterClientRequest>) -> Result<Response<proto::RegisterClientResponse>, Status> {
+        self.0.check_serving()?;
+        let r = request.into_inner();
+        let pipeline = pipeline_key(r.pipeline)?;
+        if r.job.is_empty() {
+            return Err(Status::invalid_argument("job is required"));
+        }
+        let client_id = self.0.with_state(|s| s.register_client(pipeline.clone(), r.job.clone(), r.consumer_index, Some(r.client_id), Instant::now()));
+        tracing::info!(%pipeline, job = %r.job, consumer = r.consumer_index, client = %client_id, "client registered");
+        Ok(Response::new(proto::RegisterClientResponse { client_id, window_ms: self.0.window.as_millis() as u32 }))
+    }
+
+    type WatchWorkersStream = WorkerListStream;
+
+    async fn watch_workers(&self, request: Request<proto::WatchWorkersRequest>) -> Result<Response<Self::WatchWorkersStream>, Status> {
+        self.0.check_serving()?;
+        let pipeline = pipeline_key(request.into_inner().pipeline)?;
+        let updates = tokio_stream::wrappers::WatchStream::new(self.0.watch(&pipeline));
+        Ok(Response::new(updates.map(|addresses| Ok(proto::WorkerList { addresses })).boxed()))
+    }
+
+    async fn report_window(&self, request: Request<proto::ReportWindowRequest>) -> Result<Response<proto::ReportWindowResponse>, Status> {
+        self.0.check_serving()?;
+        let r = request.into_inner();
+        let window = ClientWindow {
+            batches: r.batches,
+            median_seconds: r.median_seconds,
+            p90_seconds: r.p90_seconds,
+            wait_fraction: r.wait_fraction,
+            workers: r.workers,
+        };
+        self.0.with_state(|s| s.report_window(&r.client_id, window, Instant::now())).map_err(status)?;
+        Ok(Response::new(proto::ReportWindowResponse {}))
+    }
+}
+
+/// Serves the dispatcher on a bound listener until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    dispatcher: Arc<Dispatcher>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder().add_service(dispatcher.into_server()).serve_with_incoming_shutdown(incoming, shutdown).await
+}

@@ -1,0 +1,310 @@
+//! Running under the dispatcher: the worker registers, heartbeats its progress, and for each
+//! job with a consumer attached pulls splits one at a time (dynamic sharding), telling the
+//! dispatcher which splits are done once their last batch is handed to a client.
+//!
+//! The dispatcher may restart or move (leader change): every call retries, and an unknown-id
+//! answer makes the worker register again under the same id. Clients see a pause, not an error.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use stoker_api::proto::dispatcher_client::DispatcherClient;
+use stoker_api::proto::{self, next_split_response::Next};
+use stoker_api::Batch;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::engine::{Engine, Ready, Split};
+use crate::stream::{BatchSource, Batches, Subscription};
+
+/// The worker's connection to the dispatcher, re-registering when the dispatcher forgot it.
+pub struct Link {
+    client: DispatcherClient<Channel>,
+    registration: proto::RegisterWorkerRequest,
+    worker_id: Mutex<String>,
+    runtime: tokio::runtime::Handle,
+}
+
+/// How long to wait between attempts when the dispatcher is unreachable or not the leader.
+const RETRY: Duration = Duration::from_millis(250);
+
+impl Link {
+    /// Connects lazily and registers, retrying until the dispatcher answers.
+    pub async fn register(url: &str, engine: &Engine, address: String) -> anyhow::Result<Arc<Link>> {
+        let channel = Endpoint::from_shared(url.to_string())?.connect_timeout(Duration::from_secs(5)).connect_lazy();
+        let pipeline = engine.pipeline();
+        let registration = proto::RegisterWorkerRequest {
+            pipeline: Some(proto::PipelineRef { namespace: pipeline.namespace.clone(), name: pipeline.name.clone() }),
+            address,
+            threads: engine.threads() as u32,
+            splits: engine.splits().len() as u64,
+            plan_digest: plan_digest(engine.splits()),
+            worker_id: String::new(),
+        };
+        let link = Arc::new(Link {
+            client: DispatcherClient::new(channel),
+            registration,
+            worker_id: Mutex::new(String::new()),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        link.reregister().await?;
+        Ok(link)
+    }
+
+    async fn reregister(&self) -> anyhow::Result<()> {
+        let mut request = self.registration.clone();
+        request.worker_id = self.worker_id.lock().unwrap().clone();
+        loop {
+            match self.client.clone().register_worker(request.clone()).await {
+                Ok(response) => {
+                    let id = response.into_inner().worker_id;
+                    tracing::info!(worker = %id, address = %request.address, "registered with the dispatcher");
+                    *self.worker_id.lock().unwrap() = id;
+                    return Ok(());
+                }
+                // A different listing or a bad request will not fix itself.
+                Err(s) if matches!(s.code(), Code::FailedPrecondition | Code::InvalidArgument) => {
+                    anyhow::bail!("the dispatcher refused this worker: {}", s.message())
+                }
+                Err(s) => {
+                    tracing::debug!(status = %s, "dispatcher not reachable yet");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        }
+    }
+
+    fn id(&self) -> String {
+        self.worker_id.lock().unwrap().clone()
+    }
+
+    /// Calls the dispatcher until it answers, registering again when it forgot this worker.
+    async fn call<T, F, Fut>(&self, what: &str, mut f: F) -> anyhow::Result<T>
+    where
+        F: FnMut(DispatcherClient<Channel>, String) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        loop {
+            match f(self.client.clone(), self.id()).await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(s) if s.code() == Code::NotFound => self.reregister().await?,
+                Err(s) if s.code() == Code::InvalidArgument => anyhow::bail!("{what}: {}", s.message()),
+                Err(s) => {
+                    tracing::debug!(status = %s, "{what}: retrying");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        }
+    }
+
+    /// Sends the engine's counters every `interval` until the process ends.
+    pub fn spawn_heartbeats(self: &Arc<Self>, engine: Arc<Engine>, errors: Arc<Mutex<Option<String>>>, interval: Duration) {
+        let link = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tick.tick().await;
+                let progress = progress(&engine, errors.lock().unwrap().clone());
+                let result = link
+                    .call("heartbeat", |mut c, worker_id| {
+                        let progress = progress.clone();
+                        async move { c.worker_heartbeat(proto::WorkerHeartbeatRequest { worker_id, progress: Some(progress) }).await }
+                    })
+                    .await;
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "heartbeat failed");
+                }
+            }
+        });
+    }
+
+    fn next_split(&self, job: &str, completed: Vec<proto::SplitRef>, epoch: u64) -> anyhow::Result<Next> {
+        let response = self.runtime.block_on(self.call("next split", |mut c, worker_id| {
+            let request = proto::NextSplitRequest { worker_id, job: job.to_string(), completed: completed.clone(), epoch };
+            async move { c.next_split(request).await }
+        }))?;
+        response.next.ok_or_else(|| anyhow::anyhow!("the dispatcher answered NextSplit with nothing"))
+    }
+}
+
+fn progress(engine: &Engine, error: Option<String>) -> proto::WorkerProgress {
+    use std::sync::atomic::Ordering::Relaxed;
+    let stats = &engine.stats;
+    proto::WorkerProgress {
+        records: stats.records.load(Relaxed),
+        elements: stats.elements.load(Relaxed),
+        batches: stats.batches.load(Relaxed),
+        batch_bytes: stats.batch_bytes.load(Relaxed),
+        skipped: stats.skipped().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        op_seconds: stats.op_time.lock().unwrap().iter().map(Duration::as_secs_f64).collect(),
+        error: error.unwrap_or_default(),
+    }
+}
+
+/// A stable digest of the planned splits, so workers that listed different data are caught.
+pub fn plan_digest(splits: &[Split]) -> String {
+    // FNV-1a: stable across builds, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for split in splits {
+        eat(&split.id.to_le_bytes());
+        for shard in &split.shards {
+            eat(shard.path.as_bytes());
+            eat(&shard.size.to_le_bytes());
+        }
+    }
+    format!("{h:016x}")
+}
+
+/// One job's ready batches, each with the splits it completes, shared by the job's consumers
+/// on this worker.
+type JobBatches = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Result<(Batch, u64, Vec<u64>), Status>>>>;
+
+struct Job {
+    batches: JobBatches,
+    /// Splits whose last batch a consumer has taken, not yet reported.
+    completed: Arc<Mutex<Vec<proto::SplitRef>>>,
+}
+
+/// The engine as a batch source under the dispatcher: one producer per job, started by the
+/// job's first consumer.
+pub struct DispatchedSource {
+    engine: Arc<Engine>,
+    link: Arc<Link>,
+    jobs: Mutex<HashMap<String, Arc<Job>>>,
+    /// The first fatal engine error, for heartbeats (and so the DataPipeline status).
+    pub errors: Arc<Mutex<Option<String>>>,
+}
+
+impl DispatchedSource {
+    pub fn new(engine: Arc<Engine>, link: Arc<Link>) -> Self {
+        DispatchedSource { engine, link, jobs: Mutex::new(HashMap::new()), errors: Arc::new(Mutex::new(None)) }
+    }
+
+    fn job(&self, name: &str) -> Arc<Job> {
+        let mut jobs = self.jobs.lock().unwrap();
+        jobs.entry(name.to_string())
+            .or_insert_with(|| {
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
+                let job = Arc::new(Job { batches: Arc::new(tokio::sync::Mutex::new(rx)), completed: Arc::default() });
+                let (engine, link, completed, errors, name) =
+                    (self.engine.clone(), self.link.clone(), job.completed.clone(), self.errors.clone(), name.to_string());
+                std::thread::Builder::new()
+                    .name(format!("stoker-job-{name}"))
+                    .spawn(move || {
+                        if let Err(e) = produce(&engine, &link, &name, &completed, &tx) {
+                            let message = format!("{e:#}");
+                            tracing::error!(job = %name, error = %message, "the job's producer stopped");
+                            errors.lock().unwrap().get_or_insert(message.clone());
+                            let _ = tx.blocking_send(Err(Status::failed_precondition(format!("the pipeline failed: {message}"))));
+                        }
+                    })
+                    .expect("spawning a job producer");
+                job
+            })
+            .clone()
+    }
+}
+
+impl BatchSource for DispatchedSource {
+    fn subscribe(&self, subscription: &Subscription) -> Result<Batches, Status> {
+        tracing::info!(job = %subscription.job, consumer = subscription.consumer_index, "consumer attached");
+        let job = self.job(&subscription.job);
+        Ok(futures::stream::unfold(job, |job| async move {
+            let next = job.batches.lock().await.recv().await?;
+            let item = next.map(|(batch, epoch, completes)| {
+                // Handed to this consumer's stream: the splits it completes are delivered.
+                job.completed.lock().unwrap().extend(completes.into_iter().map(|split| proto::SplitRef { epoch, split }));
+                batch
+            });
+            Some((item, job))
+        })
+        .boxed())
+    }
+}
+
+/// Pulls a job's splits and runs them through the engine, epoch after epoch, until no
+/// consumer listens any more.
+fn produce(
+    engine: &Engine,
+    link: &Link,
+    job: &str,
+    completed: &Mutex<Vec<proto::SplitRef>>,
+    out: &tokio::sync::mpsc::Sender<Result<(Batch, u64, Vec<u64>), Status>>,
+) -> anyhow::Result<()> {
+    let take = || std::mem::take(&mut *completed.lock().unwrap());
+    let split = |id: u64| {
+        engine.splits().get(id as usize).cloned().ok_or_else(|| anyhow::anyhow!("the dispatcher handed out split {id}, beyond this worker's plan"))
+    };
+    let mut epoch = 0;
+    let mut next = link.next_split(job, take(), epoch)?;
+    loop {
+        let first = match next {
+            Next::Draining(d) => {
+                epoch = d.epoch;
+                std::thread::sleep(Duration::from_millis(u64::from(d.retry_ms)));
+                if out.is_closed() {
+                    return Ok(());
+                }
+                next = link.next_split(job, take(), epoch)?;
+                continue;
+            }
+            Next::Split(s) => {
+                epoch = s.epoch;
+                split(s.split)?
+            }
+        };
+        // The epoch's splits, pulled as the engine asks; a split of another epoch ends this one.
+        let mut after: Option<Next> = None;
+        let mut failed: Option<anyhow::Error> = None;
+        let pulled = std::iter::once(first).chain(std::iter::from_fn(|| {
+            if after.is_some() || failed.is_some() {
+                return None;
+            }
+            match link.next_split(job, take(), epoch).and_then(|n| match n {
+                Next::Split(s) if s.epoch == epoch => split(s.split).map(Some),
+                other => {
+                    after = Some(other);
+                    Ok(None)
+                }
+            }) {
+                Ok(s) => s,
+                Err(e) => {
+                    failed = Some(e);
+                    None
+                }
+            }
+        }));
+        let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<Ready>(1);
+        let leftover = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for ready in ready_rx {
+                    let completes = ready.completes.clone();
+                    if out.blocking_send(Ok((ready.into_batch(), epoch, completes))).is_err() {
+                        break;
+                    }
+                }
+            });
+            let result = engine.run_splits(epoch, pulled, &ready_tx);
+            drop(ready_tx);
+            result
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if out.is_closed() {
+            return Ok(());
+        }
+        completed.lock().unwrap().extend(leftover.into_iter().map(|split| proto::SplitRef { epoch, split }));
+        next = match after {
+            Some(n) => n,
+            None => link.next_split(job, take(), epoch)?,
+        };
+    }
+}
