@@ -4,9 +4,10 @@ export PATH := $(or $(STOKER_CACHE),$(HOME)/.cache/stoker)/bin:$(PATH)
 
 .PHONY: demo test tools generate lint
 
-# Runs the local demo: no cluster needed.
+# Runs the local demo: no cluster needed. Release build: the workers really decode JPEGs.
 demo:
-	$(CARGO) run -q -p stoker-operator --bin stoker -- demo
+	$(CARGO) build --release -q -p stoker-operator -p stoker-worker --bins
+	target/release/stoker demo
 
 # Every test tier that can run on this machine: unit, chart, and e2e on a real control plane
 # (kind too where docker and kind exist; otherwise it says why it is skipped).

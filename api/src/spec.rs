@@ -24,7 +24,7 @@ use crate::{DataPipelineStatus, Transform};
     namespaced,
     status = "DataPipelineStatus",
     printcolumn = r#"{"name":"Workers","type":"string","jsonPath":".status.workers.summary","description":"Ready/desired worker pods"}"#,
-    printcolumn = r#"{"name":"Batch time","type":"string","jsonPath":".status.batchTimeMs","description":"Median client batch time (ms) of the last window"}"#,
+    printcolumn = r#"{"name":"Batch time","type":"string","jsonPath":".status.batchTimeMs","description":"Mean client batch time (ms) of the last window"}"#,
     printcolumn = r#"{"name":"Cache","type":"string","jsonPath":".status.cache.decision"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#

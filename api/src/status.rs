@@ -11,7 +11,7 @@ pub struct DataPipelineStatus {
     pub phase: Option<Phase>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workers: Option<WorkersStatus>,
-    /// Median client batch time of the last observation window, in milliseconds.
+    /// Mean client batch time of the last observation window (1 / training speed), in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_time_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -63,6 +63,12 @@ impl WorkersStatus {
 #[serde(rename_all = "camelCase")]
 pub struct AutoscalerStatus {
     pub converged: bool,
+    /// Where the search is: Growing, Bisecting, Converged, Idle...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Workers this pipeline wanted beyond its share of the cluster-wide worker budget.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub held_back_by_budget: u32,
     /// Newest last; bounded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<ScalingStep>,
@@ -113,4 +119,8 @@ pub mod condition {
     pub const READY: &str = "Ready";
     pub const PROGRESSING: &str = "Progressing";
     pub const DEGRADED: &str = "Degraded";
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -86,6 +86,7 @@ impl Registration {
             client_id: self.request.client_id.clone(),
             batches: stats.batches,
             median_seconds: stats.median.as_secs_f64(),
+            mean_seconds: if stats.batches > 0 { stats.total_batch_time.as_secs_f64() / stats.batches as f64 } else { 0.0 },
             p90_seconds: stats.p90.as_secs_f64(),
             wait_fraction: stats.wait_fraction,
             workers: workers as u32,

@@ -17,6 +17,7 @@ mod dispatched;
 mod error;
 pub mod reassemble;
 pub mod stats;
+pub mod trainer;
 
 pub use client::{Client, ClientOptions};
 pub use error::{Error, ProtocolError};

@@ -126,6 +126,14 @@ pub trait Cluster: Send + Sync {
     /// it). Locally the chart is installed by the `chart_installs` scenario.
     fn chart_preinstalled(&self) -> bool;
 
+    /// Where training clients outside the cluster reach the dispatcher (the leader).
+    fn dispatcher_url(&self) -> anyhow::Result<String>;
+
+    /// Makes worker Deployments of `namespace` run where nothing else would: the local
+    /// provider has no kubelet, so the returned runner starts `stoker-worker` processes for
+    /// them until dropped. None where real pods run (kind).
+    fn run_workers(&self, namespace: &str) -> anyhow::Result<Option<crate::kubelet::ProcessKubelet>>;
+
     /// Starts the operator so that `opts.replicas` instances run, and waits until each is up
     /// and (with leader election) one of them leads. Local: installs the CRD first if it is
     /// missing, and the `stoker-system` namespace.

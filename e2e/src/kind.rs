@@ -244,6 +244,14 @@ impl Cluster for KindCluster {
         true
     }
 
+    fn dispatcher_url(&self) -> anyhow::Result<String> {
+        anyhow::bail!("reaching the dispatcher from outside kind needs a port-forward, which the kind provider does not set up yet")
+    }
+
+    fn run_workers(&self, _namespace: &str) -> anyhow::Result<Option<crate::kubelet::ProcessKubelet>> {
+        Ok(None)
+    }
+
     async fn operator_start(&self, opts: OperatorOptions) -> anyhow::Result<()> {
         if !opts.extra_args.is_empty() || !opts.env.is_empty() || !opts.leader_election {
             anyhow::bail!(

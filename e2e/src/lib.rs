@@ -14,6 +14,8 @@ pub mod cluster;
 pub mod http;
 pub mod k8s;
 pub mod kind;
+pub mod kubelet;
+pub mod leader_proxy;
 pub mod local;
 pub mod ports;
 pub mod process;

@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
@@ -55,6 +55,9 @@ pub struct LocalControlPlane {
     /// etcd, kube-apiserver, kube-controller-manager, in start order.
     processes: Mutex<Vec<ManagedProcess>>,
     operators: tokio::sync::Mutex<LocalOperators>,
+    /// The operators' dispatcher addresses, for the proxy standing in for the Service.
+    dispatcher_targets: Arc<Mutex<Vec<SocketAddr>>>,
+    dispatcher: crate::leader_proxy::LeaderProxy,
 }
 
 impl LocalControlPlane {
@@ -79,8 +82,12 @@ impl LocalControlPlane {
             }
         };
         let processes = Mutex::new(Vec::new());
+        let dispatcher_targets: Arc<Mutex<Vec<SocketAddr>>> = Arc::default();
+        let dispatcher = crate::leader_proxy::LeaderProxy::start(dispatcher_targets.clone()).await?;
         match boot(&dir, &processes).await {
             Ok((kubeconfig, server, client)) => Ok(LocalControlPlane {
+                dispatcher_targets,
+                dispatcher,
                 tempdir: Mutex::new(tempdir),
                 dir,
                 kubeconfig,
@@ -430,12 +437,14 @@ impl LocalControlPlane {
             ops.dispatcher_flag = Some(help.contains("--dispatcher-addr"));
         }
         while ops.slots.len() < opts.replicas {
+            let dispatcher = crate::ports::free_addr();
+            self.dispatcher_targets.lock().unwrap().push(dispatcher);
             let name = format!("stoker-operator-local-{}", ops.slots.len());
             ops.slots.push(OperatorSlot {
                 log: self.dir.join(format!("{name}.log")),
                 name,
                 metrics: crate::ports::free_addr(),
-                dispatcher: crate::ports::free_addr(),
+                dispatcher,
                 process: None,
             });
         }
@@ -459,6 +468,7 @@ impl LocalControlPlane {
             ];
             if ops.dispatcher_flag == Some(true) {
                 args.push(format!("--dispatcher-addr={}", slot.dispatcher));
+                args.push(format!("--dispatcher-url={}", self.dispatcher.url()));
             }
             args.extend(opts.extra_args.iter().cloned());
             let mut env = vec![
@@ -560,6 +570,15 @@ impl Cluster for LocalControlPlane {
 
     fn chart_preinstalled(&self) -> bool {
         false
+    }
+
+    fn dispatcher_url(&self) -> anyhow::Result<String> {
+        Ok(self.dispatcher.url())
+    }
+
+    fn run_workers(&self, namespace: &str) -> anyhow::Result<Option<crate::kubelet::ProcessKubelet>> {
+        let url = self.dispatcher.url();
+        crate::kubelet::ProcessKubelet::start(self.client.clone(), namespace, url, self.dir.clone()).map(Some)
     }
 
     async fn operator_start(&self, opts: OperatorOptions) -> anyhow::Result<()> {

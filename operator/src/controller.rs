@@ -22,7 +22,9 @@ use stoker_api::{DataPipeline, validate};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use crate::dispatcher::PipelineKey;
 use crate::metrics::Metrics;
+use crate::scaling::ScalingBook;
 use crate::objects::{self, MANAGED_BY, PipelineObjects, WorkerDefaults};
 use crate::status::{self, Outcome};
 
@@ -36,13 +38,15 @@ pub struct Context {
     pub defaults: WorkerDefaults,
     pub metrics: Metrics,
     pub recorder: Recorder,
+    /// The autoscaler's decisions: workers to run and what status says about them.
+    pub scaling: Arc<ScalingBook>,
     /// Consecutive failures per pipeline, for exponential backoff.
     failures: Mutex<HashMap<(String, String), u32>>,
 }
 
 impl Context {
-    pub fn new(client: Client, defaults: WorkerDefaults, metrics: Metrics, recorder: Recorder) -> Self {
-        Context { client, defaults, metrics, recorder, failures: Mutex::default() }
+    pub fn new(client: Client, defaults: WorkerDefaults, metrics: Metrics, recorder: Recorder, scaling: Arc<ScalingBook>) -> Self {
+        Context { client, defaults, metrics, recorder, scaling, failures: Mutex::default() }
     }
 }
 
@@ -65,12 +69,20 @@ impl Error {
 
 /// Runs the controller until `shutdown` fires. The controller's cache goes to `store` for the
 /// metrics endpoint.
-pub async fn run(ctx: Arc<Context>, mut shutdown: watch::Receiver<bool>, store: watch::Sender<Option<Store<DataPipeline>>>) {
+pub async fn run(
+    ctx: Arc<Context>,
+    mut shutdown: watch::Receiver<bool>,
+    store: watch::Sender<Option<Store<DataPipeline>>>,
+    scaled: tokio::sync::mpsc::UnboundedReceiver<()>,
+) {
     let client = ctx.client.clone();
     let ours = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
     let controller = Controller::new(Api::<DataPipeline>::all(client.clone()), watcher::Config::default())
         .owns(Api::<Deployment>::all(client.clone()), ours.clone())
-        .owns(Api::<Service>::all(client), ours);
+        .owns(Api::<Service>::all(client), ours)
+        // The autoscaler's decisions take effect through a reconcile. Reconciling every
+        // pipeline costs only no-op applies (targeting one needs kube's unstable features).
+        .reconcile_all_on(tokio_stream::wrappers::UnboundedReceiverStream::new(scaled));
     store.send_replace(Some(controller.store()));
     controller
         .graceful_shutdown_on(async move {
@@ -106,6 +118,10 @@ fn error_policy(dp: Arc<DataPipeline>, error: &Error, ctx: Arc<Context>) -> Acti
     Action::requeue(delay)
 }
 
+fn pipeline_key(dp: &DataPipeline) -> PipelineKey {
+    PipelineKey { namespace: dp.namespace().unwrap_or_default(), name: dp.name_any() }
+}
+
 fn key(dp: &DataPipeline) -> (String, String) {
     (dp.namespace().unwrap_or_default(), dp.name_any())
 }
@@ -121,7 +137,9 @@ async fn reconcile_pipeline(dp: &DataPipeline, ctx: &Context) -> Result<Action, 
         return Ok(Action::await_change());
     }
 
-    let replicas = objects::initial_replicas(&dp.spec);
+    let record = ctx.scaling.get(&pipeline_key(dp));
+    let recorded = dp.status.as_ref().and_then(|s| s.workers.as_ref()).map(|w| w.desired);
+    let replicas = objects::desired_replicas(&dp.spec, recorded, record.as_ref().map(|r| r.workers));
     let built = objects::build(dp, &ctx.defaults, replicas);
     match apply_objects(ctx, dp, &built).await {
         Ok(deployment) => {
@@ -195,7 +213,8 @@ where
 /// Writes the status `outcome` implies, if it differs from the current one. Returns whether it wrote.
 async fn update_status(dp: &DataPipeline, ctx: &Context, outcome: &Outcome) -> Result<bool, Error> {
     let now = Time(Timestamp::now());
-    let next = status::next(&dp.spec, dp.metadata.generation, dp.status.as_ref(), outcome, &now);
+    let record = ctx.scaling.get(&pipeline_key(dp));
+    let next = status::next(&dp.spec, dp.metadata.generation, dp.status.as_ref(), outcome, record.as_ref(), &now);
     if dp.status.as_ref() == Some(&next) {
         return Ok(false);
     }

@@ -20,6 +20,8 @@ pub struct LocalWorkerConfig {
     /// Transform threads per worker: one makes a worker's rate a known unit of capacity.
     pub threads: usize,
     pub memory_budget: usize,
+    /// Caps each worker's batches per second (`--max-batch-rate`).
+    pub max_batch_rate: Option<f64>,
     /// Where each worker's log goes (`<dir>/<pipeline>-<n>.log`); inherited stderr when None.
     pub log_dir: Option<PathBuf>,
 }
@@ -88,6 +90,7 @@ impl LocalWorkers {
         command
             .args(["--listen", "127.0.0.1:0", "--dispatcher", &c.dispatcher_url])
             .args(["--threads", &c.threads.to_string(), "--memory-budget", &c.memory_budget.to_string()])
+            .args(c.max_batch_rate.map(|r| format!("--max-batch-rate={r}")))
             .env("STOKER_PIPELINE", json)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

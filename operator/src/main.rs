@@ -10,6 +10,8 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, CustomResourceExt};
 use stoker_api::DataPipeline;
 use stoker_operator::controller::{self, Context};
+use stoker_operator::dispatcher::{self, Dispatcher, Timeouts};
+use stoker_operator::scaling::{self, DeploymentScaler, Loop, ScalingBook};
 use stoker_operator::http::{self, HttpState};
 use stoker_operator::leader::{LeaderElector, LeaseConfig};
 use stoker_operator::metrics::Metrics;
@@ -18,6 +20,10 @@ use stoker_operator::telemetry::{self, LogFormat};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tracing::{error, info};
+
+/// How often clients report a batch-time window to the dispatcher; the autoscaler judges a
+/// pipeline on all the reports of its (longer) autoscaling window.
+const DISPATCHER_WINDOW: Duration = Duration::from_secs(1);
 
 #[derive(Parser)]
 #[command(version, about = "The Stoker operator")]
@@ -56,13 +62,17 @@ struct RunArgs {
     /// Image of worker pods when a pipeline names none.
     #[arg(long, env = "STOKER_WORKER_IMAGE", default_value = concat!("ghcr.io/stoker-dev/stoker-worker:", env!("CARGO_PKG_VERSION")))]
     worker_image: String,
+    /// Where the dispatcher (gRPC) listens while this process leads.
+    #[arg(long, env = "STOKER_DISPATCHER_ADDR", default_value = "0.0.0.0:50051")]
+    dispatcher_addr: SocketAddr,
     /// Where workers reach the dispatcher; default: the stoker-dispatcher Service of the lease namespace.
     #[arg(long, env = "STOKER_DISPATCHER_URL")]
     dispatcher_url: Option<String>,
-    /// Cluster-wide cap on worker pods across all pipelines (0 = no cap); the batch-time
-    /// autoscaler shares it out. Until the autoscaler lands, pipelines run at their start count.
+    /// Cluster-wide cap on worker pods across all BatchTime pipelines (0 = no cap); the
+    /// autoscaler shares it out by marginal gain, never below a pipeline's min.
     #[arg(long, env = "STOKER_WORKER_BUDGET", default_value_t = 0)]
     worker_budget: u32,
+
     /// Log filter, e.g. `info` or `stoker_operator=debug,kube=info`.
     #[arg(long, env = "STOKER_LOG", default_value = "info")]
     log_level: String,
@@ -154,7 +164,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| format!("http://stoker-dispatcher.{namespace}.svc:50051")),
     };
     let reporter = Reporter { controller: controller::FIELD_MANAGER.into(), instance: Some(identity.clone()) };
-    let ctx = Arc::new(Context::new(client.clone(), defaults, metrics, Recorder::new(client, reporter)));
+    let book = Arc::new(ScalingBook::default());
+    let recorder = Recorder::new(client.clone(), reporter);
+    let ctx = Arc::new(Context::new(client.clone(), defaults, metrics.clone(), recorder.clone(), book.clone()));
 
     // The controller stops on shutdown, or when leadership is lost: a process that may no
     // longer lead must stop writing at once, so it exits and restarts as a standby.
@@ -167,8 +179,30 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             _ = shutting_down.wait_for(|s| *s) => { stop_tx.send_replace(true); false }
         }
     });
+    // Only the leader listens, so the dispatcher Service (and any client retrying) reaches it.
+    let dispatcher = Dispatcher::new(Timeouts::default(), DISPATCHER_WINDOW);
+    dispatcher.spawn_expiry();
+    let listener = tokio::net::TcpListener::bind(args.dispatcher_addr)
+        .await
+        .with_context(|| format!("listening for the dispatcher on {}", args.dispatcher_addr))?;
+    info!(addr = %args.dispatcher_addr, "dispatcher serving");
+    let mut dispatcher_stop = stop.clone();
+    tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), async move {
+        let _ = dispatcher_stop.wait_for(|s| *s).await;
+    }));
+    let (reconcile_tx, reconcile_rx) = tokio::sync::mpsc::unbounded_channel();
+    let scaling = Loop {
+        dispatcher: dispatcher.clone(),
+        book: book.clone(),
+        scaler: DeploymentScaler::new(book.clone(), reconcile_tx.clone()),
+        every: scaling::ROUND,
+        budget: (args.worker_budget > 0).then_some(args.worker_budget),
+    };
+    let store = store_tx.subscribe();
+    let events = scaling::events(recorder, store.clone(), reconcile_tx, book.clone(), metrics.clone());
+    tokio::spawn(scaling.run(move |book: &ScalingBook| scaling::in_scope(&store, book), events, stop.clone()));
     ready_tx.send_replace(true);
-    controller::run(ctx, stop, store_tx).await;
+    controller::run(ctx, stop, store_tx, reconcile_rx).await;
     ready_tx.send_replace(false);
     let lost = lost_leadership.await.unwrap_or(false);
     finish(server, elector).await?;

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+use crate::scaling::{Rescale, ScalingRecord};
 use stoker_api::{DataPipeline, Phase};
 
 #[derive(Clone)]
@@ -13,6 +15,12 @@ pub struct Metrics {
     duration: Histogram,
     pipelines: IntGaugeVec,
     pub leader: IntGauge,
+    workers: IntGaugeVec,
+    batch_time: GaugeVec,
+    wait: GaugeVec,
+    converged: IntGaugeVec,
+    held_back: IntGaugeVec,
+    rescales: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -31,13 +39,28 @@ impl Default for Metrics {
         let pipelines =
             IntGaugeVec::new(Opts::new("stoker_pipelines", "DataPipelines by phase"), &["phase"]).unwrap();
         let leader = IntGauge::new("stoker_leader", "1 while this operator process holds the leader lease").unwrap();
+        let labels = &["namespace", "pipeline"];
+        let workers = IntGaugeVec::new(Opts::new("stoker_autoscaler_workers", "Workers the autoscaler decided per pipeline"), labels).unwrap();
+        let batch_time =
+            GaugeVec::new(Opts::new("stoker_autoscaler_batch_time_seconds", "Mean client batch time of the last window (1 / training speed)"), labels).unwrap();
+        let wait = GaugeVec::new(Opts::new("stoker_autoscaler_wait_fraction", "Clients' time waiting for data / batch time"), labels).unwrap();
+        let converged = IntGaugeVec::new(Opts::new("stoker_autoscaler_converged", "1 when the worker count search has converged"), labels).unwrap();
+        let held_back =
+            IntGaugeVec::new(Opts::new("stoker_autoscaler_held_back_workers", "Workers wanted beyond the cluster-wide budget"), labels).unwrap();
+        let rescales = IntCounterVec::new(Opts::new("stoker_autoscaler_rescales_total", "Rescale decisions per pipeline"), labels).unwrap();
         let registry = Registry::new();
+        registry.register(Box::new(workers.clone())).unwrap();
+        registry.register(Box::new(batch_time.clone())).unwrap();
+        registry.register(Box::new(wait.clone())).unwrap();
+        registry.register(Box::new(converged.clone())).unwrap();
+        registry.register(Box::new(held_back.clone())).unwrap();
+        registry.register(Box::new(rescales.clone())).unwrap();
         registry.register(Box::new(reconciles.clone())).unwrap();
         registry.register(Box::new(failures.clone())).unwrap();
         registry.register(Box::new(duration.clone())).unwrap();
         registry.register(Box::new(pipelines.clone())).unwrap();
         registry.register(Box::new(leader.clone())).unwrap();
-        Metrics { registry, reconciles, failures, duration, pipelines, leader }
+        Metrics { registry, reconciles, failures, duration, pipelines, leader, workers, batch_time, wait, converged, held_back, rescales }
     }
 }
 
@@ -57,6 +80,21 @@ impl Metrics {
         for dp in pipelines {
             let phase = dp.status.as_ref().and_then(|s| s.phase).map_or("Unknown".to_string(), |p: Phase| format!("{p:?}"));
             self.pipelines.with_label_values(&[&phase]).inc();
+        }
+    }
+
+    /// The autoscaler's view after a round.
+    pub fn scaling(&self, records: &std::collections::BTreeMap<crate::dispatcher::PipelineKey, ScalingRecord>, rescales: &[Rescale]) {
+        for (key, r) in records {
+            let labels = [key.namespace.as_str(), key.name.as_str()];
+            self.workers.with_label_values(&labels).set(i64::from(r.workers));
+            self.batch_time.with_label_values(&labels).set(r.batch_time_ms.unwrap_or(0.0) / 1e3);
+            self.wait.with_label_values(&labels).set(r.wait_fraction.unwrap_or(0.0));
+            self.converged.with_label_values(&labels).set(i64::from(r.converged));
+            self.held_back.with_label_values(&labels).set(i64::from(r.held_back));
+        }
+        for r in rescales {
+            self.rescales.with_label_values(&[r.pipeline.namespace.as_str(), r.pipeline.name.as_str()]).inc();
         }
     }
 

@@ -53,6 +53,19 @@ pub fn initial_replicas(spec: &DataPipelineSpec) -> i32 {
     }
 }
 
+/// Worker count to run now: Fixed runs `replicas`; BatchTime runs what the autoscaler decided,
+/// else what the status last recorded (a new leader continues where the old one was), else
+/// min. Always within [min, max], so a spec change of the bounds takes effect at once.
+pub fn desired_replicas(spec: &DataPipelineSpec, recorded: Option<i32>, decided: Option<u32>) -> i32 {
+    match spec.autoscaling.mode {
+        AutoscalingMode::Fixed => initial_replicas(spec),
+        AutoscalingMode::BatchTime => {
+            let want = decided.map(|n| n.min(i32::MAX as u32) as i32).or(recorded).unwrap_or(spec.workers.min);
+            want.clamp(spec.workers.min, spec.workers.max.max(spec.workers.min))
+        }
+    }
+}
+
 pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32) -> PipelineObjects {
     let name = dp.name_any();
     let ns = dp.namespace().unwrap_or_default();
@@ -367,6 +380,18 @@ mod tests {
         for v in o.deployment.metadata.labels.unwrap().values() {
             assert!(v.len() <= 63, "{v}");
         }
+    }
+
+    #[test]
+    fn desired_replicas_follow_the_autoscaler_within_bounds() {
+        let p = pipeline("p", "workers: {min: 2, max: 6}\n");
+        assert_eq!(desired_replicas(&p.spec, None, None), 2, "min before anything is known");
+        assert_eq!(desired_replicas(&p.spec, Some(4), None), 4, "a new leader keeps the recorded count");
+        assert_eq!(desired_replicas(&p.spec, Some(4), Some(5)), 5, "the decision wins");
+        assert_eq!(desired_replicas(&p.spec, None, Some(50)), 6, "capped at max");
+        assert_eq!(desired_replicas(&p.spec, Some(1), None), 2, "raised to min");
+        let fixed = pipeline("p", "autoscaling: {mode: Fixed, replicas: 3}\nworkers: {min: 1, max: 4}\n");
+        assert_eq!(desired_replicas(&fixed.spec, Some(1), Some(4)), 3, "Fixed ignores the autoscaler");
     }
 
     #[test]

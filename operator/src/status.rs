@@ -1,6 +1,7 @@
 //! The status step's pure half: what the status should say, given what reconcile found.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use crate::scaling::ScalingRecord;
 use stoker_api::{
     AutoscalerStatus, AutoscalingMode, CacheDecision, CacheMode, CacheStatus, DataPipelineSpec, DataPipelineStatus,
     Phase, ValidationError, WorkersStatus, condition,
@@ -27,6 +28,7 @@ pub fn next(
     generation: Option<i64>,
     previous: Option<&DataPipelineStatus>,
     outcome: &Outcome,
+    scaling: Option<&ScalingRecord>,
     now: &Time,
 ) -> DataPipelineStatus {
     let previous = previous.cloned().unwrap_or_default();
@@ -54,8 +56,13 @@ pub fn next(
         Outcome::Applied { desired, ready } => {
             let all_ready = ready >= desired;
             let summary = format!("{ready}/{desired} workers ready");
+            let running = match scaling {
+                Some(r) if r.attached && r.converged => Phase::Converged,
+                Some(r) if r.attached => Phase::Scaling,
+                _ => Phase::Idle,
+            };
             (
-                if all_ready { Phase::Idle } else { Phase::Pending },
+                if all_ready { running } else { Phase::Pending },
                 if all_ready {
                     cond(condition::READY, true, "WorkersReady", &summary)
                 } else {
@@ -83,11 +90,18 @@ pub fn next(
     DataPipelineStatus {
         phase: Some(phase),
         workers,
-        batch_time_ms: previous.batch_time_ms,
-        autoscaler: Some(AutoscalerStatus {
+        batch_time_ms: scaling.and_then(|r| r.batch_time_ms).or(previous.batch_time_ms),
+        autoscaler: Some(match (spec.autoscaling.mode, scaling) {
             // A fixed count has nothing to search for.
-            converged: spec.autoscaling.mode == AutoscalingMode::Fixed,
-            history: previous.autoscaler.map(|a| a.history).unwrap_or_default(),
+            (AutoscalingMode::Fixed, _) => AutoscalerStatus { converged: true, ..Default::default() },
+            (AutoscalingMode::BatchTime, Some(r)) => AutoscalerStatus {
+                converged: r.converged,
+                state: (!r.state.is_empty()).then(|| r.state.clone()),
+                held_back_by_budget: r.held_back,
+                history: r.history.clone(),
+            },
+            // A new leader has decided nothing yet: keep what the last one recorded.
+            (AutoscalingMode::BatchTime, None) => previous.autoscaler.unwrap_or_default(),
         }),
         cache: Some(match (spec.cache.mode, previous.cache) {
             (CacheMode::Never, _) => CacheStatus { decision: CacheDecision::Compute, ..Default::default() },
@@ -140,12 +154,12 @@ mod tests {
     #[test]
     fn pending_until_workers_are_ready_then_idle() {
         let s = spec("");
-        let pending = next(&s, Some(1), None, &Outcome::Applied { desired: 2, ready: 1 }, &at(10));
+        let pending = next(&s, Some(1), None, &Outcome::Applied { desired: 2, ready: 1 }, None, &at(10));
         assert_eq!(pending.phase, Some(Phase::Pending));
         assert_eq!(pending.workers.as_ref().unwrap().summary, "1/2");
         assert_eq!(get(&pending, condition::READY).status, "False");
         assert_eq!(get(&pending, condition::PROGRESSING).status, "True");
-        let idle = next(&s, Some(1), Some(&pending), &Outcome::Applied { desired: 2, ready: 2 }, &at(20));
+        let idle = next(&s, Some(1), Some(&pending), &Outcome::Applied { desired: 2, ready: 2 }, None, &at(20));
         assert_eq!(idle.phase, Some(Phase::Idle));
         assert_eq!(get(&idle, condition::READY).reason, "WorkersReady");
         assert_eq!(get(&idle, condition::READY).last_transition_time, at(20));
@@ -156,8 +170,8 @@ mod tests {
     #[test]
     fn same_input_gives_identical_status() {
         let s = spec("");
-        let first = next(&s, Some(3), None, &Outcome::Applied { desired: 1, ready: 0 }, &at(1));
-        let again = next(&s, Some(3), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, &at(99));
+        let first = next(&s, Some(3), None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
+        let again = next(&s, Some(3), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, None, &at(99));
         assert_eq!(first, again, "a resync must not produce a status write");
     }
 
@@ -167,7 +181,7 @@ mod tests {
             ValidationError { field: "spec.workers".into(), message: "min (5) is greater than max (2)".into() },
             ValidationError { field: "spec.source.uri".into(), message: "unknown scheme".into() },
         ];
-        let st = next(&spec(""), Some(2), None, &Outcome::Invalid(errors), &at(1));
+        let st = next(&spec(""), Some(2), None, &Outcome::Invalid(errors), None, &at(1));
         assert_eq!(st.phase, Some(Phase::Invalid));
         let ready = get(&st, condition::READY);
         assert_eq!(ready.reason, "InvalidSpec");
@@ -177,8 +191,8 @@ mod tests {
     #[test]
     fn apply_failure_is_degraded_and_keeps_worker_counts() {
         let s = spec("");
-        let ok = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 1 }, &at(1));
-        let failed = next(&s, Some(2), Some(&ok), &Outcome::Failed("quota exceeded".into()), &at(2));
+        let ok = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 1 }, None, &at(1));
+        let failed = next(&s, Some(2), Some(&ok), &Outcome::Failed("quota exceeded".into()), None, &at(2));
         assert_eq!(failed.phase, Some(Phase::Degraded));
         assert_eq!(get(&failed, condition::DEGRADED).message, "quota exceeded");
         assert_eq!(failed.workers, ok.workers);
@@ -186,18 +200,18 @@ mod tests {
 
     #[test]
     fn cache_decision_reflects_the_mode() {
-        let off = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, &at(1));
+        let off = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
         assert_eq!(off.cache.unwrap().decision, CacheDecision::Compute);
-        let auto = next(&spec("cache: {mode: Auto}\n"), None, None, &Outcome::Applied { desired: 1, ready: 0 }, &at(1));
+        let auto = next(&spec("cache: {mode: Auto}\n"), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
         assert_eq!(auto.cache.unwrap().decision, CacheDecision::Undecided);
     }
 
     #[test]
     fn fixed_mode_is_converged_batch_time_is_not() {
         let fixed = spec("autoscaling: {mode: Fixed, replicas: 1}\n");
-        let st = next(&fixed, None, None, &Outcome::Applied { desired: 1, ready: 0 }, &at(1));
+        let st = next(&fixed, None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
         assert!(st.autoscaler.unwrap().converged);
-        let st = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, &at(1));
+        let st = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
         assert!(!st.autoscaler.unwrap().converged);
     }
 }

@@ -45,8 +45,8 @@ fn check_refuses_every_invalid_sample_and_typos() {
 }
 
 #[test]
-fn demo_walks_through_every_sample() {
-    let (ok, out) = stoker(&["demo"]);
+fn explain_walks_through_every_sample() {
+    let (ok, out) = stoker(&["explain"]);
     assert!(ok, "{out}");
     assert_eq!(out.matches("✓ ").count(), 3, "{out}");
     assert_eq!(out.matches("✗ ").count(), std::fs::read_dir(samples().join("invalid")).unwrap().count(), "{out}");

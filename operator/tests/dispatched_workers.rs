@@ -38,11 +38,11 @@ struct Setup {
     workers: LocalWorkers,
     key: PipelineKey,
     url: String,
-    _dir: tempfile::TempDir,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
 
 async fn setup(worker_timeout: Duration) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let pipeline = pipeline(dir.path());
     let dispatcher = Dispatcher::new(Timeouts { worker: worker_timeout, client: Duration::from_secs(30) }, Duration::from_millis(500));
     dispatcher.spawn_expiry();
@@ -56,11 +56,13 @@ async fn setup(worker_timeout: Duration) -> Setup {
         dispatcher_url: url.clone(),
         threads: 1,
         memory_budget: 64 << 20,
-        log_dir: Some(dir.path().to_path_buf()),
+        max_batch_rate: None,
+        // Not in the data directory: the logs would become shards of the source.
+        log_dir: Some(logs.path().to_path_buf()),
     });
     let key = PipelineKey { namespace: "ns".into(), name: "lines".into() };
     workers.add(pipeline);
-    Setup { dispatcher, workers, key, url, _dir: dir }
+    Setup { dispatcher, workers, key, url, _dirs: (dir, logs) }
 }
 
 /// Reads until every id of `epoch` has arrived; returns how often each arrived. Batches of

@@ -24,27 +24,38 @@ pub enum BatchError {
 /// One element as the batcher sees it: every field already a tensor.
 pub type Row = BTreeMap<String, Tensor>;
 
-pub fn make_batch(rows: &[Row], pad: Option<f64>, epoch: u64, split: u64, sequence: u64) -> Result<Batch, BatchError> {
+/// Stacks the rows' fields, taking each tensor out of its row as it is copied so the rows'
+/// memory is freed while the batch's fills (a batch never costs twice its size). The rows are
+/// left empty, also on error.
+pub fn make_batch(rows: &mut [Row], pad: Option<f64>, epoch: u64, split: u64, sequence: u64) -> Result<Batch, BatchError> {
     let mut tensors = BTreeMap::new();
     if let Some(first) = rows.first() {
-        for field in first.keys() {
-            let column: Vec<&Tensor> = rows
-                .iter()
-                .map(|r| r.get(field).ok_or_else(|| BatchError::MissingField { field: field.clone() }))
-                .collect::<Result<_, _>>()?;
-            tensors.insert(field.clone(), stack(field, &column, pad)?);
-        }
+        let fields: Vec<String> = first.keys().cloned().collect();
         if let Some(extra) = rows.iter().flat_map(|r| r.keys()).find(|k| !first.contains_key(*k)) {
             return Err(BatchError::MissingField { field: extra.clone() });
+        }
+        for field in fields {
+            let stacked = stack(&field, rows, pad);
+            match stacked {
+                Ok(t) => tensors.insert(field, t),
+                Err(e) => {
+                    rows.iter_mut().for_each(Row::clear);
+                    return Err(e);
+                }
+            };
         }
     }
     Ok(Batch { tensors, epoch, split, sequence })
 }
 
-fn stack(field: &str, column: &[&Tensor], pad: Option<f64>) -> Result<Tensor, BatchError> {
+fn stack(field: &str, rows: &mut [Row], pad: Option<f64>) -> Result<Tensor, BatchError> {
+    let column: Vec<&Tensor> = rows
+        .iter()
+        .map(|r| r.get(field).ok_or_else(|| BatchError::MissingField { field: field.into() }))
+        .collect::<Result<_, _>>()?;
     let first = column[0];
     let mut shape = first.shape.clone();
-    for t in column {
+    for t in &column {
         if t.dtype != first.dtype {
             return Err(BatchError::DTypeMismatch { field: field.into(), first: first.dtype, other: t.dtype });
         }
@@ -58,19 +69,21 @@ fn stack(field: &str, column: &[&Tensor], pad: Option<f64>) -> Result<Tensor, Ba
             *m = (*m).max(*d);
         }
     }
-    let item_bytes = shape.iter().product::<usize>() * first.dtype.size();
+    let dtype = first.dtype;
+    let item_bytes = shape.iter().product::<usize>() * dtype.size();
     let mut data = BytesMut::with_capacity(item_bytes * column.len());
-    let fill = pad_bytes(first.dtype, pad.unwrap_or(0.0));
-    for t in column {
+    let fill = pad_bytes(dtype, pad.unwrap_or(0.0));
+    for row in rows.iter_mut() {
+        let t = row.remove(field).expect("checked above");
         if t.shape == shape {
             data.extend_from_slice(&t.data);
         } else {
-            pad_into(&mut data, t, &shape, &fill);
+            pad_into(&mut data, &t, &shape, &fill);
         }
     }
-    let mut batched = vec![column.len()];
+    let mut batched = vec![rows.len()];
     batched.extend(shape);
-    Ok(Tensor::new(first.dtype, batched, data.freeze()).expect("stacked length matches the shape"))
+    Ok(Tensor::new(dtype, batched, data.freeze()).expect("stacked length matches the shape"))
 }
 
 /// Copies `t` into a block of `shape` (every dim >= t's), filling the rest with `fill`.
@@ -133,8 +146,8 @@ mod tests {
 
     #[test]
     fn same_shapes_stack_along_a_new_axis() {
-        let rows = [row(&[("x", i32s(vec![2], &[1, 2])), ("y", i32s(vec![], &[7]))]), row(&[("x", i32s(vec![2], &[3, 4])), ("y", i32s(vec![], &[8]))])];
-        let b = make_batch(&rows, None, 1, 2, 3).unwrap();
+        let mut rows = [row(&[("x", i32s(vec![2], &[1, 2])), ("y", i32s(vec![], &[7]))]), row(&[("x", i32s(vec![2], &[3, 4])), ("y", i32s(vec![], &[8]))])];
+        let b = make_batch(&mut rows, None, 1, 2, 3).unwrap();
         assert_eq!((b.epoch, b.split, b.sequence), (1, 2, 3));
         assert_eq!(b.tensors["x"].shape, [2, 2]);
         assert_eq!(values(&b.tensors["x"]), [1, 2, 3, 4]);
@@ -144,8 +157,8 @@ mod tests {
 
     #[test]
     fn variable_shapes_pad_to_the_largest_with_the_declared_value() {
-        let rows = [row(&[("x", i32s(vec![1, 2], &[1, 2]))]), row(&[("x", i32s(vec![2, 1], &[3, 4]))])];
-        let b = make_batch(&rows, Some(-1.0), 0, 0, 0).unwrap();
+        let mut rows = [row(&[("x", i32s(vec![1, 2], &[1, 2]))]), row(&[("x", i32s(vec![2, 1], &[3, 4]))])];
+        let b = make_batch(&mut rows, Some(-1.0), 0, 0, 0).unwrap();
         assert_eq!(b.tensors["x"].shape, [2, 2, 2]);
         assert_eq!(values(&b.tensors["x"]), [1, 2, -1, -1, 3, -1, 4, -1]);
     }
@@ -154,12 +167,12 @@ mod tests {
     fn mismatches_are_clear_errors() {
         let a = row(&[("x", i32s(vec![2], &[1, 2]))]);
         let b = row(&[("x", i32s(vec![3], &[1, 2, 3]))]);
-        let e = make_batch(&[a.clone(), b], None, 0, 0, 0).unwrap_err();
+        let e = make_batch(&mut [a.clone(), b], None, 0, 0, 0).unwrap_err();
         assert!(e.to_string().contains("set spec.padValue"), "{e}");
         let c = row(&[("y", i32s(vec![2], &[1, 2]))]);
-        assert!(matches!(make_batch(&[a.clone(), c], None, 0, 0, 0), Err(BatchError::MissingField { .. })));
+        assert!(matches!(make_batch(&mut [a.clone(), c], None, 0, 0, 0), Err(BatchError::MissingField { .. })));
         let f = row(&[("x", Tensor::new(DType::Uint8, vec![2], Bytes::from_static(&[1, 2])).unwrap())]);
-        assert!(matches!(make_batch(&[a, f], None, 0, 0, 0), Err(BatchError::DTypeMismatch { .. })));
+        assert!(matches!(make_batch(&mut [a, f], None, 0, 0, 0), Err(BatchError::DTypeMismatch { .. })));
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Benchmarks run as commands (`stoker-worker bench ...`), never as timed tests.
 
+pub mod memory;
+
 use std::path::Path;
 use std::time::Instant;
 

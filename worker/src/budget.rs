@@ -1,28 +1,47 @@
-//! The memory budget: producers reserve bytes before making data ready and consumers give them
-//! back once sent, so a slow client stops production instead of growing memory.
+//! The memory budget: the engine reserves bytes for every transformed element it holds (in
+//! the shuffle buffer or the batch being filled) and every batch it has made, until the batch
+//! has been handed to the transport, so a slow client stops production instead of growing
+//! memory.
+//!
+//! Two kinds of holders share the budget. *Rows* are elements the engine itself holds: they
+//! only become free by becoming a batch, so the engine waits for room only while batches are
+//! in flight (waiting on its own rows would deadlock). *Batches* are released by whoever
+//! drops them: the reservation travels inside the tensors' bytes ([`attach`]), so every queue
+//! between the engine and the socket (channels, the stream, the chunker) is counted.
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+
+use bytes::Bytes;
+use stoker_api::Batch;
 
 pub struct MemoryBudget {
     limit: usize,
-    used: Mutex<usize>,
+    used: Mutex<Used>,
     freed: Condvar,
+}
+
+#[derive(Default, Clone, Copy)]
+struct Used {
+    /// Everything reserved: rows and batches.
+    total: usize,
+    /// The engines' own rows, part of `total`.
+    rows: usize,
 }
 
 impl MemoryBudget {
     pub fn new(limit: usize) -> Self {
-        MemoryBudget { limit: limit.max(1), used: Mutex::new(0), freed: Condvar::new() }
+        MemoryBudget { limit: limit.max(1), used: Mutex::new(Used::default()), freed: Condvar::new() }
     }
 
     /// Blocks until `bytes` fit under the limit. A single reservation larger than the whole
     /// budget is let through when nothing else is held, so one huge batch cannot deadlock.
     pub fn reserve(&self, bytes: usize) {
         let mut used = self.used.lock().unwrap();
-        while *used > 0 && *used + bytes > self.limit {
+        while used.total > 0 && used.total + bytes > self.limit {
             used = self.freed.wait(used).unwrap();
         }
-        *used += bytes;
+        used.total += bytes;
     }
 
     /// Like `reserve`, giving up after `timeout`; returns whether it reserved.
@@ -30,28 +49,129 @@ impl MemoryBudget {
         let used = self.used.lock().unwrap();
         let (mut used, result) = self
             .freed
-            .wait_timeout_while(used, timeout, |used| *used > 0 && *used + bytes > self.limit)
+            .wait_timeout_while(used, timeout, |used| used.total > 0 && used.total + bytes > self.limit)
             .unwrap();
         if result.timed_out() {
             return false;
         }
-        *used += bytes;
+        used.total += bytes;
         true
     }
 
     pub fn release(&self, bytes: usize) {
         let mut used = self.used.lock().unwrap();
-        *used = used.saturating_sub(bytes);
+        used.total = used.total.saturating_sub(bytes);
         self.freed.notify_all();
     }
 
+    /// Reserves `bytes` of rows the engine has just transformed: blocks while batches in
+    /// flight leave no room for them, never for the engines' own rows alone.
+    pub fn reserve_rows(self: &Arc<Self>, bytes: usize) -> Rows {
+        let mut used = self.used.lock().unwrap();
+        while used.total > used.rows && used.total + bytes > self.limit {
+            used = self.freed.wait(used).unwrap();
+        }
+        used.total += bytes;
+        used.rows += bytes;
+        Rows { budget: self.clone(), bytes }
+    }
+
     pub fn used(&self) -> usize {
-        *self.used.lock().unwrap()
+        self.used.lock().unwrap().total
     }
 
     pub fn limit(&self) -> usize {
         self.limit
     }
+}
+
+/// Rows' share of the budget, released when dropped.
+pub struct Rows {
+    budget: Arc<MemoryBudget>,
+    bytes: usize,
+}
+
+impl Rows {
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Corrects the reservation to `bytes` without waiting (an estimate made before the rows
+    /// existed).
+    pub fn resize(&mut self, bytes: usize) {
+        let mut used = self.budget.used.lock().unwrap();
+        used.rows = used.rows - self.bytes + bytes;
+        used.total = used.total - self.bytes + bytes;
+        if bytes < self.bytes {
+            self.budget.freed.notify_all();
+        }
+        self.bytes = bytes;
+    }
+
+    /// Adds another reservation's rows to this one.
+    pub fn merge(&mut self, mut other: Rows) {
+        self.bytes += std::mem::take(&mut other.bytes);
+    }
+
+    /// Turns `rows` bytes of this share into a batch's share of `bytes` (more with padding),
+    /// without waiting: the batch replaces the rows it was made of.
+    pub fn into_batch(&mut self, rows: usize, bytes: usize) -> BatchShare {
+        let rows = rows.min(self.bytes);
+        self.bytes -= rows;
+        let mut used = self.budget.used.lock().unwrap();
+        used.rows -= rows;
+        used.total = used.total - rows + bytes;
+        if bytes < rows {
+            self.budget.freed.notify_all();
+        }
+        BatchShare { budget: self.budget.clone(), bytes }
+    }
+}
+
+impl Drop for Rows {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            let mut used = self.budget.used.lock().unwrap();
+            used.rows = used.rows.saturating_sub(self.bytes);
+            used.total = used.total.saturating_sub(self.bytes);
+            self.budget.freed.notify_all();
+        }
+    }
+}
+
+/// A batch's share of the budget, released when the last of its tensors' bytes is dropped.
+pub struct BatchShare {
+    budget: Arc<MemoryBudget>,
+    bytes: usize,
+}
+
+impl Drop for BatchShare {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
+}
+
+/// Bytes that hold their batch's share alive.
+struct Held {
+    data: Bytes,
+    _share: Arc<BatchShare>,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// Makes `batch`'s tensors carry `share`: it is released once every tensor and every slice of
+/// one (the stream's chunks) is gone, wherever that happens.
+pub fn attach(mut batch: Batch, share: BatchShare) -> Batch {
+    let share = Arc::new(share);
+    for tensor in batch.tensors.values_mut() {
+        let data = std::mem::take(&mut tensor.data);
+        tensor.data = Bytes::from_owner(Held { data, _share: share.clone() });
+    }
+    batch
 }
 
 #[cfg(test)]
@@ -79,6 +199,45 @@ mod tests {
         assert!(budget.reserve_timeout(1000, Duration::from_millis(10)), "nothing held: let it through");
         assert!(!budget.reserve_timeout(1, Duration::from_millis(10)), "now the budget is exhausted");
         budget.release(1000);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn rows_wait_only_for_batches_in_flight() {
+        let budget = Arc::new(MemoryBudget::new(100));
+        let mut rows = budget.reserve_rows(80);
+        // Only rows are held: more rows pass even over the limit, or the engine would wait
+        // on itself.
+        rows.merge(budget.reserve_rows(40));
+        assert_eq!((budget.used(), rows.bytes()), (120, 120));
+        let batch = rows.into_batch(120, 120);
+        assert_eq!(rows.bytes(), 0);
+        // Now a batch is in flight and the budget is full: new rows wait for it.
+        let waiter = {
+            let budget = budget.clone();
+            std::thread::spawn(move || budget.reserve_rows(10).bytes())
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!waiter.is_finished());
+        drop(batch);
+        assert_eq!(waiter.join().unwrap(), 10);
+        assert_eq!(budget.used(), 0, "the waiter's rows were dropped with its thread");
+    }
+
+    #[test]
+    fn a_batch_share_lives_as_long_as_any_slice_of_its_tensors() {
+        use stoker_api::{DType, Tensor};
+        let budget = Arc::new(MemoryBudget::new(1000));
+        let mut rows = budget.reserve_rows(8);
+        let mut batch = Batch::default();
+        batch.tensors.insert("x".into(), Tensor::new(DType::Uint8, vec![8], Bytes::from(vec![7u8; 8])).unwrap());
+        let batch = attach(batch, rows.into_batch(8, 8));
+        drop(rows);
+        assert_eq!(budget.used(), 8);
+        let slice = batch.tensors["x"].data.slice(2..4);
+        drop(batch);
+        assert_eq!((budget.used(), &slice[..]), (8, &[7u8, 7][..]));
+        drop(slice);
         assert_eq!(budget.used(), 0);
     }
 }

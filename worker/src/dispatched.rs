@@ -168,6 +168,8 @@ type JobBatches = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Result<(Bat
 
 struct Job {
     batches: JobBatches,
+    /// When the next batch may go out, under `--max-batch-rate`.
+    next_send: tokio::sync::Mutex<tokio::time::Instant>,
     /// Splits whose last batch a consumer has taken, not yet reported.
     completed: Arc<Mutex<Vec<proto::SplitRef>>>,
 }
@@ -177,14 +179,18 @@ struct Job {
 pub struct DispatchedSource {
     engine: Arc<Engine>,
     link: Arc<Link>,
+    /// Least time between two batches of a job, from `--max-batch-rate`.
+    min_interval: Option<Duration>,
     jobs: Mutex<HashMap<String, Arc<Job>>>,
     /// The first fatal engine error, for heartbeats (and so the DataPipeline status).
     pub errors: Arc<Mutex<Option<String>>>,
 }
 
 impl DispatchedSource {
-    pub fn new(engine: Arc<Engine>, link: Arc<Link>) -> Self {
-        DispatchedSource { engine, link, jobs: Mutex::new(HashMap::new()), errors: Arc::new(Mutex::new(None)) }
+    /// `max_batch_rate` caps the batches per second this worker sends per job.
+    pub fn new(engine: Arc<Engine>, link: Arc<Link>, max_batch_rate: Option<f64>) -> Self {
+        let min_interval = max_batch_rate.filter(|r| *r > 0.0).map(|r| Duration::from_secs_f64(1.0 / r));
+        DispatchedSource { engine, link, min_interval, jobs: Mutex::new(HashMap::new()), errors: Arc::new(Mutex::new(None)) }
     }
 
     fn job(&self, name: &str) -> Arc<Job> {
@@ -192,7 +198,11 @@ impl DispatchedSource {
         jobs.entry(name.to_string())
             .or_insert_with(|| {
                 let (tx, rx) = tokio::sync::mpsc::channel(1);
-                let job = Arc::new(Job { batches: Arc::new(tokio::sync::Mutex::new(rx)), completed: Arc::default() });
+                let job = Arc::new(Job {
+                    batches: Arc::new(tokio::sync::Mutex::new(rx)),
+                    next_send: tokio::sync::Mutex::new(tokio::time::Instant::now()),
+                    completed: Arc::default(),
+                });
                 let (engine, link, completed, errors, name) =
                     (self.engine.clone(), self.link.clone(), job.completed.clone(), self.errors.clone(), name.to_string());
                 std::thread::Builder::new()
@@ -216,7 +226,13 @@ impl BatchSource for DispatchedSource {
     fn subscribe(&self, subscription: &Subscription) -> Result<Batches, Status> {
         tracing::info!(job = %subscription.job, consumer = subscription.consumer_index, "consumer attached");
         let job = self.job(&subscription.job);
-        Ok(futures::stream::unfold(job, |job| async move {
+        let min_interval = self.min_interval;
+        Ok(futures::stream::unfold(job, move |job| async move {
+            if let Some(interval) = min_interval {
+                let mut next_send = job.next_send.lock().await;
+                tokio::time::sleep_until(*next_send).await;
+                *next_send = tokio::time::Instant::now().max(*next_send) + interval;
+            }
             let next = job.batches.lock().await.recv().await?;
             let item = next.map(|(batch, epoch, completes)| {
                 // Handed to this consumer's stream: the splits it completes are delivered.

@@ -15,7 +15,7 @@ use stoker_api::{Batch, OnError, SourceFormat, WorkerPipeline};
 
 use crate::apply::{self, ElementError, ElementKey};
 use crate::batch::{self, BatchError, Row};
-use crate::budget::MemoryBudget;
+use crate::budget::{self, MemoryBudget, Rows};
 use crate::element::Element;
 use crate::formats::{self, Corrupt, image_folder};
 use crate::shuffle::ShuffleBuffer;
@@ -25,9 +25,11 @@ use crate::source::{DataSource, Shard, SourceError};
 pub struct EngineConfig {
     /// Threads of the transform pool (default: every core).
     pub threads: usize,
-    /// Bytes of ready batches held before production pauses.
+    /// Bytes of transformed elements and batches not yet sent held before production pauses
+    /// (see budget.rs).
     pub memory_budget: usize,
-    /// Image-folder files per split (other formats split by shard file).
+    /// Most image-folder files per split (other formats split by shard file). Small folders
+    /// get smaller splits, down to 8 files, so there are enough to share among workers.
     pub files_per_split: usize,
 }
 
@@ -86,25 +88,18 @@ impl Stats {
     }
 }
 
-/// A ready batch holding its share of the memory budget until dropped (after it is sent).
+/// A ready batch. Its tensors' bytes hold the batch's share of the memory budget: it is
+/// released once they are dropped (after the stream has sent the last chunk), wherever the
+/// batch travels meanwhile.
 pub struct Ready {
     pub batch: Batch,
     /// Splits (of the batch's epoch) whose last element is in this batch or was dropped.
     pub completes: Vec<u64>,
-    bytes: usize,
-    budget: Arc<MemoryBudget>,
 }
 
 impl Ready {
-    /// The batch; its budget share is released now.
-    pub fn into_batch(mut self) -> Batch {
-        std::mem::take(&mut self.batch)
-    }
-}
-
-impl Drop for Ready {
-    fn drop(&mut self) {
-        self.budget.release(self.bytes);
+    pub fn into_batch(self) -> Batch {
+        self.batch
     }
 }
 
@@ -179,42 +174,65 @@ impl Engine {
         let p = &self.pipeline;
         let seed = p.seed.unwrap_or(0);
         let mut shuffle = p.shuffle.as_ref().map(|s| ShuffleBuffer::new(s.buffer_size as usize, s.seed.unwrap_or(seed), epoch));
-        let mut batch = Pending::with_capacity(p.batch_size as usize);
+        let mut batch = Pending::new(p.batch_size as usize, self.budget.reserve_rows(0));
         let mut sequence = 0u64;
         let mut last_split = 0;
         let window = (self.config.threads * 64).max(64);
+        let mut row_estimate = 0;
         let mut splits = splits.into_iter();
-        // Reading the next split overlaps transforming this one.
+        // Reading the next split overlaps transforming this one, and transforming a chunk (on
+        // the pool, from a scoped thread) overlaps batching the one before it here.
         let mut next = splits.next().map(|s| (self.fetch(&s), s));
-        while let Some((fetching, split)) = next.take() {
-            let data = self.runtime.block_on(fetching).expect("the fetch task runs to completion");
-            next = splits.next().map(|s| (self.fetch(&s), s));
-            last_split = split.id;
-            let mut records = self.parse(&split, data)?.into_iter();
-            let mut first = 0u64;
-            loop {
-                let chunk: Vec<Element> = records.by_ref().take(window).collect();
-                if chunk.is_empty() {
-                    break;
-                }
-                let len = chunk.len() as u64;
-                let transformed = self.transform(epoch, &split, first, chunk)?;
-                first += len;
-                for row in transformed {
-                    batch.track.entered(split.id);
-                    let row = match shuffle.as_mut() {
-                        Some(buffer) => buffer.push((split.id, row)),
-                        None => Some((split.id, row)),
-                    };
-                    if let Some(row) = row {
-                        batch.push(row);
-                        if batch.len() == p.batch_size as usize && !self.emit(&mut batch, epoch, split.id, &mut sequence, out)? {
-                            return Ok(Vec::new());
-                        }
+        let mut deferred: Option<Chunk> = None;
+        let stopped = std::thread::scope(|scope| -> Result<bool, EngineError> {
+            while let Some((fetching, split)) = next.take() {
+                let data = self.runtime.block_on(fetching).expect("the fetch task runs to completion");
+                next = splits.next().map(|s| (self.fetch(&s), s));
+                last_split = split.id;
+                let mut records = self.parse(&split, data)?.into_iter();
+                let mut first = 0u64;
+                loop {
+                    let chunk: Vec<Element> = records.by_ref().take(window).collect();
+                    if chunk.is_empty() {
+                        break;
                     }
+                    let len = chunk.len() as u64;
+                    // The chunk's output is held from before it exists until it is sent:
+                    // reserve what the last chunk's rows weighed, wait while batches in flight
+                    // leave no room, then correct to the actual size.
+                    let mut reserved = self.budget.reserve_rows(row_estimate * chunk.len());
+                    let id = split.id;
+                    let transforming = scope.spawn(move || self.transform(epoch, id, first, chunk));
+                    if let Some(done) = deferred.take()
+                        && !self.take_chunk(done, &mut shuffle, &mut batch, epoch, &mut sequence, out)?
+                    {
+                        return Ok(true);
+                    }
+                    let rows = transforming.join().expect("the transform thread does not panic")?;
+                    let bytes: usize = rows.iter().map(row_bytes).sum();
+                    if !rows.is_empty() {
+                        row_estimate = bytes / rows.len();
+                    }
+                    reserved.resize(bytes);
+                    batch.held.merge(reserved);
+                    first += len;
+                    deferred = Some(Chunk { split: split.id, rows, completes_split: false });
+                }
+                // The split is read: it completes once its last chunk is batched.
+                match deferred.as_mut() {
+                    Some(chunk) if chunk.split == split.id => chunk.completes_split = true,
+                    _ => batch.track.parsed(split.id),
                 }
             }
-            batch.track.parsed(split.id);
+            if let Some(done) = deferred.take()
+                && !self.take_chunk(done, &mut shuffle, &mut batch, epoch, &mut sequence, out)?
+            {
+                return Ok(true);
+            }
+            Ok(false)
+        })?;
+        if stopped {
+            return Ok(Vec::new());
         }
         if let Some(buffer) = shuffle.as_mut() {
             for row in buffer.drain() {
@@ -274,7 +292,7 @@ impl Engine {
     }
 
     /// Runs the transforms on a chunk on every pool thread, keeping the chunk's order.
-    fn transform(&self, epoch: u64, split: &Split, first: u64, chunk: Vec<Element>) -> Result<Vec<Row>, EngineError> {
+    fn transform(&self, epoch: u64, split: u64, first: u64, chunk: Vec<Element>) -> Result<Vec<Row>, EngineError> {
         let p = &self.pipeline;
         let seed = p.seed.unwrap_or(0);
         type Transformed = (Result<Option<Element>, ElementError>, Vec<Duration>);
@@ -284,7 +302,7 @@ impl Engine {
                 .enumerate()
                 .map(|(i, element)| {
                     // Element ids are stable per (split, position) whatever thread runs them.
-                    let key = ElementKey { seed, epoch, element: (split.id << 32) | (first + i as u64) };
+                    let key = ElementKey { seed, epoch, element: (split << 32) | (first + i as u64) };
                     let mut timings = vec![Duration::ZERO; p.transforms.len()];
                     (apply::apply(&p.transforms, element, key, &mut timings), timings)
                 })
@@ -305,10 +323,10 @@ impl Engine {
                     self.stats.filtered.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(error) if p.on_error == OnError::Skip => {
-                    tracing::warn!(split = split.id, element = first + i as u64, %error, "skipping an element");
+                    tracing::warn!(split, element = first + i as u64, %error, "skipping an element");
                     self.stats.skip(error.reason());
                 }
-                Err(source) => return Err(EngineError::Element { split: split.id, element: first + i as u64, source }),
+                Err(source) => return Err(EngineError::Element { split, element: first + i as u64, source }),
             }
         }
         for (total, t) in self.stats.op_time.lock().unwrap().iter_mut().zip(op_time) {
@@ -327,8 +345,38 @@ impl Engine {
             .collect()
     }
 
-    /// Makes a batch of the pending rows and sends it once the budget has room; false when
-    /// nobody listens.
+    /// Moves a transformed chunk's rows through the shuffle buffer into batches, sending each
+    /// full one; false when nobody listens.
+    fn take_chunk(
+        &self,
+        chunk: Chunk,
+        shuffle: &mut Option<ShuffleBuffer<(u64, Row)>>,
+        batch: &mut Pending,
+        epoch: u64,
+        sequence: &mut u64,
+        out: &std::sync::mpsc::SyncSender<Ready>,
+    ) -> Result<bool, EngineError> {
+        let size = self.pipeline.batch_size as usize;
+        for row in chunk.rows {
+            batch.track.entered(chunk.split);
+            let row = match shuffle.as_mut() {
+                Some(buffer) => buffer.push((chunk.split, row)),
+                None => Some((chunk.split, row)),
+            };
+            if let Some(row) = row {
+                batch.push(row);
+                if batch.len() == size && !self.emit(batch, epoch, chunk.split, sequence, out)? {
+                    return Ok(false);
+                }
+            }
+        }
+        if chunk.completes_split {
+            batch.track.parsed(chunk.split);
+        }
+        Ok(true)
+    }
+
+    /// Makes a batch of the pending rows and sends it; false when nobody listens.
     fn emit(
         &self,
         pending: &mut Pending,
@@ -337,16 +385,30 @@ impl Engine {
         sequence: &mut u64,
         out: &std::sync::mpsc::SyncSender<Ready>,
     ) -> Result<bool, EngineError> {
-        let batch = batch::make_batch(&pending.rows, self.pipeline.pad_value, epoch, split, *sequence)?;
+        let rows_bytes = pending.rows.iter().map(row_bytes).sum();
+        let batch = batch::make_batch(&mut pending.rows, self.pipeline.pad_value, epoch, split, *sequence)?;
         pending.drop_rows();
         let completes = std::mem::take(&mut pending.track.completed);
         *sequence += 1;
         let bytes = batch.payload_bytes();
-        self.budget.reserve(bytes);
+        // The rows' reservation passes to the batch, and leaves with it.
+        let batch = budget::attach(batch, pending.held.into_batch(rows_bytes, bytes));
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.batch_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        Ok(out.send(Ready { batch, bytes, budget: self.budget.clone(), completes }).is_ok())
+        Ok(out.send(Ready { batch, completes }).is_ok())
     }
+}
+
+/// A transformed chunk waiting to be batched.
+struct Chunk {
+    split: u64,
+    rows: Vec<Row>,
+    /// The last chunk of its split: the split is read once these rows are in.
+    completes_split: bool,
+}
+
+fn row_bytes(row: &Row) -> usize {
+    row.values().map(|t| t.data.len()).sum()
 }
 
 /// The rows of the batch being filled, with the split each came from.
@@ -354,11 +416,14 @@ struct Pending {
     rows: Vec<Row>,
     splits: Vec<u64>,
     track: SplitTracker,
+    /// The budget share of every transformed row the engine holds: in the shuffle buffer and
+    /// here. Dropped rows (a remainder, an early return) release it with `Pending`.
+    held: Rows,
 }
 
 impl Pending {
-    fn with_capacity(n: usize) -> Self {
-        Pending { rows: Vec::with_capacity(n), splits: Vec::with_capacity(n), track: SplitTracker::default() }
+    fn new(n: usize, held: Rows) -> Self {
+        Pending { rows: Vec::with_capacity(n), splits: Vec::with_capacity(n), track: SplitTracker::default(), held }
     }
 
     fn len(&self) -> usize {
@@ -415,6 +480,13 @@ impl SplitTracker {
     }
 }
 
+/// Files per image-folder split: aim at 64 splits or more, so dynamic sharding has enough to
+/// share, without going below 8 files (each split costs a dispatcher round trip) or above
+/// the configured most.
+fn split_size(files: usize, most: usize) -> usize {
+    files.div_ceil(64).max(8).min(most.max(1))
+}
+
 /// Splits for a listing: image folders group files (the label map comes from their folders);
 /// record formats take one shard file per split.
 fn plan(source: &DataSource, format: SourceFormat, shards: Vec<Shard>, files_per_split: usize) -> (Vec<Split>, BTreeMap<String, i64>) {
@@ -425,7 +497,7 @@ fn plan(source: &DataSource, format: SourceFormat, shards: Vec<Shard>, files_per
             let names: Vec<String> = images.iter().map(|s| source.relative(s).to_string()).collect();
             let labels = image_folder::label_map(&names);
             let splits = images
-                .chunks(files_per_split.max(1))
+                .chunks(split_size(images.len(), files_per_split))
                 .enumerate()
                 .map(|(i, c)| Split { id: i as u64, shards: c.to_vec() })
                 .collect();

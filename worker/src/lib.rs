@@ -1,5 +1,6 @@
 //! The Stoker worker: reads a pipeline's source, runs its transforms and streams batches.
 
+pub mod alloc;
 pub mod apply;
 pub mod batch;
 pub mod bench;

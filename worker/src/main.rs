@@ -16,9 +16,8 @@ use stoker_worker::stream::StreamService;
 
 /// How often a worker under the dispatcher reports its progress.
 const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// How long a stopping worker keeps serving open streams.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(Parser)]
 #[command(version, about = "Stoker worker: preprocesses a pipeline's data and streams batches")]
@@ -46,13 +45,18 @@ struct RunArgs {
     /// Transform threads; every core when unset.
     #[arg(long, env = "STOKER_THREADS")]
     threads: Option<usize>,
-    /// Bytes of ready batches held before production pauses for slow clients.
+    /// Bytes of transformed elements and unsent batches held before production pauses for
+    /// slow clients.
     #[arg(long, env = "STOKER_MEMORY_BUDGET", default_value_t = 512 << 20)]
     memory_budget: usize,
     /// The dispatcher's URL (the operator sets it); splits come from there instead of this
     /// worker producing every split itself.
     #[arg(long, env = "STOKER_DISPATCHER", conflicts_with = "standalone")]
     dispatcher: Option<String>,
+    /// Caps the batches per second this worker sends to each job (under the dispatcher): a
+    /// worker whose rate is known, for demos and autoscaler tests on small machines.
+    #[arg(long, env = "STOKER_MAX_BATCH_RATE")]
+    max_batch_rate: Option<f64>,
     /// host:port clients reach this worker at; default: POD_IP (or 127.0.0.1) and the bound port.
     #[arg(long, env = "STOKER_ADVERTISE")]
     advertise: Option<String>,
@@ -93,10 +97,30 @@ enum Bench {
         #[arg(long, default_value_t = 3)]
         repeat: usize,
     },
+    /// Peak RSS of a standalone worker read by a slow client vs its budget plus 200 MB;
+    /// exits nonzero when over.
+    Memory {
+        /// The corpus; generated there (1000 images) if it does not exist.
+        #[arg(long)]
+        corpus: PathBuf,
+        #[arg(long, default_value_t = 256 << 20)]
+        memory_budget: u64,
+        /// The client's pause after each batch.
+        #[arg(long, default_value_t = 500)]
+        client_delay_ms: u64,
+        #[arg(long, default_value_t = 30)]
+        duration_s: u64,
+        /// float32 224x224x3 images per batch (256: 154 MB).
+        #[arg(long, default_value_t = 256)]
+        batch_size: u32,
+        #[arg(long)]
+        threads: Option<usize>,
+    },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    stoker_worker::alloc::tune();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
@@ -136,6 +160,16 @@ async fn main() -> anyhow::Result<()> {
             println!("best: {:.0} images/s, {:.0} images/s per core", best.images_per_second(), best.per_core());
             Ok(())
         }
+        Some(Command::Bench { bench: Bench::Memory { corpus, memory_budget, client_delay_ms, duration_s, batch_size, threads } }) => {
+            if !corpus.exists() {
+                eprintln!("generating 1000 images under {} ...", corpus.display());
+                corpus::generate(&corpus, &CorpusSpec::default())?;
+            }
+            use stoker_worker::bench::memory::{MemoryBench, command};
+            let client_delay = std::time::Duration::from_millis(client_delay_ms);
+            let duration = std::time::Duration::from_secs(duration_s);
+            command(&MemoryBench { corpus, memory_budget, client_delay, duration, batch_size, threads }).await
+        }
     }
 }
 
@@ -156,10 +190,25 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let bound = listener.local_addr()?;
     tracing::info!(splits = engine.splits().len(), listen = %bound, "serving batches");
-    let shutdown = async {
+    let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! { _ = term.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
         tracing::info!("shutting down");
+        stopping_tx.send_replace(true);
+    });
+    let shutdown = {
+        let mut stopping = stopping.clone();
+        async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        }
+    };
+    // Clients' streams never end on their own: give them a moment after the signal, then go.
+    // Under the dispatcher, what this worker still held is handed to the others.
+    let deadline = async move {
+        let _ = stopping.wait_for(|s| *s).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+        tracing::info!("streams still open after the grace period; exiting");
     };
     let options = stoker_worker::stream::ServerOptions::default();
     match args.dispatcher.filter(|_| !args.standalone) {
@@ -167,13 +216,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             let engine = Arc::new(engine);
             let address = args.advertise.unwrap_or_else(|| advertised(bound));
             let link = Link::register(&url, &engine, address).await?;
-            let source = DispatchedSource::new(engine.clone(), link.clone());
+            let source = DispatchedSource::new(engine.clone(), link.clone(), args.max_batch_rate);
             link.spawn_heartbeats(engine, source.errors.clone(), HEARTBEAT_INTERVAL);
-            stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, shutdown).await?;
+            tokio::select! {
+                served = stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, shutdown) => served?,
+                () = deadline => {}
+            }
         }
         None => {
             let (source, producer) = EngineSource::start(engine, args.epochs);
-            stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, shutdown).await?;
+            tokio::select! {
+                served = stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, shutdown) => served?,
+                () = deadline => {}
+            }
             if producer.is_finished() {
                 producer.join().map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
             }

@@ -24,8 +24,8 @@ impl EngineSource {
             .spawn(move || {
                 let splits = engine.splits().to_vec();
                 let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<crate::engine::Ready>(1);
-                // Bridges the engine's blocking channel into the async one; the Ready guard is
-                // dropped (budget released) once the batch is handed to the transport.
+                // Bridges the engine's blocking channel into the async one. Each batch keeps its
+                // budget share until the stream has sent it (see budget::attach).
                 let bridge = std::thread::spawn(move || {
                     for ready in ready_rx {
                         if tx.blocking_send(ready.into_batch()).is_err() {

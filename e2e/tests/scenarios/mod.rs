@@ -2,6 +2,7 @@
 //! that runs on both providers; add it to [`ALL`] (they run in that order, sharing the cluster
 //! and the operator, so leave the cluster as you found it: own namespaces, deleted at the end).
 
+pub mod autoscaling;
 pub mod chart;
 pub mod control_plane;
 pub mod operator;
@@ -34,4 +35,5 @@ pub static ALL: &[Scenario] = scenarios![
     pipelines::apply_failures_degrade_and_back_off,
     pipelines::long_names_fit,
     pipelines::restart_writes_nothing,
+    autoscaling::batch_time_autoscaling,
 ];

@@ -1,5 +1,6 @@
-//! `stoker`: the user's command line. `check` validates DataPipeline files offline; `demo` shows
-//! what the operator makes of the sample pipelines, without a cluster.
+//! `stoker`: the user's command line. `demo` shows the autoscaler converge on this machine;
+//! `local` runs a pipeline without Kubernetes; `check` validates DataPipeline files offline;
+//! `explain` shows what the operator makes of manifests.
 
 use std::path::{Path, PathBuf};
 
@@ -24,8 +25,32 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
-    /// Walk through the sample pipelines: what the operator accepts, refuses, and creates.
+    /// Generate an image corpus and watch the autoscaler find the worker count a synthetic
+    /// trainer needs, on this machine (no cluster).
     Demo {
+        /// Where the demo corpus is generated (once) and worker logs go.
+        #[arg(long, default_value_os_t = stoker_operator::cli::cache_dir().join("demo/corpus"))]
+        corpus: PathBuf,
+        /// How long the synthetic trainer runs.
+        #[arg(long, default_value_t = 45)]
+        seconds: u64,
+        /// The trainer's compute time per batch, in milliseconds.
+        #[arg(long, default_value_t = 25.0)]
+        compute_ms: f64,
+        /// Each worker's cap, in batches per second.
+        #[arg(long, default_value_t = 10.0)]
+        worker_rate: f64,
+    },
+    /// Run a DataPipeline on this machine: dispatcher, autoscaler and worker processes, no
+    /// Kubernetes. Training clients connect to the printed dispatcher URL.
+    Local(LocalArgs),
+    /// Benchmarks (see docs/performance.md).
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
+    /// Walk through manifests (default: the samples): what the operator accepts, refuses, and creates.
+    Explain {
         #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../manifests/samples"))]
         samples: PathBuf,
         /// Print the generated objects in full.
@@ -34,7 +59,42 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(Subcommand)]
+enum Bench {
+    /// Our autoscaling policy beside Cachew's rule in simulation: a markdown table of the
+    /// standard scenarios, and a convergence plot.
+    Autoscaler {
+        /// Where to write the SVG plot of one run (optimum 12, 10% noise).
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args)]
+struct LocalArgs {
+    /// The DataPipeline manifest.
+    #[arg(short = 'f', long = "filename")]
+    file: PathBuf,
+    /// Where the dispatcher listens.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: std::net::SocketAddr,
+    /// Transform threads per worker process.
+    #[arg(long, default_value_t = 1)]
+    worker_threads: usize,
+    /// Caps each worker's batches per second (to emulate slower workers on a small machine).
+    #[arg(long)]
+    max_batch_rate: Option<f64>,
+    /// Overrides the pipeline's autoscaling window, in seconds.
+    #[arg(long)]
+    window_seconds: Option<u32>,
+    /// Stops after this many seconds (default: on Ctrl-C).
+    #[arg(long)]
+    seconds: Option<u64>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
     match Cli::parse().command {
         Command::Check { files } => {
             let mut bad = 0;
@@ -52,7 +112,39 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Demo { samples, yaml } => demo(&samples, yaml),
+        Command::Explain { samples, yaml } => explain(&samples, yaml),
+        Command::Bench { bench: Bench::Autoscaler { plot } } => {
+            use stoker_operator::autoscaler::sim;
+            let config = sim::SimConfig::default();
+            print!("{}", sim::comparison(&config));
+            if let Some(path) = plot {
+                let trainer = sim::Trainer { noise: 0.1, seed: 12, ..sim::Trainer::with_optimum(12, 0.030) };
+                std::fs::write(&path, sim::convergence_svg(&trainer, &config)).with_context(|| format!("writing {}", path.display()))?;
+                println!("\nwrote {}", path.display());
+            }
+            Ok(())
+        }
+        Command::Demo { corpus, seconds, compute_ms, worker_rate } => {
+            stoker_operator::cli::quiet_logs();
+            let options = stoker_operator::demo::DemoOptions {
+                corpus,
+                images: 1200,
+                compute: std::time::Duration::from_secs_f64(compute_ms / 1e3),
+                worker_rate,
+                max_workers: 8,
+                window: std::time::Duration::from_secs(2),
+                run_for: std::time::Duration::from_secs(seconds),
+            };
+            let report = stoker_operator::demo::run(&options, &mut std::io::stdout()).await?;
+            println!("\n{}", stoker_operator::cli::demo_summary(&report));
+            Ok(())
+        }
+        Command::Local(args) => {
+            stoker_operator::cli::quiet_logs();
+            let dp = load(&args.file)?;
+            check(&dp)?;
+            stoker_operator::cli::local(dp, &args.listen, args.worker_threads, args.max_batch_rate, args.window_seconds, args.seconds).await
+        }
     }
 }
 
@@ -73,7 +165,7 @@ fn check(dp: &DataPipeline) -> anyhow::Result<()> {
     stoker_api::validate(&dp.spec).map_err(|errors| anyhow::anyhow!("Invalid: {}", invalid_message(&errors)))
 }
 
-fn demo(samples: &Path, yaml: bool) -> anyhow::Result<()> {
+fn explain(samples: &Path, yaml: bool) -> anyhow::Result<()> {
     let samples = &samples.canonicalize().with_context(|| format!("finding {}", samples.display()))?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(samples)
         .with_context(|| format!("reading samples from {}", samples.display()))?
@@ -86,9 +178,7 @@ fn demo(samples: &Path, yaml: bool) -> anyhow::Result<()> {
         image: concat!("ghcr.io/stoker-dev/stoker-worker:", env!("CARGO_PKG_VERSION")).into(),
         dispatcher_url: "http://stoker-dispatcher.stoker-system.svc:50051".into(),
     };
-    println!("Stoker demo: what the operator makes of each sample in {}\n", samples.display());
-    println!("(Only the control plane's view for now: worker processes, batch streaming and the");
-    println!(" autoscaler arrive with the data plane and `stoker local`.)\n");
+    println!("What the operator makes of each manifest in {}\n", samples.display());
     for file in files {
         let name = file.strip_prefix(samples).unwrap_or(&file).display().to_string();
         let mut dp = match load(&file) {

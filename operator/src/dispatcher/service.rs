@@ -18,7 +18,7 @@ use super::state::{Assignment, ClientWindow, DispatchError, DispatcherState, Pip
 /// How often workers heartbeat; the dead-worker timeout is several of these.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a worker waits before asking again while an epoch drains.
-const DRAINING_RETRY: Duration = Duration::from_millis(200);
+const DRAINING_RETRY: Duration = Duration::from_millis(50);
 
 /// The dispatcher shared by the gRPC service, the autoscaler loop and status reporting.
 pub struct Dispatcher {
@@ -199,6 +199,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let window = ClientWindow {
             batches: r.batches,
             median_seconds: r.median_seconds,
+            mean_seconds: r.mean_seconds,
             p90_seconds: r.p90_seconds,
             wait_fraction: r.wait_fraction,
             workers: r.workers,

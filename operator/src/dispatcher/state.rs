@@ -84,6 +84,8 @@ pub struct ClientWindow {
     pub batches: u64,
     pub median_seconds: f64,
     pub p90_seconds: f64,
+    /// 1 / training speed over the window.
+    pub mean_seconds: f64,
     pub wait_fraction: f64,
     pub workers: u32,
 }
@@ -305,7 +307,7 @@ impl DispatcherState {
 
     pub fn report_window(&mut self, client_id: &str, window: ClientWindow, now: Instant) -> Result<(), DispatchError> {
         let valid = |x: f64| x.is_finite() && x >= 0.0;
-        if !(valid(window.median_seconds) && valid(window.p90_seconds) && valid(window.wait_fraction)) {
+        if ![window.median_seconds, window.p90_seconds, window.mean_seconds, window.wait_fraction].into_iter().all(valid) {
             return Err(DispatchError::Invalid("batch times and wait fraction must be finite and non-negative".into()));
         }
         let client = self.client_mut(client_id)?;
@@ -552,7 +554,7 @@ mod tests {
         let mut s = DispatcherState::new("t", Timeouts::default());
         let c0 = s.register_client(key(), "j".into(), 0, None, t);
         let c1 = s.register_client(key(), "j".into(), 1, None, t);
-        let window = ClientWindow { batches: 10, median_seconds: 0.1, p90_seconds: 0.2, wait_fraction: 0.5, workers: 1 };
+        let window = ClientWindow { batches: 10, median_seconds: 0.1, p90_seconds: 0.2, mean_seconds: 0.12, wait_fraction: 0.5, workers: 1 };
         s.report_window(&c0, window.clone(), t).unwrap();
         s.report_window(&c1, window.clone(), t).unwrap();
         let bad = ClientWindow { median_seconds: f64::NAN, ..window.clone() };
@@ -570,7 +572,7 @@ mod tests {
         let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(5) });
         let c = s.register_client(key(), "j".into(), 0, None, t);
         assert_eq!(s.attached(), BTreeSet::from([key()]));
-        let window = ClientWindow { batches: 0, median_seconds: 0.0, p90_seconds: 0.0, wait_fraction: 0.0, workers: 0 };
+        let window = ClientWindow { batches: 0, median_seconds: 0.0, p90_seconds: 0.0, mean_seconds: 0.0, wait_fraction: 0.0, workers: 0 };
         s.report_window(&c, window, t + Duration::from_secs(4)).unwrap();
         s.expire(t + Duration::from_secs(8));
         assert_eq!(s.attached(), BTreeSet::from([key()]), "reported at 4 s, alive until 9 s");

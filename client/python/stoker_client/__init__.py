@@ -1,0 +1,16 @@
+"""Python client of Stoker: streams preprocessed batches from Stoker workers as numpy arrays.
+
+    from stoker_client import Client
+    with Client(["10.0.0.7:50052", "10.0.0.8:50052"], "team-a", "imagenet-train") as client:
+        for batch in client:
+            images, labels = batch["image"], batch["label"]   # numpy arrays, no copies
+        print(client.window())
+
+PyTorch: `stoker_client.torch.StokerIterableDataset`.
+"""
+
+from .batch import Batch, ProtocolError
+from .client import Client, WorkerError
+from .stats import WindowStats
+
+__all__ = ["Batch", "Client", "ProtocolError", "WindowStats", "WorkerError"]

@@ -1,0 +1,156 @@
+"""The few protobuf messages the client exchanges (api/proto/stoker/v1alpha1/*.proto), encoded
+and decoded by hand: no generated code, and payload pieces come back as memoryview slices of the
+received message, so tensors are built without copying."""
+
+from typing import List, NamedTuple, Optional
+
+# Wire types.
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+
+
+class WireError(ValueError):
+    """A message that is not valid protobuf for its type."""
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _key(field: int, wire_type: int) -> bytes:
+    return _varint(field << 3 | wire_type)
+
+
+def _len_field(field: int, payload: bytes) -> bytes:
+    return _key(field, _LEN) + _varint(len(payload)) + payload
+
+
+def _read_varint(buf, pos: int):
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise WireError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift >= 64:
+            raise WireError("varint longer than 10 bytes")
+
+
+def _fields(buf):
+    """(field, wire type, value, start, end) of each field; LEN values are (start, end) spans."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        key, pos = _read_varint(buf, pos)
+        field, wire_type = key >> 3, key & 7
+        if wire_type == _VARINT:
+            value, pos = _read_varint(buf, pos)
+            yield field, wire_type, value
+        elif wire_type == _LEN:
+            length, pos = _read_varint(buf, pos)
+            if pos + length > end:
+                raise WireError("field runs past the end of the message")
+            yield field, wire_type, (pos, pos + length)
+            pos += length
+        elif wire_type == _I64:
+            pos += 8
+            if pos > end:
+                raise WireError("truncated fixed64")
+        elif wire_type == _I32:
+            pos += 4
+            if pos > end:
+                raise WireError("truncated fixed32")
+        else:
+            raise WireError(f"unsupported wire type {wire_type}")
+
+
+def encode_stream_request(namespace: str, pipeline: str, job: str, consumer_index: int,
+                          start_epoch: Optional[int], max_message_bytes: int) -> bytes:
+    ref = _len_field(1, namespace.encode()) + _len_field(2, pipeline.encode())
+    out = _len_field(1, ref) + _len_field(2, job.encode())
+    if consumer_index:
+        out += _key(3, _VARINT) + _varint(consumer_index)
+    if start_epoch is not None:
+        out += _key(4, _VARINT) + _varint(start_epoch)
+    if max_message_bytes:
+        out += _key(5, _VARINT) + _varint(max_message_bytes)
+    return out
+
+
+class TensorMeta(NamedTuple):
+    name: str
+    dtype: int
+    shape: List[int]
+    byte_length: int
+
+
+class Header(NamedTuple):
+    epoch: int
+    split: int
+    sequence: int
+    tensors: List[TensorMeta]
+
+
+class Chunk(NamedTuple):
+    header: Optional[Header]
+    pieces: List[memoryview]
+    last: bool
+
+
+def _tensor_meta(buf) -> TensorMeta:
+    name, dtype, shape, byte_length = "", 0, [], 0
+    for field, wire_type, value in _fields(buf):
+        if field == 1 and wire_type == _LEN:
+            name = bytes(buf[value[0]:value[1]]).decode()
+        elif field == 2 and wire_type == _VARINT:
+            dtype = value
+        elif field == 3 and wire_type == _LEN:  # packed
+            pos, end = value
+            while pos < end:
+                dim, pos = _read_varint(buf, pos)
+                shape.append(dim)
+        elif field == 3 and wire_type == _VARINT:
+            shape.append(value)
+        elif field == 4 and wire_type == _VARINT:
+            byte_length = value
+    return TensorMeta(name, dtype, shape, byte_length)
+
+
+def _header(buf) -> Header:
+    epoch = split = sequence = 0
+    tensors = []
+    for field, wire_type, value in _fields(buf):
+        if wire_type == _VARINT and field in (1, 2, 3):
+            if field == 1:
+                epoch = value
+            elif field == 2:
+                split = value
+            else:
+                sequence = value
+        elif field == 4 and wire_type == _LEN:
+            tensors.append(_tensor_meta(buf[value[0]:value[1]]))
+    return Header(epoch, split, sequence, tensors)
+
+
+def decode_chunk(message: bytes) -> Chunk:
+    """A BatchChunk; its pieces are views into `message`."""
+    view = memoryview(message)
+    header, pieces, last = None, [], False
+    for field, wire_type, value in _fields(view):
+        if field == 1 and wire_type == _LEN:
+            header = _header(view[value[0]:value[1]])
+        elif field == 2 and wire_type == _LEN:
+            pieces.append(view[value[0]:value[1]])
+        elif field == 3 and wire_type == _VARINT:
+            last = bool(value)
+    return Chunk(header, pieces, last)

@@ -1,0 +1,152 @@
+"""Batches and their reassembly from chunks: numpy arrays over the received bytes."""
+
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from ._wire import Chunk, Header
+
+# stoker.v1alpha1.Dtype -> numpy (little-endian on the wire).
+DTYPES = {
+    1: np.dtype("u1"),
+    2: np.dtype("<i4"),
+    3: np.dtype("<i8"),
+    4: np.dtype("<f2"),
+    5: np.dtype("<f4"),
+    6: np.dtype("<f8"),
+}
+
+DEFAULT_MAX_BATCH_BYTES = 16 << 30
+
+
+class ProtocolError(Exception):
+    """A worker broke the batch stream protocol (or something between mangled it)."""
+
+
+class Batch:
+    """Named tensors (`dict[str, numpy.ndarray]`) and where they came from.
+
+    Arrays are read-only views of the received message where a tensor arrived in one piece
+    (no copy); `.copy()` one to write to it."""
+
+    __slots__ = ("tensors", "epoch", "split", "sequence")
+
+    def __init__(self, tensors: Dict[str, np.ndarray], epoch: int, split: int, sequence: int):
+        self.tensors = tensors
+        self.epoch = epoch
+        self.split = split
+        self.sequence = sequence
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def keys(self):
+        return self.tensors.keys()
+
+    def items(self):
+        return self.tensors.items()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.tensors.items())
+        return f"Batch(epoch={self.epoch}, split={self.split}, sequence={self.sequence}, {shapes})"
+
+
+class Reassembler:
+    """Turns a stream of chunks into batches, checking everything a worker declares."""
+
+    def __init__(self, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES):
+        self.max_batch_bytes = max_batch_bytes
+        self._header: Optional[Header] = None
+        self._declared = 0
+        self._received = 0
+        self._pieces: List[Tuple[int, memoryview]] = []
+
+    def push(self, chunk: Chunk) -> Optional[Batch]:
+        if chunk.header is not None:
+            if self._header is not None:
+                raise ProtocolError("a header arrived in the middle of a batch")
+            self._start(chunk.header)
+        elif self._header is None:
+            raise ProtocolError("a chunk without a header started a batch")
+        for piece in chunk.pieces:
+            if self._received + len(piece) > self._declared:
+                raise ProtocolError(f"more payload than the header declared ({self._declared} bytes)")
+            self._pieces.append((self._received, piece))
+            self._received += len(piece)
+        if not chunk.last:
+            return None
+        if self._received != self._declared:
+            raise ProtocolError(f"batch ended after {self._received} of {self._declared} payload bytes")
+        batch = self._finish()
+        self._header, self._pieces, self._declared, self._received = None, [], 0, 0
+        return batch
+
+    def finish(self) -> None:
+        """The stream ended: it must not be in the middle of a batch."""
+        if self._header is not None:
+            raise ProtocolError("the stream ended in the middle of a batch")
+
+    def _start(self, header: Header) -> None:
+        names = set()
+        total = 0
+        for t in header.tensors:
+            if t.name in names:
+                raise ProtocolError(f"tensor {t.name!r} appears twice")
+            names.add(t.name)
+            dtype = DTYPES.get(t.dtype)
+            if dtype is None:
+                raise ProtocolError(f"tensor {t.name!r} has unknown dtype {t.dtype}")
+            count = 1
+            for dim in t.shape:
+                count *= dim
+            if count * dtype.itemsize != t.byte_length:
+                raise ProtocolError(f"tensor {t.name!r}: shape {t.shape} does not match its {t.byte_length} bytes")
+            total += t.byte_length
+        if total > self.max_batch_bytes:
+            raise ProtocolError(f"batch of {total} bytes is over the client's limit of {self.max_batch_bytes}")
+        self._header, self._declared = header, total
+
+    def _finish(self) -> Batch:
+        header = self._header
+        tensors = {}
+        offset = 0
+        pieces = self._pieces
+        index = 0
+        for t in header.tensors:
+            dtype = DTYPES[t.dtype]
+            end = offset + t.byte_length
+            # Skip pieces that end before this tensor starts.
+            while index < len(pieces) and pieces[index][0] + len(pieces[index][1]) <= offset and t.byte_length:
+                index += 1
+            start_at, piece = pieces[index] if index < len(pieces) else (offset, memoryview(b""))
+            if t.byte_length == 0:
+                data = np.empty(0, dtype=dtype)
+            elif start_at <= offset and end <= start_at + len(piece):
+                # In one piece: a view of the received message, no copy.
+                data = np.frombuffer(piece[offset - start_at:end - start_at], dtype=dtype)
+            else:
+                # Spread over pieces: the one copy, into a fresh buffer.
+                buf = np.empty(t.byte_length, dtype=np.uint8)
+                filled, i = 0, index
+                while filled < t.byte_length:
+                    p_start, p = pieces[i]
+                    lo = max(offset + filled, p_start) - p_start
+                    hi = min(end, p_start + len(p)) - p_start
+                    n = hi - lo
+                    buf[filled:filled + n] = np.frombuffer(p[lo:hi], dtype=np.uint8)
+                    filled += n
+                    i += 1
+                data = buf.view(dtype)
+            tensors[t.name] = data.reshape(t.shape)
+            offset = end
+        return Batch(tensors, header.epoch, header.split, header.sequence)

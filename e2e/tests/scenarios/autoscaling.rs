@@ -1,0 +1,179 @@
+//! The control loop through a real API server: a synthetic trainer streams from workers the
+//! harness runs for the workers Deployment, its batch times drive the autoscaler, and the
+//! Deployment's replicas and the DataPipeline's status follow the policy to convergence. An
+//! operator restarted mid-scaling costs the trainer no error and the autoscaler no progress
+//! (its history survives in status); a worker killed mid-epoch afterwards loses no element.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use stoker_api::DataPipeline;
+use stoker_client::trainer::{Stop, TrainerSpec, train};
+use stoker_client::{Client, ClientOptions};
+use stoker_e2e::k8s::{delete_namespace, fresh_namespace};
+use stoker_e2e::{Check, Cluster, OperatorOptions, wait_for};
+
+const SHARDS: i64 = 16;
+const LINES: i64 = 200;
+/// Each worker's cap in batches/s, and the trainer's compute per batch: the optimum is
+/// ceil(1 / (20 * 0.010)) = 5 workers.
+const WORKER_RATE: u32 = 20;
+const COMPUTE: Duration = Duration::from_millis(10);
+const OPTIMUM: i32 = 5;
+const NAME: &str = "autoscaled";
+
+/// What the trainer saw: ids per epoch, and steps.
+#[derive(Default)]
+struct Seen {
+    epochs: Mutex<BTreeMap<u64, BTreeMap<i64, u32>>>,
+    steps: AtomicU64,
+    error: Mutex<Option<String>>,
+}
+
+fn write_corpus(dir: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for shard in 0..SHARDS {
+        let lines: String = (0..LINES).map(|i| format!("{{\"id\": {}}}\n", shard * 1000 + i)).collect();
+        std::fs::write(dir.join(format!("{shard:02}.jsonl")), lines)?;
+    }
+    Ok(())
+}
+
+async fn replicas(api: &Api<Deployment>) -> anyhow::Result<i32> {
+    Ok(api.get_opt(&format!("{NAME}-workers")).await?.and_then(|d| d.spec.replicas).unwrap_or(0))
+}
+
+pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()> {
+    let url = match cluster.dispatcher_url() {
+        Ok(url) => url,
+        Err(e) => {
+            println!("batch_time_autoscaling SKIPPED on the {} provider: {e:#}", cluster.provider());
+            return Ok(());
+        }
+    };
+    cluster.operator_start(OperatorOptions::default()).await?;
+    let client = cluster.client();
+    let ns = fresh_namespace(&client, "e2e-autoscale").await?;
+    let kubelet = cluster.run_workers(&ns)?;
+    let data = cluster.workdir().join(format!("{ns}-data"));
+    write_corpus(&data)?;
+    let manifest = format!(
+        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {NAME}}}\nspec:\n  \
+         source: {{uri: 'file://{}/', format: jsonl}}\n  batchSize: 10\n  \
+         workers: {{min: 1, max: 8, env: [{{name: STOKER_MAX_BATCH_RATE, value: '{WORKER_RATE}'}}]}}\n  \
+         autoscaling: {{policy: {{windowSeconds: 2, idleAfterSeconds: 3600}}}}\n",
+        data.display()
+    );
+    let dp: DataPipeline = serde_yaml::from_str(&manifest)?;
+    let pipelines = Api::<DataPipeline>::namespaced(client.clone(), &ns);
+    pipelines.patch(NAME, &PatchParams::apply("e2e").force(), &Patch::Apply(&dp)).await?;
+
+    // The trainer runs in the background for the whole scenario.
+    let seen = Arc::new(Seen::default());
+    let trainer = {
+        let seen = seen.clone();
+        let (url, ns) = (url.clone(), ns.clone());
+        tokio::spawn(async move {
+            let result = async {
+                let mut client = Client::from_dispatcher(&url, ClientOptions::new(ns, NAME)).await?;
+                let record = |_: &stoker_client::trainer::TrainSummary, batch: &stoker_client::Batch| {
+                    let ids = batch.tensors["id"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()));
+                    let mut epochs = seen.epochs.lock().unwrap();
+                    let epoch = epochs.entry(batch.epoch).or_default();
+                    for id in ids {
+                        *epoch.entry(id).or_default() += 1;
+                    }
+                    seen.steps.fetch_add(1, Ordering::Relaxed);
+                };
+                train(&mut client, &TrainerSpec::steady(COMPUTE), Stop::default(), record).await?;
+                Ok::<(), stoker_client::Error>(())
+            }
+            .await;
+            if let Err(e) = result {
+                *seen.error.lock().unwrap() = Some(e.to_string());
+            }
+        })
+    };
+    let steps = || seen.steps.load(Ordering::Relaxed);
+    let trainer_ok = || -> anyhow::Result<()> {
+        match seen.error.lock().unwrap().clone() {
+            Some(e) => anyhow::bail!("the trainer got an error: {e}"),
+            None => Ok(()),
+        }
+    };
+
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    let deployments = &deployments;
+    // Scaling under way: the autoscaler grew the Deployment past its start.
+    wait_for(Duration::from_secs(90), "the autoscaler to grow the workers Deployment to 2 or more", || async move {
+        let n = replicas(deployments).await?;
+        Ok(if n >= 2 { Check::Done(()) } else { Check::not_yet(format!("replicas {n}")) })
+    })
+    .await?;
+    trainer_ok()?;
+
+    // Restart the operator mid-scaling: the trainer keeps getting batches.
+    cluster.operator_restart().await?;
+    let before = steps();
+    wait_for(Duration::from_secs(30), "the trainer to keep training across the operator restart", || async move {
+        Ok(if steps() >= before + 100 { Check::Done(()) } else { Check::not_yet(format!("{} steps since the restart", steps() - before)) })
+    })
+    .await?;
+    trainer_ok()?;
+
+    // Convergence: status says so, within one worker of the optimum, with a history.
+    let pipelines = &pipelines;
+    let dp = wait_for(Duration::from_secs(120), format!("the autoscaler to converge near {OPTIMUM} workers"), || async move {
+        let dp = pipelines.get(NAME).await?;
+        let status = dp.status.clone().unwrap_or_default();
+        let converged = status.autoscaler.as_ref().is_some_and(|a| a.converged);
+        let desired = status.workers.as_ref().map_or(0, |w| w.desired);
+        Ok(if converged && (desired - OPTIMUM).abs() <= 1 {
+            Check::Done(dp)
+        } else {
+            Check::not_yet(format!("converged {converged}, desired {desired}, status {:?}", status.autoscaler))
+        })
+    })
+    .await?;
+    trainer_ok()?;
+    let status = dp.status.unwrap_or_default();
+    let desired = status.workers.as_ref().map_or(0, |w| w.desired);
+    ensure!(replicas(deployments).await? == desired, "the Deployment runs what status says");
+    ensure!(status.batch_time_ms.is_some_and(|ms| ms > 0.0), "status shows the batch time: {:?}", status.batch_time_ms);
+    let history = status.autoscaler.map(|a| a.history).unwrap_or_default();
+    ensure!(!history.is_empty() && history.iter().all(|h| !h.reason.is_empty()), "every decision has a reason: {history:?}");
+    ensure!(history[0].workers == 2, "the history from before the restart is kept: {history:?}");
+    let events = Api::<Event>::namespaced(client.clone(), &ns).list(&ListParams::default()).await?;
+    ensure!(events.items.iter().any(|e| e.reason.as_deref() == Some("Rescaled")), "a Rescaled event per decision");
+
+    // Kill a worker mid-epoch; the epochs after it still deliver every element.
+    let kubelet = kubelet.context("the local provider runs the workers")?;
+    let epoch_at_kill = seen.epochs.lock().unwrap().keys().max().copied().unwrap_or(0);
+    ensure!(kubelet.kill_one(&format!("{NAME}-workers")), "no worker process to kill");
+
+    // No split lost: the epoch of the kill, and those after it, delivered every id.
+    let complete = wait_for(Duration::from_secs(60), "an epoch after the kill to complete", || {
+        let seen = seen.clone();
+        async move {
+            let epochs = seen.epochs.lock().unwrap();
+            let last = epochs.keys().max().copied().unwrap_or(0);
+            // The epoch in progress at the kill is the one that could lose a split.
+            let finished: Vec<u64> = epochs.keys().copied().filter(|e| *e >= epoch_at_kill && *e < last).collect();
+            Ok(if finished.is_empty() { Check::not_yet(format!("epochs {:?}", epochs.keys().collect::<Vec<_>>())) } else { Check::Done(finished) })
+        }
+    })
+    .await?;
+    for epoch in complete {
+        let got = seen.epochs.lock().unwrap()[&epoch].len() as i64;
+        ensure!(got == SHARDS * LINES, "epoch {epoch} delivered {got} of {} elements", SHARDS * LINES);
+    }
+    trainer.abort();
+    drop(kubelet);
+    delete_namespace(&client, &ns, Duration::from_secs(60)).await
+}

@@ -1,0 +1,100 @@
+//! The Kubernetes scaler: a decision goes into the book and the pipeline is reconciled, so the
+//! controller stays the one writer of the workers Deployment (and of status).
+
+use std::sync::Arc;
+
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use stoker_api::{AutoscalingMode, DataPipeline};
+use tokio::sync::{mpsc, watch};
+
+use super::{Rescale, Scaled, ScalingBook};
+use crate::dispatcher::PipelineKey;
+use crate::scaler::Scaler;
+
+pub struct DeploymentScaler {
+    book: Arc<ScalingBook>,
+    reconcile: mpsc::UnboundedSender<()>,
+}
+
+impl DeploymentScaler {
+    /// `reconcile` feeds the controller's `reconcile_all_on`.
+    pub fn new(book: Arc<ScalingBook>, reconcile: mpsc::UnboundedSender<()>) -> Self {
+        DeploymentScaler { book, reconcile }
+    }
+
+    /// Asks for a reconcile, so status shows the book's latest records.
+    pub fn refresh(&self) {
+        let _ = self.reconcile.send(());
+    }
+}
+
+impl Scaler for DeploymentScaler {
+    async fn scale(&self, pipeline: &PipelineKey, workers: u32) -> anyhow::Result<()> {
+        self.book.update(pipeline, |r| r.workers = workers);
+        self.refresh();
+        Ok(())
+    }
+}
+
+/// The pipelines the autoscaler is responsible for: valid, mode BatchTime.
+pub fn in_scope(store: &watch::Receiver<Option<Store<DataPipeline>>>, book: &ScalingBook) -> Vec<Scaled> {
+    let Some(store) = store.borrow().clone() else { return Vec::new() };
+    store
+        .state()
+        .iter()
+        .filter(|dp| dp.spec.autoscaling.mode == AutoscalingMode::BatchTime && stoker_api::validate(&dp.spec).is_ok())
+        .map(|dp| {
+            let key = PipelineKey { namespace: dp.namespace().unwrap_or_default(), name: dp.name_any() };
+            let recorded = dp.status.as_ref().and_then(|s| s.workers.as_ref()).map(|w| w.desired);
+            let decided = book.get(&key).map(|r| r.workers).filter(|n| *n > 0);
+            let workers = crate::objects::desired_replicas(&dp.spec, recorded, decided) as u32;
+            if book.get(&key).is_none() {
+                // A new leader: continue the history and state the last one recorded.
+                let previous = dp.status.as_ref().and_then(|s| s.autoscaler.clone()).unwrap_or_default();
+                book.update(&key, |r| {
+                    r.workers = workers;
+                    r.history = previous.history;
+                    r.converged = previous.converged;
+                    r.state = previous.state.unwrap_or_default();
+                });
+            }
+            Scaled { key, min: dp.spec.workers.min as u32, max: dp.spec.workers.max as u32, policy: dp.spec.autoscaling.policy.clone(), workers }
+        })
+        .collect()
+}
+
+/// What follows a round in a cluster: metrics, an Event on each rescaled pipeline saying why,
+/// and a reconcile when any record changed so status shows it.
+pub fn events(
+    recorder: Recorder,
+    store: watch::Receiver<Option<Store<DataPipeline>>>,
+    reconcile: mpsc::UnboundedSender<()>,
+    book: Arc<ScalingBook>,
+    metrics: crate::metrics::Metrics,
+) -> impl FnMut(&[Rescale], bool) {
+    move |rescales, changed| {
+        metrics.scaling(&book.all(), rescales);
+        if changed {
+            let _ = reconcile.send(());
+        }
+        let Some(store) = store.borrow().clone() else { return };
+        for r in rescales {
+            let Some(dp) = store.get(&ObjectRef::new(&r.pipeline.name).within(&r.pipeline.namespace)) else { continue };
+            let event = Event {
+                type_: EventType::Normal,
+                reason: "Rescaled".into(),
+                note: Some(format!("{} -> {} workers: {}", r.from, r.to, r.reason).chars().take(1000).collect()),
+                action: "Autoscale".into(),
+                secondary: None,
+            };
+            let (recorder, reference) = (recorder.clone(), dp.object_ref(&()));
+            tokio::spawn(async move {
+                if let Err(e) = recorder.publish(&event, &reference).await {
+                    tracing::warn!(error = %e, "could not publish a rescale event");
+                }
+            });
+        }
+    }
+}
