@@ -1,8 +1,11 @@
 # Entry points; CI runs `make test` through .ci/run.
 CARGO ?= cargo
-export PATH := $(or $(STOKER_CACHE),$(HOME)/.cache/stoker)/bin:$(PATH)
+PYTHON ?= python3
+CACHE := $(or $(STOKER_CACHE),$(HOME)/.cache/stoker)
+VENV := $(CACHE)/venv
+export PATH := $(CACHE)/bin:$(PATH)
 
-.PHONY: demo test tools generate lint
+.PHONY: demo test tools generate lint python
 
 # Runs the local demo: no cluster needed. Release build: the workers really decode JPEGs.
 demo:
@@ -14,7 +17,15 @@ demo:
 test: tools
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
+	$(MAKE) python
 	STOKER_E2E_PROVIDER=kind $(CARGO) test -p stoker-e2e --test e2e
+
+# The Python client's tests (against the workers `cargo build` made), in a venv kept in the
+# cache; the package is reinstalled each run so edits are picked up.
+python:
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check ./client/python pytest
+	$(VENV)/bin/python -m pytest -q -rs client/python/tests
 
 # etcd, kube-apiserver, kube-controller-manager, kubectl, helm into ~/.cache/stoker/bin.
 tools:

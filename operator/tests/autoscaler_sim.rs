@@ -96,7 +96,7 @@ fn idle_goes_to_min_and_comes_back() {
     let trainer = Trainer::with_optimum(8, 0.030);
     let mut world = sim::World::new(trainer, 2);
     for _ in 0..30 {
-        let w = world.window(c.batches_per_window, c.prefetch);
+        let w = world.window(c.window_seconds, c.prefetch);
         if let autoscaler::Decision::Scale { to, .. } = p.observe(&w) {
             world.workers = to;
         }
@@ -106,7 +106,7 @@ fn idle_goes_to_min_and_comes_back() {
     assert_eq!(p.idle(), autoscaler::Decision::Scale { to: 2, reason: format!("no client attached: scaling to min 2 (will return to {converged})") });
     assert_eq!(p.idle(), autoscaler::Decision::Hold, "idle once");
     world.workers = 2;
-    let w = world.window(c.batches_per_window, c.prefetch);
+    let w = world.window(c.window_seconds, c.prefetch);
     assert!(matches!(p.observe(&w), autoscaler::Decision::Scale { to, .. } if to == converged), "back to where it was");
 }
 

@@ -116,6 +116,15 @@ enum Bench {
         #[arg(long)]
         threads: Option<usize>,
     },
+    /// Serves ready synthetic batches (float16 224x224x3 images and int64 labels) as fast as a
+    /// client reads them: the other end of the stream benchmarks (clients in any language).
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:50052")]
+        listen: SocketAddr,
+        /// Images per batch (14: a 4 MiB batch).
+        #[arg(long, default_value_t = 14)]
+        images: usize,
+    },
 }
 
 #[tokio::main]
@@ -158,6 +167,21 @@ async fn main() -> anyhow::Result<()> {
             }
             let best = best.expect("at least one run");
             println!("best: {:.0} images/s, {:.0} images/s per core", best.images_per_second(), best.per_core());
+            Ok(())
+        }
+        Some(Command::Bench { bench: Bench::Serve { listen, images } }) => {
+            let source = stoker_worker::stream::SyntheticSource::new(vec![
+                ("image".into(), stoker_api::DType::Float16, vec![images, 224, 224, 3]),
+                ("label".into(), stoker_api::DType::Int64, vec![images]),
+            ])
+            .shared_payload();
+            let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+            tracing::info!(listen = %listener.local_addr()?, "serving synthetic batches");
+            let options = stoker_worker::stream::ServerOptions::default();
+            stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
             Ok(())
         }
         Some(Command::Bench { bench: Bench::Memory { corpus, memory_budget, client_delay_ms, duration_s, batch_size, threads } }) => {

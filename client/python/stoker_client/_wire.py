@@ -154,3 +154,50 @@ def decode_chunk(message: bytes) -> Chunk:
         elif field == 3 and wire_type == _VARINT:
             last = bool(value)
     return Chunk(header, pieces, last)
+
+
+def _pipeline_ref(namespace: str, pipeline: str) -> bytes:
+    return _len_field(1, namespace.encode()) + _len_field(2, pipeline.encode())
+
+
+def encode_register_client(namespace: str, pipeline: str, job: str, consumer_index: int, client_id: str) -> bytes:
+    out = _len_field(1, _pipeline_ref(namespace, pipeline)) + _len_field(2, job.encode())
+    if consumer_index:
+        out += _key(3, _VARINT) + _varint(consumer_index)
+    if client_id:
+        out += _len_field(4, client_id.encode())
+    return out
+
+
+def decode_register_client(message: bytes):
+    """(client_id, window_ms)."""
+    view = memoryview(message)
+    client_id, window_ms = "", 0
+    for field, wire_type, value in _fields(view):
+        if field == 1 and wire_type == _LEN:
+            client_id = bytes(view[value[0]:value[1]]).decode()
+        elif field == 2 and wire_type == _VARINT:
+            window_ms = value
+    return client_id, window_ms
+
+
+def encode_watch_workers(namespace: str, pipeline: str) -> bytes:
+    return _len_field(1, _pipeline_ref(namespace, pipeline))
+
+
+def decode_worker_list(message: bytes) -> List[str]:
+    view = memoryview(message)
+    return [bytes(view[v[0]:v[1]]).decode() for f, t, v in _fields(view) if f == 1 and t == _LEN]
+
+
+def _double(field: int, value: float) -> bytes:
+    import struct
+    return _key(field, _I64) + struct.pack("<d", value)
+
+
+def encode_report_window(client_id: str, batches: int, median: float, p90: float, wait_fraction: float,
+                         workers: int, mean: float) -> bytes:
+    out = _len_field(1, client_id.encode()) + _key(2, _VARINT) + _varint(batches)
+    out += _double(3, median) + _double(4, p90) + _double(5, wait_fraction)
+    out += _key(6, _VARINT) + _varint(workers) + _double(7, mean)
+    return out

@@ -12,6 +12,10 @@ from .batch import DEFAULT_MAX_BATCH_BYTES, Batch, ProtocolError, Reassembler
 from .stats import Meter, WindowStats
 
 STREAM_METHOD = "/stoker.v1alpha1.BatchStream/Stream"
+DISPATCHER = "/stoker.v1alpha1.Dispatcher/"
+# Codes after which a stream from a worker under the dispatcher is not retried but raised.
+FATAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED,
+               grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
 DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
 MIN_MAX_MESSAGE_BYTES = 64 << 10
 MAX_MAX_MESSAGE_BYTES = 256 << 20
@@ -53,33 +57,56 @@ class Client:
         max_message_bytes: int = 64 << 20,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         token: Optional[str] = None,
+        _follow: bool = False,
     ):
         workers = list(workers)
-        if not workers:
+        if not workers and not _follow:
             raise ValueError("no worker addresses given")
         if prefetch < 1:
             raise ValueError("prefetch must be at least 1")
         if not MIN_MAX_MESSAGE_BYTES <= max_message_bytes <= MAX_MAX_MESSAGE_BYTES:
             raise ValueError(f"max_message_bytes {max_message_bytes} is outside [{MIN_MAX_MESSAGE_BYTES}, {MAX_MAX_MESSAGE_BYTES}]")
-        request = _wire.encode_stream_request(namespace, pipeline, job, consumer_index, start_epoch, max_message_bytes)
-        metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._request = _wire.encode_stream_request(namespace, pipeline, job, consumer_index, start_epoch, max_message_bytes)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._max_message_bytes, self._max_batch_bytes = max_message_bytes, max_batch_bytes
         self._queue: "queue.Queue" = queue.Queue(maxsize=prefetch)
         self._meter = Meter()
         self._call_start: Optional[float] = None
+        # Under the dispatcher the set of workers changes and iteration never runs dry.
+        self._follow = _follow
         self._live = len(workers)
         self._closed = threading.Event()
+        self._lock = threading.Lock()
         self._channels: List[grpc.Channel] = []
         self._calls = []
+        self._streaming = set()
         for worker in workers:
-            # Room for the chunk's own framing beyond the payload limit.
-            options = [("grpc.max_receive_message_length", max_message_bytes + (1 << 20))]
-            channel = grpc.insecure_channel(_target(worker), options=options)
-            stream = channel.unary_stream(STREAM_METHOD, request_serializer=lambda r: r, response_deserializer=_wire.decode_chunk)
-            call = stream(request, metadata=metadata)
+            self._open(worker)
+
+    def _open(self, worker: str) -> None:
+        # Room for the chunk's own framing beyond the payload limit.
+        options = [("grpc.max_receive_message_length", self._max_message_bytes + (1 << 20))]
+        channel = grpc.insecure_channel(_target(worker), options=options)
+        stream = channel.unary_stream(STREAM_METHOD, request_serializer=lambda r: r, response_deserializer=_wire.decode_chunk)
+        call = stream(self._request, metadata=self._metadata)
+        with self._lock:
             self._channels.append(channel)
             self._calls.append(call)
-            thread = threading.Thread(target=self._pump, args=(worker, call, max_batch_bytes), daemon=True, name=f"stoker-{worker}")
-            thread.start()
+            self._streaming.add(worker)
+        thread = threading.Thread(target=self._pump, args=(worker, call, self._max_batch_bytes), daemon=True, name=f"stoker-{worker}")
+        thread.start()
+
+    @classmethod
+    def from_dispatcher(cls, url: str, namespace: str, pipeline: str, job: str = "default", consumer_index: int = 0,
+                        connect_timeout: float = 10.0, **options) -> "Client":
+        """Registers with the dispatcher at `url` (host:port), streams from the pipeline's
+        workers as they come and go, and reports a batch-time window every second for the
+        autoscaler. Raises `WorkerError` only if the dispatcher refuses or stays unreachable
+        for `connect_timeout`; afterwards a worker that goes away is dropped quietly."""
+        client = cls([], namespace, pipeline, job=job, consumer_index=consumer_index, _follow=True, **options)
+        from ._dispatcher import Follower
+        client._follower = Follower(client, _target(url), namespace, pipeline, job, consumer_index, connect_timeout)
+        return client
 
     def _put(self, item) -> bool:
         while not self._closed.is_set():
@@ -99,13 +126,20 @@ class Client:
                     return
             reassembler.finish()
         except grpc.RpcError as e:
-            if not self._closed.is_set():
-                self._put(WorkerError(worker, e.code(), e.details() or ""))
+            if self._closed.is_set():
+                return
+            if self._follow and e.code() not in FATAL_CODES:
+                # The dispatcher hands a lost worker's splits to the others.
+                return
+            self._put(WorkerError(worker, e.code(), e.details() or ""))
         except (ProtocolError, _wire.WireError) as e:
             call.cancel()
             self._put(ProtocolError(f"worker {worker}: {e}"))
         finally:
-            self._put(_End())
+            with self._lock:
+                self._streaming.discard(worker)
+            if not self._follow:
+                self._put(_End())
 
     def __iter__(self):
         return self
@@ -118,7 +152,7 @@ class Client:
             self._meter.call_started(now)
             self._call_start = now
         while True:
-            if self._live == 0:
+            if self._live == 0 and not self._follow:
                 self._call_start = None
                 raise StopIteration
             item = self._queue.get()
@@ -140,9 +174,11 @@ class Client:
 
     def close(self) -> None:
         self._closed.set()
-        for call in self._calls:
+        with self._lock:
+            calls, channels = list(self._calls), list(self._channels)
+        for call in calls:
             call.cancel()
-        for channel in self._channels:
+        for channel in channels:
             channel.close()
 
     def __enter__(self):

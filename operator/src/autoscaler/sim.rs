@@ -44,7 +44,8 @@ impl Trainer {
 
 #[derive(Clone, Copy, Debug)]
 pub struct SimConfig {
-    pub batches_per_window: u64,
+    /// Seconds of training per window (as `windowSeconds`).
+    pub window_seconds: f64,
     pub prefetch: f64,
     pub windows: u32,
     pub limits: Limits,
@@ -52,7 +53,7 @@ pub struct SimConfig {
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig { batches_per_window: 100, prefetch: 8.0, windows: 120, limits: Limits { min: 1, max: 64 } }
+        SimConfig { window_seconds: 10.0, prefetch: 8.0, windows: 120, limits: Limits { min: 1, max: 64 } }
     }
 }
 
@@ -99,12 +100,12 @@ impl World {
         c
     }
 
-    /// One window of `batches` batches at the current worker count.
-    pub fn window(&mut self, batches: u64, prefetch: f64) -> Window {
+    /// One window of `seconds` of training (at least one batch) at the current worker count.
+    pub fn window(&mut self, seconds: f64, prefetch: f64) -> Window {
         let produce = self.trainer.rate * f64::from(self.workers.max(1));
-        let mut times = Vec::with_capacity(batches as usize);
+        let mut times = Vec::new();
         let (mut total, mut waited) = (0.0, 0.0);
-        for _ in 0..batches {
+        while times.is_empty() || total < seconds {
             let wait = if self.queue >= 1.0 {
                 self.queue -= 1.0;
                 0.0
@@ -124,6 +125,7 @@ impl World {
         self.window += 1;
         times.sort_by(f64::total_cmp);
         let rank = |q: f64| times[((q * times.len() as f64).ceil() as usize).clamp(1, times.len()) - 1];
+        let batches = times.len() as u64;
         Window { workers: self.workers, batches, median_s: rank(0.5), p90_s: rank(0.9), mean_s: total / batches as f64, wait_fraction: waited / total }
     }
 }
@@ -151,7 +153,7 @@ pub fn run(policy: &mut dyn Policy, trainer: &Trainer, config: &SimConfig, start
     let mut world = World::new(trainer.clone(), start);
     let mut out = Run { most_workers: start, ..Run::default() };
     for i in 0..config.windows {
-        let w = world.window(config.batches_per_window, config.prefetch);
+        let w = world.window(config.window_seconds, config.prefetch);
         out.trace.push((world.clock, world.workers, w.median_s));
         if let Decision::Scale { to, .. } = policy.observe(&w) {
             world.workers = to;
@@ -167,10 +169,10 @@ pub fn run(policy: &mut dyn Policy, trainer: &Trainer, config: &SimConfig, start
 pub fn throughput(trainer: &Trainer, n: u32, config: &SimConfig) -> f64 {
     let steady = Trainer { noise: 0.0, speed_change: None, ..trainer.clone() };
     let mut world = World::new(steady, n);
-    world.window(400, config.prefetch);
+    world.window(60.0, config.prefetch);
     let start = world.clock;
-    world.window(800, config.prefetch);
-    800.0 / (world.clock - start)
+    let w = world.window(240.0, config.prefetch);
+    w.batches as f64 / (world.clock - start)
 }
 
 /// The fewest workers at which training is within 3% of its fastest: where adding workers
@@ -240,7 +242,7 @@ pub fn multi_tenant(trainers: &[Trainer], mins: &[u32], budget: u32, rounds: u32
     let mut models = vec![Model::default(); trainers.len()];
     let mut history = Vec::new();
     for _ in 0..rounds {
-        let windows: Vec<Window> = worlds.iter_mut().map(|w| w.window(config.batches_per_window, config.prefetch)).collect();
+        let windows: Vec<Window> = worlds.iter_mut().map(|w| w.window(config.window_seconds, config.prefetch)).collect();
         for (i, w) in windows.iter().enumerate() {
             models[i].update(w);
             if let Decision::Scale { to, .. } = policies[i].observe(w) {
@@ -266,14 +268,15 @@ pub fn convergence_svg(trainer: &Trainer, config: &SimConfig) -> String {
     let ours = run(super::ours(config.limits, &policy, 1).as_mut(), trainer, config, 1);
     let cachew = run(super::cachew(config.limits, &policy, 1).as_mut(), trainer, config, 1);
     let (w, h, pad) = (720.0, 360.0, 50.0);
-    let t_max = ours.trace.last().map_or(1.0, |t| t.0).max(cachew.trace.last().map_or(1.0, |t| t.0));
+    // Enough to show both settled.
+    let t_max = (ours.time_to_converge().max(cachew.time_to_converge()) * 1.4).max(60.0);
     let n_max = f64::from(ours.most_workers.max(cachew.most_workers).max(trainer.analytic_optimum()) + 1);
     let x = |t: f64| pad + (w - 2.0 * pad) * t / t_max;
     let y = |n: f64| h - pad - (h - 2.0 * pad) * n / n_max;
     let path = |run: &Run| {
         let mut d = format!("M{:.1},{:.1}", x(0.0), y(1.0));
         let mut prev = 0.0;
-        for &(t, n, _) in &run.trace {
+        for &(t, n, _) in run.trace.iter().filter(|p| p.0 <= t_max) {
             let _ = write!(d, " L{:.1},{:.1} L{:.1},{:.1}", x(prev), y(f64::from(n)), x(t), y(f64::from(n)));
             prev = t;
         }

@@ -1,0 +1,83 @@
+"""Fixtures that run real `stoker-worker --standalone` processes on a generated corpus."""
+
+import os
+import pathlib
+import re
+import subprocess
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def worker_binary() -> pathlib.Path:
+    path = pathlib.Path(os.environ.get("STOKER_WORKER_BIN", ROOT / "target" / "debug" / "stoker-worker"))
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: run `cargo build --workspace --bins` first (or set STOKER_WORKER_BIN)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus")
+    subprocess.run([str(worker_binary()), "corpus", "--out", str(out), "--images", "24", "--classes", "3"],
+                   check=True, capture_output=True)
+    return out
+
+
+def pipeline_file(directory: pathlib.Path, corpus: pathlib.Path, batch_size: int = 8) -> pathlib.Path:
+    path = directory / "pipeline.yaml"
+    path.write_text(
+        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
+        f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
+        "  transforms:\n"
+        "  - decodeImage: {channels: 3}\n"
+        "  - centerCrop: {size: [64, 64]}\n"
+        "  - normalize: {mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}\n"
+        f"  batchSize: {batch_size}\n"
+    )
+    return path
+
+
+class Worker:
+    """A standalone worker process; its address is read from its log once it listens."""
+
+    def __init__(self, pipeline: pathlib.Path, log: pathlib.Path, epochs: int):
+        self.log = log
+        self._file = open(log, "w")
+        self.process = subprocess.Popen(
+            [str(worker_binary()), "--standalone", "--pipeline", str(pipeline), "--listen", "127.0.0.1:0",
+             "--epochs", str(epochs), "--threads", "1"],
+            stdout=self._file, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1", "RUST_LOG": "info"},
+        )
+        self.address = self._wait_for_address()
+
+    def _wait_for_address(self, timeout: float = 30.0) -> str:
+        deadline = time.monotonic() + timeout
+        pattern = re.compile(r"listen\S*?=(127\.0\.0\.1:\d+)")
+        while time.monotonic() < deadline:
+            match = pattern.search(re.sub(r"\x1b\[[0-9;]*m", "", self.log.read_text()))
+            if match:
+                return match.group(1)
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the worker exited: {self.log.read_text()}")
+            time.sleep(0.05)
+        raise TimeoutError(f"the worker did not listen within {timeout} s: {self.log.read_text()}")
+
+    def stop(self):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._file.close()
+
+
+@pytest.fixture
+def two_workers(tmp_path, corpus):
+    pipeline = pipeline_file(tmp_path, corpus)
+    workers = [Worker(pipeline, tmp_path / f"worker-{i}.log", epochs=2) for i in range(2)]
+    yield [w.address for w in workers]
+    for w in workers:
+        w.stop()

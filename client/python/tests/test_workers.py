@@ -1,0 +1,55 @@
+"""The client against real standalone workers, and the example script."""
+
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from stoker_client import Client, WorkerError
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "iterate_epochs.py"
+
+
+def test_two_workers_deliver_every_image_of_both_epochs(two_workers):
+    with Client(two_workers, "test", "py") as client:
+        batches = list(client)
+        stats = client.window()
+    # Standalone workers each serve every split: 2 workers x 2 epochs x 24 images.
+    images = sum(b["image"].shape[0] for b in batches)
+    assert images == 2 * 2 * 24
+    assert {b.epoch for b in batches} == {0, 1}
+    for b in batches:
+        assert b["image"].dtype == np.float32 and b["image"].shape[1:] == (64, 64, 3)
+        assert b["label"].dtype == np.int64 and b["label"].shape == b["image"].shape[:1]
+        assert np.isfinite(b["image"]).all()
+    labels = np.concatenate([b["label"] for b in batches])
+    assert sorted(set(labels.tolist())) == [0, 1, 2]
+    # The call that found the end closes the last batch's interval too.
+    assert stats.batches == len(batches), "every interval between next() calls is measured"
+    assert 0.0 <= stats.wait_fraction <= 1.0 and stats.p90 >= stats.median > 0
+
+
+def test_an_unreachable_worker_is_an_error_naming_it(two_workers):
+    with Client([two_workers[0], "127.0.0.1:1"], "test", "py") as client:
+        with pytest.raises(WorkerError, match="127.0.0.1:1"):
+            for _ in client:
+                pass
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError):
+        Client([], "test", "py")
+    with pytest.raises(ValueError):
+        Client(["127.0.0.1:1"], "test", "py", max_message_bytes=10)
+
+
+def test_the_example_iterates_epochs_and_prints_images_per_second(two_workers):
+    out = subprocess.run([sys.executable, str(EXAMPLE), "--namespace", "test", "--pipeline", "py", *two_workers],
+                         check=True, capture_output=True, text=True, timeout=120).stdout
+    lines = [l for l in out.splitlines() if l.startswith("epoch")]
+    assert len(lines) == 2, out
+    for line in lines:
+        # Two standalone workers each serve the 24 images of every epoch.
+        assert "images/s" in line and ": 48 images" in line, out
