@@ -29,6 +29,7 @@ pub fn header(batch: &Batch) -> BatchHeader {
         epoch: batch.epoch,
         split: batch.split,
         sequence: batch.sequence,
+        completes: batch.completes.clone(),
         tensors: batch
             .tensors
             .iter()
@@ -130,7 +131,7 @@ mod tests {
                 (format!("t{i}"), Tensor::new(DType::Uint8, vec![n], Bytes::from(data)).unwrap())
             })
             .collect::<BTreeMap<_, _>>();
-        Batch { tensors, epoch: 3, split: 5, sequence: 7 }
+        Batch { tensors, epoch: 3, split: 5, sequence: 7, completes: vec![5] }
     }
 
     fn payload(b: &Batch) -> Vec<u8> {

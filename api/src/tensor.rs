@@ -76,6 +76,8 @@ pub struct Batch {
     pub split: u64,
     /// Position of the batch in its split's output.
     pub sequence: u64,
+    /// Splits whose last element is in this batch (under the dispatcher).
+    pub completes: Vec<u64>,
 }
 
 impl Batch {

@@ -81,6 +81,8 @@ pub struct Client {
     tasks: Tasks,
     /// Shared with the window reporter in dispatcher mode.
     meter: Arc<Mutex<Meter>>,
+    /// Dispatcher mode: (epoch, split)s whose last batch was delivered, for the next report.
+    completed: Option<Received>,
     /// Start of the `next()` call in progress, kept across polls.
     call_start: Option<Instant>,
 }
@@ -99,7 +101,7 @@ impl Client {
         for (worker, stream) in workers.into_iter().zip(streams) {
             tasks.spawn(pump_to_caller(worker, stream, tx.clone(), options.max_batch_bytes));
         }
-        Ok(Client { rx, tasks, meter: Arc::default(), call_start: None })
+        Ok(Client { rx, tasks, meter: Arc::default(), completed: None, call_start: None })
     }
 
     /// Registers with the dispatcher at `url`, streams from the pipeline's workers as they come
@@ -111,9 +113,10 @@ impl Client {
         let (tx, rx) = mpsc::channel(options.prefetch);
         let tasks = Tasks::default();
         let meter: Arc<Mutex<Meter>> = Arc::default();
+        let completed = Received::default();
         let link = crate::dispatched::Registration::register(url, &options).await?;
-        tasks.spawn(crate::dispatched::follow(link, options, tx, meter.clone(), tasks.clone()));
-        Ok(Client { rx, tasks, meter, call_start: None })
+        tasks.spawn(crate::dispatched::follow(link, options, tx, meter.clone(), completed.clone(), tasks.clone()));
+        Ok(Client { rx, tasks, meter, completed: Some(completed), call_start: None })
     }
 
     /// The next batch from any worker; None once every worker's stream has ended. An error
@@ -143,8 +146,11 @@ impl Client {
         };
         let item = std::task::ready!(self.rx.poll_recv(cx));
         self.call_start = None;
-        if let Some(Ok(_)) = &item {
+        if let Some(Ok(batch)) = &item {
             self.meter.lock().unwrap().delivered(start, Instant::now());
+            if let Some(completed) = &self.completed {
+                completed.0.lock().unwrap().extend(batch.completes.iter().map(|&split| (batch.epoch, split)));
+            }
         }
         Poll::Ready(item)
     }
@@ -163,6 +169,11 @@ impl Drop for Client {
         self.tasks.abort_all();
     }
 }
+
+/// Splits whose last batch reached the training loop: reported to the dispatcher, which is what
+/// makes a split done (so data lost in transit is produced again).
+#[derive(Clone, Default)]
+pub(crate) struct Received(pub(crate) Arc<Mutex<Vec<(u64, u64)>>>);
 
 /// The client's background tasks, stopped when it is dropped.
 #[derive(Clone, Default)]

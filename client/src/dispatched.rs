@@ -19,7 +19,7 @@ use tokio::task::AbortHandle;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::client::{ClientOptions, Tasks, open, pump};
+use crate::client::{ClientOptions, Received, Tasks, open, pump};
 use crate::error::Error;
 use crate::stats::Meter;
 
@@ -81,8 +81,9 @@ impl Registration {
         Ok(())
     }
 
-    async fn report(&mut self, stats: crate::WindowStats, workers: usize) -> Result<(), Status> {
+    async fn report(&mut self, stats: crate::WindowStats, workers: usize, completed: &[(u64, u64)]) -> Result<(), Status> {
         let report = proto::ReportWindowRequest {
+            completed: completed.iter().map(|&(epoch, split)| proto::SplitRef { epoch, split }).collect(),
             client_id: self.request.client_id.clone(),
             batches: stats.batches,
             median_seconds: stats.median.as_secs_f64(),
@@ -130,6 +131,7 @@ pub(crate) async fn follow(
     options: ClientOptions,
     tx: mpsc::Sender<Result<Batch, Error>>,
     meter: Arc<Mutex<Meter>>,
+    received: Received,
     tasks: Tasks,
 ) {
     let mut listed: BTreeSet<String> = BTreeSet::new();
@@ -180,8 +182,11 @@ pub(crate) async fn follow(
                     meter.reset();
                     stats
                 };
-                if let Err(s) = link.report(stats, streaming.len()).await {
+                let completed = std::mem::take(&mut *received.0.lock().unwrap());
+                if let Err(s) = link.report(stats, streaming.len(), &completed).await {
                     tracing::debug!(status = %s, "reporting a batch-time window failed");
+                    // Reported with the next window instead.
+                    received.0.lock().unwrap().extend(completed);
                 }
             }
         }

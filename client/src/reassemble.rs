@@ -22,6 +22,7 @@ struct Partial {
     epoch: u64,
     split: u64,
     sequence: u64,
+    completes: Vec<u64>,
     tensors: Vec<PartialTensor>,
     /// First tensor still missing bytes.
     current: usize,
@@ -163,6 +164,7 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
         epoch: header.epoch,
         split: header.split,
         sequence: header.sequence,
+        completes: header.completes,
         tensors,
         current: 0,
         declared,
@@ -199,6 +201,6 @@ impl Partial {
             let tensor = Tensor { dtype: t.dtype, shape: t.shape, data: t.data.into_bytes() };
             tensors.insert(t.name, tensor);
         }
-        Batch { tensors, epoch: self.epoch, split: self.split, sequence: self.sequence }
+        Batch { tensors, epoch: self.epoch, split: self.split, sequence: self.sequence, completes: self.completes }
     }
 }

@@ -73,7 +73,7 @@ impl Drop for ProcessKubelet {
     }
 }
 
-fn sync(pods: &Pods, deployments: &[Deployment], binary: &PathBuf, dispatcher_url: &str, log_dir: &std::path::Path, started: &mut u64) {
+fn sync(pods: &Pods, deployments: &[Deployment], binary: &std::path::Path, dispatcher_url: &str, log_dir: &std::path::Path, started: &mut u64) {
     let mut pods = pods.lock().unwrap();
     let names: Vec<String> = deployments.iter().filter_map(|d| d.metadata.name.clone()).collect();
     pods.retain(|name, _| names.contains(name));
@@ -102,7 +102,7 @@ fn sync(pods: &Pods, deployments: &[Deployment], binary: &PathBuf, dispatcher_ur
 
 /// A worker process with the pod template's literal env; the listen and dispatcher addresses
 /// are what a pod would get from its IP and the Service.
-fn spawn(d: &Deployment, binary: &PathBuf, dispatcher_url: &str, log_dir: &std::path::Path, n: u64) -> anyhow::Result<ManagedProcess> {
+fn spawn(d: &Deployment, binary: &std::path::Path, dispatcher_url: &str, log_dir: &std::path::Path, n: u64) -> anyhow::Result<ManagedProcess> {
     let container = d
         .spec
         .template

@@ -35,7 +35,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Reconcile DataPipelines (uses KUBECONFIG or the in-cluster service account).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the DataPipeline CustomResourceDefinition as YAML.
     Crd,
 }
@@ -91,7 +91,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Run(args) => {
             telemetry::init(&args.log_level, args.log_format);
-            let result = run(args).await;
+            let result = run(*args).await;
             if let Err(e) = &result {
                 error!(error = format!("{e:#}"), "operator stopped");
             }

@@ -45,7 +45,7 @@ pub fn make_batch(rows: &mut [Row], pad: Option<f64>, epoch: u64, split: u64, se
             };
         }
     }
-    Ok(Batch { tensors, epoch, split, sequence })
+    Ok(Batch { tensors, epoch, split, sequence, completes: Vec::new() })
 }
 
 fn stack(field: &str, rows: &mut [Row], pad: Option<f64>) -> Result<Tensor, BatchError> {

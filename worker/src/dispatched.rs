@@ -1,6 +1,9 @@
 //! Running under the dispatcher: the worker registers, heartbeats its progress, and for each
-//! job with a consumer attached pulls splits one at a time (dynamic sharding), telling the
-//! dispatcher which splits are done once their last batch is handed to a client.
+//! job with a consumer attached pulls splits one at a time (dynamic sharding). Each batch names
+//! the splits whose last element it holds; the client that receives it tells the dispatcher,
+//! so a split is done only once its data has arrived (what a dying worker had sent but the
+//! client never got is produced again). The worker itself reports only splits that produced
+//! no batch at all.
 //!
 //! The dispatcher may restart or move (leader change): every call retries, and an unknown-id
 //! answer makes the worker register again under the same id. Clients see a pause, not an error.
@@ -164,13 +167,16 @@ pub fn plan_digest(splits: &[Split]) -> String {
 
 /// One job's ready batches, each with the splits it completes, shared by the job's consumers
 /// on this worker.
-type JobBatches = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Result<(Batch, u64, Vec<u64>), Status>>>>;
+type JobBatches = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<JobItem>>>;
+
+/// A batch, its epoch, and the splits it completes; or the job's failure.
+type JobItem = Result<(Batch, u64, Vec<u64>), Status>;
 
 struct Job {
     batches: JobBatches,
     /// When the next batch may go out, under `--max-batch-rate`.
     next_send: tokio::sync::Mutex<tokio::time::Instant>,
-    /// Splits whose last batch a consumer has taken, not yet reported.
+    /// Splits that produced no batch (nothing for a client to report), not yet reported.
     completed: Arc<Mutex<Vec<proto::SplitRef>>>,
 }
 
@@ -234,12 +240,8 @@ impl BatchSource for DispatchedSource {
                 *next_send = tokio::time::Instant::now().max(*next_send) + interval;
             }
             let next = job.batches.lock().await.recv().await?;
-            let item = next.map(|(batch, epoch, completes)| {
-                // Handed to this consumer's stream: the splits it completes are delivered.
-                job.completed.lock().unwrap().extend(completes.into_iter().map(|split| proto::SplitRef { epoch, split }));
-                batch
-            });
-            Some((item, job))
+            // The batch names the splits it completes; the client that receives it reports them.
+            Some((next.map(|(batch, _, _)| batch), job))
         })
         .boxed())
     }
@@ -252,7 +254,7 @@ fn produce(
     link: &Link,
     job: &str,
     completed: &Mutex<Vec<proto::SplitRef>>,
-    out: &tokio::sync::mpsc::Sender<Result<(Batch, u64, Vec<u64>), Status>>,
+    out: &tokio::sync::mpsc::Sender<JobItem>,
 ) -> anyhow::Result<()> {
     let take = || std::mem::take(&mut *completed.lock().unwrap());
     let split = |id: u64| {
@@ -302,7 +304,9 @@ fn produce(
             scope.spawn(|| {
                 for ready in ready_rx {
                     let completes = ready.completes.clone();
-                    if out.blocking_send(Ok((ready.into_batch(), epoch, completes))).is_err() {
+                    let mut batch = ready.into_batch();
+                    batch.completes = completes.clone();
+                    if out.blocking_send(Ok((batch, epoch, completes))).is_err() {
                         break;
                     }
                 }

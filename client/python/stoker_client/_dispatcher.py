@@ -67,11 +67,15 @@ class Follower:
             meter.reset()
             with self.client._lock:
                 workers = len(self.client._streaming)
+                # Splits whose last batch arrived: the dispatcher marks them done.
+                completed, self.client._completed = self.client._completed, []
             mean = w.total_batch_time / w.batches if w.batches else 0.0
+            sent = False
             for _ in range(2):
                 try:
                     self.report_rpc(_wire.encode_report_window(self.client_id, w.batches, w.median, w.p90, w.wait_fraction,
-                                                               workers, mean), metadata=self.client._metadata)
+                                                               workers, mean, completed), metadata=self.client._metadata)
+                    sent = True
                     break
                 except grpc.RpcError as e:
                     if e.code() == grpc.StatusCode.NOT_FOUND:
@@ -81,3 +85,6 @@ class Follower:
                             break
                     else:
                         break
+            if not sent:
+                with self.client._lock:
+                    self.client._completed.extend(completed)

@@ -99,6 +99,8 @@ class Header(NamedTuple):
     split: int
     sequence: int
     tensors: List[TensorMeta]
+    # Splits whose last element is in this batch (reported to the dispatcher).
+    completes: List[int] = []
 
 
 class Chunk(NamedTuple):
@@ -128,7 +130,7 @@ def _tensor_meta(buf) -> TensorMeta:
 
 def _header(buf) -> Header:
     epoch = split = sequence = 0
-    tensors = []
+    tensors, completes = [], []
     for field, wire_type, value in _fields(buf):
         if wire_type == _VARINT and field in (1, 2, 3):
             if field == 1:
@@ -139,7 +141,14 @@ def _header(buf) -> Header:
                 sequence = value
         elif field == 4 and wire_type == _LEN:
             tensors.append(_tensor_meta(buf[value[0]:value[1]]))
-    return Header(epoch, split, sequence, tensors)
+        elif field == 5 and wire_type == _LEN:  # packed
+            pos, end = value
+            while pos < end:
+                split_id, pos = _read_varint(buf, pos)
+                completes.append(split_id)
+        elif field == 5 and wire_type == _VARINT:
+            completes.append(value)
+    return Header(epoch, split, sequence, tensors, completes)
 
 
 def decode_chunk(message: bytes) -> Chunk:
@@ -196,8 +205,10 @@ def _double(field: int, value: float) -> bytes:
 
 
 def encode_report_window(client_id: str, batches: int, median: float, p90: float, wait_fraction: float,
-                         workers: int, mean: float) -> bytes:
+                         workers: int, mean: float, completed=()) -> bytes:
     out = _len_field(1, client_id.encode()) + _key(2, _VARINT) + _varint(batches)
     out += _double(3, median) + _double(4, p90) + _double(5, wait_fraction)
     out += _key(6, _VARINT) + _varint(workers) + _double(7, mean)
+    for epoch, split in completed:
+        out += _len_field(8, _key(1, _VARINT) + _varint(epoch) + _key(2, _VARINT) + _varint(split))
     return out

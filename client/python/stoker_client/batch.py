@@ -29,13 +29,15 @@ class Batch:
     Arrays are read-only views of the received message where a tensor arrived in one piece
     (no copy); `.copy()` one to write to it."""
 
-    __slots__ = ("tensors", "epoch", "split", "sequence")
+    __slots__ = ("tensors", "epoch", "split", "sequence", "completes")
 
-    def __init__(self, tensors: Dict[str, np.ndarray], epoch: int, split: int, sequence: int):
+    def __init__(self, tensors: Dict[str, np.ndarray], epoch: int, split: int, sequence: int, completes=()):
         self.tensors = tensors
         self.epoch = epoch
         self.split = split
         self.sequence = sequence
+        # Splits whose last element is in this batch (under the dispatcher).
+        self.completes = list(completes)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.tensors[name]
@@ -149,4 +151,4 @@ class Reassembler:
                 data = buf.view(dtype)
             tensors[t.name] = data.reshape(t.shape)
             offset = end
-        return Batch(tensors, header.epoch, header.split, header.sequence)
+        return Batch(tensors, header.epoch, header.split, header.sequence, header.completes)

@@ -80,6 +80,8 @@ class Client:
         self._channels: List[grpc.Channel] = []
         self._calls = []
         self._streaming = set()
+        # Dispatcher mode: (epoch, split)s whose last batch reached the caller, to report.
+        self._completed = []
         for worker in workers:
             self._open(worker)
 
@@ -163,6 +165,9 @@ class Client:
             if isinstance(item, Exception):
                 raise item
             self._meter.delivered(start, time.perf_counter())
+            if self._follow and item.completes:
+                with self._lock:
+                    self._completed.extend((item.epoch, s) for s in item.completes)
             return item
 
     def window(self) -> WindowStats:

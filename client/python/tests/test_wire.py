@@ -70,6 +70,13 @@ def test_pieces_and_chunks_in_any_cut_come_back_identical():
         np.testing.assert_array_equal(batch["label"], LABEL)
 
 
+def test_the_splits_a_batch_completes_are_read():
+    head = HEAD + _wire._len_field(5, varint(4) + varint(300))
+    (batch,) = feed([chunk(head, [PAYLOAD], last=True)])
+    assert batch.completes == [4, 300]
+    assert feed([chunk(HEAD, [PAYLOAD], last=True)])[0].completes == []
+
+
 def test_unpacked_shapes_and_float16_are_understood():
     half = np.array([1.5, -2.0], dtype="<f2")
     head = header(0, 0, 0, [tensor_meta("h", 4, [2], half.nbytes, packed=False)])

@@ -31,7 +31,7 @@ impl Model {
     /// from above, so an earlier data-bound measurement is kept: that keeps the model, and so
     /// the budget's split, steady once a pipeline has enough workers.
     pub fn update(&mut self, w: &Window) {
-        if w.batches == 0 || !(w.mean_s > 0.0) {
+        if w.batches == 0 || w.mean_s.is_nan() || w.mean_s <= 0.0 {
             return;
         }
         let wait = w.wait_fraction.clamp(0.0, 1.0);

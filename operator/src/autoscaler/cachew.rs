@@ -82,7 +82,7 @@ impl Policy for Cachew {
             self.skip -= 1;
             return Decision::Hold;
         }
-        if w.batches == 0 || !(w.mean_s > 0.0) {
+        if w.batches == 0 || w.mean_s.is_nan() || w.mean_s <= 0.0 {
             return Decision::Hold;
         }
         let t = w.mean_s;

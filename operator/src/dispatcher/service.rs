@@ -204,7 +204,8 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             wait_fraction: r.wait_fraction,
             workers: r.workers,
         };
-        self.0.with_state(|s| s.report_window(&r.client_id, window, Instant::now())).map_err(status)?;
+        let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
+        self.0.with_state(|s| s.report_window(&r.client_id, window, &completed, Instant::now())).map_err(status)?;
         Ok(Response::new(proto::ReportWindowResponse {}))
     }
 }

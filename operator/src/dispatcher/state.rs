@@ -2,8 +2,10 @@
 //! in its epoch, and the clients' latest batch-time windows. Time comes in as arguments, so
 //! failure handling (dead workers, lost clients) is tested by moving a clock.
 //!
-//! Delivery is at least once: a split handed to a worker that dies before reporting it done
-//! goes back to the queue, so its elements may reach clients twice. Such repeats are counted.
+//! A split is done when a client reports receiving the batch holding its last element (or,
+//! for a split that produced nothing, when its worker says so). Delivery is at least once: a
+//! split held by a worker that dies, or in flight to a client that goes silent, goes back to
+//! the queue, so its elements may reach clients twice. Such repeats are counted.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -129,6 +131,37 @@ impl Job {
         let carried = (self.repeats, self.requeued);
         *self = Job::starting(self.epoch + 1, splits);
         (self.repeats, self.requeued) = carried;
+    }
+
+    /// Marks (epoch, split)s done, and starts the next epoch once all are.
+    fn complete(&mut self, completed: &[(u64, u64)], splits: u64) {
+        for &(e, split) in completed {
+            if e != self.epoch || split >= splits {
+                // A finished epoch's split: its epoch already advanced without it.
+                self.repeats += 1;
+                continue;
+            }
+            self.assigned.remove(&split);
+            if !self.done.insert(split) {
+                self.repeats += 1;
+            } else if let Some(i) = self.pending.iter().position(|&s| s == split) {
+                // Done by a worker presumed dead whose split was queued again.
+                self.pending.remove(i);
+            }
+        }
+        if self.done.len() as u64 == splits {
+            self.advance(splits);
+        }
+    }
+
+    /// Hands every in-flight split out again (their data may be lost with whoever held it).
+    fn requeue_in_flight(&mut self) {
+        let mut lost: Vec<u64> = self.assigned.drain().map(|(s, _)| s).collect();
+        lost.sort_unstable();
+        for split in lost.into_iter().rev() {
+            self.pending.push_front(split);
+            self.requeued += 1;
+        }
     }
 }
 
@@ -257,25 +290,7 @@ impl DispatcherState {
         let pipeline = self.pipelines.get_mut(&key).expect("a registered worker's pipeline exists");
         let splits = pipeline.plan.as_ref().expect("set by the first worker").0;
         let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(epoch, splits));
-        for &(e, split) in completed {
-            if e != state.epoch || split >= splits {
-                // A finished epoch's split: its epoch already advanced without it.
-                state.repeats += 1;
-                continue;
-            }
-            if state.assigned.get(&split).is_some_and(|w| w == worker_id) {
-                state.assigned.remove(&split);
-            }
-            if !state.done.insert(split) {
-                state.repeats += 1;
-            } else if let Some(i) = state.pending.iter().position(|&s| s == split) {
-                // Done by a worker presumed dead whose split was queued again.
-                state.pending.remove(i);
-            }
-        }
-        if state.done.len() as u64 == splits {
-            state.advance(splits);
-        }
+        state.complete(completed, splits);
         Ok(match state.pending.pop_front() {
             Some(split) => {
                 state.assigned.insert(split, worker_id.to_string());
@@ -305,7 +320,8 @@ impl DispatcherState {
         self.clients.get_mut(id).ok_or_else(|| DispatchError::Unknown { kind: "client", id: id.into() })
     }
 
-    pub fn report_window(&mut self, client_id: &str, window: ClientWindow, now: Instant) -> Result<(), DispatchError> {
+    /// A client's window, and the splits whose last batch it received (which makes them done).
+    pub fn report_window(&mut self, client_id: &str, window: ClientWindow, completed: &[(u64, u64)], now: Instant) -> Result<(), DispatchError> {
         let valid = |x: f64| x.is_finite() && x >= 0.0;
         if ![window.median_seconds, window.p90_seconds, window.mean_seconds, window.wait_fraction].into_iter().all(valid) {
             return Err(DispatchError::Invalid("batch times and wait fraction must be finite and non-negative".into()));
@@ -317,6 +333,14 @@ impl DispatcherState {
             client.windows.remove(0);
         }
         client.windows.push(window);
+        let (key, job) = (client.pipeline.clone(), client.job.clone());
+        if !completed.is_empty()
+            && let Some(pipeline) = self.pipelines.get_mut(&key)
+            && let Some(state) = pipeline.jobs.get_mut(&job)
+        {
+            let splits = pipeline.plan.as_ref().map_or(0, |p| p.0);
+            state.complete(completed, splits);
+        }
         Ok(())
     }
 
@@ -334,6 +358,8 @@ impl DispatcherState {
             tracing::warn!(worker = %id, address = %worker.address, pipeline = %worker.pipeline, "worker stopped heartbeating; handing its splits out again");
             if let Some(pipeline) = self.pipelines.get_mut(&worker.pipeline) {
                 for job in pipeline.jobs.values_mut() {
+                    // Also splits whose last batch this worker sent but no client reported yet:
+                    // they may have died in its buffers.
                     let mut lost: Vec<u64> = job.assigned.iter().filter(|(_, w)| **w == id).map(|(s, _)| *s).collect();
                     lost.sort_unstable();
                     for split in lost.into_iter().rev() {
@@ -346,7 +372,20 @@ impl DispatcherState {
             changed.insert(worker.pipeline);
         }
         let client_timeout = self.timeouts.client;
+        let gone: Vec<(PipelineKey, String)> = self
+            .clients
+            .values()
+            .filter(|c| now.saturating_duration_since(c.last_seen) > client_timeout)
+            .map(|c| (c.pipeline.clone(), c.job.clone()))
+            .collect();
         self.clients.retain(|_, c| now.saturating_duration_since(c.last_seen) <= client_timeout);
+        for (key, job) in gone {
+            // Batches it had received but not reported are gone with it: produce them again.
+            if let Some(state) = self.pipelines.get_mut(&key).and_then(|p| p.jobs.get_mut(&job)) {
+                tracing::warn!(pipeline = %key, job = %job, in_flight = state.assigned.len(), "a client went silent; handing the job's in-flight splits out again");
+                state.requeue_in_flight();
+            }
+        }
         changed
     }
 
@@ -555,15 +594,37 @@ mod tests {
         let c0 = s.register_client(key(), "j".into(), 0, None, t);
         let c1 = s.register_client(key(), "j".into(), 1, None, t);
         let window = ClientWindow { batches: 10, median_seconds: 0.1, p90_seconds: 0.2, mean_seconds: 0.12, wait_fraction: 0.5, workers: 1 };
-        s.report_window(&c0, window.clone(), t).unwrap();
-        s.report_window(&c1, window.clone(), t).unwrap();
+        s.report_window(&c0, window.clone(), &[], t).unwrap();
+        s.report_window(&c1, window.clone(), &[], t).unwrap();
         let bad = ClientWindow { median_seconds: f64::NAN, ..window.clone() };
-        assert!(matches!(s.report_window(&c1, bad, t), Err(DispatchError::Invalid(_))));
+        assert!(matches!(s.report_window(&c1, bad, &[], t), Err(DispatchError::Invalid(_))));
         let taken = s.take_windows();
         assert_eq!(taken.len(), 1);
         assert_eq!((taken[0].consumers, taken[0].windows.len()), (2, 2));
         assert!(s.take_windows()[0].windows.is_empty());
         assert_eq!(s.consumers(&key(), "j"), vec![0, 1]);
+    }
+
+    #[test]
+    fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
+        let t = Instant::now();
+        let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(60), client: Duration::from_secs(5) });
+        let w = s.register_worker(registration("a:1", 2), t).unwrap();
+        let c = s.register_client(key(), "j".into(), 0, None, t);
+        let window = ClientWindow { batches: 1, median_seconds: 0.1, p90_seconds: 0.1, mean_seconds: 0.1, wait_fraction: 0.0, workers: 1 };
+        assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
+        assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
+        // The worker has sent both; only the client's report makes them done.
+        assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
+        s.report_window(&c, window.clone(), &[(0, 0)], t).unwrap();
+        assert_eq!(s.jobs(&key())[0].done, 1);
+        // The client goes silent holding split 1's last batch: split 1 is produced again.
+        s.expire(t + Duration::from_secs(6));
+        assert_eq!(s.jobs(&key())[0].requeued, 1);
+        assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
+        let c2 = s.register_client(key(), "j".into(), 0, None, t + Duration::from_secs(6));
+        s.report_window(&c2, window, &[(0, 1)], t + Duration::from_secs(6)).unwrap();
+        assert_eq!(s.jobs(&key())[0].epoch, 1, "every split reported: the next epoch");
     }
 
     #[test]
@@ -573,7 +634,7 @@ mod tests {
         let c = s.register_client(key(), "j".into(), 0, None, t);
         assert_eq!(s.attached(), BTreeSet::from([key()]));
         let window = ClientWindow { batches: 0, median_seconds: 0.0, p90_seconds: 0.0, mean_seconds: 0.0, wait_fraction: 0.0, workers: 0 };
-        s.report_window(&c, window, t + Duration::from_secs(4)).unwrap();
+        s.report_window(&c, window, &[], t + Duration::from_secs(4)).unwrap();
         s.expire(t + Duration::from_secs(8));
         assert_eq!(s.attached(), BTreeSet::from([key()]), "reported at 4 s, alive until 9 s");
         s.expire(t + Duration::from_secs(10));
