@@ -1,7 +1,7 @@
 //! The status step's pure half: what the status should say, given what reconcile found.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use crate::scaling::ScalingRecord;
+use crate::scaling::{IDLE, ScalingRecord};
 use stoker_api::{
     AutoscalerStatus, AutoscalingMode, CacheDecision, CacheMode, CacheStatus, DataPipelineSpec, DataPipelineStatus,
     Phase, ValidationError, WorkersStatus, condition,
@@ -100,8 +100,12 @@ pub fn next(
                 held_back_by_budget: r.held_back,
                 history: r.history.clone(),
             },
-            // A new leader has decided nothing yet: keep what the last one recorded.
-            (AutoscalingMode::BatchTime, None) => previous.autoscaler.unwrap_or_default(),
+            // A new leader has decided nothing yet: keep what the last one recorded. The very
+            // first status says what the autoscaler's first round will (no client yet), so
+            // that round does not write again.
+            (AutoscalingMode::BatchTime, None) => {
+                previous.autoscaler.unwrap_or_else(|| AutoscalerStatus { state: Some(IDLE.into()), ..Default::default() })
+            }
         }),
         cache: Some(match (spec.cache.mode, previous.cache) {
             (CacheMode::Never, _) => CacheStatus { decision: CacheDecision::Compute, ..Default::default() },
@@ -213,5 +217,15 @@ mod tests {
         assert!(st.autoscaler.unwrap().converged);
         let st = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
         assert!(!st.autoscaler.unwrap().converged);
+    }
+
+    #[test]
+    fn the_autoscalers_first_round_writes_no_new_status() {
+        // A restart or a start must not cost a second write when no client is attached yet.
+        let s = spec("");
+        let first = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
+        let idle = ScalingRecord { workers: 1, state: IDLE.into(), ..Default::default() };
+        let after_round = next(&s, Some(1), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, Some(&idle), &at(2));
+        assert_eq!(first, after_round);
     }
 }

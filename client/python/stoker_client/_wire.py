@@ -87,6 +87,14 @@ def encode_stream_request(namespace: str, pipeline: str, job: str, consumer_inde
     return out
 
 
+def _packed(buf, span):
+    """The varints of a packed repeated field (proto3's default for repeated numbers)."""
+    pos, end = span
+    while pos < end:
+        value, pos = _read_varint(buf, pos)
+        yield value
+
+
 class TensorMeta(NamedTuple):
     name: str
     dtype: int
@@ -116,11 +124,8 @@ def _tensor_meta(buf) -> TensorMeta:
             name = bytes(buf[value[0]:value[1]]).decode()
         elif field == 2 and wire_type == _VARINT:
             dtype = value
-        elif field == 3 and wire_type == _LEN:  # packed
-            pos, end = value
-            while pos < end:
-                dim, pos = _read_varint(buf, pos)
-                shape.append(dim)
+        elif field == 3 and wire_type == _LEN:
+            shape.extend(_packed(buf, value))
         elif field == 3 and wire_type == _VARINT:
             shape.append(value)
         elif field == 4 and wire_type == _VARINT:
@@ -141,11 +146,8 @@ def _header(buf) -> Header:
                 sequence = value
         elif field == 4 and wire_type == _LEN:
             tensors.append(_tensor_meta(buf[value[0]:value[1]]))
-        elif field == 5 and wire_type == _LEN:  # packed
-            pos, end = value
-            while pos < end:
-                split_id, pos = _read_varint(buf, pos)
-                completes.append(split_id)
+        elif field == 5 and wire_type == _LEN:
+            completes.extend(_packed(buf, value))
         elif field == 5 and wire_type == _VARINT:
             completes.append(value)
     return Header(epoch, split, sequence, tensors, completes)

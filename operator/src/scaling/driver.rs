@@ -168,7 +168,7 @@ impl Driver {
             let states: Vec<autoscaler::PolicyState> =
                 self.jobs.iter().filter(|((k, _), _)| k == &p.key).map(|(_, j)| j.policy.state()).collect();
             record.converged = !states.is_empty() && states.iter().all(|s| s.converged());
-            record.state = states.iter().map(|s| s.name()).max().unwrap_or("Idle").to_string();
+            record.state = states.iter().map(|s| s.name()).max().unwrap_or(super::IDLE).to_string();
             if grant.granted != p.workers {
                 let mut reason = reasons.remove(&p.key).unwrap_or_else(|| "following the policy".into());
                 if held_back > 0 {

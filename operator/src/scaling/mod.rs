@@ -14,3 +14,6 @@ pub use run::Loop;
 /// How often the loop looks at the windows; each pipeline is judged once per its own
 /// `autoscaling.policy.windowSeconds`.
 pub const ROUND: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The state of a pipeline with no job measured yet.
+pub const IDLE: &str = "Idle";
