@@ -1,6 +1,7 @@
 //! The Stoker operator: reconciles DataPipelines into worker Deployments, Services and the
 //! namespace's cache volume, with leader election, metrics and health endpoints.
 
+pub mod autocache;
 pub mod autoscaler;
 pub mod cli;
 pub mod controller;
