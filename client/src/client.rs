@@ -240,12 +240,14 @@ pub(crate) async fn pump(
     mut stream: tonic::Streaming<BatchChunk>,
     tx: &mpsc::Sender<Result<Batch, Error>>,
     max_batch_bytes: u64,
+    mut on_batch: impl FnMut(),
 ) -> Option<Error> {
     let mut reassembler = Reassembler::new(max_batch_bytes);
     loop {
         match stream.message().await {
             Ok(Some(chunk)) => match reassembler.push(chunk) {
                 Ok(Some(batch)) => {
+                    on_batch();
                     if tx.send(Ok(batch)).await.is_err() {
                         return None; // the client is gone
                     }
@@ -261,7 +263,7 @@ pub(crate) async fn pump(
 
 /// A fixed worker's stream: its failure is the caller's to see.
 async fn pump_to_caller(worker: String, stream: tonic::Streaming<BatchChunk>, tx: mpsc::Sender<Result<Batch, Error>>, max_batch_bytes: u64) {
-    if let Some(failure) = pump(worker, stream, &tx, max_batch_bytes).await {
+    if let Some(failure) = pump(worker, stream, &tx, max_batch_bytes, || {}).await {
         tracing::warn!(error = %failure, "worker stream failed");
         let _ = tx.send(Err(failure)).await;
     }

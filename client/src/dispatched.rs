@@ -7,6 +7,7 @@
 //! allowed, a failed pipeline) reaches the caller.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -135,7 +136,10 @@ pub(crate) async fn follow(
     tasks: Tasks,
 ) {
     let mut listed: BTreeSet<String> = BTreeSet::new();
-    let mut streaming: HashMap<String, AbortHandle> = HashMap::new();
+    // Per worker: its stream, and whether a batch has come from it yet. Only workers that
+    // delivered count in the reported worker count: a worker that just started is listed
+    // before it produces, and windows from then would show the old count's speed as the new.
+    let mut streaming: HashMap<String, (AbortHandle, Arc<AtomicBool>)> = HashMap::new();
     let (ended_tx, mut ended_rx) = mpsc::unbounded_channel::<String>();
     let mut report = tokio::time::interval(link.window);
     report.tick().await;
@@ -158,8 +162,9 @@ pub(crate) async fn follow(
                     listed = list.addresses.into_iter().collect();
                     for address in &listed {
                         if !streaming.contains_key(address) {
-                            let task = stream_from(address.clone(), options.clone(), tx.clone(), ended_tx.clone());
-                            streaming.insert(address.clone(), tasks.spawn(task));
+                            let delivered = Arc::new(AtomicBool::new(false));
+                            let task = stream_from(address.clone(), options.clone(), tx.clone(), ended_tx.clone(), delivered.clone());
+                            streaming.insert(address.clone(), (tasks.spawn(task), delivered));
                         }
                     }
                 }
@@ -171,8 +176,9 @@ pub(crate) async fn follow(
                 if listed.contains(&address) {
                     // Still alive as far as the dispatcher knows: reconnect after a pause.
                     tokio::time::sleep(RETRY).await;
-                    let task = stream_from(address.clone(), options.clone(), tx.clone(), ended_tx.clone());
-                    streaming.insert(address, tasks.spawn(task));
+                    let delivered = Arc::new(AtomicBool::new(false));
+                    let task = stream_from(address.clone(), options.clone(), tx.clone(), ended_tx.clone(), delivered.clone());
+                    streaming.insert(address, (tasks.spawn(task), delivered));
                 }
             }
             _ = report.tick() => {
@@ -183,7 +189,8 @@ pub(crate) async fn follow(
                     stats
                 };
                 let completed = std::mem::take(&mut *received.0.lock().unwrap());
-                if let Err(s) = link.report(stats, streaming.len(), &completed).await {
+                let delivering = streaming.values().filter(|(_, d)| d.load(Ordering::Relaxed)).count();
+                if let Err(s) = link.report(stats, delivering, &completed).await {
                     tracing::debug!(status = %s, "reporting a batch-time window failed");
                     // Reported with the next window instead.
                     received.0.lock().unwrap().extend(completed);
@@ -203,9 +210,10 @@ async fn stream_from(
     options: ClientOptions,
     tx: mpsc::Sender<Result<Batch, Error>>,
     ended: mpsc::UnboundedSender<String>,
+    delivered: Arc<AtomicBool>,
 ) {
     let failure = match open(&worker, &options).await {
-        Ok(stream) => pump(worker.clone(), stream, &tx, options.max_batch_bytes).await,
+        Ok(stream) => pump(worker.clone(), stream, &tx, options.max_batch_bytes, || delivered.store(true, Ordering::Relaxed)).await,
         Err(e) => Some(e),
     };
     match failure {

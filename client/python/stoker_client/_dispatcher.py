@@ -66,7 +66,7 @@ class Follower:
             w = meter.window()
             meter.reset()
             with self.client._lock:
-                workers = len(self.client._streaming)
+                workers = len(self.client._delivering)
                 # Splits whose last batch arrived: the dispatcher marks them done.
                 completed, self.client._completed = self.client._completed, []
             mean = w.total_batch_time / w.batches if w.batches else 0.0

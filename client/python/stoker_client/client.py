@@ -80,6 +80,9 @@ class Client:
         self._channels: List[grpc.Channel] = []
         self._calls = []
         self._streaming = set()
+        # Workers a batch came from: the worker count reported to the autoscaler, since a
+        # worker that just started is listed before it produces.
+        self._delivering = set()
         # Dispatcher mode: (epoch, split)s whose last batch reached the caller, to report.
         self._completed = []
         for worker in workers:
@@ -124,7 +127,10 @@ class Client:
         try:
             for chunk in call:
                 batch = reassembler.push(chunk)
-                if batch is not None and not self._put(batch):
+                if batch is None:
+                    continue
+                self._delivering.add(worker)
+                if not self._put(batch):
                     return
             reassembler.finish()
         except grpc.RpcError as e:
@@ -140,6 +146,7 @@ class Client:
         finally:
             with self._lock:
                 self._streaming.discard(worker)
+                self._delivering.discard(worker)
             if not self._follow:
                 self._put(_End())
 

@@ -163,8 +163,10 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
         async move {
             let epochs = seen.epochs.lock().unwrap();
             let last = epochs.keys().max().copied().unwrap_or(0);
-            // The epoch in progress at the kill is the one that could lose a split.
-            let finished: Vec<u64> = epochs.keys().copied().filter(|e| *e >= epoch_at_kill && *e < last).collect();
+            // The epoch in progress at the kill is the one that could lose a split. Workers
+            // run at most one epoch ahead of the oldest unfinished one, so an epoch two
+            // behind the newest is complete.
+            let finished: Vec<u64> = epochs.keys().copied().filter(|e| *e >= epoch_at_kill && e + 1 < last).collect();
             Ok(if finished.is_empty() { Check::not_yet(format!("epochs {:?}", epochs.keys().collect::<Vec<_>>())) } else { Check::Done(finished) })
         }
     })

@@ -109,13 +109,39 @@ struct Client {
     windows: Vec<ClientWindow>,
 }
 
-/// One job's pass over the pipeline's splits.
+/// One pass over the pipeline's splits.
 #[derive(Default)]
-struct Job {
-    epoch: u64,
+struct Pass {
     pending: VecDeque<u64>,
     assigned: HashMap<u64, String>,
     done: BTreeSet<u64>,
+}
+
+impl Pass {
+    fn full(splits: u64) -> Pass {
+        Pass { pending: (0..splits).collect(), ..Pass::default() }
+    }
+
+    /// Puts `lost` back at the front of the queue; returns how many.
+    fn requeue(&mut self, lost: impl IntoIterator<Item = u64>) -> u64 {
+        let mut lost: Vec<u64> = lost.into_iter().collect();
+        lost.sort_unstable();
+        for &split in lost.iter().rev() {
+            self.assigned.remove(&split);
+            self.pending.push_front(split);
+        }
+        lost.len() as u64
+    }
+}
+
+/// A job's passes: the oldest unfinished epoch, and the one after it. Workers with nothing
+/// left in the first start the second instead of idling until the last split of the first
+/// reaches a client, which would cost every epoch a stall as long as a split's trip.
+#[derive(Default)]
+struct Job {
+    epoch: u64,
+    current: Pass,
+    next: Option<Pass>,
     /// Splits completed more than once (after a requeue, or late by a presumed-dead worker).
     repeats: u64,
     /// Splits taken back from dead workers.
@@ -124,44 +150,68 @@ struct Job {
 
 impl Job {
     fn starting(epoch: u64, splits: u64) -> Job {
-        Job { epoch, pending: (0..splits).collect(), ..Job::default() }
+        Job { epoch, current: Pass::full(splits), ..Job::default() }
     }
 
-    fn advance(&mut self, splits: u64) {
-        let carried = (self.repeats, self.requeued);
-        *self = Job::starting(self.epoch + 1, splits);
-        (self.repeats, self.requeued) = carried;
+    fn passes(&self) -> impl Iterator<Item = &Pass> {
+        std::iter::once(&self.current).chain(self.next.as_ref())
     }
 
-    /// Marks (epoch, split)s done, and starts the next epoch once all are.
+    fn passes_mut(&mut self) -> impl Iterator<Item = &mut Pass> {
+        std::iter::once(&mut self.current).chain(self.next.as_mut())
+    }
+
+    /// The next split to produce: the current epoch's first, then the next epoch's.
+    fn hand_out(&mut self, worker: &str, splits: u64) -> Assignment {
+        let (epoch, pass) = match self.current.pending.is_empty() {
+            false => (self.epoch, &mut self.current),
+            true => (self.epoch + 1, self.next.get_or_insert_with(|| Pass::full(splits))),
+        };
+        match pass.pending.pop_front() {
+            Some(split) => {
+                pass.assigned.insert(split, worker.to_string());
+                Assignment::Split { epoch, split }
+            }
+            None => Assignment::Draining { epoch: self.epoch },
+        }
+    }
+
+    /// Marks (epoch, split)s done, and moves on once the current epoch's all are.
     fn complete(&mut self, completed: &[(u64, u64)], splits: u64) {
         for &(e, split) in completed {
-            if e != self.epoch || split >= splits {
+            let pass = match e.checked_sub(self.epoch) {
+                Some(0) => Some(&mut self.current),
+                Some(1) => self.next.as_mut(),
+                _ => None,
+            };
+            let Some(pass) = pass.filter(|_| split < splits) else {
                 // A finished epoch's split: its epoch already advanced without it.
                 self.repeats += 1;
                 continue;
-            }
-            self.assigned.remove(&split);
-            if !self.done.insert(split) {
+            };
+            pass.assigned.remove(&split);
+            if !pass.done.insert(split) {
                 self.repeats += 1;
-            } else if let Some(i) = self.pending.iter().position(|&s| s == split) {
+            } else if let Some(i) = pass.pending.iter().position(|&s| s == split) {
                 // Done by a worker presumed dead whose split was queued again.
-                self.pending.remove(i);
+                pass.pending.remove(i);
             }
         }
-        if self.done.len() as u64 == splits {
-            self.advance(splits);
+        if self.current.done.len() as u64 == splits {
+            self.epoch += 1;
+            self.current = self.next.take().unwrap_or_else(|| Pass::full(splits));
         }
     }
 
-    /// Hands every in-flight split out again (their data may be lost with whoever held it).
-    fn requeue_in_flight(&mut self) {
-        let mut lost: Vec<u64> = self.assigned.drain().map(|(s, _)| s).collect();
-        lost.sort_unstable();
-        for split in lost.into_iter().rev() {
-            self.pending.push_front(split);
-            self.requeued += 1;
+    /// Hands out again the in-flight splits `holds` picks (their data may be lost with
+    /// whoever held it).
+    fn requeue(&mut self, holds: impl Fn(&str) -> bool) {
+        let mut requeued = 0;
+        for pass in self.passes_mut() {
+            let lost: Vec<u64> = pass.assigned.iter().filter(|(_, w)| holds(w)).map(|(s, _)| *s).collect();
+            requeued += pass.requeue(lost);
         }
+        self.requeued += requeued;
     }
 }
 
@@ -291,13 +341,7 @@ impl DispatcherState {
         let splits = pipeline.plan.as_ref().expect("set by the first worker").0;
         let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(epoch, splits));
         state.complete(completed, splits);
-        Ok(match state.pending.pop_front() {
-            Some(split) => {
-                state.assigned.insert(split, worker_id.to_string());
-                Assignment::Split { epoch: state.epoch, split }
-            }
-            None => Assignment::Draining { epoch: state.epoch },
-        })
+        Ok(state.hand_out(worker_id, splits))
     }
 
     pub fn register_client(
@@ -360,13 +404,7 @@ impl DispatcherState {
                 for job in pipeline.jobs.values_mut() {
                     // Also splits whose last batch this worker sent but no client reported yet:
                     // they may have died in its buffers.
-                    let mut lost: Vec<u64> = job.assigned.iter().filter(|(_, w)| **w == id).map(|(s, _)| *s).collect();
-                    lost.sort_unstable();
-                    for split in lost.into_iter().rev() {
-                        job.assigned.remove(&split);
-                        job.pending.push_front(split);
-                        job.requeued += 1;
-                    }
+                    job.requeue(|holder| holder == id);
                 }
             }
             changed.insert(worker.pipeline);
@@ -382,8 +420,8 @@ impl DispatcherState {
         for (key, job) in gone {
             // Batches it had received but not reported are gone with it: produce them again.
             if let Some(state) = self.pipelines.get_mut(&key).and_then(|p| p.jobs.get_mut(&job)) {
-                tracing::warn!(pipeline = %key, job = %job, in_flight = state.assigned.len(), "a client went silent; handing the job's in-flight splits out again");
-                state.requeue_in_flight();
+                tracing::warn!(pipeline = %key, job = %job, "a client went silent; handing the job's in-flight splits out again");
+                state.requeue(|_| true);
             }
         }
         changed
@@ -415,9 +453,9 @@ impl DispatcherState {
                 job: name.clone(),
                 epoch: j.epoch,
                 splits,
-                done: j.done.len() as u64,
-                in_flight: j.assigned.len() as u64,
-                holders: j.assigned.values().collect::<BTreeSet<_>>().len() as u64,
+                done: j.current.done.len() as u64,
+                in_flight: j.passes().map(|p| p.assigned.len() as u64).sum(),
+                holders: j.passes().flat_map(|p| p.assigned.values()).collect::<BTreeSet<_>>().len() as u64,
                 repeats: j.repeats,
                 requeued: j.requeued,
             })
@@ -500,16 +538,40 @@ mod tests {
     }
 
     #[test]
-    fn an_epoch_waits_for_the_slowest_worker() {
+    fn a_worker_with_nothing_left_in_an_epoch_starts_the_next_but_not_the_one_after() {
         let t = Instant::now();
         let mut s = DispatcherState::new("t", Timeouts::default());
         let a = s.register_worker(registration("a:1", 2), t).unwrap();
         let b = s.register_worker(registration("b:1", 2), t).unwrap();
         assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
         assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
-        assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
-        assert_eq!(s.next_split(&b, "j", &[(0, 1)], 0, t).unwrap(), Assignment::Split { epoch: 1, split: 0 });
-        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 1, split: 1 });
+        assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), Assignment::Split { epoch: 1, split: 0 });
+        assert_eq!(s.next_split(&a, "j", &[(1, 0)], 0, t).unwrap(), Assignment::Split { epoch: 1, split: 1 });
+        // b still holds epoch 0's split 1: a may not run two epochs ahead of it.
+        assert_eq!(s.next_split(&a, "j", &[(1, 1)], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
+        assert_eq!(s.jobs(&key())[0].epoch, 0);
+        // b finishes: epoch 1 is already done too, so both move on to epoch 2.
+        assert_eq!(s.next_split(&b, "j", &[(0, 1)], 0, t).unwrap(), Assignment::Split { epoch: 2, split: 0 });
+        assert_eq!(s.jobs(&key())[0].epoch, 1);
+        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 2, split: 1 });
+        assert_eq!(s.jobs(&key())[0].epoch, 2);
+    }
+
+    #[test]
+    fn a_dead_workers_splits_of_the_next_epoch_come_back_too() {
+        let t = Instant::now();
+        let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+        let a = s.register_worker(registration("a:1", 2), t).unwrap();
+        let b = s.register_worker(registration("b:1", 2), t).unwrap();
+        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
+        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
+        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 1, split: 0 });
+        let later = t + Duration::from_secs(6);
+        s.heartbeat(&a, Progress::default(), later).unwrap();
+        s.expire(later);
+        assert_eq!(s.jobs(&key())[0].requeued, 2);
+        assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, later).unwrap(), Assignment::Split { epoch: 0, split: 1 });
+        assert_eq!(s.next_split(&a, "j", &[(0, 1)], 0, later).unwrap(), Assignment::Split { epoch: 1, split: 0 });
     }
 
     #[test]
@@ -615,7 +677,7 @@ mod tests {
         assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
         assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
         // The worker has sent both; only the client's report makes them done.
-        assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
+        assert_eq!(s.jobs(&key())[0].in_flight, 2);
         s.report_window(&c, window.clone(), &[(0, 0)], t).unwrap();
         assert_eq!(s.jobs(&key())[0].done, 1);
         // The client goes silent holding split 1's last batch: split 1 is produced again.
