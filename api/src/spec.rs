@@ -264,6 +264,28 @@ impl Cache {
     pub fn volume_size(&self) -> Quantity {
         self.volume_size.clone().unwrap_or_else(|| Quantity(Self::DEFAULT_VOLUME_SIZE.into()))
     }
+
+    /// What the cache may hold: 90% of the volume (the rest is room for entries being
+    /// written), in bytes; `None` for a size this cannot read.
+    pub fn cap_bytes(&self) -> Option<u64> {
+        let size = self.volume_size().0;
+        let digits = size.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(size.len());
+        let (number, suffix) = size.split_at(digits);
+        let unit: f64 = match suffix {
+            "" => 1.0,
+            "k" => 1e3,
+            "M" => 1e6,
+            "G" => 1e9,
+            "T" => 1e12,
+            "Ki" => 1024.0,
+            "Mi" => 1024.0 * 1024.0,
+            "Gi" => 1024.0 * 1024.0 * 1024.0,
+            "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+            _ => return None,
+        };
+        let bytes = number.parse::<f64>().ok()? * unit;
+        Some((bytes * 0.9) as u64)
+    }
 }
 
 

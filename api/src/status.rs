@@ -99,6 +99,27 @@ pub struct CacheStatus {
     pub bytes: Option<i64>,
     #[serde(default)]
     pub complete: bool,
+    /// Why: the numbers behind the decision, or what made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Epoch times the decision predicted from the first epoch's measurements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<EpochSeconds>,
+    /// Epoch times measured, the latest of each kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<EpochSeconds>,
+}
+
+/// Seconds per epoch computing everything, writing the cache, and reading it.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EpochSeconds {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub put: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub get: Option<f64>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -112,6 +112,20 @@ fn spawn(d: &Deployment, binary: &std::path::Path, dispatcher_url: &str, log_dir
         .ok_or_else(|| anyhow::anyhow!("the Deployment has no container"))?;
     let mut env: Vec<(String, String)> =
         container.env.iter().flatten().filter_map(|e| Some((e.name.clone(), e.value.clone()?))).collect();
+    // PVC mounts become a directory per (namespace, claim), shared by every process that
+    // mounts the claim, as a ReadWriteMany volume is; env naming the mount path follows it.
+    let namespace = d.metadata.namespace.as_deref().unwrap_or("default");
+    let volumes = d.spec.template.spec.as_ref().and_then(|p| p.volumes.clone()).unwrap_or_default();
+    for mount in container.volume_mounts.iter().flatten() {
+        let claim = volumes.iter().find(|v| v.name == mount.name).and_then(|v| v.persistent_volume_claim.as_ref());
+        if let Some(claim) = claim {
+            let dir = log_dir.join("volumes").join(namespace).join(&claim.claim_name);
+            std::fs::create_dir_all(&dir)?;
+            for (_, value) in env.iter_mut().filter(|(_, v)| *v == mount.mount_path) {
+                *value = dir.display().to_string();
+            }
+        }
+    }
     env.retain(|(k, _)| !matches!(k.as_str(), "STOKER_LISTEN" | "STOKER_DISPATCHER" | "STOKER_THREADS"));
     env.push(("STOKER_LISTEN".into(), "127.0.0.1:0".into()));
     env.push(("STOKER_DISPATCHER".into(), dispatcher_url.into()));

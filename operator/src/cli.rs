@@ -43,24 +43,29 @@ pub fn demo_summary(r: &DemoReport) -> String {
     )
 }
 
+pub struct LocalSettings {
+    pub listen: SocketAddr,
+    pub threads: usize,
+    pub max_batch_rate: Option<f64>,
+    pub window_seconds: Option<u32>,
+    pub seconds: Option<u64>,
+    /// Default: ~/.cache/stoker/volumes/<namespace>, one per namespace as in a cluster.
+    pub cache_dir: Option<PathBuf>,
+}
+
 /// `stoker local`: runs until Ctrl-C or `seconds`, a status line per window, then a summary.
-pub async fn local(
-    dp: DataPipeline,
-    listen: &SocketAddr,
-    threads: usize,
-    max_batch_rate: Option<f64>,
-    window_seconds: Option<u32>,
-    seconds: Option<u64>,
-) -> anyhow::Result<()> {
+pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<()> {
+    let LocalSettings { listen, threads, max_batch_rate, window_seconds, seconds, cache_dir: volume } = settings;
     let name = dp.name_any();
     let namespace = dp.namespace().unwrap_or_else(|| "default".into());
     let logs = cache_dir().join("local").join(&name);
     std::fs::create_dir_all(&logs)?;
+    let volume = volume.unwrap_or_else(|| cache_dir().join("volumes").join(&namespace));
     let local = Local::start(LocalOptions {
         namespace: namespace.clone(),
         name: name.clone(),
         spec: dp.spec.clone(),
-        listen: *listen,
+        listen,
         workers: LocalWorkerConfig {
             binary: worker_binary(),
             dispatcher_url: String::new(),
@@ -68,6 +73,7 @@ pub async fn local(
             memory_budget: 512 << 20,
             max_batch_rate,
             log_dir: Some(logs.clone()),
+            cache_dir: Some(volume),
         },
         window: window_seconds.map(|s| Duration::from_secs(u64::from(s))),
         budget: None,
@@ -81,6 +87,7 @@ pub async fn local(
     let mut tick = tokio::time::interval(window);
     tick.tick().await;
     let (mut seen, mut last_elements, mut last) = (0, local.elements(), Instant::now());
+    let mut shown_cache: Option<String> = None;
     let deadline = async {
         match seconds {
             Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
@@ -99,6 +106,11 @@ pub async fn local(
         let rate = elements.saturating_sub(last_elements) as f64 / last.elapsed().as_secs_f64();
         (last_elements, last) = (elements, Instant::now());
         println!("{}", local.view_line(start.elapsed(), rate, &mut seen).0);
+        let cache = local.cache().map(|c| cache_line(&c));
+        if cache.is_some() && cache != shown_cache {
+            println!("{}", cache.as_deref().unwrap_or_default());
+            shown_cache = cache;
+        }
     }
     let record = local.record();
     println!(
@@ -111,6 +123,21 @@ pub async fn local(
     for step in &record.history {
         println!("  {} -> {} workers: {}", step.time, step.workers, step.reason);
     }
+    if let Some(cache) = local.cache() {
+        println!("{}", cache_line(&cache));
+    }
     local.shutdown().await;
     Ok(())
+}
+
+/// The cache plan in one line: decision, hint, reason, and epoch times measured.
+pub fn cache_line(c: &stoker_api::CacheStatus) -> String {
+    let at = c.at.map(|a| format!(" at transform {a}")).unwrap_or_default();
+    let mut line = format!("cache: {:?}{at}: {}", c.decision, c.reason.as_deref().unwrap_or(""));
+    if let Some(m) = &c.measured {
+        let kinds = [("compute", m.compute), ("put", m.put), ("get", m.get)];
+        let times: Vec<String> = kinds.iter().filter_map(|(k, s)| s.map(|s| format!("{k} {s:.1} s"))).collect();
+        line.push_str(&format!(" (epochs measured: {})", times.join(", ")));
+    }
+    line
 }

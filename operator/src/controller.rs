@@ -214,7 +214,8 @@ where
 async fn update_status(dp: &DataPipeline, ctx: &Context, outcome: &Outcome) -> Result<bool, Error> {
     let now = Time(Timestamp::now());
     let record = ctx.scaling.get(&pipeline_key(dp));
-    let next = status::next(&dp.spec, dp.metadata.generation, dp.status.as_ref(), outcome, record.as_ref(), &now);
+    let cache = ctx.scaling.cache(&pipeline_key(dp));
+    let next = status::next(&dp.spec, dp.metadata.generation, dp.status.as_ref(), outcome, record.as_ref(), cache.as_ref(), &now);
     if dp.status.as_ref() == Some(&next) {
         return Ok(false);
     }

@@ -97,6 +97,7 @@ pub async fn run(options: &DemoOptions, out: &mut (dyn std::io::Write + Send)) -
             memory_budget: 64 << 20,
             max_batch_rate: Some(options.worker_rate),
             log_dir: Some(logs.clone()),
+            cache_dir: None,
         },
         window: Some(options.window),
         budget: None,

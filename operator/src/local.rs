@@ -40,6 +40,8 @@ pub struct Local {
     pub book: Arc<ScalingBook>,
     /// Every rescale so far, in order.
     pub rescales: watch::Receiver<Vec<Rescale>>,
+    /// Autoscaling mode Fixed: no scaling loop, so no client windows are judged.
+    fixed: bool,
     stop: watch::Sender<bool>,
 }
 
@@ -79,7 +81,8 @@ impl Local {
         options.workers.dispatcher_url = url.clone();
         let workers = Arc::new(LocalWorkers::new(options.workers.clone()));
         let key = PipelineKey { namespace: options.namespace.clone(), name: options.name.clone() };
-        workers.add(WorkerPipeline::new(&options.namespace, &options.name, spec));
+        // The directory stands in for a volume of `spec.cache.volumeSize`.
+        workers.add(WorkerPipeline::new(&options.namespace, &options.name, spec), spec.cache.cap_bytes());
         let (min, max) = (spec.workers.min.max(1) as u32, spec.workers.max.max(1) as u32);
         let start = match spec.autoscaling.mode {
             AutoscalingMode::Fixed => spec.autoscaling.replicas.unwrap_or(1).max(1) as u32,
@@ -87,7 +90,13 @@ impl Local {
         };
         workers.scale(&key, start).await?;
         let book = Arc::new(ScalingBook::default());
-        book.update(&key, |r| r.workers = start);
+        let fixed = spec.autoscaling.mode == AutoscalingMode::Fixed;
+        book.update(&key, |r| {
+            r.workers = start;
+            if fixed {
+                r.state = "autoscaling mode Fixed".into();
+            }
+        });
 
         let (rescales_tx, rescales) = watch::channel(Vec::new());
         if spec.autoscaling.mode == AutoscalingMode::BatchTime {
@@ -110,7 +119,7 @@ impl Local {
             };
             tokio::spawn(scaling.run(pipelines, record, stopped));
         }
-        Ok(Local { key, url, dispatcher, workers, book, rescales, stop })
+        Ok(Local { key, url, dispatcher, workers, book, rescales, fixed, stop })
     }
 
     /// The pipeline's record: workers, batch time, policy state, history.
@@ -128,7 +137,7 @@ impl Local {
         *seen = rescales.len();
         let decision = match newest {
             Some(r) => format!("{} -> {}: {}", r.from, r.to, r.reason),
-            None if record.attached => record.state.clone(),
+            None if record.attached || self.fixed => record.state.clone(),
             None => "no client attached".into(),
         };
         let line = format!(
@@ -140,6 +149,11 @@ impl Local {
             rate,
         );
         (line, newest.is_some())
+    }
+
+    /// The cache plan: decision, hint, predicted and measured epoch times.
+    pub fn cache(&self) -> Option<stoker_api::CacheStatus> {
+        self.dispatcher.with_state(|s| s.cache_status(&self.key))
     }
 
     /// Elements produced so far by the live workers.

@@ -24,6 +24,8 @@ pub struct LocalWorkerConfig {
     pub max_batch_rate: Option<f64>,
     /// Where each worker's log goes (`<dir>/<pipeline>-<n>.log`); inherited stderr when None.
     pub log_dir: Option<PathBuf>,
+    /// The directory standing in for the namespace's cache volume; no caching when None.
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// The `stoker-worker` next to this executable (cargo puts them side by side), else on PATH.
@@ -46,6 +48,8 @@ pub fn worker_binary() -> PathBuf {
 
 struct Running {
     pipeline: WorkerPipeline,
+    /// What the cache directory may hold (`--cache-cap-bytes`); the worker's default if None.
+    cache_cap_bytes: Option<u64>,
     children: Vec<Child>,
     started: u64,
 }
@@ -61,9 +65,9 @@ impl LocalWorkers {
     }
 
     /// Makes the pipeline known; it runs no worker until scaled.
-    pub fn add(&self, pipeline: WorkerPipeline) {
+    pub fn add(&self, pipeline: WorkerPipeline, cache_cap_bytes: Option<u64>) {
         let key = PipelineKey { namespace: pipeline.namespace.clone(), name: pipeline.name.clone() };
-        self.pipelines.lock().unwrap().insert(key, Running { pipeline, children: Vec::new(), started: 0 });
+        self.pipelines.lock().unwrap().insert(key, Running { pipeline, cache_cap_bytes, children: Vec::new(), started: 0 });
     }
 
     /// Running worker processes of a pipeline (exited ones are reaped and not counted).
@@ -83,7 +87,7 @@ impl LocalWorkers {
         pid
     }
 
-    fn spawn(&self, pipeline: &WorkerPipeline, n: u64) -> anyhow::Result<Child> {
+    fn spawn(&self, pipeline: &WorkerPipeline, cache_cap_bytes: Option<u64>, n: u64) -> anyhow::Result<Child> {
         let c = &self.config;
         let json = serde_json::to_string(pipeline)?;
         let mut command = Command::new(&c.binary);
@@ -91,6 +95,8 @@ impl LocalWorkers {
             .args(["--listen", "127.0.0.1:0", "--dispatcher", &c.dispatcher_url])
             .args(["--threads", &c.threads.to_string(), "--memory-budget", &c.memory_budget.to_string()])
             .args(c.max_batch_rate.map(|r| format!("--max-batch-rate={r}")))
+            .args(c.cache_dir.iter().flat_map(|d| [std::ffi::OsStr::new("--cache-dir"), d.as_os_str()]))
+            .args(cache_cap_bytes.map(|b| format!("--cache-cap-bytes={b}")))
             .env("STOKER_PIPELINE", json)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -112,7 +118,7 @@ impl Scaler for LocalWorkers {
             running.children.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
             while running.children.len() < workers as usize {
                 running.started += 1;
-                let child = self.spawn(&running.pipeline, running.started)?;
+                let child = self.spawn(&running.pipeline, running.cache_cap_bytes, running.started)?;
                 running.children.push(child);
             }
             while running.children.len() > workers as usize {

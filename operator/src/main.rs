@@ -165,7 +165,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let reporter = Reporter { controller: controller::FIELD_MANAGER.into(), instance: Some(identity.clone()) };
     let book = Arc::new(ScalingBook::default());
-    let recorder = Recorder::new(client.clone(), reporter);
+    let recorder = Recorder::new(client.clone(), reporter.clone());
     let ctx = Arc::new(Context::new(client.clone(), defaults, metrics.clone(), recorder.clone(), book.clone()));
 
     // The controller stops on shutdown, or when leadership is lost: a process that may no
@@ -199,7 +199,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         budget: (args.worker_budget > 0).then_some(args.worker_budget),
     };
     let store = store_tx.subscribe();
-    let events = scaling::events(recorder, store.clone(), reconcile_tx, book.clone(), metrics.clone());
+    let events = scaling::events(client.clone(), reporter, store.clone(), reconcile_tx, book.clone(), metrics.clone());
     tokio::spawn(scaling.run(move |book: &ScalingBook| scaling::in_scope(&store, book), events, stop.clone()));
     ready_tx.send_replace(true);
     controller::run(ctx, stop, store_tx, reconcile_rx).await;

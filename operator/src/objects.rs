@@ -108,6 +108,9 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32) -> Pip
     ];
     if caching {
         env.push(EnvVar { name: "STOKER_CACHE_DIR".into(), value: Some(CACHE_MOUNT.into()), ..Default::default() });
+        if let Some(cap) = spec.cache.cap_bytes() {
+            env.push(EnvVar { name: "STOKER_CACHE_CAP_BYTES".into(), value: Some(cap.to_string()), ..Default::default() });
+        }
     }
     // User env last so it can override ours deliberately.
     env.extend(spec.workers.env.iter().flatten().cloned());
@@ -365,6 +368,8 @@ mod tests {
         assert_eq!(default_size.spec.unwrap().resources.unwrap().requests.unwrap()["storage"].0, "100Gi");
         let p = pod(&on);
         assert_eq!(env(p, "STOKER_CACHE_DIR").unwrap().value.as_deref(), Some(CACHE_MOUNT));
+        let cap = ((20u64 << 30) as f64 * 0.9) as u64;
+        assert_eq!(env(p, "STOKER_CACHE_CAP_BYTES").unwrap().value, Some(cap.to_string()), "90% of the volume");
         assert!(p.volumes.as_ref().unwrap().iter().any(|v| v
             .persistent_volume_claim
             .as_ref()

@@ -29,6 +29,7 @@ pub fn next(
     previous: Option<&DataPipelineStatus>,
     outcome: &Outcome,
     scaling: Option<&ScalingRecord>,
+    cache: Option<&CacheStatus>,
     now: &Time,
 ) -> DataPipelineStatus {
     let previous = previous.cloned().unwrap_or_default();
@@ -107,9 +108,11 @@ pub fn next(
                 previous.autoscaler.unwrap_or_else(|| AutoscalerStatus { state: Some(IDLE.into()), ..Default::default() })
             }
         }),
-        cache: Some(match (spec.cache.mode, previous.cache) {
-            (CacheMode::Never, _) => CacheStatus { decision: CacheDecision::Compute, ..Default::default() },
-            (_, Some(cache)) if cache.decision != CacheDecision::Compute || cache.at.is_some() => cache,
+        cache: Some(match (spec.cache.mode, cache, previous.cache) {
+            (CacheMode::Never, _, _) => CacheStatus { decision: CacheDecision::Compute, ..Default::default() },
+            (_, Some(plan), _) => plan.clone(),
+            // No worker has registered with this leader yet: keep what the last one showed.
+            (_, None, Some(cache)) if cache.decision != CacheDecision::Compute || cache.at.is_some() => cache,
             _ => CacheStatus::default(),
         }),
         conditions,
@@ -158,12 +161,12 @@ mod tests {
     #[test]
     fn pending_until_workers_are_ready_then_idle() {
         let s = spec("");
-        let pending = next(&s, Some(1), None, &Outcome::Applied { desired: 2, ready: 1 }, None, &at(10));
+        let pending = next(&s, Some(1), None, &Outcome::Applied { desired: 2, ready: 1 }, None, None, &at(10));
         assert_eq!(pending.phase, Some(Phase::Pending));
         assert_eq!(pending.workers.as_ref().unwrap().summary, "1/2");
         assert_eq!(get(&pending, condition::READY).status, "False");
         assert_eq!(get(&pending, condition::PROGRESSING).status, "True");
-        let idle = next(&s, Some(1), Some(&pending), &Outcome::Applied { desired: 2, ready: 2 }, None, &at(20));
+        let idle = next(&s, Some(1), Some(&pending), &Outcome::Applied { desired: 2, ready: 2 }, None, None, &at(20));
         assert_eq!(idle.phase, Some(Phase::Idle));
         assert_eq!(get(&idle, condition::READY).reason, "WorkersReady");
         assert_eq!(get(&idle, condition::READY).last_transition_time, at(20));
@@ -174,8 +177,8 @@ mod tests {
     #[test]
     fn same_input_gives_identical_status() {
         let s = spec("");
-        let first = next(&s, Some(3), None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
-        let again = next(&s, Some(3), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, None, &at(99));
+        let first = next(&s, Some(3), None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
+        let again = next(&s, Some(3), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(99));
         assert_eq!(first, again, "a resync must not produce a status write");
     }
 
@@ -185,7 +188,7 @@ mod tests {
             ValidationError { field: "spec.workers".into(), message: "min (5) is greater than max (2)".into() },
             ValidationError { field: "spec.source.uri".into(), message: "unknown scheme".into() },
         ];
-        let st = next(&spec(""), Some(2), None, &Outcome::Invalid(errors), None, &at(1));
+        let st = next(&spec(""), Some(2), None, &Outcome::Invalid(errors), None, None, &at(1));
         assert_eq!(st.phase, Some(Phase::Invalid));
         let ready = get(&st, condition::READY);
         assert_eq!(ready.reason, "InvalidSpec");
@@ -195,8 +198,8 @@ mod tests {
     #[test]
     fn apply_failure_is_degraded_and_keeps_worker_counts() {
         let s = spec("");
-        let ok = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 1 }, None, &at(1));
-        let failed = next(&s, Some(2), Some(&ok), &Outcome::Failed("quota exceeded".into()), None, &at(2));
+        let ok = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 1 }, None, None, &at(1));
+        let failed = next(&s, Some(2), Some(&ok), &Outcome::Failed("quota exceeded".into()), None, None, &at(2));
         assert_eq!(failed.phase, Some(Phase::Degraded));
         assert_eq!(get(&failed, condition::DEGRADED).message, "quota exceeded");
         assert_eq!(failed.workers, ok.workers);
@@ -204,18 +207,18 @@ mod tests {
 
     #[test]
     fn cache_decision_reflects_the_mode() {
-        let off = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
+        let off = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
         assert_eq!(off.cache.unwrap().decision, CacheDecision::Compute);
-        let auto = next(&spec("cache: {mode: Auto}\n"), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
+        let auto = next(&spec("cache: {mode: Auto}\n"), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
         assert_eq!(auto.cache.unwrap().decision, CacheDecision::Undecided);
     }
 
     #[test]
     fn fixed_mode_is_converged_batch_time_is_not() {
         let fixed = spec("autoscaling: {mode: Fixed, replicas: 1}\n");
-        let st = next(&fixed, None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
+        let st = next(&fixed, None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
         assert!(st.autoscaler.unwrap().converged);
-        let st = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
+        let st = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
         assert!(!st.autoscaler.unwrap().converged);
     }
 
@@ -223,9 +226,9 @@ mod tests {
     fn the_autoscalers_first_round_writes_no_new_status() {
         // A restart or a start must not cost a second write when no client is attached yet.
         let s = spec("");
-        let first = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 0 }, None, &at(1));
+        let first = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
         let idle = ScalingRecord { workers: 1, state: IDLE.into(), ..Default::default() };
-        let after_round = next(&s, Some(1), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, Some(&idle), &at(2));
+        let after_round = next(&s, Some(1), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, Some(&idle), None, &at(2));
         assert_eq!(first, after_round);
     }
 }

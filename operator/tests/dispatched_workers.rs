@@ -59,9 +59,10 @@ async fn setup(worker_timeout: Duration) -> Setup {
         max_batch_rate: None,
         // Not in the data directory: the logs would become shards of the source.
         log_dir: Some(logs.path().to_path_buf()),
+        cache_dir: None,
     });
     let key = PipelineKey { namespace: "ns".into(), name: "lines".into() };
-    workers.add(pipeline);
+    workers.add(pipeline, None);
     Setup { dispatcher, workers, key, url, _dirs: (dir, logs) }
 }
 

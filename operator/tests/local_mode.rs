@@ -36,6 +36,7 @@ fn options(dir: &std::path::Path, logs: &std::path::Path, extra: &str) -> LocalO
             memory_budget: 32 << 20,
             max_batch_rate: Some(WORKER_RATE),
             log_dir: Some(logs.to_path_buf()),
+            cache_dir: None,
         },
         window: Some(Duration::from_secs(1)),
         budget: None,

@@ -43,11 +43,23 @@ impl ElementError {
 /// accumulates the time spent in transform `i`.
 pub fn apply(
     transforms: &[Transform],
+    element: Element,
+    key: ElementKey,
+    timings: &mut [Duration],
+) -> Result<Option<Element>, ElementError> {
+    apply_range(transforms, 0..transforms.len(), element, key, timings)
+}
+
+/// Applies the transforms in `range` only (before or after an autocache hint). Indices, and
+/// so the random streams of random ops, are those of the whole pipeline.
+pub fn apply_range(
+    transforms: &[Transform],
+    range: std::ops::Range<usize>,
     mut element: Element,
     key: ElementKey,
     timings: &mut [Duration],
 ) -> Result<Option<Element>, ElementError> {
-    for (index, transform) in transforms.iter().enumerate() {
+    for (index, transform) in transforms.iter().enumerate().take(range.end).skip(range.start) {
         let started = Instant::now();
         let op = transform.name();
         let fail = |source| ElementError::Op { index, op, source };

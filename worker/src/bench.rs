@@ -3,13 +3,16 @@
 pub mod memory;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::Context as _;
 use stoker_api::{
-    DType, DecodeImage, Normalize, OnError, RandomFlip, RandomResizedCrop, Source, SourceFormat, Transform,
-    WorkerPipeline,
+    Autocache, CacheMode, DType, DecodeImage, Normalize, OnError, RandomFlip, RandomResizedCrop, Resize, Source, SourceFormat,
+    Transform, WorkerPipeline,
 };
 
+use crate::cached::{CacheConfig, SplitCache};
 use crate::engine::{Engine, EngineConfig};
 
 /// ResNet-50's training transforms (torchvision's reference recipe) over an image folder.
@@ -68,19 +71,8 @@ impl PreprocessReport {
 pub async fn preprocess(corpus: &Path, threads: usize) -> anyhow::Result<PreprocessReport> {
     let uri = format!("file://{}/", corpus.canonicalize()?.display());
     let config = EngineConfig { threads, ..Default::default() };
-    let engine = Engine::open(resnet50_train(&uri, 64), config).await?;
-    let (tx, rx) = std::sync::mpsc::sync_channel(4);
-    let started = Instant::now();
-    let producer = tokio::task::spawn_blocking(move || {
-        let splits = engine.splits().to_vec();
-        engine.run_epoch(0, &splits, &tx).map(|()| engine)
-    });
-    let mut images = 0u64;
-    while let Ok(ready) = tokio::task::block_in_place(|| rx.recv()) {
-        images += ready.batch.tensors.get("image").map_or(0, |t| t.shape[0] as u64);
-    }
-    let engine = producer.await??;
-    let seconds = started.elapsed().as_secs_f64();
+    let engine = Arc::new(Engine::open(resnet50_train(&uri, 64), config).await?);
+    let (images, seconds) = timed_epoch(&engine, 0, SplitCache::Compute).await?;
     let skipped = engine.stats.skipped();
     anyhow::ensure!(skipped.is_empty(), "the benchmark corpus should be clean, skipped {skipped:?}");
     let op_time = engine.stats.op_time.lock().unwrap().clone();
@@ -92,4 +84,73 @@ pub async fn preprocess(corpus: &Path, threads: usize) -> anyhow::Result<Preproc
         .map(|(t, d)| (t.name(), d.as_secs_f64() * 1e3 / images.max(1) as f64))
         .collect();
     Ok(PreprocessReport { images, seconds, threads, op_ms })
+}
+
+/// Runs one epoch, every split doing `cache`, dropping batches as they come: (images, seconds).
+async fn timed_epoch(engine: &Arc<Engine>, epoch: u64, cache: SplitCache) -> anyhow::Result<(u64, f64)> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(4);
+    let started = Instant::now();
+    let producer = {
+        let engine = engine.clone();
+        tokio::task::spawn_blocking(move || {
+            let splits: Vec<_> = engine.splits().iter().map(|s| (s.clone(), cache.clone())).collect();
+            engine.run_splits(epoch, splits, &tx).map(drop)
+        })
+    };
+    let mut images = 0u64;
+    while let Ok(ready) = tokio::task::block_in_place(|| rx.recv()) {
+        images += ready.batch.tensors.get("image").map_or(0, |t| t.shape[0] as u64);
+    }
+    producer.await??;
+    Ok((images, started.elapsed().as_secs_f64()))
+}
+
+/// `resnet50_train` with its decoded images resized to a shorter side of 256 and an autocache
+/// hint there: the usual place to cache ImageNet (everything after it is random).
+pub fn resnet50_train_cached(uri: &str, batch_size: u32) -> WorkerPipeline {
+    let mut pipeline = resnet50_train(uri, batch_size);
+    let resize = Transform::Resize(Resize { size: None, shorter_side: Some(256), field: "image".into() });
+    pipeline.transforms.splice(1..1, [resize, Transform::Autocache(Autocache {})]);
+    pipeline.cache_mode = CacheMode::Always;
+    pipeline
+}
+
+#[derive(Debug)]
+pub struct CacheReport {
+    pub images: u64,
+    pub threads: usize,
+    /// Epoch seconds computing everything, writing the cache, and reading it (each read epoch).
+    pub compute: f64,
+    pub put: f64,
+    pub gets: Vec<f64>,
+    pub entry_bytes: u64,
+}
+
+/// Epochs of `resnet50_train_cached` over the image folder at `corpus` with the cache on
+/// `volume`: one computing everything, one writing the entry, then `gets` reading it, each
+/// with the entry's files dropped from the page cache first.
+pub async fn cache(corpus: &Path, volume: &Path, threads: usize, gets: usize) -> anyhow::Result<CacheReport> {
+    let uri = format!("file://{}/", corpus.canonicalize()?.display());
+    let cache_config = CacheConfig { dir: volume.to_path_buf(), cap_bytes: u64::MAX };
+    let config = EngineConfig { threads, cache: Some(cache_config), ..Default::default() };
+    let engine = Arc::new(Engine::open(resnet50_train_cached(&uri, 64), config).await?);
+    let cache = engine.cache.clone().context("the engine has no cache")?;
+    let (at, fingerprint) = cache.hints[0].clone();
+    let entry = cache.entry(&fingerprint);
+    if entry.dir().exists() {
+        std::fs::remove_dir_all(entry.dir()).with_context(|| format!("removing the entry of an earlier run, {}", entry.dir().display()))?;
+    }
+    let (images, compute) = timed_epoch(&engine, 0, SplitCache::Compute).await?;
+    let (_, put) = timed_epoch(&engine, 1, SplitCache::Put { at, fingerprint: fingerprint.clone() }).await?;
+    let manifest = entry.manifest()?.context("the entry is not complete after the put epoch")?;
+    let mut get_seconds = Vec::new();
+    for epoch in 0..gets as u64 {
+        entry.drop_from_page_cache();
+        let (read, seconds) = timed_epoch(&engine, 2 + epoch, SplitCache::Get { at, fingerprint: fingerprint.clone() }).await?;
+        anyhow::ensure!(read == images, "a get epoch delivered {read} images of {images}");
+        get_seconds.push(seconds);
+    }
+    let splits_read = cache.progress().splits_read;
+    anyhow::ensure!(splits_read == manifest.splits * gets as u64, "{splits_read} splits were read from the cache, not all");
+    Ok(CacheReport { images, threads, compute, put, gets: get_seconds, entry_bytes: manifest.bytes })
 }

@@ -19,6 +19,7 @@ use stoker_api::Batch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
+use crate::cached::{EngineCache, SplitCache};
 use crate::engine::{Engine, Ready, Split};
 use crate::stream::{BatchSource, Batches, Subscription};
 
@@ -26,6 +27,8 @@ use crate::stream::{BatchSource, Batches, Subscription};
 pub struct Link {
     client: DispatcherClient<Channel>,
     registration: proto::RegisterWorkerRequest,
+    /// Whose entries' completeness goes into every (re-)registration.
+    cache: Option<Arc<EngineCache>>,
     worker_id: Mutex<String>,
     runtime: tokio::runtime::Handle,
 }
@@ -45,10 +48,13 @@ impl Link {
             splits: engine.splits().len() as u64,
             plan_digest: plan_digest(engine.splits()),
             worker_id: String::new(),
+            cache_hints: Vec::new(),
+            cache_mode: format!("{:?}", pipeline.cache_mode),
         };
         let link = Arc::new(Link {
             client: DispatcherClient::new(channel),
             registration,
+            cache: engine.cache.clone(),
             worker_id: Mutex::new(String::new()),
             runtime: tokio::runtime::Handle::current(),
         });
@@ -59,6 +65,7 @@ impl Link {
     async fn reregister(&self) -> anyhow::Result<()> {
         let mut request = self.registration.clone();
         request.worker_id = self.worker_id.lock().unwrap().clone();
+        request.cache_hints = self.cache.as_ref().map(|c| c.seen()).unwrap_or_default();
         loop {
             match self.client.clone().register_worker(request.clone()).await {
                 Ok(response) => {
@@ -123,12 +130,15 @@ impl Link {
         });
     }
 
-    fn next_split(&self, job: &str, completed: Vec<proto::SplitRef>, epoch: u64) -> anyhow::Result<Next> {
+    /// The job's next split, and what it does with the cache.
+    fn next_split(&self, job: &str, completed: Vec<proto::SplitRef>, epoch: u64) -> anyhow::Result<(Next, SplitCache)> {
         let response = self.runtime.block_on(self.call("next split", |mut c, worker_id| {
             let request = proto::NextSplitRequest { worker_id, job: job.to_string(), completed: completed.clone(), epoch };
             async move { c.next_split(request).await }
         }))?;
-        response.next.ok_or_else(|| anyhow::anyhow!("the dispatcher answered NextSplit with nothing"))
+        let cache = SplitCache::from_directive(response.cache.as_ref());
+        let next = response.next.ok_or_else(|| anyhow::anyhow!("the dispatcher answered NextSplit with nothing"))?;
+        Ok((next, cache))
     }
 }
 
@@ -143,6 +153,7 @@ fn progress(engine: &Engine, error: Option<String>) -> proto::WorkerProgress {
         skipped: stats.skipped().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
         op_seconds: stats.op_time.lock().unwrap().iter().map(Duration::as_secs_f64).collect(),
         error: error.unwrap_or_default(),
+        cache: engine.cache.as_ref().map(|c| c.progress()),
     }
 }
 
@@ -264,7 +275,7 @@ fn produce(
     let mut next = link.next_split(job, take(), epoch)?;
     loop {
         let first = match next {
-            Next::Draining(d) => {
+            (Next::Draining(d), _) => {
                 epoch = d.epoch;
                 std::thread::sleep(Duration::from_millis(u64::from(d.retry_ms)));
                 if out.is_closed() {
@@ -273,20 +284,20 @@ fn produce(
                 next = link.next_split(job, take(), epoch)?;
                 continue;
             }
-            Next::Split(s) => {
+            (Next::Split(s), cache) => {
                 epoch = s.epoch;
-                split(s.split)?
+                (split(s.split)?, cache)
             }
         };
         // The epoch's splits, pulled as the engine asks; a split of another epoch ends this one.
-        let mut after: Option<Next> = None;
+        let mut after: Option<(Next, SplitCache)> = None;
         let mut failed: Option<anyhow::Error> = None;
         let pulled = std::iter::once(first).chain(std::iter::from_fn(|| {
             if after.is_some() || failed.is_some() {
                 return None;
             }
             match link.next_split(job, take(), epoch).and_then(|n| match n {
-                Next::Split(s) if s.epoch == epoch => split(s.split).map(Some),
+                (Next::Split(s), cache) if s.epoch == epoch => split(s.split).map(|s| Some((s, cache))),
                 other => {
                     after = Some(other);
                     Ok(None)

@@ -5,6 +5,8 @@ pub mod apply;
 pub mod batch;
 pub mod bench;
 pub mod budget;
+pub mod cache;
+pub mod cached;
 pub mod ops;
 pub mod element;
 pub mod engine;

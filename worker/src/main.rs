@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use stoker_api::{DataPipeline, WorkerPipeline};
+use stoker_api::{CacheMode, DataPipeline, WorkerPipeline};
+use stoker_worker::cached::CacheConfig;
 use stoker_worker::corpus::{self, CorpusSpec};
 use stoker_worker::engine::{Engine, EngineConfig};
 use stoker_worker::dispatched::{DispatchedSource, Link};
@@ -60,6 +61,13 @@ struct RunArgs {
     /// host:port clients reach this worker at; default: POD_IP (or 127.0.0.1) and the bound port.
     #[arg(long, env = "STOKER_ADVERTISE")]
     advertise: Option<String>,
+    /// The shared cache volume (the namespace's stoker-cache PVC, or a local directory); no
+    /// caching without it.
+    #[arg(long, env = "STOKER_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Bytes the cache may hold; least recently used entries are evicted beyond it.
+    #[arg(long, env = "STOKER_CACHE_CAP_BYTES", default_value_t = 90 << 30)]
+    cache_cap_bytes: u64,
 }
 
 #[derive(Subcommand)]
@@ -96,6 +104,23 @@ enum Bench {
         /// Epochs to time; the best is reported.
         #[arg(long, default_value_t = 3)]
         repeat: usize,
+    },
+    /// ResNet-50 transforms with an autocache hint after decode and resize to 256: epoch
+    /// times computing everything, writing the cache, and reading it back.
+    Cache {
+        /// The corpus; generated there (with --images) if it does not exist.
+        #[arg(long)]
+        corpus: PathBuf,
+        #[arg(long, default_value_t = 1000)]
+        images: usize,
+        /// The directory standing in for the cache volume.
+        #[arg(long, default_value = "/tmp/stoker-bench-cache")]
+        volume: PathBuf,
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Epochs reading the cache.
+        #[arg(long, default_value_t = 2)]
+        gets: usize,
     },
     /// Peak RSS of a standalone worker read by a slow client vs its budget plus 200 MB;
     /// exits nonzero when over.
@@ -169,6 +194,26 @@ async fn main() -> anyhow::Result<()> {
             println!("best: {:.0} images/s, {:.0} images/s per core", best.images_per_second(), best.per_core());
             Ok(())
         }
+        Some(Command::Bench { bench: Bench::Cache { corpus, images, volume, threads, gets } }) => {
+            if !corpus.exists() {
+                eprintln!("generating {images} images under {} ...", corpus.display());
+                corpus::generate(&corpus, &CorpusSpec { images, ..Default::default() })?;
+            }
+            let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let r = stoker_worker::bench::cache(&corpus, &volume, threads, gets).await?;
+            let line = |what: &str, seconds: f64| {
+                println!("{what}: {} images in {seconds:.2} s: {:.0} images/s ({threads} threads)", r.images, r.images as f64 / seconds)
+            };
+            line("compute (no cache)", r.compute);
+            line("put (computing, writing the cache)", r.put);
+            println!("entry: {:.0} MB, {:.0} KB per image", r.entry_bytes as f64 / 1e6, r.entry_bytes as f64 / 1e3 / r.images.max(1) as f64);
+            for (i, &seconds) in r.gets.iter().enumerate() {
+                line(&format!("get {} (reading the cache, page cache dropped)", i + 1), seconds);
+            }
+            let best = r.gets.iter().copied().fold(f64::INFINITY, f64::min);
+            println!("best get: {:.2}x the compute epoch's speed", r.compute / best);
+            Ok(())
+        }
         Some(Command::Bench { bench: Bench::Serve { listen, images } }) => {
             let source = stoker_worker::stream::SyntheticSource::new(vec![
                 ("image".into(), stoker_api::DType::Float16, vec![images, 224, 224, 3]),
@@ -206,7 +251,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         batch_size = pipeline.batch_size,
         "pipeline loaded"
     );
-    let mut config = EngineConfig { memory_budget: args.memory_budget, ..Default::default() };
+    let cache = (pipeline.cache_mode != CacheMode::Never)
+        .then(|| args.cache_dir.clone().map(|dir| CacheConfig { dir, cap_bytes: args.cache_cap_bytes }))
+        .flatten();
+    let mut config = EngineConfig { memory_budget: args.memory_budget, cache, ..Default::default() };
     if let Some(threads) = args.threads {
         config.threads = threads;
     }

@@ -16,6 +16,8 @@ pub struct Shard {
     /// Path inside the store (for file://, the absolute path without the leading slash).
     pub path: String,
     pub size: u64,
+    /// ETag, else modification time: what changes when the object does (cache fingerprints).
+    pub version: String,
 }
 
 /// Source errors callers branch on: a missing source or a permission problem is the user's to
@@ -63,7 +65,11 @@ impl DataSource {
         let mut shards: Vec<Shard> = self
             .store
             .list(Some(&self.prefix))
-            .map_ok(|meta| Shard { path: meta.location.to_string(), size: meta.size })
+            .map_ok(|meta| Shard {
+                path: meta.location.to_string(),
+                size: meta.size,
+                version: meta.e_tag.clone().unwrap_or_else(|| meta.last_modified.to_rfc3339()),
+            })
             .try_collect()
             .await
             .map_err(|e| self.error(e))?;

@@ -8,6 +8,7 @@ use stoker_api::{Batch, DType, WorkerPipeline};
 use stoker_worker::bench::resnet50_train;
 use stoker_worker::corpus::{CorpusSpec, generate};
 use stoker_worker::engine::{Engine, EngineConfig, EngineError, Ready};
+use stoker_worker::cached::SplitCache;
 
 fn corpus(images: usize, classes: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -30,6 +31,20 @@ async fn epoch(pipeline: WorkerPipeline, config: EngineConfig) -> Result<(Vec<Ba
     let batches = tokio::task::spawn_blocking(move || collect(rx)).await.unwrap();
     let engine = producer.await.unwrap()?;
     Ok((batches, engine))
+}
+
+/// Runs every split of epoch 0 as a dispatcher hands them out: the batches made, and the
+/// splits left for the worker to report itself.
+async fn run_dispatched(engine: Engine) -> (Vec<Ready>, Vec<u64>) {
+    let (tx, rx) = sync_channel(64);
+    let leftover = tokio::task::spawn_blocking(move || {
+        let splits: Vec<_> = engine.splits().iter().map(|s| (s.clone(), SplitCache::Compute)).collect();
+        engine.run_splits(0, splits, &tx)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    (rx.iter().collect(), leftover)
 }
 
 fn collect(rx: Receiver<Ready>) -> Vec<Batch> {
@@ -160,17 +175,10 @@ async fn splits_complete_once_their_last_element_is_batched() {
     );
     let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
     let engine = Engine::open(WorkerPipeline::new("ns", "t", &spec), config(2)).await.unwrap();
-    let (tx, rx) = sync_channel(16);
-    let leftover = tokio::task::spawn_blocking(move || {
-        let splits = engine.splits().to_vec();
-        engine.run_splits(0, splits, &tx)
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let (ready, leftover) = run_dispatched(engine).await;
     let mut seen: Vec<i64> = Vec::new();
     let mut completed: Vec<u64> = Vec::new();
-    for ready in rx.iter() {
+    for ready in ready {
         let xs = ready.batch.tensors["x"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()));
         seen.extend(xs);
         for &split in &ready.completes {
@@ -184,4 +192,23 @@ async fn splits_complete_once_their_last_element_is_batched() {
     completed.sort_unstable();
     assert_eq!(completed, [0, 1, 2, 3, 4], "every split completes exactly once");
     assert_eq!(seen.len(), 12);
+}
+
+/// A split whose last element fills a batch is completed by that batch, not reported by the
+/// worker afterwards: a worker's own report could reach the dispatcher before the batch
+/// reaches the client, and a worker killed in between would lose the batch for good.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_split_ending_on_a_batch_boundary_is_carried_by_that_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    for shard in 0..3 {
+        let lines: String = (0..4).map(|i| format!("{{\"x\": {}}}\n", shard * 10 + i)).collect();
+        std::fs::write(dir.path().join(format!("{shard}.jsonl")), lines).unwrap();
+    }
+    let manifest = format!("source: {{uri: '{}', format: jsonl}}\nbatchSize: 4\n", uri(dir.path()));
+    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
+    let engine = Engine::open(WorkerPipeline::new("ns", "t", &spec), config(2)).await.unwrap();
+    let (ready, leftover) = run_dispatched(engine).await;
+    let completes: Vec<Vec<u64>> = ready.into_iter().map(|r| r.completes).collect();
+    assert_eq!(completes, [vec![0], vec![1], vec![2]], "each batch is one split and completes it");
+    assert!(leftover.is_empty(), "nothing left for the worker to report: {leftover:?}");
 }

@@ -3,6 +3,7 @@
 //! and the operator, so leave the cluster as you found it: own namespaces, deleted at the end).
 
 pub mod autoscaling;
+pub mod caching;
 pub mod chart;
 pub mod control_plane;
 pub mod operator;
@@ -36,4 +37,5 @@ pub static ALL: &[Scenario] = scenarios![
     pipelines::long_names_fit,
     pipelines::restart_writes_nothing,
     autoscaling::batch_time_autoscaling,
+    caching::cache_decision_in_status,
 ];

@@ -90,6 +90,10 @@ struct LocalArgs {
     /// Stops after this many seconds (default: on Ctrl-C).
     #[arg(long)]
     seconds: Option<u64>,
+    /// The directory standing in for the namespace's cache volume (default:
+    /// ~/.cache/stoker/volumes/<namespace>).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -143,7 +147,15 @@ async fn main() -> anyhow::Result<()> {
             stoker_operator::cli::quiet_logs();
             let dp = load(&args.file)?;
             check(&dp)?;
-            stoker_operator::cli::local(dp, &args.listen, args.worker_threads, args.max_batch_rate, args.window_seconds, args.seconds).await
+            let settings = stoker_operator::cli::LocalSettings {
+                listen: args.listen,
+                threads: args.worker_threads,
+                max_batch_rate: args.max_batch_rate,
+                window_seconds: args.window_seconds,
+                seconds: args.seconds,
+                cache_dir: args.cache_dir,
+            };
+            stoker_operator::cli::local(dp, settings).await
         }
     }
 }

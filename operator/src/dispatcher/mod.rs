@@ -1,6 +1,7 @@
 //! The dispatcher: dynamic sharding of splits to workers, the live worker list for clients,
 //! and the batch-time windows the autoscaler decides from.
 
+pub mod cache;
 mod service;
 pub mod state;
 

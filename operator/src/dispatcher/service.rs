@@ -13,6 +13,10 @@ use stoker_api::proto::{self, next_split_response::Next};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
+use stoker_api::CacheMode;
+
+use super::cache::{CacheProgress, HintSeen};
+use crate::autocache::plan::Directive;
 use super::state::{Assignment, ClientWindow, DispatchError, DispatcherState, PipelineKey, Progress, Timeouts, WorkerRegistration};
 
 /// How often workers heartbeat; the dead-worker timeout is several of these.
@@ -128,6 +132,13 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             splits: r.splits,
             plan_digest: r.plan_digest,
             worker_id: Some(r.worker_id),
+            cache_mode: match r.cache_mode.as_str() {
+                "" | "Never" => CacheMode::Never,
+                "Auto" => CacheMode::Auto,
+                "Always" => CacheMode::Always,
+                other => return Err(Status::invalid_argument(format!("cache_mode {other:?} is not Never, Auto or Always"))),
+            },
+            cache_hints: r.cache_hints.into_iter().map(|h| HintSeen { at: h.at, fingerprint: h.fingerprint, complete: h.complete }).collect(),
         };
         let pipeline = registration.pipeline.clone();
         let address = registration.address.clone();
@@ -152,6 +163,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             skipped: p.skipped.into_iter().collect(),
             op_seconds: p.op_seconds,
             error: (!p.error.is_empty()).then_some(p.error),
+            cache: p.cache.map(cache_progress).unwrap_or_default(),
         };
         self.0.with_state(|s| s.heartbeat(&r.worker_id, progress, Instant::now())).map_err(status)?;
         Ok(Response::new(proto::WorkerHeartbeatResponse {}))
@@ -164,12 +176,21 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             return Err(Status::invalid_argument("job is required"));
         }
         let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
-        let next = self.0.with_state(|s| s.next_split(&r.worker_id, &r.job, &completed, r.epoch, Instant::now())).map_err(status)?;
+        let (next, directive) = self
+            .0
+            .with_state(|s| Ok((s.next_split(&r.worker_id, &r.job, &completed, r.epoch, Instant::now())?, s.cache_directive(&r.worker_id))))
+            .map_err(status)?;
         let next = match next {
             Assignment::Split { epoch, split } => Next::Split(proto::SplitRef { epoch, split }),
             Assignment::Draining { epoch } => Next::Draining(proto::EpochDraining { epoch, retry_ms: DRAINING_RETRY.as_millis() as u32 }),
         };
-        Ok(Response::new(proto::NextSplitResponse { next: Some(next) }))
+        use proto::cache_directive::Action;
+        let cache = match directive {
+            Directive::Compute => proto::CacheDirective::default(),
+            Directive::Put(h) => proto::CacheDirective { action: Action::Put.into(), at: h.at, fingerprint: h.fingerprint },
+            Directive::Get(h) => proto::CacheDirective { action: Action::Get.into(), at: h.at, fingerprint: h.fingerprint },
+        };
+        Ok(Response::new(proto::NextSplitResponse { next: Some(next), cache: Some(cache) }))
     }
 
     async fn register_client(&self, request: Request<proto::RegisterClientRequest>) -> Result<Response<proto::RegisterClientResponse>, Status> {
@@ -218,4 +239,18 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder().add_service(dispatcher.into_server()).serve_with_incoming_shutdown(incoming, shutdown).await
+}
+
+fn cache_progress(c: proto::CacheProgress) -> CacheProgress {
+    CacheProgress {
+        hints: c.hints.iter().map(|h| (h.at, h.elements, h.bytes)).collect(),
+        splits_measured: c.splits_measured,
+        write_bytes_per_second: c.write_bytes_per_second,
+        read_bytes_per_second: c.read_bytes_per_second,
+        complete: c.complete,
+        corrupt: (!c.corrupt.is_empty()).then_some((c.corrupt, c.corrupt_detail)),
+        splits_written: c.splits_written,
+        splits_read: c.splits_read,
+        elements_read: c.elements_read,
+    }
 }

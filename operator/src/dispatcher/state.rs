@@ -10,6 +10,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use stoker_api::{CacheDecision, CacheMode, CacheStatus};
+
+use super::cache::{CacheProgress, Caches, HintSeen};
+use crate::autocache::plan::{Directive, Measured};
+
 /// A DataPipeline by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PipelineKey {
@@ -59,6 +64,9 @@ pub struct WorkerRegistration {
     pub plan_digest: String,
     /// Kept when re-registering after a dispatcher restart.
     pub worker_id: Option<String>,
+    pub cache_mode: CacheMode,
+    /// Empty when the worker has no cache volume.
+    pub cache_hints: Vec<HintSeen>,
 }
 
 /// What a worker should do next for a job.
@@ -78,6 +86,7 @@ pub struct Progress {
     pub skipped: BTreeMap<String, u64>,
     pub op_seconds: Vec<f64>,
     pub error: Option<String>,
+    pub cache: CacheProgress,
 }
 
 /// One client's batch-time measurements over one window.
@@ -115,6 +124,23 @@ struct Pass {
     pending: VecDeque<u64>,
     assigned: HashMap<u64, String>,
     done: BTreeSet<u64>,
+    /// When its first split was handed out, and how many were computed, put and got.
+    started: Option<Instant>,
+    actions: [u64; 3],
+}
+
+impl Pass {
+    /// What most of the pass's splits did with the cache.
+    fn action(&self) -> CacheDecision {
+        let [compute, put, get] = self.actions;
+        if get > compute + put {
+            CacheDecision::Get
+        } else if put > compute + get {
+            CacheDecision::Put
+        } else {
+            CacheDecision::Compute
+        }
+    }
 }
 
 impl Pass {
@@ -162,7 +188,7 @@ impl Job {
     }
 
     /// The next split to produce: the current epoch's first, then the next epoch's.
-    fn hand_out(&mut self, worker: &str, splits: u64) -> Assignment {
+    fn hand_out(&mut self, worker: &str, splits: u64, directive: &Directive, now: Instant) -> Assignment {
         let (epoch, pass) = match self.current.pending.is_empty() {
             false => (self.epoch, &mut self.current),
             true => (self.epoch + 1, self.next.get_or_insert_with(|| Pass::full(splits))),
@@ -170,14 +196,21 @@ impl Job {
         match pass.pending.pop_front() {
             Some(split) => {
                 pass.assigned.insert(split, worker.to_string());
+                pass.started.get_or_insert(now);
+                pass.actions[match directive {
+                    Directive::Compute => 0,
+                    Directive::Put(_) => 1,
+                    Directive::Get(_) => 2,
+                }] += 1;
                 Assignment::Split { epoch, split }
             }
             None => Assignment::Draining { epoch: self.epoch },
         }
     }
 
-    /// Marks (epoch, split)s done, and moves on once the current epoch's all are.
-    fn complete(&mut self, completed: &[(u64, u64)], splits: u64) {
+    /// Marks (epoch, split)s done, and moves on once the current epoch's all are; returns the
+    /// finished epoch's cache action and length.
+    fn complete(&mut self, completed: &[(u64, u64)], splits: u64, now: Instant) -> Option<(CacheDecision, f64)> {
         for &(e, split) in completed {
             let pass = match e.checked_sub(self.epoch) {
                 Some(0) => Some(&mut self.current),
@@ -197,10 +230,12 @@ impl Job {
                 pass.pending.remove(i);
             }
         }
-        if self.current.done.len() as u64 == splits {
-            self.epoch += 1;
-            self.current = self.next.take().unwrap_or_else(|| Pass::full(splits));
+        if self.current.done.len() as u64 != splits {
+            return None;
         }
+        let finished = std::mem::replace(&mut self.current, self.next.take().unwrap_or_else(|| Pass::full(splits)));
+        self.epoch += 1;
+        finished.started.map(|t| (finished.action(), now.saturating_duration_since(t).as_secs_f64()))
     }
 
     /// Hands out again the in-flight splits `holds` picks (their data may be lost with
@@ -254,6 +289,7 @@ pub struct DispatcherState {
     workers: BTreeMap<String, Worker>,
     clients: BTreeMap<String, Client>,
     pipelines: BTreeMap<PipelineKey, Pipeline>,
+    caches: Caches,
 }
 
 impl DispatcherState {
@@ -265,6 +301,7 @@ impl DispatcherState {
             workers: BTreeMap::new(),
             clients: BTreeMap::new(),
             pipelines: BTreeMap::new(),
+            caches: Caches::default(),
         }
     }
 
@@ -299,10 +336,12 @@ impl DispatcherState {
                 }
                 // Every worker of the old plan is gone: the source changed; start over.
                 *pipeline = Pipeline { plan: Some((r.splits, r.plan_digest.clone())), jobs: BTreeMap::new() };
+                self.caches.forget(&r.pipeline);
             }
             Some(_) => {}
             None => pipeline.plan = Some((r.splits, r.plan_digest.clone())),
         }
+        self.caches.register(&r.pipeline, r.cache_mode, &r.cache_hints, r.splits);
         let id = match r.worker_id.filter(|id| !id.is_empty()) {
             Some(id) => id,
             None => self.fresh_id("w"),
@@ -316,7 +355,55 @@ impl DispatcherState {
         let worker = self.worker_mut(worker_id)?;
         worker.last_seen = now;
         worker.progress = progress;
+        let key = worker.pipeline.clone();
+        let measured = self.measured(&key);
+        let progress = &self.workers[worker_id].progress.cache;
+        self.caches.reported(&key, progress, &measured);
         Ok(())
+    }
+
+    /// The pipeline's workers' cache measurements, summed.
+    fn measured(&self, key: &PipelineKey) -> Measured {
+        let mut m = Measured::default();
+        for w in self.workers.values().filter(|w| &w.pipeline == key) {
+            let (p, c) = (&w.progress, &w.progress.cache);
+            m.workers += 1;
+            m.threads = m.threads.max(w.threads);
+            m.splits += c.splits_measured;
+            m.elements += p.elements.saturating_sub(c.elements_read);
+            if m.op_seconds.len() < p.op_seconds.len() {
+                m.op_seconds.resize(p.op_seconds.len(), 0.0);
+            }
+            for (total, s) in m.op_seconds.iter_mut().zip(&p.op_seconds) {
+                *total += s;
+            }
+            for &(at, elements, bytes) in &c.hints {
+                match m.hint_bytes.iter_mut().find(|h| h.0 == at) {
+                    Some(h) => (h.1, h.2) = (h.1 + elements, h.2 + bytes),
+                    None => m.hint_bytes.push((at, elements, bytes)),
+                }
+            }
+            // The volume is shared: any worker's probe measures it.
+            m.write_bytes_per_second = m.write_bytes_per_second.max(c.write_bytes_per_second);
+            m.read_bytes_per_second = m.read_bytes_per_second.max(c.read_bytes_per_second);
+        }
+        m
+    }
+
+    /// Where the worker's next split gets its elements up to an autocache hint.
+    pub fn cache_directive(&self, worker_id: &str) -> Directive {
+        self.workers.get(worker_id).map_or(Directive::Compute, |w| self.caches.directive(&w.pipeline))
+    }
+
+    /// Every pipeline's cache plan.
+    pub fn cache_statuses(&self) -> BTreeMap<PipelineKey, CacheStatus> {
+        self.pipelines.keys().filter_map(|k| Some((k.clone(), self.cache_status(k)?))).collect()
+    }
+
+    /// The pipeline's cache plan for status; `None` before its first worker registered.
+    pub fn cache_status(&self, key: &PipelineKey) -> Option<CacheStatus> {
+        let bytes = self.workers.values().filter(|w| &w.pipeline == key).map(|w| w.progress.cache.hints.iter().map(|h| h.2).max().unwrap_or(0)).sum::<u64>();
+        self.caches.status(key, (bytes > 0).then_some(bytes as i64))
     }
 
     fn worker_mut(&mut self, id: &str) -> Result<&mut Worker, DispatchError> {
@@ -340,8 +427,11 @@ impl DispatcherState {
         let pipeline = self.pipelines.get_mut(&key).expect("a registered worker's pipeline exists");
         let splits = pipeline.plan.as_ref().expect("set by the first worker").0;
         let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(epoch, splits));
-        state.complete(completed, splits);
-        Ok(state.hand_out(worker_id, splits))
+        let directive = self.caches.directive(&key);
+        if let Some((action, seconds)) = state.complete(completed, splits, now) {
+            self.caches.epoch(&key, action, seconds);
+        }
+        Ok(state.hand_out(worker_id, splits, &directive, now))
     }
 
     pub fn register_client(
@@ -383,7 +473,9 @@ impl DispatcherState {
             && let Some(state) = pipeline.jobs.get_mut(&job)
         {
             let splits = pipeline.plan.as_ref().map_or(0, |p| p.0);
-            state.complete(completed, splits);
+            if let Some((action, seconds)) = state.complete(completed, splits, now) {
+                self.caches.epoch(&key, action, seconds);
+            }
         }
         Ok(())
     }
@@ -507,6 +599,8 @@ mod tests {
             splits,
             plan_digest: format!("d{splits}"),
             worker_id: None,
+            cache_mode: CacheMode::Never,
+            cache_hints: Vec::new(),
         }
     }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use stoker_api::ScalingStep;
+use stoker_api::{CacheStatus, ScalingStep};
 
 use crate::dispatcher::PipelineKey;
 
@@ -31,6 +31,9 @@ pub struct ScalingRecord {
 #[derive(Default)]
 pub struct ScalingBook {
     records: Mutex<BTreeMap<PipelineKey, ScalingRecord>>,
+    /// Each pipeline's cache plan, as the dispatcher has it (kept apart from the records,
+    /// which only pipelines in the autoscaler's scope have).
+    caches: Mutex<BTreeMap<PipelineKey, CacheStatus>>,
 }
 
 impl ScalingBook {
@@ -53,6 +56,22 @@ impl ScalingBook {
             record.history.drain(..excess);
         }
         *record != before
+    }
+
+    pub fn cache(&self, pipeline: &PipelineKey) -> Option<CacheStatus> {
+        self.caches.lock().unwrap().get(pipeline).cloned()
+    }
+
+    pub fn caches(&self) -> BTreeMap<PipelineKey, CacheStatus> {
+        self.caches.lock().unwrap().clone()
+    }
+
+    /// Replaces the cache plans; returns whether anything changed.
+    pub fn set_caches(&self, caches: BTreeMap<PipelineKey, CacheStatus>) -> bool {
+        let mut current = self.caches.lock().unwrap();
+        let changed = *current != caches;
+        *current = caches;
+        changed
     }
 
     pub fn remove(&self, pipeline: &PipelineKey) {

@@ -1,12 +1,13 @@
 //! The Kubernetes scaler: a decision goes into the book and the pipeline is reconciled, so the
 //! controller stays the one writer of the workers Deployment (and of status).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
-use stoker_api::{AutoscalingMode, DataPipeline};
+use stoker_api::{AutoscalingMode, CacheDecision, DataPipeline};
 use tokio::sync::{mpsc, watch};
 
 use super::{Rescale, Scaled, ScalingBook};
@@ -68,33 +69,56 @@ pub fn in_scope(store: &watch::Receiver<Option<Store<DataPipeline>>>, book: &Sca
 /// What follows a round in a cluster: metrics, an Event on each rescaled pipeline saying why,
 /// and a reconcile when any record changed so status shows it.
 pub fn events(
-    recorder: Recorder,
+    client: kube::Client,
+    reporter: Reporter,
     store: watch::Receiver<Option<Store<DataPipeline>>>,
     reconcile: mpsc::UnboundedSender<()>,
     book: Arc<ScalingBook>,
     metrics: crate::metrics::Metrics,
 ) -> impl FnMut(&[Rescale], bool) {
+    // Cache decisions already announced, so each change gets one Event.
+    let mut announced: BTreeMap<PipelineKey, (CacheDecision, Option<u32>)> = BTreeMap::new();
+    // A fresh recorder per event: a shared one folds every event of the same reason into
+    // the first one's series, which would keep the first decision's note and lose the rest.
+    let publish = move |dp: &DataPipeline, reason: &str, action: &str, note: String| {
+        publish(&Recorder::new(client.clone(), reporter.clone()), dp, reason, action, note)
+    };
     move |rescales, changed| {
         metrics.scaling(&book.all(), rescales);
         if changed {
             let _ = reconcile.send(());
         }
         let Some(store) = store.borrow().clone() else { return };
+        for (key, cache) in book.caches() {
+            let now = (cache.decision, cache.at);
+            if announced.insert(key.clone(), now) == Some(now) || cache.decision == CacheDecision::Undecided {
+                continue;
+            }
+            let Some(dp) = store.get(&ObjectRef::new(&key.name).within(&key.namespace)) else { continue };
+            let at = cache.at.map(|a| format!(" at transform {a}")).unwrap_or_default();
+            let note = format!("{:?}{at}: {}", cache.decision, cache.reason.unwrap_or_default());
+            publish(&dp, "CacheDecided", "Autocache", note);
+        }
         for r in rescales {
             let Some(dp) = store.get(&ObjectRef::new(&r.pipeline.name).within(&r.pipeline.namespace)) else { continue };
-            let event = Event {
-                type_: EventType::Normal,
-                reason: "Rescaled".into(),
-                note: Some(format!("{} -> {} workers: {}", r.from, r.to, r.reason).chars().take(1000).collect()),
-                action: "Autoscale".into(),
-                secondary: None,
-            };
-            let (recorder, reference) = (recorder.clone(), dp.object_ref(&()));
-            tokio::spawn(async move {
-                if let Err(e) = recorder.publish(&event, &reference).await {
-                    tracing::warn!(error = %e, "could not publish a rescale event");
-                }
-            });
+            publish(&dp, "Rescaled", "Autoscale", format!("{} -> {} workers: {}", r.from, r.to, r.reason));
         }
     }
+}
+
+/// Publishes a Normal event about `dp` in the background.
+fn publish(recorder: &Recorder, dp: &DataPipeline, reason: &str, action: &str, note: String) {
+    let event = Event {
+        type_: EventType::Normal,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.into(),
+        secondary: None,
+    };
+    let (recorder, reference) = (recorder.clone(), dp.object_ref(&()));
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            tracing::warn!(error = %e, reason = %event.reason, "could not publish an event");
+        }
+    });
 }

@@ -52,6 +52,7 @@ impl<S: Scaler> Loop<S> {
             for (key, record) in records {
                 changed |= self.book.update(&key, |r| *r = record);
             }
+            changed |= self.book.set_caches(self.dispatcher.with_state(|s| s.cache_statuses()));
             for r in &rescales {
                 tracing::info!(pipeline = %r.pipeline, from = r.from, to = r.to, reason = %r.reason, "rescaling");
                 if let Err(e) = self.scaler.scale(&r.pipeline, r.to).await {

@@ -9,6 +9,8 @@ import argparse
 import os
 import time
 
+import tfdata_common
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -19,19 +21,8 @@ def main():
                     help="use tf.image.decode_and_crop_jpeg (decodes only the crop window)")
     args = ap.parse_args()
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-
-    classes = sorted(d for d in os.listdir(args.corpus) if os.path.isdir(os.path.join(args.corpus, d)))
-    paths, labels = [], []
-    for label, c in enumerate(classes):
-        for f in sorted(os.listdir(os.path.join(args.corpus, c))):
-            if f.lower().endswith((".jpg", ".jpeg", ".png")):
-                paths.append(os.path.join(args.corpus, c, f))
-                labels.append(label)
+    tf = tfdata_common.tensorflow(args.threads)
+    paths, labels = tfdata_common.image_folder(args.corpus)
 
     mean = tf.constant([0.485, 0.456, 0.406]) * 255.0
     std = tf.constant([0.229, 0.224, 0.225]) * 255.0
