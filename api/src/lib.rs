@@ -15,8 +15,8 @@ pub use spec::*;
 pub use status::*;
 pub use tensor::{Batch, ShapeMismatch, Tensor};
 pub use transform::*;
-pub use validate::{ValidationError, validate};
-pub use yaml::{from_yaml, from_yaml_checked, to_yaml};
+pub use validate::{ValidationError, invalid_message, validate};
+pub use yaml::{ManifestError, from_yaml, from_yaml_checked, parse_manifest, parse_manifest_unvalidated, to_yaml};
 
 /// API group of every Stoker resource.
 pub const GROUP: &str = "stoker.dev";

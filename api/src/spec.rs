@@ -265,10 +265,15 @@ impl Cache {
         self.volume_size.clone().unwrap_or_else(|| Quantity(Self::DEFAULT_VOLUME_SIZE.into()))
     }
 
-    /// What the cache may hold: 90% of the volume (the rest is room for entries being
-    /// written), in bytes; `None` for a size this cannot read.
+    /// What the cache may hold on a volume of the size this pipeline asks for.
     pub fn cap_bytes(&self) -> Option<u64> {
-        let size = self.volume_size().0;
+        Self::cap_for(&self.volume_size())
+    }
+
+    /// What the cache may hold on a volume of `size`: 90% of it (the rest is room for entries
+    /// being written), in bytes; `None` for a size this cannot read.
+    pub fn cap_for(size: &Quantity) -> Option<u64> {
+        let size = size.0.as_str();
         let digits = size.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(size.len());
         let (number, suffix) = size.split_at(digits);
         let unit: f64 = match suffix {

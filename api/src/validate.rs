@@ -20,6 +20,11 @@ impl fmt::Display for ValidationError {
     }
 }
 
+/// The message users see for an invalid spec: every problem, one per clause.
+pub fn invalid_message(errors: &[ValidationError]) -> String {
+    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
 /// All problems of a spec at once, so a user fixes them in one round.
 pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
     let mut errors = Vec::new();

@@ -6,6 +6,40 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::{DataPipeline, ValidationError, invalid_message, validate};
+
+/// Why a DataPipeline manifest cannot be used as written. Callers that explain manifests
+/// tell the schema's refusal apart from the operator's.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// Not YAML, or not a DataPipeline the CRD schema accepts.
+    #[error("not a DataPipeline the API server would accept")]
+    Schema(#[source] serde_yaml::Error),
+    /// Fields the API server would prune silently, as paths: a typo would become a default.
+    #[error("unknown field(s) {}: the API server would drop them silently; check the spelling against docs/reference.md", .0.join(", "))]
+    UnknownFields(Vec<String>),
+    /// The schema accepts it, the operator would mark it Invalid.
+    #[error("Invalid: {}", invalid_message(.0))]
+    Invalid(Vec<ValidationError>),
+}
+
+/// A manifest read offline as the API server and then the operator would: parsed, with unknown
+/// fields refused, and validated.
+pub fn parse_manifest(text: &str) -> Result<DataPipeline, ManifestError> {
+    let dp = parse_manifest_unvalidated(text)?;
+    validate(&dp.spec).map_err(ManifestError::Invalid)?;
+    Ok(dp)
+}
+
+/// [`parse_manifest`] without the operator's validation: what the API server would store.
+pub fn parse_manifest_unvalidated(text: &str) -> Result<DataPipeline, ManifestError> {
+    let (dp, unknown) = from_yaml_checked::<DataPipeline>(text).map_err(ManifestError::Schema)?;
+    if !unknown.is_empty() {
+        return Err(ManifestError::UnknownFields(unknown));
+    }
+    Ok(dp)
+}
+
 pub fn from_yaml<T: DeserializeOwned>(text: &str) -> Result<T, serde_yaml::Error> {
     let value: Value = serde_yaml::from_str(text)?;
     serde_json::from_value(value).map_err(<serde_yaml::Error as serde::de::Error>::custom)
@@ -61,6 +95,19 @@ mod tests {
                     transforms:\n  - randomFlip: {horizontl: true}\n";
         let (_, unknown) = super::from_yaml_checked::<DataPipeline>(text).unwrap();
         assert_eq!(unknown, ["metadata.labelz", "spec.transforms[0].randomFlip.horizontl", "spec.workers.mni"]);
+    }
+
+    #[test]
+    fn a_manifest_is_refused_for_its_first_kind_of_problem() {
+        use super::{ManifestError, parse_manifest};
+        let head = "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: p}\nspec:\n  ";
+        let with = |spec: &str| parse_manifest(&format!("{head}{spec}"));
+        assert!(with("source: {uri: 'file:///d', format: jsonl}\n  batchSize: 4\n").is_ok());
+        assert!(matches!(with("source: {uri: 'file:///d', format: jsonl}\n  batchSize: four\n"), Err(ManifestError::Schema(_))));
+        let typo = with("source: {uri: 'file:///d', format: jsonl}\n  batchSize: 4\n  shufle: {}\n").unwrap_err();
+        assert!(matches!(&typo, ManifestError::UnknownFields(f) if f == &["spec.shufle"]), "{typo}");
+        let invalid = with("source: {uri: 'ftp://d', format: jsonl}\n  batchSize: 4\n").unwrap_err();
+        assert!(invalid.to_string().starts_with("Invalid: spec.source.uri"), "{invalid}");
     }
 
     #[test]

@@ -128,7 +128,7 @@ fn key(dp: &DataPipeline) -> (String, String) {
 
 async fn reconcile_pipeline(dp: &DataPipeline, ctx: &Context) -> Result<Action, Error> {
     if let Err(errors) = validate(&dp.spec) {
-        let message = status::invalid_message(&errors);
+        let message = stoker_api::invalid_message(&errors);
         if update_status(dp, ctx, &Outcome::Invalid(errors)).await? {
             info!(pipeline = %dp.name_any(), namespace = ?dp.namespace(), %message, "spec is invalid");
             publish(ctx, dp, EventType::Warning, "InvalidSpec", &message).await;
@@ -141,7 +141,7 @@ async fn reconcile_pipeline(dp: &DataPipeline, ctx: &Context) -> Result<Action, 
     let recorded = dp.status.as_ref().and_then(|s| s.workers.as_ref()).map(|w| w.desired);
     let replicas = objects::desired_replicas(&dp.spec, recorded, record.as_ref().map(|r| r.workers));
     let built = objects::build(dp, &ctx.defaults, replicas);
-    match apply_objects(ctx, dp, &built).await {
+    match apply_objects(ctx, dp, built).await {
         Ok(deployment) => {
             let ready = deployment.status.and_then(|s| s.ready_replicas).unwrap_or(0);
             update_status(dp, ctx, &Outcome::Applied { desired: replicas, ready }).await?;
@@ -159,12 +159,29 @@ async fn reconcile_pipeline(dp: &DataPipeline, ctx: &Context) -> Result<Action, 
     }
 }
 
-async fn apply_objects(ctx: &Context, dp: &DataPipeline, built: &PipelineObjects) -> Result<Deployment, Error> {
+async fn apply_objects(ctx: &Context, dp: &DataPipeline, mut built: PipelineObjects) -> Result<Deployment, Error> {
     let ns = dp.namespace().unwrap_or_default();
-    if let Some(pvc) = &built.cache_pvc
-        && ensure_exists(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), pvc).await?
-    {
-        publish(ctx, dp, EventType::Normal, "CacheVolumeCreated", "Created the namespace's shared cache volume stoker-cache").await;
+    if let Some(pvc) = built.cache_pvc.clone() {
+        match ensure_exists(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), &pvc).await? {
+            None => {
+                let note = "Created the namespace's shared cache volume stoker-cache";
+                publish(ctx, dp, EventType::Normal, "CacheVolumeCreated", note).await;
+            }
+            Some(claim) => {
+                let differences = objects::use_existing_claim(&mut built, &claim);
+                // Once per spec generation, so a resync or a restarted operator stays quiet.
+                let new_generation = dp.status.as_ref().and_then(|s| s.observed_generation) != dp.metadata.generation;
+                if !differences.is_empty() && new_generation {
+                    let note = format!(
+                        "The namespace's cache volume stoker-cache already exists and is never changed; this pipeline \
+                         asks for {}. Its workers use the volume as it is (cache cap from its size). To change it, \
+                         delete the claim (losing the cache) and a pipeline that caches recreates it.",
+                        differences.join(", ")
+                    );
+                    publish(ctx, dp, EventType::Warning, "CacheVolumeDiffers", &note).await;
+                }
+            }
+        }
     }
     apply(&Api::<Service>::namespaced(ctx.client.clone(), &ns), &built.service).await?;
     apply(&Api::<Deployment>::namespaced(ctx.client.clone(), &ns), &built.deployment).await
@@ -188,8 +205,8 @@ where
     })
 }
 
-/// Creates the object if it does not exist; never updates it. Returns whether it created it.
-async fn ensure_exists<K>(api: &Api<K>, object: &K) -> Result<bool, Error>
+/// Creates the object if it does not exist; never updates it. Returns the one that existed.
+async fn ensure_exists<K>(api: &Api<K>, object: &K) -> Result<Option<K>, Error>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
@@ -200,12 +217,13 @@ where
         name: name.clone(),
         source,
     };
-    if api.get_opt(&name).await.map_err(fail)?.is_some() {
-        return Ok(false);
+    if let Some(existing) = api.get_opt(&name).await.map_err(fail)? {
+        return Ok(Some(existing));
     }
     match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, object).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Ok(_) => Ok(None),
+        // Another pipeline's reconcile made it in between.
+        Err(kube::Error::Api(e)) if e.code == 409 => api.get(&name).await.map(Some).map_err(fail),
         Err(e) => Err(fail(e)),
     }
 }

@@ -58,7 +58,7 @@ impl Local {
     /// Starts the dispatcher, the pipeline's first workers and the scaling loop.
     pub async fn start(mut options: LocalOptions) -> anyhow::Result<Local> {
         stoker_api::validate(&options.spec).map_err(|errors| {
-            anyhow::anyhow!("the pipeline is invalid: {}", crate::status::invalid_message(&errors))
+            anyhow::anyhow!("the pipeline is invalid: {}", stoker_api::invalid_message(&errors))
         })?;
         if let Some(w) = options.window {
             options.spec.autoscaling.policy.window_seconds = w.as_secs().max(1) as u32;

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
-use stoker_api::{AutoscalingMode, CacheMode, DataPipeline, DataPipelineSpec, WorkerPipeline};
+use stoker_api::{AutoscalingMode, Cache, CacheMode, DataPipeline, DataPipelineSpec, WorkerPipeline};
 
 use crate::names;
 
@@ -248,6 +248,54 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32) -> Pip
     PipelineObjects { deployment, service, cache_pvc }
 }
 
+/// The namespace's claim, once made (for the first pipeline that cached, and never updated),
+/// is the volume every pipeline's workers get, whatever their spec asks: their cache cap
+/// follows its size. Returns what this pipeline asks for that the claim does not have.
+pub fn use_existing_claim(built: &mut PipelineObjects, claim: &PersistentVolumeClaim) -> Vec<String> {
+    let Some(wanted) = built.cache_pvc.as_ref().and_then(|c| c.spec.as_ref()) else { return Vec::new() };
+    let have = claim.spec.clone().unwrap_or_default();
+    let requested = |s: &PersistentVolumeClaimSpec| s.resources.as_ref()?.requests.as_ref()?.get("storage").cloned();
+    // The request, not a bound claim's capacity: that appears later and would change the
+    // workers' env, restarting them, for a difference a provisioner's rounding makes.
+    let size = requested(&have);
+    let mut differences = Vec::new();
+    if let (Some(want), Some(size)) = (requested(wanted), &size)
+        && Cache::cap_for(&want) != Cache::cap_for(size)
+    {
+        differences.push(format!("volumeSize {} (the claim has {})", want.0, size.0));
+    }
+    if wanted.storage_class_name.is_some() && wanted.storage_class_name != have.storage_class_name {
+        let class = |c: &Option<String>| c.clone().unwrap_or_else(|| "the default".into());
+        differences.push(format!(
+            "storageClassName {} (the claim has {})",
+            class(&wanted.storage_class_name),
+            class(&have.storage_class_name)
+        ));
+    }
+    if wanted.access_modes != have.access_modes {
+        let modes = |m: &Option<Vec<String>>| m.clone().unwrap_or_default().join(",");
+        differences.push(format!("accessMode {} (the claim has {})", modes(&wanted.access_modes), modes(&have.access_modes)));
+    }
+    let cap = size.as_ref().and_then(Cache::cap_for);
+    let pod = built.deployment.spec.template.spec.as_mut();
+    for container in pod.into_iter().flat_map(|p| p.containers.iter_mut()) {
+        let env = container.env.get_or_insert_default();
+        // Ours is the first; a later one is the user's deliberate override and stays.
+        let ours = env.iter().position(|e| e.name == "STOKER_CACHE_CAP_BYTES");
+        let after_dir = env.iter().position(|e| e.name == "STOKER_CACHE_DIR").map_or(env.len(), |i| i + 1);
+        match (ours, cap) {
+            (Some(i), Some(cap)) => env[i].value = Some(cap.to_string()),
+            (Some(i), None) => drop(env.remove(i)),
+            (None, Some(cap)) => env.insert(
+                after_dir,
+                EnvVar { name: "STOKER_CACHE_CAP_BYTES".into(), value: Some(cap.to_string()), ..Default::default() },
+            ),
+            (None, None) => {}
+        }
+    }
+    differences
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,6 +422,33 @@ mod tests {
             .persistent_volume_claim
             .as_ref()
             .is_some_and(|c| c.claim_name == CACHE_PVC)));
+    }
+
+    #[test]
+    fn an_existing_claim_sets_the_cap_and_what_differs_is_said() {
+        let asks = "cache: {mode: Auto, volumeSize: 20Gi, storageClassName: fast, accessMode: ReadWriteMany}\n";
+        let made_for = |extra: &str| build(&pipeline("first", extra), &defaults(), 1).cache_pvc.unwrap();
+        let cap = |o: &PipelineObjects| env(pod(o), "STOKER_CACHE_CAP_BYTES").and_then(|e| e.value.clone());
+        let ninety_percent_of_gib = |gib: u64| (((gib << 30) as f64 * 0.9) as u64).to_string();
+
+        let mut same = build(&pipeline("p", asks), &defaults(), 1);
+        assert!(use_existing_claim(&mut same, &made_for(asks)).is_empty());
+        assert_eq!(cap(&same), Some(ninety_percent_of_gib(20)));
+
+        let mut other = build(&pipeline("p", asks), &defaults(), 1);
+        let claim = made_for("cache: {mode: Auto, volumeSize: 5Gi, accessMode: ReadWriteOnce}\n");
+        let differences = use_existing_claim(&mut other, &claim);
+        assert_eq!(
+            differences,
+            [
+                "volumeSize 20Gi (the claim has 5Gi)",
+                "storageClassName fast (the claim has the default)",
+                "accessMode ReadWriteMany (the claim has ReadWriteOnce)"
+            ]
+        );
+        assert_eq!(cap(&other), Some(ninety_percent_of_gib(5)), "the claim's size, not the spec's");
+        assert_eq!(pod(&other).containers[0].env.as_ref().unwrap().iter().filter(|e| e.name == "STOKER_CACHE_CAP_BYTES").count(), 1);
+
     }
 
     #[test]

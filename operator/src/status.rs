@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use crate::scaling::{IDLE, ScalingRecord};
 use stoker_api::{
     AutoscalerStatus, AutoscalingMode, CacheDecision, CacheMode, CacheStatus, DataPipelineSpec, DataPipelineStatus,
-    Phase, ValidationError, WorkersStatus, condition,
+    Phase, ValidationError, WorkersStatus, condition, invalid_message,
 };
 
 /// What the reconcile of one generation came to.
@@ -16,11 +16,6 @@ pub enum Outcome {
     Applied { desired: i32, ready: i32 },
     /// Applying failed; the message says why.
     Failed(String),
-}
-
-/// The message users see for an invalid spec: every problem, one per clause.
-pub fn invalid_message(errors: &[ValidationError]) -> String {
-    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
 pub fn next(

@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::{Parser, Subcommand};
-use stoker_api::{CacheMode, DataPipeline, WorkerPipeline};
+use stoker_api::{CacheMode, WorkerPipeline};
 use stoker_worker::cached::CacheConfig;
 use stoker_worker::corpus::{self, CorpusSpec};
 use stoker_worker::engine::{Engine, EngineConfig};
@@ -322,16 +322,9 @@ fn load(args: &RunArgs) -> anyhow::Result<WorkerPipeline> {
     let pipeline = match &args.pipeline {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let (dp, unknown) = stoker_api::from_yaml_checked::<DataPipeline>(&text)
-                .with_context(|| format!("parsing {}", path.display()))?;
-            if !unknown.is_empty() {
-                bail!("{}: unknown field(s) {}", path.display(), unknown.join(", "));
-            }
+            let dp = stoker_api::parse_manifest(&text).with_context(|| format!("loading {}", path.display()))?;
             let name = dp.metadata.name.clone().unwrap_or_default();
             let namespace = dp.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-            if let Err(errors) = stoker_api::validate(&dp.spec) {
-                bail!("{} is invalid: {}", path.display(), errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "));
-            }
             WorkerPipeline::new(&namespace, &name, &dp.spec)
         }
         None => {

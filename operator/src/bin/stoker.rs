@@ -9,7 +9,6 @@ use clap::{Parser, Subcommand};
 use kube::ResourceExt;
 use stoker_api::DataPipeline;
 use stoker_operator::objects::{self, WorkerDefaults};
-use stoker_operator::status::invalid_message;
 
 #[derive(Parser)]
 #[command(version, about = "Stoker: preprocessing pipelines as an autoscaled service")]
@@ -160,21 +159,14 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// A manifest as the API server would store it (schema and unknown fields checked).
 fn load(path: &Path) -> anyhow::Result<DataPipeline> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let (dp, unknown) = stoker_api::from_yaml_checked::<DataPipeline>(&text)
-        .context("not a DataPipeline the API server would accept")?;
-    if !unknown.is_empty() {
-        bail!(
-            "unknown field(s) {}: the API server would drop them silently; check the spelling against docs/reference.md",
-            unknown.join(", ")
-        );
-    }
-    Ok(dp)
+    Ok(stoker_api::parse_manifest_unvalidated(&text)?)
 }
 
 fn check(dp: &DataPipeline) -> anyhow::Result<()> {
-    stoker_api::validate(&dp.spec).map_err(|errors| anyhow::anyhow!("Invalid: {}", invalid_message(&errors)))
+    Ok(stoker_api::validate(&dp.spec).map_err(stoker_api::ManifestError::Invalid)?)
 }
 
 fn explain(samples: &Path, yaml: bool) -> anyhow::Result<()> {
