@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration, Volume, VolumeMount};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -133,6 +133,12 @@ pub struct Workers {
     pub env: Option<Vec<EnvVar>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
+    /// Volumes for the worker pods, e.g. the claim a `file://` source reads from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<Vec<Volume>>,
+    /// Where the worker container mounts `volumes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mounts: Option<Vec<VolumeMount>>,
 }
 
 fn default_min_workers() -> i32 {
@@ -154,6 +160,8 @@ impl Default for Workers {
             affinity: None,
             env: None,
             service_account_name: None,
+            volumes: None,
+            volume_mounts: None,
         }
     }
 }
@@ -241,6 +249,12 @@ impl Default for AutoscalingPolicy {
         }
     }
 }
+
+/// The scratch volume every worker pod gets, as (name, mount path); `spec.workers.volumes` and
+/// `volumeMounts` may not reuse either.
+pub const WORKER_TMP_VOLUME: (&str, &str) = ("tmp", "/tmp");
+/// The namespace's cache volume in a caching pipeline's worker pods, as (name, mount path).
+pub const WORKER_CACHE_VOLUME: (&str, &str) = ("cache", "/cache");
 
 /// Caching at `autocache` hints on the namespace's shared `stoker-cache` volume.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::{AutoscalingMode, CacheMode, DataPipelineSpec, Transform};
+use crate::{AutoscalingMode, CacheMode, DataPipelineSpec, Transform, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME, Workers};
 
 /// Source schemes the workers can read through object_store.
 pub const SOURCE_SCHEMES: &[&str] = &["file", "s3", "gs", "az", "abfs", "abfss"];
@@ -23,6 +23,33 @@ impl fmt::Display for ValidationError {
 /// The message users see for an invalid spec: every problem, one per clause.
 pub fn invalid_message(errors: &[ValidationError]) -> String {
     errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// User volumes go beside the operator's: their names and mount paths must not collide, and a
+/// mount must name a volume, or the Deployment would be refused on every apply.
+fn validate_volumes(w: &Workers, err: &mut impl FnMut(&str, String)) {
+    let ours = [WORKER_TMP_VOLUME, WORKER_CACHE_VOLUME];
+    let volumes = w.volumes.as_deref().unwrap_or_default();
+    for (i, v) in volumes.iter().enumerate() {
+        let field = format!("spec.workers.volumes[{i}].name");
+        if ours.iter().any(|(name, _)| *name == v.name) {
+            err(&field, format!("{:?} is the name of a volume the operator adds; choose another", v.name));
+        } else if volumes[..i].iter().any(|u| u.name == v.name) {
+            err(&field, format!("{:?} is used by an earlier volume; names must be unique", v.name));
+        }
+    }
+    for (i, m) in w.volume_mounts.iter().flatten().enumerate() {
+        if !volumes.iter().any(|v| v.name == m.name) {
+            err(&format!("spec.workers.volumeMounts[{i}].name"), format!("no volume named {:?} in spec.workers.volumes", m.name));
+        }
+        let path = m.mount_path.trim_end_matches('/');
+        if let Some((_, taken)) = ours.iter().find(|(_, p)| path == *p || path.starts_with(&format!("{p}/"))) {
+            err(
+                &format!("spec.workers.volumeMounts[{i}].mountPath"),
+                format!("{:?} is at or under {taken}, where the operator mounts its own volume; mount elsewhere", m.mount_path),
+            );
+        }
+    }
 }
 
 /// All problems of a spec at once, so a user fixes them in one round.
@@ -66,6 +93,8 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
     if w.min > w.max {
         err("spec.workers", format!("min ({}) is greater than max ({}); set min <= max", w.min, w.max));
     }
+
+    validate_volumes(w, &mut err);
 
     match (spec.autoscaling.mode, spec.autoscaling.replicas) {
         (AutoscalingMode::Fixed, None) => {
@@ -177,6 +206,29 @@ mod tests {
         assert_eq!((s.workers.min, s.workers.max), (1, 8));
         assert_eq!(s.autoscaling.mode, AutoscalingMode::BatchTime);
         assert_eq!(s.cache.mode, CacheMode::Never);
+    }
+
+    #[test]
+    fn worker_volumes_must_not_collide_with_the_operators() {
+        let data = "workers:\n  volumes: [{name: data, persistentVolumeClaim: {claimName: corpus, readOnly: true}}]\n  \
+                    volumeMounts: [{name: data, mountPath: /data, readOnly: true}]\n";
+        assert_eq!(validate(&spec(&format!("{BASE}{data}"))), Ok(()));
+        let e = errors(
+            "workers:\n  volumes: [{name: tmp, emptyDir: {}}, {name: d, emptyDir: {}}, {name: d, emptyDir: {}}]\n  \
+             volumeMounts: [{name: data, mountPath: /data}, {name: d, mountPath: /cache/sub/}, {name: d, mountPath: /tmpfiles}]\n",
+        );
+        let fields: Vec<&str> = e.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.workers.volumes[0].name",
+                "spec.workers.volumes[2].name",
+                "spec.workers.volumeMounts[0].name",
+                "spec.workers.volumeMounts[1].mountPath"
+            ],
+            "{e:?}"
+        );
+        assert!(e[0].message.contains("the operator adds") && e[3].message.contains("under /cache"), "{e:?}");
     }
 
     #[test]

@@ -13,13 +13,15 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
-use stoker_api::{AutoscalingMode, Cache, CacheMode, DataPipeline, DataPipelineSpec, WorkerPipeline};
+use stoker_api::{
+    AutoscalingMode, Cache, CacheMode, DataPipeline, DataPipelineSpec, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME, WorkerPipeline,
+};
 
 use crate::names;
 
 /// The namespace's shared cache volume; one per namespace, never owned by a pipeline.
 pub const CACHE_PVC: &str = "stoker-cache";
-pub const CACHE_MOUNT: &str = "/cache";
+pub const CACHE_MOUNT: &str = WORKER_CACHE_VOLUME.1;
 pub const DATA_PORT: i32 = 50052;
 pub const MANAGED_BY: &str = "stoker-operator";
 pub const PIPELINE_LABEL: &str = "stoker.dev/pipeline";
@@ -115,23 +117,24 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32) -> Pip
     // User env last so it can override ours deliberately.
     env.extend(spec.workers.env.iter().flatten().cloned());
 
-    let mut volumes = vec![Volume {
-        name: "tmp".into(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
-        ..Default::default()
-    }];
-    let mut mounts = vec![VolumeMount { name: "tmp".into(), mount_path: "/tmp".into(), ..Default::default() }];
+    let (tmp, tmp_path) = WORKER_TMP_VOLUME;
+    let mut volumes =
+        vec![Volume { name: tmp.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }];
+    let mut mounts = vec![VolumeMount { name: tmp.into(), mount_path: tmp_path.into(), ..Default::default() }];
     if caching {
         volumes.push(Volume {
-            name: "cache".into(),
+            name: WORKER_CACHE_VOLUME.0.into(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
                 claim_name: CACHE_PVC.into(),
                 read_only: None,
             }),
             ..Default::default()
         });
-        mounts.push(VolumeMount { name: "cache".into(), mount_path: CACHE_MOUNT.into(), ..Default::default() });
+        mounts.push(VolumeMount { name: WORKER_CACHE_VOLUME.0.into(), mount_path: CACHE_MOUNT.into(), ..Default::default() });
     }
+    // The user's after ours; validation keeps their names and paths apart.
+    volumes.extend(spec.workers.volumes.iter().flatten().cloned());
+    mounts.extend(spec.workers.volume_mounts.iter().flatten().cloned());
 
     let container = Container {
         name: "worker".into(),
@@ -378,7 +381,9 @@ mod tests {
                 "p",
                 "workers:\n  image: custom:1\n  serviceAccountName: sa\n  nodeSelector: {pool: cpu}\n  \
                  tolerations: [{key: k, operator: Exists}]\n  resources: {requests: {cpu: '4', memory: 8Gi}}\n  \
-                 env: [{name: STOKER_LISTEN, value: '0.0.0.0:1'}]\n",
+                 env: [{name: STOKER_LISTEN, value: '0.0.0.0:1'}]\n  \
+                 volumes: [{name: data, persistentVolumeClaim: {claimName: corpus, readOnly: true}}]\n  \
+                 volumeMounts: [{name: data, mountPath: /data, readOnly: true}]\n",
             ),
             &defaults(),
             1,
@@ -390,6 +395,12 @@ mod tests {
         assert_eq!(p.tolerations.as_ref().unwrap()[0].key.as_deref(), Some("k"));
         let req = p.containers[0].resources.as_ref().unwrap().requests.as_ref().unwrap();
         assert_eq!(req["cpu"].0, "4");
+        let claims: Vec<&str> =
+            p.volumes.iter().flatten().filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.as_str())).collect();
+        assert_eq!(claims, ["corpus"], "the user's volume beside the operator's scratch volume");
+        let mounts: Vec<(&str, &str)> =
+            p.containers[0].volume_mounts.iter().flatten().map(|m| (m.name.as_str(), m.mount_path.as_str())).collect();
+        assert_eq!(mounts, [("tmp", "/tmp"), ("data", "/data")]);
         // The user's env comes after ours, so it wins.
         let last = p.containers[0].env.as_ref().unwrap().iter().rev().find(|e| e.name == "STOKER_LISTEN").unwrap();
         assert_eq!(last.value.as_deref(), Some("0.0.0.0:1"));

@@ -17,3 +17,12 @@ fn crd_files_match_the_types() {
     assert_file_is("crds/datapipelines.stoker.dev.yaml", &crd);
     assert_file_is("charts/stoker/files/crds/datapipelines.stoker.dev.yaml", &crd);
 }
+
+/// `kubectl apply -f crds/` (client-side) stores the whole object in an annotation, and the API
+/// server refuses annotations over 256 KiB: the embedded Kubernetes schemas (affinity, volumes)
+/// must leave room for that.
+#[test]
+fn the_crd_fits_kubectls_last_applied_annotation() {
+    let json = serde_json::to_string(&DataPipeline::crd()).unwrap();
+    assert!(json.len() < 256 * 1024 * 9 / 10, "the CRD is {} bytes of JSON; kubectl apply fails at 256 KiB", json.len());
+}
