@@ -140,12 +140,15 @@ impl Local {
             None if record.attached || self.fixed => record.state.clone(),
             None => "no client attached".into(),
         };
+        // Batch times come from the autoscaler's measuring; Fixed mode has none to show.
+        let (batch_time, waited) = match (record.batch_time_ms, record.wait_fraction) {
+            (Some(ms), wait) => (format!("{ms:>6.1} ms"), format!("{:>4.0}%", wait.unwrap_or(0.0) * 100.0)),
+            (None, _) => (format!("{:>9}", "-"), format!("{:>5}", "-")),
+        };
         let line = format!(
-            "{:>4}s  {:>7}  {:>6.1} ms  {:>4.0}%  {:>10.0}  {decision}",
+            "{:>4}s  {:>7}  {batch_time}  {waited}  {:>10.0}  {decision}",
             elapsed.as_secs(),
             self.workers.running(&self.key),
-            record.batch_time_ms.unwrap_or(0.0),
-            record.wait_fraction.unwrap_or(0.0) * 100.0,
             rate,
         );
         (line, newest.is_some())
