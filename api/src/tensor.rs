@@ -76,11 +76,23 @@ pub struct Batch {
     pub split: u64,
     /// Position of the batch in its split's output.
     pub sequence: u64,
-    /// Splits whose last element is in this batch (under the dispatcher).
+    /// Splits whose last element is in this batch, or was dropped before it (under the
+    /// dispatcher).
     pub completes: Vec<u64>,
 }
 
 impl Batch {
+    /// A batch with no tensors that only completes `splits`: what a worker sends when splits
+    /// complete with no batch left to carry them. Clients report it and never yield it.
+    pub fn completions(epoch: u64, splits: Vec<u64>) -> Batch {
+        Batch { epoch, completes: splits, ..Batch::default() }
+    }
+
+    /// Whether this is a [`Batch::completions`]: no data, only splits to report.
+    pub fn is_completions(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
     /// Total tensor payload in bytes.
     pub fn payload_bytes(&self) -> usize {
         self.tensors.values().map(|t| t.data.len()).sum()

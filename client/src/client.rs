@@ -144,15 +144,21 @@ impl Client {
                 *self.call_start.insert(now)
             }
         };
-        let item = std::task::ready!(self.rx.poll_recv(cx));
-        self.call_start = None;
-        if let Some(Ok(batch)) = &item {
-            self.meter.lock().unwrap().delivered(start, Instant::now());
-            if let Some(completed) = &self.completed {
-                completed.0.lock().unwrap().extend(batch.completes.iter().map(|&split| (batch.epoch, split)));
+        loop {
+            let item = std::task::ready!(self.rx.poll_recv(cx));
+            if let Some(Ok(batch)) = &item {
+                if let Some(completed) = &self.completed {
+                    completed.0.lock().unwrap().extend(batch.completes.iter().map(|&split| (batch.epoch, split)));
+                }
+                // Only completions: reported, not a batch the caller waited for.
+                if batch.is_completions() {
+                    continue;
+                }
+                self.meter.lock().unwrap().delivered(start, Instant::now());
             }
+            self.call_start = None;
+            return Poll::Ready(item);
         }
-        Poll::Ready(item)
     }
 }
 
@@ -247,7 +253,9 @@ pub(crate) async fn pump(
         match stream.message().await {
             Ok(Some(chunk)) => match reassembler.push(chunk) {
                 Ok(Some(batch)) => {
-                    on_batch();
+                    if !batch.is_completions() {
+                        on_batch();
+                    }
                     if tx.send(Ok(batch)).await.is_err() {
                         return None; // the client is gone
                     }

@@ -50,6 +50,17 @@ fn chunked_batches_come_back_identical() {
 }
 
 #[test]
+fn a_batch_of_completions_only_is_one_chunk_and_comes_back() {
+    let marker = Batch::completions(3, vec![5, 7]);
+    let chunks: Vec<_> = chunk_batch(&marker, 65_536).unwrap().collect();
+    assert_eq!(chunks.len(), 1);
+    assert!(chunks[0].last && chunks[0].pieces.is_empty());
+    let got = feed(&mut Reassembler::new(LIMIT), chunks).unwrap();
+    assert_eq!(got, vec![marker]);
+    assert!(got[0].is_completions() && !sample().is_completions());
+}
+
+#[test]
 fn a_tensor_in_one_piece_keeps_the_received_buffer() {
     let b = sample();
     let chunks: Vec<_> = chunk_batch(&b, 4 << 20).unwrap().collect();

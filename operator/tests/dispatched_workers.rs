@@ -16,7 +16,8 @@ use stoker_operator::scaler::Scaler;
 const SHARDS: i64 = 8;
 const LINES: i64 = 40;
 
-fn pipeline(dir: &std::path::Path) -> WorkerPipeline {
+/// The lines as JSONL splits of 40 elements; `rest` is the spec after the source.
+fn pipeline(dir: &std::path::Path, rest: &str) -> WorkerPipeline {
     for shard in 0..SHARDS {
         // The padding makes a split ~640 KB, far more than the client's flow-control window, so a
         // killed worker still holds undelivered data.
@@ -24,7 +25,7 @@ fn pipeline(dir: &std::path::Path) -> WorkerPipeline {
         let lines: String = (0..LINES).map(|i| format!("{{\"id\": {}, \"pad\": [{pad}]}}\n", shard * 1000 + i)).collect();
         std::fs::write(dir.join(format!("{shard:02}.jsonl")), lines).unwrap();
     }
-    let manifest = format!("source: {{uri: 'file://{}/', format: jsonl}}\nbatchSize: 10\n", dir.display());
+    let manifest = format!("source: {{uri: 'file://{}/', format: jsonl}}\n{rest}", dir.display());
     let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
     WorkerPipeline::new("ns", "lines", &spec)
 }
@@ -41,9 +42,9 @@ struct Setup {
     _dirs: (tempfile::TempDir, tempfile::TempDir),
 }
 
-async fn setup(worker_timeout: Duration) -> Setup {
+async fn setup(worker_timeout: Duration, rest: &str) -> Setup {
     let (dir, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let pipeline = pipeline(dir.path());
+    let pipeline = pipeline(dir.path(), rest);
     let dispatcher = Dispatcher::new(Timeouts { worker: worker_timeout, client: Duration::from_secs(30) }, Duration::from_millis(500));
     dispatcher.spawn_expiry();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -99,7 +100,7 @@ async fn read_epoch(client: &mut Client, later: &mut Vec<Batch>, epoch: u64, mut
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_share_an_epoch_and_a_killed_one_loses_nothing() {
-    let s = setup(Duration::from_secs(3)).await;
+    let s = setup(Duration::from_secs(3), "batchSize: 10\n").await;
     s.workers.scale(&s.key, 2).await.unwrap();
     let mut options = ClientOptions::new("ns", "lines");
     options.prefetch = 2;
@@ -138,4 +139,37 @@ async fn two_workers_share_an_epoch_and_a_killed_one_loses_nothing() {
     eprintln!("after the kill: {repeats} elements arrived twice; dispatcher: {:?}", jobs[0]);
     assert!(jobs[0].requeued >= 1, "the dead worker's split went back to the queue: {:?}", jobs[0]);
     assert_eq!(jobs[0].repeats, 0, "a dead worker cannot report");
+}
+
+/// Splits that complete with no batch to carry them (shard 7 is all filtered out; each worker's
+/// last rows of an epoch are dropped as the remainder) reach the dispatcher through the client,
+/// in batches without tensors that the client reports and never yields: epochs still advance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_without_a_batch_reach_the_dispatcher_through_the_client() {
+    let rest = "batchSize: 30\ndropRemainder: true\ntransforms: [{filter: {field: id, op: lt, value: '7000'}}]\n";
+    let s = setup(Duration::from_secs(10), rest).await;
+    s.workers.scale(&s.key, 2).await.unwrap();
+    let mut client = Client::from_dispatcher(&s.url, ClientOptions::new("ns", "lines")).await.unwrap();
+    let mut seen: BTreeMap<u64, BTreeMap<i64, u32>> = BTreeMap::new();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !seen.contains_key(&3) {
+            let batch = client.next().await.expect("the client never ends under a dispatcher").expect("no error");
+            let ids = ids(&batch);
+            assert_eq!(ids.len(), 30, "only full batches reach the caller (epoch {}, completes {:?})", batch.epoch, batch.completes);
+            for id in ids {
+                assert!(id < 7000, "{id} should have been filtered out");
+                *seen.entry(batch.epoch).or_default().entry(id).or_insert(0) += 1;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("epochs seen within 60 s: {:?}", seen.keys().collect::<Vec<_>>()));
+    for epoch in 0..3 {
+        let ids = &seen[&epoch];
+        assert!(ids.values().all(|&n| n == 1), "epoch {epoch}: an element arrived twice");
+        // 280 elements pass the filter; each of the two workers drops under one batch.
+        assert!(ids.len() >= 280 - 2 * 29, "epoch {epoch}: {} elements", ids.len());
+    }
+    let jobs = s.dispatcher.with_state(|st| st.jobs(&s.key));
+    assert_eq!(jobs[0].requeued, 0, "no split was handed out again: {:?}", jobs[0]);
 }

@@ -131,9 +131,10 @@ impl Link {
     }
 
     /// The job's next split, and what it does with the cache.
-    fn next_split(&self, job: &str, completed: Vec<proto::SplitRef>, epoch: u64) -> anyhow::Result<(Next, SplitCache)> {
+    fn next_split(&self, job: &str, epoch: u64) -> anyhow::Result<(Next, SplitCache)> {
         let response = self.runtime.block_on(self.call("next split", |mut c, worker_id| {
-            let request = proto::NextSplitRequest { worker_id, job: job.to_string(), completed: completed.clone(), epoch };
+            // Completions go to the client, behind the batches they follow (see `produce`).
+            let request = proto::NextSplitRequest { worker_id, job: job.to_string(), completed: Vec::new(), epoch };
             async move { c.next_split(request).await }
         }))?;
         let cache = SplitCache::from_directive(response.cache.as_ref());
@@ -187,8 +188,6 @@ struct Job {
     batches: JobBatches,
     /// When the next batch may go out, under `--max-batch-rate`.
     next_send: tokio::sync::Mutex<tokio::time::Instant>,
-    /// Splits that produced no batch (nothing for a client to report), not yet reported.
-    completed: Arc<Mutex<Vec<proto::SplitRef>>>,
 }
 
 /// The engine as a batch source under the dispatcher: one producer per job, started by the
@@ -218,14 +217,12 @@ impl DispatchedSource {
                 let job = Arc::new(Job {
                     batches: Arc::new(tokio::sync::Mutex::new(rx)),
                     next_send: tokio::sync::Mutex::new(tokio::time::Instant::now()),
-                    completed: Arc::default(),
                 });
-                let (engine, link, completed, errors, name) =
-                    (self.engine.clone(), self.link.clone(), job.completed.clone(), self.errors.clone(), name.to_string());
+                let (engine, link, errors, name) = (self.engine.clone(), self.link.clone(), self.errors.clone(), name.to_string());
                 std::thread::Builder::new()
                     .name(format!("stoker-job-{name}"))
                     .spawn(move || {
-                        if let Err(e) = produce(&engine, &link, &name, &completed, &tx) {
+                        if let Err(e) = produce(&engine, &link, &name, &tx) {
                             let message = format!("{e:#}");
                             tracing::error!(job = %name, error = %message, "the job's producer stopped");
                             errors.lock().unwrap().get_or_insert(message.clone());
@@ -264,15 +261,13 @@ fn produce(
     engine: &Engine,
     link: &Link,
     job: &str,
-    completed: &Mutex<Vec<proto::SplitRef>>,
     out: &tokio::sync::mpsc::Sender<JobItem>,
 ) -> anyhow::Result<()> {
-    let take = || std::mem::take(&mut *completed.lock().unwrap());
     let split = |id: u64| {
         engine.splits().get(id as usize).cloned().ok_or_else(|| anyhow::anyhow!("the dispatcher handed out split {id}, beyond this worker's plan"))
     };
     let mut epoch = 0;
-    let mut next = link.next_split(job, take(), epoch)?;
+    let mut next = link.next_split(job, epoch)?;
     loop {
         let first = match next {
             (Next::Draining(d), _) => {
@@ -281,7 +276,7 @@ fn produce(
                 if out.is_closed() {
                     return Ok(());
                 }
-                next = link.next_split(job, take(), epoch)?;
+                next = link.next_split(job, epoch)?;
                 continue;
             }
             (Next::Split(s), cache) => {
@@ -296,7 +291,7 @@ fn produce(
             if after.is_some() || failed.is_some() {
                 return None;
             }
-            match link.next_split(job, take(), epoch).and_then(|n| match n {
+            match link.next_split(job, epoch).and_then(|n| match n {
                 (Next::Split(s), cache) if s.epoch == epoch => split(s.split).map(|s| Some((s, cache))),
                 other => {
                     after = Some(other);
@@ -329,13 +324,22 @@ fn produce(
         if let Some(e) = failed {
             return Err(e);
         }
+        // Splits that completed with no batch to carry them (all filtered, or their tail dropped
+        // as the remainder) go to the client in a batch without tensors, behind the batches
+        // holding their elements: reported by the worker, they could be done while one of
+        // those batches was still on its way, and lost with it if the worker died.
+        if !leftover.is_empty() {
+            let marker = Batch::completions(epoch, leftover.clone());
+            if out.blocking_send(Ok((marker, epoch, leftover))).is_err() {
+                return Ok(());
+            }
+        }
         if out.is_closed() {
             return Ok(());
         }
-        completed.lock().unwrap().extend(leftover.into_iter().map(|split| proto::SplitRef { epoch, split }));
         next = match after {
             Some(n) => n,
-            None => link.next_split(job, take(), epoch)?,
+            None => link.next_split(job, epoch)?,
         };
     }
 }

@@ -129,7 +129,8 @@ class Client:
                 batch = reassembler.push(chunk)
                 if batch is None:
                     continue
-                self._delivering.add(worker)
+                if batch.tensors:
+                    self._delivering.add(worker)
                 if not self._put(batch):
                     return
             reassembler.finish()
@@ -168,13 +169,18 @@ class Client:
             if isinstance(item, _End):
                 self._live -= 1
                 continue
-            start, self._call_start = self._call_start, None
             if isinstance(item, Exception):
+                self._call_start = None
                 raise item
-            self._meter.delivered(start, time.perf_counter())
             if self._follow and item.completes:
                 with self._lock:
                     self._completed.extend((item.epoch, s) for s in item.completes)
+            if not item.tensors:
+                # Only completions (splits whose last elements were filtered or dropped as the
+                # remainder): reported, not a batch the caller waited for.
+                continue
+            start, self._call_start = self._call_start, None
+            self._meter.delivered(start, time.perf_counter())
             return item
 
     def window(self) -> WindowStats:

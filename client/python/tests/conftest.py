@@ -26,7 +26,7 @@ def corpus(tmp_path_factory):
     return out
 
 
-def pipeline_file(directory: pathlib.Path, corpus: pathlib.Path, batch_size: int = 8) -> pathlib.Path:
+def pipeline_file(directory: pathlib.Path, corpus: pathlib.Path, batch_size: int = 8, extra: str = "") -> pathlib.Path:
     path = directory / "pipeline.yaml"
     path.write_text(
         "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
@@ -36,6 +36,7 @@ def pipeline_file(directory: pathlib.Path, corpus: pathlib.Path, batch_size: int
         "  - centerCrop: {size: [64, 64]}\n"
         "  - normalize: {mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}\n"
         f"  batchSize: {batch_size}\n"
+        f"{extra}"
     )
     return path
 

@@ -13,21 +13,41 @@ from conftest import ROOT, pipeline_file, worker_binary
 from stoker_client import Client
 
 
+class Local:
+    """`stoker local` serving `pipeline`, its output lines collected; `url` is set once it listens."""
+
+    def __init__(self, tmp_path, pipeline):
+        stoker = pathlib.Path(os.environ.get("STOKER_BIN", ROOT / "target" / "debug" / "stoker"))
+        env = {**os.environ, "STOKER_WORKER_BIN": str(worker_binary()), "STOKER_CACHE": str(tmp_path / "cache")}
+        self.process = subprocess.Popen([str(stoker), "local", "-f", str(pipeline), "--listen", "127.0.0.1:0",
+                                         "--window-seconds", "1", "--seconds", "60"],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.lines = []
+        self.url = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if re.search(r"http://\S+", line):
+                self.url.set()
+
+    def address(self):
+        assert self.url.wait(30), "".join(self.lines)
+        return re.search(r"http://(\S+)", "".join(self.lines)).group(1)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        self.process.wait(timeout=20)
+
+
 def test_the_client_follows_the_dispatcher_and_reports_windows(tmp_path, corpus):
-    stoker = pathlib.Path(os.environ.get("STOKER_BIN", ROOT / "target" / "debug" / "stoker"))
-    pipeline = pipeline_file(tmp_path, corpus, batch_size=4)
-    env = {**os.environ, "STOKER_WORKER_BIN": str(worker_binary()), "STOKER_CACHE": str(tmp_path / "cache")}
-    local = subprocess.Popen([str(stoker), "local", "-f", str(pipeline), "--listen", "127.0.0.1:0", "--window-seconds", "1",
-                              "--seconds", "60"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines = []
-    url = threading.Event()
-    reader = threading.Thread(target=lambda: [lines.append(l) or (re.search(r"http://\S+", l) and url.set()) for l in local.stdout],
-                              daemon=True)
-    reader.start()
-    try:
-        assert url.wait(30), "".join(lines)
-        address = re.search(r"http://(\S+)", "".join(lines)).group(1)
-        with Client.from_dispatcher(address, "test", "py") as client:
+    with Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local:
+        lines = local.lines
+        with Client.from_dispatcher(local.address(), "test", "py") as client:
             batches = [next(client) for _ in range(30)]
             assert all(b["image"].shape[1:] == (64, 64, 3) for b in batches)
             # The view prints the batch time the autoscaler got from this client's reports.
@@ -35,6 +55,17 @@ def test_the_client_follows_the_dispatcher_and_reports_windows(tmp_path, corpus)
             while time.monotonic() < deadline and not any(re.search(r"\d+s\s+\d+\s+[1-9][\d.]* ms", l) for l in lines):
                 next(client)
         assert any(re.search(r"\d+s\s+\d+\s+[1-9][\d.]* ms", l) for l in lines), "".join(lines)
-    finally:
-        local.terminate()
-        local.wait(timeout=20)
+
+
+def test_completions_without_a_batch_are_reported_and_never_yielded(tmp_path, corpus):
+    # 24 images in batches of 5 with the remainder dropped: each epoch's last split completes
+    # in a batch without tensors, which the client reports to the dispatcher and skips.
+    pipeline = pipeline_file(tmp_path, corpus, batch_size=5, extra="  dropRemainder: true\n")
+    with Local(tmp_path, pipeline) as local, Client.from_dispatcher(local.address(), "test", "py") as client:
+        epochs = set()
+        deadline = time.monotonic() + 40
+        while len(epochs) < 4:
+            assert time.monotonic() < deadline, f"epochs seen in 40 s: {sorted(epochs)}\n" + "".join(local.lines)
+            batch = next(client)
+            assert batch["image"].shape == (5, 64, 64, 3), batch.completes
+            epochs.add(batch.epoch)
