@@ -140,8 +140,18 @@ async fn reconcile_pipeline(dp: &DataPipeline, ctx: &Context) -> Result<Action, 
     let record = ctx.scaling.get(&pipeline_key(dp));
     let recorded = dp.status.as_ref().and_then(|s| s.workers.as_ref()).map(|w| w.desired);
     let replicas = objects::desired_replicas(&dp.spec, recorded, record.as_ref().map(|r| r.workers));
-    let built = objects::build(dp, &ctx.defaults, replicas);
-    match apply_objects(ctx, dp, built).await {
+    // The namespace's claim, if made already: its size bounds the workers' cache.
+    let claim = match objects::uses_cache_volume(&dp.spec) {
+        true => claims(ctx, dp).get_opt(objects::CACHE_PVC).await.map_err(|source| Error::Apply {
+            kind: "PersistentVolumeClaim".into(),
+            namespace: dp.namespace().unwrap_or_default(),
+            name: objects::CACHE_PVC.into(),
+            source,
+        })?,
+        false => None,
+    };
+    let built = objects::build(dp, &ctx.defaults, replicas, claim.as_ref().and_then(objects::claim_size).as_ref());
+    match apply_objects(ctx, dp, &built, claim.as_ref()).await {
         Ok(deployment) => {
             let ready = deployment.status.and_then(|s| s.ready_replicas).unwrap_or(0);
             update_status(dp, ctx, &Outcome::Applied { desired: replicas, ready }).await?;
@@ -159,29 +169,40 @@ async fn reconcile_pipeline(dp: &DataPipeline, ctx: &Context) -> Result<Action, 
     }
 }
 
-async fn apply_objects(ctx: &Context, dp: &DataPipeline, mut built: PipelineObjects) -> Result<Deployment, Error> {
+fn claims(ctx: &Context, dp: &DataPipeline) -> Api<PersistentVolumeClaim> {
+    Api::namespaced(ctx.client.clone(), &dp.namespace().unwrap_or_default())
+}
+
+/// `claim`: the namespace's cache claim as it was found, if it existed.
+async fn apply_objects(
+    ctx: &Context,
+    dp: &DataPipeline,
+    built: &PipelineObjects,
+    claim: Option<&PersistentVolumeClaim>,
+) -> Result<Deployment, Error> {
     let ns = dp.namespace().unwrap_or_default();
-    if let Some(pvc) = built.cache_pvc.clone() {
-        match ensure_exists(&Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns), &pvc).await? {
-            None => {
+    match (&built.cache_pvc, claim) {
+        (Some(pvc), None) => {
+            if create_if_absent(&claims(ctx, dp), pvc).await? {
                 let note = "Created the namespace's shared cache volume stoker-cache";
                 publish(ctx, dp, EventType::Normal, "CacheVolumeCreated", note).await;
             }
-            Some(claim) => {
-                let differences = objects::use_existing_claim(&mut built, &claim);
-                // Once per spec generation, so a resync or a restarted operator stays quiet.
-                let new_generation = dp.status.as_ref().and_then(|s| s.observed_generation) != dp.metadata.generation;
-                if !differences.is_empty() && new_generation {
-                    let note = format!(
-                        "The namespace's cache volume stoker-cache already exists and is never changed; this pipeline \
-                         asks for {}. Its workers use the volume as it is (cache cap from its size). To change it, \
-                         delete the claim (losing the cache) and a pipeline that caches recreates it.",
-                        differences.join(", ")
-                    );
-                    publish(ctx, dp, EventType::Warning, "CacheVolumeDiffers", &note).await;
-                }
+        }
+        (Some(pvc), Some(claim)) => {
+            let differences = objects::claim_differences(pvc, claim);
+            // Once per spec generation, so a resync or a restarted operator stays quiet.
+            let new_generation = dp.status.as_ref().and_then(|s| s.observed_generation) != dp.metadata.generation;
+            if !differences.is_empty() && new_generation {
+                let note = format!(
+                    "The namespace's cache volume stoker-cache already exists and is never changed; this pipeline \
+                     asks for {}. Its workers use the volume as it is (cache cap from its size). To change it, \
+                     delete the claim (losing the cache) and a pipeline that caches recreates it.",
+                    differences.join(", ")
+                );
+                publish(ctx, dp, EventType::Warning, "CacheVolumeDiffers", &note).await;
             }
         }
+        (None, _) => {}
     }
     apply(&Api::<Service>::namespaced(ctx.client.clone(), &ns), &built.service).await?;
     apply(&Api::<Deployment>::namespaced(ctx.client.clone(), &ns), &built.deployment).await
@@ -205,26 +226,21 @@ where
     })
 }
 
-/// Creates the object if it does not exist; never updates it. Returns the one that existed.
-async fn ensure_exists<K>(api: &Api<K>, object: &K) -> Result<Option<K>, Error>
+/// Creates the object unless it exists; never updates it. Returns whether it created it.
+async fn create_if_absent<K>(api: &Api<K>, object: &K) -> Result<bool, Error>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
-    let name = object.meta().name.clone().unwrap_or_default();
-    let fail = |source| Error::Apply {
-        kind: K::kind(&()).into_owned(),
-        namespace: object.meta().namespace.clone().unwrap_or_default(),
-        name: name.clone(),
-        source,
-    };
-    if let Some(existing) = api.get_opt(&name).await.map_err(fail)? {
-        return Ok(Some(existing));
-    }
     match api.create(&PostParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() }, object).await {
-        Ok(_) => Ok(None),
-        // Another pipeline's reconcile made it in between.
-        Err(kube::Error::Api(e)) if e.code == 409 => api.get(&name).await.map(Some).map_err(fail),
-        Err(e) => Err(fail(e)),
+        Ok(_) => Ok(true),
+        // Another pipeline's reconcile made it in between; the next reconcile sees it.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(source) => Err(Error::Apply {
+            kind: K::kind(&()).into_owned(),
+            namespace: object.meta().namespace.clone().unwrap_or_default(),
+            name: object.meta().name.clone().unwrap_or_default(),
+            source,
+        }),
     }
 }
 

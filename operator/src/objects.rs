@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{
     PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretEnvSource, SecurityContext, Service, ServicePort,
     ServiceSpec, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements, EmptyDirVolumeSource,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
@@ -68,7 +69,14 @@ pub fn desired_replicas(spec: &DataPipelineSpec, recorded: Option<i32>, decided:
     }
 }
 
-pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32) -> PipelineObjects {
+/// Whether the pipeline's workers mount the namespace's cache volume.
+pub fn uses_cache_volume(spec: &DataPipelineSpec) -> bool {
+    spec.cache.mode != CacheMode::Never
+}
+
+/// `cache_volume`: the size of the namespace's claim if it exists (made for whichever pipeline
+/// cached first, and never updated), which bounds the workers' cache whatever this spec asks.
+pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32, cache_volume: Option<&Quantity>) -> PipelineObjects {
     let name = dp.name_any();
     let ns = dp.namespace().unwrap_or_default();
     let spec = &dp.spec;
@@ -93,7 +101,7 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32) -> Pip
         ..ObjectMeta::default()
     };
 
-    let caching = spec.cache.mode != CacheMode::Never;
+    let caching = uses_cache_volume(spec);
     let pipeline_json = serde_json::to_string(&WorkerPipeline::new(&ns, &name, spec))
     .expect("pipeline spec serializes");
 
@@ -110,7 +118,7 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32) -> Pip
     ];
     if caching {
         env.push(EnvVar { name: "STOKER_CACHE_DIR".into(), value: Some(CACHE_MOUNT.into()), ..Default::default() });
-        if let Some(cap) = spec.cache.cap_bytes() {
+        if let Some(cap) = cache_volume.map_or_else(|| spec.cache.cap_bytes(), Cache::cap_for) {
             env.push(EnvVar { name: "STOKER_CACHE_CAP_BYTES".into(), value: Some(cap.to_string()), ..Default::default() });
         }
     }
@@ -251,50 +259,37 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32) -> Pip
     PipelineObjects { deployment, service, cache_pvc }
 }
 
-/// The namespace's claim, once made (for the first pipeline that cached, and never updated),
-/// is the volume every pipeline's workers get, whatever their spec asks: their cache cap
-/// follows its size. Returns what this pipeline asks for that the claim does not have.
-pub fn use_existing_claim(built: &mut PipelineObjects, claim: &PersistentVolumeClaim) -> Vec<String> {
-    let Some(wanted) = built.cache_pvc.as_ref().and_then(|c| c.spec.as_ref()) else { return Vec::new() };
-    let have = claim.spec.clone().unwrap_or_default();
-    let requested = |s: &PersistentVolumeClaimSpec| s.resources.as_ref()?.requests.as_ref()?.get("storage").cloned();
-    // The request, not a bound claim's capacity: that appears later and would change the
-    // workers' env, restarting them, for a difference a provisioner's rounding makes.
-    let size = requested(&have);
+/// The size a claim asked for. Not a bound claim's capacity: that appears later and would
+/// change the workers' env, restarting them, for a difference a provisioner's rounding makes.
+pub fn claim_size(claim: &PersistentVolumeClaim) -> Option<Quantity> {
+    claim.spec.as_ref()?.resources.as_ref()?.requests.as_ref()?.get("storage").cloned()
+}
+
+/// What the claim this pipeline would make (`wanted`) asks for that the existing one lacks,
+/// for the user to see.
+pub fn claim_differences(wanted: &PersistentVolumeClaim, have: &PersistentVolumeClaim) -> Vec<String> {
+    let (want_spec, have_spec) = (wanted.spec.clone().unwrap_or_default(), have.spec.clone().unwrap_or_default());
     let mut differences = Vec::new();
-    if let (Some(want), Some(size)) = (requested(wanted), &size)
-        && Cache::cap_for(&want) != Cache::cap_for(size)
+    if let (Some(want), Some(size)) = (claim_size(wanted), claim_size(have))
+        && Cache::cap_for(&want) != Cache::cap_for(&size)
     {
         differences.push(format!("volumeSize {} (the claim has {})", want.0, size.0));
     }
-    if wanted.storage_class_name.is_some() && wanted.storage_class_name != have.storage_class_name {
+    if want_spec.storage_class_name.is_some() && want_spec.storage_class_name != have_spec.storage_class_name {
         let class = |c: &Option<String>| c.clone().unwrap_or_else(|| "the default".into());
         differences.push(format!(
             "storageClassName {} (the claim has {})",
-            class(&wanted.storage_class_name),
-            class(&have.storage_class_name)
+            class(&want_spec.storage_class_name),
+            class(&have_spec.storage_class_name)
         ));
     }
-    if wanted.access_modes != have.access_modes {
+    if want_spec.access_modes != have_spec.access_modes {
         let modes = |m: &Option<Vec<String>>| m.clone().unwrap_or_default().join(",");
-        differences.push(format!("accessMode {} (the claim has {})", modes(&wanted.access_modes), modes(&have.access_modes)));
-    }
-    let cap = size.as_ref().and_then(Cache::cap_for);
-    let pod = built.deployment.spec.template.spec.as_mut();
-    for container in pod.into_iter().flat_map(|p| p.containers.iter_mut()) {
-        let env = container.env.get_or_insert_default();
-        // Ours is the first; a later one is the user's deliberate override and stays.
-        let ours = env.iter().position(|e| e.name == "STOKER_CACHE_CAP_BYTES");
-        let after_dir = env.iter().position(|e| e.name == "STOKER_CACHE_DIR").map_or(env.len(), |i| i + 1);
-        match (ours, cap) {
-            (Some(i), Some(cap)) => env[i].value = Some(cap.to_string()),
-            (Some(i), None) => drop(env.remove(i)),
-            (None, Some(cap)) => env.insert(
-                after_dir,
-                EnvVar { name: "STOKER_CACHE_CAP_BYTES".into(), value: Some(cap.to_string()), ..Default::default() },
-            ),
-            (None, None) => {}
-        }
+        differences.push(format!(
+            "accessMode {} (the claim has {})",
+            modes(&want_spec.access_modes),
+            modes(&have_spec.access_modes)
+        ));
     }
     differences
 }
@@ -328,7 +323,7 @@ mod tests {
 
     #[test]
     fn deployment_and_service_are_named_labelled_and_owned() {
-        let o = build(&pipeline("imagenet", ""), &defaults(), 3);
+        let o = build(&pipeline("imagenet", ""), &defaults(), 3, None);
         let d = &o.deployment;
         assert_eq!(d.metadata.name.as_deref(), Some("imagenet-workers"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("team-a"));
@@ -348,7 +343,7 @@ mod tests {
 
     #[test]
     fn pods_are_non_root_with_read_only_root_and_writable_tmp() {
-        let o = build(&pipeline("p", ""), &defaults(), 1);
+        let o = build(&pipeline("p", ""), &defaults(), 1, None);
         let p = pod(&o);
         assert_eq!(p.security_context.as_ref().unwrap().run_as_non_root, Some(true));
         let c = &p.containers[0];
@@ -360,7 +355,7 @@ mod tests {
 
     #[test]
     fn worker_gets_its_pipeline_dispatcher_and_credentials() {
-        let o = build(&pipeline("p", "transforms:\n- decodeImage: {}\nseed: 7\n"), &defaults(), 1);
+        let o = build(&pipeline("p", "transforms:\n- decodeImage: {}\nseed: 7\n"), &defaults(), 1, None);
         let p = pod(&o);
         let spec: serde_json::Value =
             serde_json::from_str(env(p, "STOKER_PIPELINE").unwrap().value.as_deref().unwrap()).unwrap();
@@ -387,6 +382,7 @@ mod tests {
             ),
             &defaults(),
             1,
+            None,
         );
         let p = pod(&o);
         assert_eq!(p.containers[0].image.as_deref(), Some("custom:1"));
@@ -408,13 +404,14 @@ mod tests {
 
     #[test]
     fn cache_volume_only_when_caching_and_never_owned() {
-        let off = build(&pipeline("p", ""), &defaults(), 1);
+        let off = build(&pipeline("p", ""), &defaults(), 1, None);
         assert!(off.cache_pvc.is_none());
         assert!(env(pod(&off), "STOKER_CACHE_DIR").is_none());
         let on = build(
             &pipeline("p", "cache: {mode: Auto, volumeSize: 20Gi, storageClassName: fast, accessMode: ReadWriteOnce}\n"),
             &defaults(),
             1,
+            None,
         );
         let pvc = on.cache_pvc.as_ref().unwrap();
         assert_eq!(pvc.metadata.name.as_deref(), Some(CACHE_PVC));
@@ -423,7 +420,7 @@ mod tests {
         assert_eq!(s.access_modes.as_deref(), Some(&["ReadWriteOnce".to_string()][..]));
         assert_eq!(s.storage_class_name.as_deref(), Some("fast"));
         assert_eq!(s.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0, "20Gi");
-        let default_size = build(&pipeline("p", "cache: {mode: Auto}\n"), &defaults(), 1).cache_pvc.unwrap();
+        let default_size = build(&pipeline("p", "cache: {mode: Auto}\n"), &defaults(), 1, None).cache_pvc.unwrap();
         assert_eq!(default_size.spec.unwrap().resources.unwrap().requests.unwrap()["storage"].0, "100Gi");
         let p = pod(&on);
         assert_eq!(env(p, "STOKER_CACHE_DIR").unwrap().value.as_deref(), Some(CACHE_MOUNT));
@@ -438,17 +435,20 @@ mod tests {
     #[test]
     fn an_existing_claim_sets_the_cap_and_what_differs_is_said() {
         let asks = "cache: {mode: Auto, volumeSize: 20Gi, storageClassName: fast, accessMode: ReadWriteMany}\n";
-        let made_for = |extra: &str| build(&pipeline("first", extra), &defaults(), 1).cache_pvc.unwrap();
+        let made_for = |extra: &str| build(&pipeline("first", extra), &defaults(), 1, None).cache_pvc.unwrap();
         let cap = |o: &PipelineObjects| env(pod(o), "STOKER_CACHE_CAP_BYTES").and_then(|e| e.value.clone());
         let ninety_percent_of_gib = |gib: u64| (((gib << 30) as f64 * 0.9) as u64).to_string();
 
-        let mut same = build(&pipeline("p", asks), &defaults(), 1);
-        assert!(use_existing_claim(&mut same, &made_for(asks)).is_empty());
+        let on_claim = |claim: &PersistentVolumeClaim| build(&pipeline("p", asks), &defaults(), 1, claim_size(claim).as_ref());
+
+        let same_claim = made_for(asks);
+        let same = on_claim(&same_claim);
+        assert!(claim_differences(same.cache_pvc.as_ref().unwrap(), &same_claim).is_empty());
         assert_eq!(cap(&same), Some(ninety_percent_of_gib(20)));
 
-        let mut other = build(&pipeline("p", asks), &defaults(), 1);
         let claim = made_for("cache: {mode: Auto, volumeSize: 5Gi, accessMode: ReadWriteOnce}\n");
-        let differences = use_existing_claim(&mut other, &claim);
+        let other = on_claim(&claim);
+        let differences = claim_differences(other.cache_pvc.as_ref().unwrap(), &claim);
         assert_eq!(
             differences,
             [
@@ -459,13 +459,12 @@ mod tests {
         );
         assert_eq!(cap(&other), Some(ninety_percent_of_gib(5)), "the claim's size, not the spec's");
         assert_eq!(pod(&other).containers[0].env.as_ref().unwrap().iter().filter(|e| e.name == "STOKER_CACHE_CAP_BYTES").count(), 1);
-
     }
 
     #[test]
     fn long_names_fit_kubernetes_limits() {
         let name = format!("{}.train", "a".repeat(240));
-        let o = build(&pipeline(&name, ""), &defaults(), 1);
+        let o = build(&pipeline(&name, ""), &defaults(), 1, None);
         let n = o.deployment.metadata.name.unwrap();
         assert!(n.len() <= 63 && n.ends_with("-workers"), "{n}");
         for v in o.deployment.metadata.labels.unwrap().values() {
@@ -494,8 +493,8 @@ mod tests {
 
     #[test]
     fn scaling_knobs_do_not_change_the_pod_template() {
-        let a = build(&pipeline("p", "workers: {min: 1, max: 4}\n"), &defaults(), 1);
-        let b = build(&pipeline("p", "workers: {min: 1, max: 9}\nautoscaling: {policy: {windowSeconds: 30}}\n"), &defaults(), 1);
+        let a = build(&pipeline("p", "workers: {min: 1, max: 4}\n"), &defaults(), 1, None);
+        let b = build(&pipeline("p", "workers: {min: 1, max: 9}\nautoscaling: {policy: {windowSeconds: 30}}\n"), &defaults(), 1, None);
         assert_eq!(a.deployment.spec.template, b.deployment.spec.template);
     }
 }

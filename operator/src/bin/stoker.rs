@@ -199,7 +199,7 @@ fn explain(samples: &Path, yaml: bool) -> anyhow::Result<()> {
         dp.metadata.namespace.get_or_insert_with(|| "default".into());
         dp.metadata.uid = Some("demo".into());
         let replicas = objects::initial_replicas(&dp.spec);
-        let built = objects::build(&dp, &defaults, replicas);
+        let built = objects::build(&dp, &defaults, replicas, None);
         println!("✓ {name}: DataPipeline {}", dp.name_any());
         println!(
             "    Deployment {}  replicas {replicas} (workers {}..{}, {:?})",
