@@ -11,6 +11,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         // Callers choose their transport (the worker serves with tonic's, tests may not).
         .build_transport(false)
-        .compile_with_config(config, &["proto/stoker/v1alpha1/data.proto", "proto/stoker/v1alpha1/dispatcher.proto"], &["proto"])?;
+        .compile_with_config(
+            config,
+            &["proto/stoker/v1alpha1/data.proto", "proto/stoker/v1alpha1/dispatcher.proto"],
+            &["proto"],
+        )?;
     Ok(())
 }

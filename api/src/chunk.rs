@@ -183,7 +183,9 @@ mod tests {
     #[test]
     fn a_header_over_the_limit_is_an_error() {
         let tensors = (0..5000)
-            .map(|i| (format!("a-rather-long-tensor-name-{i}"), Tensor::new(DType::Uint8, vec![0], Bytes::new()).unwrap()))
+            .map(|i| {
+                (format!("a-rather-long-tensor-name-{i}"), Tensor::new(DType::Uint8, vec![0], Bytes::new()).unwrap())
+            })
             .collect();
         let b = Batch { tensors, ..Batch::default() };
         assert!(matches!(chunk_batch(&b, 65_536), Err(ChunkError::HeaderTooLarge { .. })));

@@ -23,7 +23,13 @@ pub struct ShardVersion {
 
 /// The fingerprint of the data at hint `at` (an index into `transforms`, which must be an
 /// `autocache` item): `sha256:<hex>`.
-pub fn fingerprint(uri: &str, format: SourceFormat, shards: &[ShardVersion], transforms: &[Transform], at: usize) -> String {
+pub fn fingerprint(
+    uri: &str,
+    format: SourceFormat,
+    shards: &[ShardVersion],
+    transforms: &[Transform],
+    at: usize,
+) -> String {
     let mut h = Sha256::new();
     let mut field = |bytes: &[u8]| {
         // Length-prefixed, so no two different inputs encode the same.
@@ -70,9 +76,13 @@ mod tests {
     #[test]
     fn the_same_prefix_shares_a_fingerprint_whatever_follows() {
         let one = transforms("- decodeImage: {channels: 3}\n- autocache: {}\n- randomFlip: {horizontal: true}\n");
-        let two = transforms("- decodeImage: {channels: 3}\n- autocache: {}\n- randomResizedCrop: {size: [224, 224]}\n");
+        let two =
+            transforms("- decodeImage: {channels: 3}\n- autocache: {}\n- randomResizedCrop: {size: [224, 224]}\n");
         let uri = "s3://b/train/";
-        assert_eq!(fingerprint(uri, SourceFormat::Tfrecord, &shards(), &one, 1), fingerprint(uri, SourceFormat::Tfrecord, &shards(), &two, 1));
+        assert_eq!(
+            fingerprint(uri, SourceFormat::Tfrecord, &shards(), &one, 1),
+            fingerprint(uri, SourceFormat::Tfrecord, &shards(), &two, 1)
+        );
         let mut reversed = shards();
         reversed.reverse();
         assert_eq!(

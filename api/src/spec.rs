@@ -307,7 +307,6 @@ impl Cache {
     }
 }
 
-
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum CacheMode {
     /// Never cache (the default: caching provisions a volume). Not called `Off`, which YAML 1.1

@@ -40,13 +40,19 @@ fn validate_volumes(w: &Workers, err: &mut impl FnMut(&str, String)) {
     }
     for (i, m) in w.volume_mounts.iter().flatten().enumerate() {
         if !volumes.iter().any(|v| v.name == m.name) {
-            err(&format!("spec.workers.volumeMounts[{i}].name"), format!("no volume named {:?} in spec.workers.volumes", m.name));
+            err(
+                &format!("spec.workers.volumeMounts[{i}].name"),
+                format!("no volume named {:?} in spec.workers.volumes", m.name),
+            );
         }
         let path = m.mount_path.trim_end_matches('/');
         if let Some((_, taken)) = ours.iter().find(|(_, p)| path == *p || path.starts_with(&format!("{p}/"))) {
             err(
                 &format!("spec.workers.volumeMounts[{i}].mountPath"),
-                format!("{:?} is at or under {taken}, where the operator mounts its own volume; mount elsewhere", m.mount_path),
+                format!(
+                    "{:?} is at or under {taken}, where the operator mounts its own volume; mount elsewhere",
+                    m.mount_path
+                ),
             );
         }
     }
@@ -97,17 +103,13 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
     validate_volumes(w, &mut err);
 
     match (spec.autoscaling.mode, spec.autoscaling.replicas) {
-        (AutoscalingMode::Fixed, None) => {
-            err("spec.autoscaling.replicas", "mode Fixed needs replicas".into())
+        (AutoscalingMode::Fixed, None) => err("spec.autoscaling.replicas", "mode Fixed needs replicas".into()),
+        (AutoscalingMode::Fixed, Some(r)) if r < w.min || r > w.max => {
+            err("spec.autoscaling.replicas", format!("{r} is outside spec.workers [min {}, max {}]", w.min, w.max))
         }
-        (AutoscalingMode::Fixed, Some(r)) if r < w.min || r > w.max => err(
-            "spec.autoscaling.replicas",
-            format!("{r} is outside spec.workers [min {}, max {}]", w.min, w.max),
-        ),
-        (AutoscalingMode::BatchTime, Some(_)) => err(
-            "spec.autoscaling.replicas",
-            "replicas applies only to mode Fixed; remove it or set mode: Fixed".into(),
-        ),
+        (AutoscalingMode::BatchTime, Some(_)) => {
+            err("spec.autoscaling.replicas", "replicas applies only to mode Fixed; remove it or set mode: Fixed".into())
+        }
         _ => {}
     }
 
@@ -132,15 +134,11 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
                 err(&field, format!("channels must be 1, 3 or 4, not {}", d.channels))
             }
             Transform::Resize(r) => match (r.size, r.shorter_side) {
-                (Some(_), Some(_)) | (None, None) => {
-                    err(&field, "set exactly one of size and shorterSide".into())
-                }
+                (Some(_), Some(_)) | (None, None) => err(&field, "set exactly one of size and shorterSide".into()),
                 (Some(s), _) if s.contains(&0) => err(&field, "size must be positive".into()),
                 _ => {}
             },
-            Transform::CenterCrop(c) if c.size.contains(&0) => {
-                err(&field, "size must be positive".into())
-            }
+            Transform::CenterCrop(c) if c.size.contains(&0) => err(&field, "size must be positive".into()),
             Transform::RandomResizedCrop(c) => {
                 if c.size.contains(&0) {
                     err(&field, "size must be positive".into());

@@ -103,7 +103,10 @@ mod tests {
         let head = "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: p}\nspec:\n  ";
         let with = |spec: &str| parse_manifest(&format!("{head}{spec}"));
         assert!(with("source: {uri: 'file:///d', format: jsonl}\n  batchSize: 4\n").is_ok());
-        assert!(matches!(with("source: {uri: 'file:///d', format: jsonl}\n  batchSize: four\n"), Err(ManifestError::Schema(_))));
+        assert!(matches!(
+            with("source: {uri: 'file:///d', format: jsonl}\n  batchSize: four\n"),
+            Err(ManifestError::Schema(_))
+        ));
         let typo = with("source: {uri: 'file:///d', format: jsonl}\n  batchSize: 4\n  shufle: {}\n").unwrap_err();
         assert!(matches!(&typo, ManifestError::UnknownFields(f) if f == &["spec.shufle"]), "{typo}");
         let invalid = with("source: {uri: 'ftp://d', format: jsonl}\n  batchSize: 4\n").unwrap_err();

@@ -36,8 +36,14 @@ fn ranges_enums_and_required_fields_are_in_the_schema() {
     assert_eq!(spec["properties"]["batchSize"]["minimum"], 1.0);
     assert_eq!(spec["properties"]["workers"]["properties"]["min"]["minimum"], 0.0);
     assert_eq!(spec["properties"]["workers"]["properties"]["max"]["minimum"], 1.0);
-    assert_eq!(spec["properties"]["cache"]["properties"]["mode"]["enum"], serde_json::json!(["Never", "Auto", "Always"]));
-    assert_eq!(spec["properties"]["autoscaling"]["properties"]["mode"]["enum"], serde_json::json!(["BatchTime", "Fixed"]));
+    assert_eq!(
+        spec["properties"]["cache"]["properties"]["mode"]["enum"],
+        serde_json::json!(["Never", "Auto", "Always"])
+    );
+    assert_eq!(
+        spec["properties"]["autoscaling"]["properties"]["mode"]["enum"],
+        serde_json::json!(["BatchTime", "Fixed"])
+    );
     assert_eq!(
         spec["properties"]["source"]["properties"]["format"]["enum"],
         serde_json::json!(["imageFolder", "webdataset", "tfrecord", "jsonl"])

@@ -5,11 +5,11 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::Stream;
+use std::sync::{Arc, Mutex};
 use stoker_api::Batch;
 use stoker_api::proto::batch_stream_client::BatchStreamClient;
 use stoker_api::proto::{self, BatchChunk, PipelineRef, StreamRequest};
 use tokio::sync::mpsc;
-use std::sync::{Arc, Mutex};
 use tokio::task::AbortHandle;
 use tonic::codec::CompressionEncoding;
 use tonic::transport::{Channel, Endpoint};
@@ -270,7 +270,12 @@ pub(crate) async fn pump(
 }
 
 /// A fixed worker's stream: its failure is the caller's to see.
-async fn pump_to_caller(worker: String, stream: tonic::Streaming<BatchChunk>, tx: mpsc::Sender<Result<Batch, Error>>, max_batch_bytes: u64) {
+async fn pump_to_caller(
+    worker: String,
+    stream: tonic::Streaming<BatchChunk>,
+    tx: mpsc::Sender<Result<Batch, Error>>,
+    max_batch_bytes: u64,
+) {
     if let Some(failure) = pump(worker, stream, &tx, max_batch_bytes, || {}).await {
         tracing::warn!(error = %failure, "worker stream failed");
         let _ = tx.send(Err(failure)).await;

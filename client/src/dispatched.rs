@@ -82,13 +82,22 @@ impl Registration {
         Ok(())
     }
 
-    async fn report(&mut self, stats: crate::WindowStats, workers: usize, completed: &[(u64, u64)]) -> Result<(), Status> {
+    async fn report(
+        &mut self,
+        stats: crate::WindowStats,
+        workers: usize,
+        completed: &[(u64, u64)],
+    ) -> Result<(), Status> {
         let report = proto::ReportWindowRequest {
             completed: completed.iter().map(|&(epoch, split)| proto::SplitRef { epoch, split }).collect(),
             client_id: self.request.client_id.clone(),
             batches: stats.batches,
             median_seconds: stats.median.as_secs_f64(),
-            mean_seconds: if stats.batches > 0 { stats.total_batch_time.as_secs_f64() / stats.batches as f64 } else { 0.0 },
+            mean_seconds: if stats.batches > 0 {
+                stats.total_batch_time.as_secs_f64() / stats.batches as f64
+            } else {
+                0.0
+            },
             p90_seconds: stats.p90.as_secs_f64(),
             wait_fraction: stats.wait_fraction,
             workers: workers as u32,
@@ -213,7 +222,10 @@ async fn stream_from(
     delivered: Arc<AtomicBool>,
 ) {
     let failure = match open(&worker, &options).await {
-        Ok(stream) => pump(worker.clone(), stream, &tx, options.max_batch_bytes, || delivered.store(true, Ordering::Relaxed)).await,
+        Ok(stream) => {
+            pump(worker.clone(), stream, &tx, options.max_batch_bytes, || delivered.store(true, Ordering::Relaxed))
+                .await
+        }
         Err(e) => Some(e),
     };
     match failure {

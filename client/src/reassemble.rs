@@ -144,11 +144,8 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
             byte_length: meta.byte_length,
         };
         // Checked arithmetic: a hostile header must not overflow its way past the checks.
-        let expected = meta
-            .shape
-            .iter()
-            .try_fold(dtype.size() as u64, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(mismatch)?;
+        let expected =
+            meta.shape.iter().try_fold(dtype.size() as u64, |acc, &d| acc.checked_mul(d)).ok_or_else(mismatch)?;
         if expected != meta.byte_length {
             return Err(mismatch());
         }
@@ -177,7 +174,9 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
 impl Partial {
     /// Moves `current` past tensors that need no more bytes (including empty ones).
     fn skip_full(&mut self) {
-        while self.current < self.tensors.len() && self.tensors[self.current].data.len() == self.tensors[self.current].len {
+        while self.current < self.tensors.len()
+            && self.tensors[self.current].data.len() == self.tensors[self.current].len
+        {
             self.current += 1;
         }
     }

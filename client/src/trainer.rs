@@ -23,7 +23,14 @@ pub struct TrainerSpec {
 
 impl TrainerSpec {
     pub fn steady(compute: Duration) -> Self {
-        TrainerSpec { compute, noise: 0.0, stall_every: None, stall: Duration::from_secs(1), speed_change: None, seed: 1 }
+        TrainerSpec {
+            compute,
+            noise: 0.0,
+            stall_every: None,
+            stall: Duration::from_secs(1),
+            speed_change: None,
+            seed: 1,
+        }
     }
 
     /// The compute time of step `step` (0-based) started `elapsed` after the run began.
@@ -38,7 +45,8 @@ impl TrainerSpec {
             base *= factor;
         }
         if self.noise > 0.0 {
-            let unit = (splitmix(self.seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15)) >> 11) as f64 / (1u64 << 53) as f64;
+            let unit =
+                (splitmix(self.seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15)) >> 11) as f64 / (1u64 << 53) as f64;
             base *= 1.0 + self.noise * (2.0 * unit - 1.0);
         }
         Duration::from_secs_f64(base.max(0.0))

@@ -39,9 +39,7 @@ async fn scripted(chunks: Vec<BatchChunk>) -> (SocketAddr, Seen) {
     let addr = listener.local_addr().unwrap();
     let seen = Seen::default();
     let svc = BatchStreamServer::new(Scripted { chunks, seen: seen.clone() });
-    tokio::spawn(
-        tonic::transport::Server::builder().add_service(svc).serve_with_incoming(TcpIncoming::from(listener)),
-    );
+    tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(TcpIncoming::from(listener)));
     (addr, seen)
 }
 
@@ -70,7 +68,9 @@ async fn a_good_batch_then_a_headerless_chunk() {
     assert_eq!((batch.epoch, batch.split, batch.sequence), (1, 2, 3));
     assert_eq!(batch.tensors["x"].data, Bytes::from_static(b"abc"));
     match client.next().await {
-        Some(Err(Error::Protocol { source: ProtocolError::MissingHeader, worker })) => assert_eq!(worker, addr.to_string()),
+        Some(Err(Error::Protocol { source: ProtocolError::MissingHeader, worker })) => {
+            assert_eq!(worker, addr.to_string())
+        }
         other => panic!("expected a protocol error, got {other:?}"),
     }
     assert!(client.next().await.is_none());
@@ -88,7 +88,10 @@ async fn a_length_mismatch() {
     let (addr, _) = scripted(vec![chunk(header(6), b"abc", true)]).await;
     let mut client = connect(addr, options()).await;
     let err = client.next().await.unwrap().unwrap_err();
-    assert!(matches!(err, Error::Protocol { source: ProtocolError::Truncated { received: 3, declared: 6 }, .. }), "{err}");
+    assert!(
+        matches!(err, Error::Protocol { source: ProtocolError::Truncated { received: 3, declared: 6 }, .. }),
+        "{err}"
+    );
 }
 
 #[tokio::test]

@@ -113,12 +113,28 @@ fn broken_sequences_are_protocol_errors() {
     use ProtocolError::*;
     let cases: Vec<(&str, Vec<BatchChunk>, ProtocolError)> = vec![
         ("no header", vec![more(vec![b"abc"], true)], MissingHeader),
-        ("second header", vec![first(u8_header(4), vec![b"ab"], false), first(u8_header(4), vec![], true)], UnexpectedHeader),
+        (
+            "second header",
+            vec![first(u8_header(4), vec![b"ab"], false), first(u8_header(4), vec![], true)],
+            UnexpectedHeader,
+        ),
         ("short", vec![first(u8_header(4), vec![b"abc"], true)], Truncated { received: 3, declared: 4 }),
         ("long", vec![first(u8_header(4), vec![b"abcde"], true)], ExcessPayload { declared: 4 }),
-        ("long later", vec![first(u8_header(4), vec![b"ab"], false), more(vec![b"cd", b"e"], true)], ExcessPayload { declared: 4 }),
-        ("unknown dtype", vec![first(one_tensor_header(99, vec![1], 1), vec![b"a"], true)], UnknownDtype { tensor: "x".into(), dtype: 99 }),
-        ("unspecified dtype", vec![first(one_tensor_header(0, vec![1], 1), vec![b"a"], true)], UnknownDtype { tensor: "x".into(), dtype: 0 }),
+        (
+            "long later",
+            vec![first(u8_header(4), vec![b"ab"], false), more(vec![b"cd", b"e"], true)],
+            ExcessPayload { declared: 4 },
+        ),
+        (
+            "unknown dtype",
+            vec![first(one_tensor_header(99, vec![1], 1), vec![b"a"], true)],
+            UnknownDtype { tensor: "x".into(), dtype: 99 },
+        ),
+        (
+            "unspecified dtype",
+            vec![first(one_tensor_header(0, vec![1], 1), vec![b"a"], true)],
+            UnknownDtype { tensor: "x".into(), dtype: 0 },
+        ),
         (
             "shape vs length",
             vec![first(one_tensor_header(Dtype::Float32 as i32, vec![2], 7), vec![], true)],
@@ -129,7 +145,11 @@ fn broken_sequences_are_protocol_errors() {
             vec![first(one_tensor_header(Dtype::Float64 as i32, vec![u64::MAX, 4], 0), vec![], true)],
             ShapeMismatch { tensor: "x".into(), shape: vec![u64::MAX, 4], byte_length: 0 },
         ),
-        ("too large", vec![first(u8_header(1 << 50), vec![], false)], BatchTooLarge { declared: 1 << 50, limit: LIMIT }),
+        (
+            "too large",
+            vec![first(u8_header(1 << 50), vec![], false)],
+            BatchTooLarge { declared: 1 << 50, limit: LIMIT },
+        ),
     ];
     for (name, chunks, expected) in cases {
         let mut r = Reassembler::new(LIMIT);

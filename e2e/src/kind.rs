@@ -245,7 +245,9 @@ impl Cluster for KindCluster {
     }
 
     fn dispatcher_url(&self) -> anyhow::Result<String> {
-        anyhow::bail!("reaching the dispatcher from outside kind needs a port-forward, which the kind provider does not set up yet")
+        anyhow::bail!(
+            "reaching the dispatcher from outside kind needs a port-forward, which the kind provider does not set up yet"
+        )
     }
 
     fn run_workers(&self, _namespace: &str) -> anyhow::Result<Option<crate::kubelet::ProcessKubelet>> {

@@ -25,7 +25,12 @@ pub struct ProcessKubelet {
 impl ProcessKubelet {
     /// Follows the namespace's worker Deployments until dropped. Workers reach the dispatcher
     /// at `dispatcher_url` and log to `log_dir`.
-    pub fn start(client: kube::Client, namespace: &str, dispatcher_url: String, log_dir: PathBuf) -> anyhow::Result<Self> {
+    pub fn start(
+        client: kube::Client,
+        namespace: &str,
+        dispatcher_url: String,
+        log_dir: PathBuf,
+    ) -> anyhow::Result<Self> {
         let binary = crate::tools::workspace_binary("stoker-worker")?;
         let api: Api<Deployment> = Api::namespaced(client, namespace);
         let pods: Pods = Arc::default();
@@ -48,7 +53,7 @@ impl ProcessKubelet {
     /// Worker processes running for a Deployment.
     pub fn running(&self, deployment: &str) -> usize {
         let mut pods = self.pods.lock().unwrap();
-        pods.get_mut(deployment).map_or(0, |v| v.iter_mut().filter_map(|p| p.is_running().then_some(())) .count())
+        pods.get_mut(deployment).map_or(0, |v| v.iter_mut().filter_map(|p| p.is_running().then_some(())).count())
     }
 
     /// Kills one of a Deployment's workers abruptly, like a node failure; a replacement starts
@@ -73,7 +78,14 @@ impl Drop for ProcessKubelet {
     }
 }
 
-fn sync(pods: &Pods, deployments: &[Deployment], binary: &std::path::Path, dispatcher_url: &str, log_dir: &std::path::Path, started: &mut u64) {
+fn sync(
+    pods: &Pods,
+    deployments: &[Deployment],
+    binary: &std::path::Path,
+    dispatcher_url: &str,
+    log_dir: &std::path::Path,
+    started: &mut u64,
+) {
     let mut pods = pods.lock().unwrap();
     let names: Vec<String> = deployments.iter().filter_map(|d| d.metadata.name.clone()).collect();
     pods.retain(|name, _| names.contains(name));
@@ -102,7 +114,13 @@ fn sync(pods: &Pods, deployments: &[Deployment], binary: &std::path::Path, dispa
 
 /// A worker process with the pod template's literal env; the listen and dispatcher addresses
 /// are what a pod would get from its IP and the Service.
-fn spawn(d: &Deployment, binary: &std::path::Path, dispatcher_url: &str, log_dir: &std::path::Path, n: u64) -> anyhow::Result<ManagedProcess> {
+fn spawn(
+    d: &Deployment,
+    binary: &std::path::Path,
+    dispatcher_url: &str,
+    log_dir: &std::path::Path,
+    n: u64,
+) -> anyhow::Result<ManagedProcess> {
     let container = d
         .spec
         .template

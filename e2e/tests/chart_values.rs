@@ -4,9 +4,13 @@ use serde_json::Value;
 use stoker_e2e::tools::{Cmd, tool, workspace_root};
 
 async fn render(values: &[&str]) -> anyhow::Result<Vec<Value>> {
-    let mut cmd = Cmd::new(tool("helm")?)
-        .current_dir(workspace_root())
-        .args(["template", "stoker", "charts/stoker", "--namespace", "stoker-system"]);
+    let mut cmd = Cmd::new(tool("helm")?).current_dir(workspace_root()).args([
+        "template",
+        "stoker",
+        "charts/stoker",
+        "--namespace",
+        "stoker-system",
+    ]);
     for v in values {
         cmd = cmd.args(["--set", v]);
     }
@@ -59,7 +63,12 @@ async fn values_reach_the_operator() {
     .unwrap();
     assert_eq!(find(&objects, "Deployment").unwrap()["spec"]["replicas"], 1);
     let args = operator_args(&objects).join(" ");
-    for expected in ["--leader-election=false", "--worker-budget 40", "--log-level debug", "--worker-image registry.example/worker:v9"] {
+    for expected in [
+        "--leader-election=false",
+        "--worker-budget 40",
+        "--log-level debug",
+        "--worker-image registry.example/worker:v9",
+    ] {
         assert!(args.contains(expected), "{expected:?} in {args}");
     }
     assert!(find(&objects, "ServiceMonitor").is_some());

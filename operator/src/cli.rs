@@ -24,12 +24,16 @@ pub fn cache_dir() -> PathBuf {
 /// Warnings only (STOKER_LOG overrides): the terminal view is the output.
 pub fn quiet_logs() {
     let filter = std::env::var("STOKER_LOG").unwrap_or_else(|_| "warn".into());
-    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(filter)).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 pub fn demo_summary(r: &DemoReport) -> String {
     let verdict = if r.final_workers.abs_diff(r.optimum) <= 1 { "within one of" } else { "NOT within one of" };
-    let converged = r.converged_after.map_or("no rescale".to_string(), |d| format!("last rescale after ~{} s", d.as_secs()));
+    let converged =
+        r.converged_after.map_or("no rescale".to_string(), |d| format!("last rescale after ~{} s", d.as_secs()));
     format!(
         "Summary: ended at {} workers, {verdict} the optimum of {}; {} rescale decisions ({converged}).\n\
          The trainer ran {} steps on {} images in {:.0} s ({:.0} images/s).",
@@ -82,7 +86,8 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
     println!("Pipeline {namespace}/{name} runs locally. Point training clients at the dispatcher:");
     println!("    {}   (pipeline {namespace}/{name}; worker logs in {})\n", local.url, logs.display());
     println!("{}", crate::local::VIEW_HEADER);
-    let window = Duration::from_secs(u64::from(window_seconds.unwrap_or(dp.spec.autoscaling.policy.window_seconds).max(1)));
+    let window =
+        Duration::from_secs(u64::from(window_seconds.unwrap_or(dp.spec.autoscaling.policy.window_seconds).max(1)));
     let start = Instant::now();
     let mut tick = tokio::time::interval(window);
     tick.tick().await;

@@ -24,8 +24,8 @@ use tracing::{debug, info, warn};
 
 use crate::dispatcher::PipelineKey;
 use crate::metrics::Metrics;
-use crate::scaling::ScalingBook;
 use crate::objects::{self, MANAGED_BY, PipelineObjects, WorkerDefaults};
+use crate::scaling::ScalingBook;
 use crate::status::{self, Outcome};
 
 /// The single field manager of everything the operator applies.
@@ -45,7 +45,13 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(client: Client, defaults: WorkerDefaults, metrics: Metrics, recorder: Recorder, scaling: Arc<ScalingBook>) -> Self {
+    pub fn new(
+        client: Client,
+        defaults: WorkerDefaults,
+        metrics: Metrics,
+        recorder: Recorder,
+        scaling: Arc<ScalingBook>,
+    ) -> Self {
         Context { client, defaults, metrics, recorder, scaling, failures: Mutex::default() }
     }
 }
@@ -249,16 +255,26 @@ async fn update_status(dp: &DataPipeline, ctx: &Context, outcome: &Outcome) -> R
     let now = Time(Timestamp::now());
     let record = ctx.scaling.get(&pipeline_key(dp));
     let cache = ctx.scaling.cache(&pipeline_key(dp));
-    let next = status::next(&dp.spec, dp.metadata.generation, dp.status.as_ref(), outcome, record.as_ref(), cache.as_ref(), &now);
+    let next = status::next(
+        &dp.spec,
+        dp.metadata.generation,
+        dp.status.as_ref(),
+        outcome,
+        record.as_ref(),
+        cache.as_ref(),
+        &now,
+    );
     if dp.status.as_ref() == Some(&next) {
         return Ok(false);
     }
     let (namespace, name) = key(dp);
     let api = Api::<DataPipeline>::namespaced(ctx.client.clone(), &namespace);
     let patch = serde_json::json!({ "status": next });
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(|source| Error::Status { namespace, name, source })?;
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|source| Error::Status {
+        namespace,
+        name,
+        source,
+    })?;
     Ok(true)
 }
 

@@ -82,7 +82,8 @@ async fn ensure_corpus(dir: &Path, images: usize) -> anyhow::Result<()> {
 /// Runs the demo, printing a live view to `out` (one line per window).
 pub async fn run(options: &DemoOptions, out: &mut (dyn std::io::Write + Send)) -> anyhow::Result<DemoReport> {
     ensure_corpus(&options.corpus, options.images).await?;
-    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&pipeline_yaml(&options.corpus, options.max_workers))?;
+    let spec: stoker_api::DataPipelineSpec =
+        stoker_api::from_yaml(&pipeline_yaml(&options.corpus, options.max_workers))?;
     let logs = options.corpus.parent().unwrap_or(&options.corpus).join("demo-logs");
     std::fs::create_dir_all(&logs)?;
     let local = Local::start(LocalOptions {

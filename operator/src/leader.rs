@@ -101,9 +101,8 @@ impl LeaderElector {
             self.observed = Some((record.0.clone(), record.1.clone(), Instant::now()));
         }
         let seen_at = self.observed.as_ref().map(|o| o.2).unwrap_or_else(Instant::now);
-        let duration = spec
-            .lease_duration_seconds
-            .map_or(self.config.lease_duration, |s| Duration::from_secs(s.max(1) as u64));
+        let duration =
+            spec.lease_duration_seconds.map_or(self.config.lease_duration, |s| Duration::from_secs(s.max(1) as u64));
         let held_by_me = holder.as_deref() == Some(me.as_str());
         let expired = holder.is_none() || seen_at.elapsed() >= duration;
         if !held_by_me && !expired {

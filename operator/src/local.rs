@@ -57,18 +57,22 @@ impl Scaler for Shared {
 impl Local {
     /// Starts the dispatcher, the pipeline's first workers and the scaling loop.
     pub async fn start(mut options: LocalOptions) -> anyhow::Result<Local> {
-        stoker_api::validate(&options.spec).map_err(|errors| {
-            anyhow::anyhow!("the pipeline is invalid: {}", stoker_api::invalid_message(&errors))
-        })?;
+        stoker_api::validate(&options.spec)
+            .map_err(|errors| anyhow::anyhow!("the pipeline is invalid: {}", stoker_api::invalid_message(&errors)))?;
         if let Some(w) = options.window {
             options.spec.autoscaling.policy.window_seconds = w.as_secs().max(1) as u32;
         }
         let spec = &options.spec;
         let window = Duration::from_secs(u64::from(spec.autoscaling.policy.window_seconds));
         // Clients report every second; a pipeline is judged on all reports of its window.
-        let dispatcher = Dispatcher::new(Timeouts { worker: Duration::from_secs(5), client: window * 3 + Duration::from_secs(5) }, Duration::from_secs(1));
+        let dispatcher = Dispatcher::new(
+            Timeouts { worker: Duration::from_secs(5), client: window * 3 + Duration::from_secs(5) },
+            Duration::from_secs(1),
+        );
         dispatcher.spawn_expiry();
-        let listener = tokio::net::TcpListener::bind(options.listen).await.with_context(|| format!("listening on {}", options.listen))?;
+        let listener = tokio::net::TcpListener::bind(options.listen)
+            .await
+            .with_context(|| format!("listening on {}", options.listen))?;
         let url = format!("http://{}", listener.local_addr()?);
         let (stop, stopped) = watch::channel(false);
         {

@@ -67,7 +67,10 @@ impl LocalWorkers {
     /// Makes the pipeline known; it runs no worker until scaled.
     pub fn add(&self, pipeline: WorkerPipeline, cache_cap_bytes: Option<u64>) {
         let key = PipelineKey { namespace: pipeline.namespace.clone(), name: pipeline.name.clone() };
-        self.pipelines.lock().unwrap().insert(key, Running { pipeline, cache_cap_bytes, children: Vec::new(), started: 0 });
+        self.pipelines
+            .lock()
+            .unwrap()
+            .insert(key, Running { pipeline, cache_cap_bytes, children: Vec::new(), started: 0 });
     }
 
     /// Running worker processes of a pipeline (exited ones are reaped and not counted).

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use prometheus::{GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use crate::scaling::{Rescale, ScalingRecord};
 use stoker_api::{DataPipeline, Phase};
@@ -36,18 +38,40 @@ impl Default for Metrics {
                 .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
         )
         .unwrap();
-        let pipelines =
-            IntGaugeVec::new(Opts::new("stoker_pipelines", "DataPipelines by phase"), &["phase"]).unwrap();
+        let pipelines = IntGaugeVec::new(Opts::new("stoker_pipelines", "DataPipelines by phase"), &["phase"]).unwrap();
         let leader = IntGauge::new("stoker_leader", "1 while this operator process holds the leader lease").unwrap();
         let labels = &["namespace", "pipeline"];
-        let workers = IntGaugeVec::new(Opts::new("stoker_autoscaler_workers", "Workers the autoscaler decided per pipeline"), labels).unwrap();
-        let batch_time =
-            GaugeVec::new(Opts::new("stoker_autoscaler_batch_time_seconds", "Mean client batch time of the last window (1 / training speed)"), labels).unwrap();
-        let wait = GaugeVec::new(Opts::new("stoker_autoscaler_wait_fraction", "Clients' time waiting for data / batch time"), labels).unwrap();
-        let converged = IntGaugeVec::new(Opts::new("stoker_autoscaler_converged", "1 when the worker count search has converged"), labels).unwrap();
-        let held_back =
-            IntGaugeVec::new(Opts::new("stoker_autoscaler_held_back_workers", "Workers wanted beyond the cluster-wide budget"), labels).unwrap();
-        let rescales = IntCounterVec::new(Opts::new("stoker_autoscaler_rescales_total", "Rescale decisions per pipeline"), labels).unwrap();
+        let workers = IntGaugeVec::new(
+            Opts::new("stoker_autoscaler_workers", "Workers the autoscaler decided per pipeline"),
+            labels,
+        )
+        .unwrap();
+        let batch_time = GaugeVec::new(
+            Opts::new(
+                "stoker_autoscaler_batch_time_seconds",
+                "Mean client batch time of the last window (1 / training speed)",
+            ),
+            labels,
+        )
+        .unwrap();
+        let wait = GaugeVec::new(
+            Opts::new("stoker_autoscaler_wait_fraction", "Clients' time waiting for data / batch time"),
+            labels,
+        )
+        .unwrap();
+        let converged = IntGaugeVec::new(
+            Opts::new("stoker_autoscaler_converged", "1 when the worker count search has converged"),
+            labels,
+        )
+        .unwrap();
+        let held_back = IntGaugeVec::new(
+            Opts::new("stoker_autoscaler_held_back_workers", "Workers wanted beyond the cluster-wide budget"),
+            labels,
+        )
+        .unwrap();
+        let rescales =
+            IntCounterVec::new(Opts::new("stoker_autoscaler_rescales_total", "Rescale decisions per pipeline"), labels)
+                .unwrap();
         let registry = Registry::new();
         registry.register(Box::new(workers.clone())).unwrap();
         registry.register(Box::new(batch_time.clone())).unwrap();
@@ -60,7 +84,20 @@ impl Default for Metrics {
         registry.register(Box::new(duration.clone())).unwrap();
         registry.register(Box::new(pipelines.clone())).unwrap();
         registry.register(Box::new(leader.clone())).unwrap();
-        Metrics { registry, reconciles, failures, duration, pipelines, leader, workers, batch_time, wait, converged, held_back, rescales }
+        Metrics {
+            registry,
+            reconciles,
+            failures,
+            duration,
+            pipelines,
+            leader,
+            workers,
+            batch_time,
+            wait,
+            converged,
+            held_back,
+            rescales,
+        }
     }
 }
 
@@ -78,13 +115,18 @@ impl Metrics {
     pub fn count_phases<'a>(&self, pipelines: impl IntoIterator<Item = &'a DataPipeline>) {
         self.pipelines.reset();
         for dp in pipelines {
-            let phase = dp.status.as_ref().and_then(|s| s.phase).map_or("Unknown".to_string(), |p: Phase| format!("{p:?}"));
+            let phase =
+                dp.status.as_ref().and_then(|s| s.phase).map_or("Unknown".to_string(), |p: Phase| format!("{p:?}"));
             self.pipelines.with_label_values(&[&phase]).inc();
         }
     }
 
     /// The autoscaler's view after a round.
-    pub fn scaling(&self, records: &std::collections::BTreeMap<crate::dispatcher::PipelineKey, ScalingRecord>, rescales: &[Rescale]) {
+    pub fn scaling(
+        &self,
+        records: &std::collections::BTreeMap<crate::dispatcher::PipelineKey, ScalingRecord>,
+        rescales: &[Rescale],
+    ) {
         for (key, r) in records {
             let labels = [key.namespace.as_str(), key.name.as_str()];
             self.workers.with_label_values(&labels).set(i64::from(r.workers));

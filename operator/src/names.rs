@@ -9,10 +9,8 @@ pub const MAX_LABEL: usize = 63;
 
 /// `<base><suffix>` as a DNS label of at most 63 characters.
 pub fn child(base: &str, suffix: &str) -> String {
-    let clean: String = base
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
-        .collect();
+    let clean: String =
+        base.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
     let needs_letter_start = !clean.starts_with(|c: char| c.is_ascii_lowercase());
     let fits = clean.len() + suffix.len() <= MAX_LABEL;
     if clean == base && fits && !needs_letter_start {

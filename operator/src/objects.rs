@@ -5,17 +5,18 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvFromSource, EnvVar, EnvVarSource, ObjectFieldSelector,
-    PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretEnvSource, SecurityContext, Service, ServicePort,
-    ServiceSpec, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements, EmptyDirVolumeSource,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
+    ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretEnvSource, SecurityContext, Service,
+    ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 use stoker_api::{
-    AutoscalingMode, Cache, CacheMode, DataPipeline, DataPipelineSpec, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME, WorkerPipeline,
+    AutoscalingMode, Cache, CacheMode, DataPipeline, DataPipelineSpec, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME,
+    WorkerPipeline,
 };
 
 use crate::names;
@@ -76,7 +77,12 @@ pub fn uses_cache_volume(spec: &DataPipelineSpec) -> bool {
 
 /// `cache_volume`: the size of the namespace's claim if it exists (made for whichever pipeline
 /// cached first, and never updated), which bounds the workers' cache whatever this spec asks.
-pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32, cache_volume: Option<&Quantity>) -> PipelineObjects {
+pub fn build(
+    dp: &DataPipeline,
+    defaults: &WorkerDefaults,
+    replicas: i32,
+    cache_volume: Option<&Quantity>,
+) -> PipelineObjects {
     let name = dp.name_any();
     let ns = dp.namespace().unwrap_or_default();
     let spec = &dp.spec;
@@ -102,8 +108,8 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32, cache_
     };
 
     let caching = uses_cache_volume(spec);
-    let pipeline_json = serde_json::to_string(&WorkerPipeline::new(&ns, &name, spec))
-    .expect("pipeline spec serializes");
+    let pipeline_json =
+        serde_json::to_string(&WorkerPipeline::new(&ns, &name, spec)).expect("pipeline spec serializes");
 
     let field_ref = |path: &str| EnvVarSource {
         field_ref: Some(ObjectFieldSelector { field_path: path.to_string(), ..Default::default() }),
@@ -119,7 +125,11 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32, cache_
     if caching {
         env.push(EnvVar { name: "STOKER_CACHE_DIR".into(), value: Some(CACHE_MOUNT.into()), ..Default::default() });
         if let Some(cap) = cache_volume.map_or_else(|| spec.cache.cap_bytes(), Cache::cap_for) {
-            env.push(EnvVar { name: "STOKER_CACHE_CAP_BYTES".into(), value: Some(cap.to_string()), ..Default::default() });
+            env.push(EnvVar {
+                name: "STOKER_CACHE_CAP_BYTES".into(),
+                value: Some(cap.to_string()),
+                ..Default::default()
+            });
         }
     }
     // User env last so it can override ours deliberately.
@@ -138,7 +148,11 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32, cache_
             }),
             ..Default::default()
         });
-        mounts.push(VolumeMount { name: WORKER_CACHE_VOLUME.0.into(), mount_path: CACHE_MOUNT.into(), ..Default::default() });
+        mounts.push(VolumeMount {
+            name: WORKER_CACHE_VOLUME.0.into(),
+            mount_path: CACHE_MOUNT.into(),
+            ..Default::default()
+        });
     }
     // The user's after ours; validation keeps their names and paths apart.
     volumes.extend(spec.workers.volumes.iter().flatten().cloned());
@@ -204,7 +218,10 @@ pub fn build(dp: &DataPipeline, defaults: &WorkerDefaults, replicas: i32, cache_
                         run_as_user: Some(65532),
                         run_as_group: Some(65532),
                         fs_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            localhost_profile: None,
+                        }),
                         ..Default::default()
                     }),
                     // Workers drain in-flight batches on SIGTERM; a few seconds is plenty.
@@ -328,7 +345,10 @@ mod tests {
         assert_eq!(d.metadata.name.as_deref(), Some("imagenet-workers"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("team-a"));
         let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("DataPipeline", "imagenet", "uid-1"));
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("DataPipeline", "imagenet", "uid-1")
+        );
         assert_eq!(owner.controller, Some(true));
         assert_eq!(d.spec.replicas, Some(3));
         let selector = d.spec.selector.match_labels.as_ref().unwrap();
@@ -391,8 +411,12 @@ mod tests {
         assert_eq!(p.tolerations.as_ref().unwrap()[0].key.as_deref(), Some("k"));
         let req = p.containers[0].resources.as_ref().unwrap().requests.as_ref().unwrap();
         assert_eq!(req["cpu"].0, "4");
-        let claims: Vec<&str> =
-            p.volumes.iter().flatten().filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.as_str())).collect();
+        let claims: Vec<&str> = p
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.as_str()))
+            .collect();
         assert_eq!(claims, ["corpus"], "the user's volume beside the operator's scratch volume");
         let mounts: Vec<(&str, &str)> =
             p.containers[0].volume_mounts.iter().flatten().map(|m| (m.name.as_str(), m.mount_path.as_str())).collect();
@@ -408,7 +432,10 @@ mod tests {
         assert!(off.cache_pvc.is_none());
         assert!(env(pod(&off), "STOKER_CACHE_DIR").is_none());
         let on = build(
-            &pipeline("p", "cache: {mode: Auto, volumeSize: 20Gi, storageClassName: fast, accessMode: ReadWriteOnce}\n"),
+            &pipeline(
+                "p",
+                "cache: {mode: Auto, volumeSize: 20Gi, storageClassName: fast, accessMode: ReadWriteOnce}\n",
+            ),
             &defaults(),
             1,
             None,
@@ -426,10 +453,13 @@ mod tests {
         assert_eq!(env(p, "STOKER_CACHE_DIR").unwrap().value.as_deref(), Some(CACHE_MOUNT));
         let cap = ((20u64 << 30) as f64 * 0.9) as u64;
         assert_eq!(env(p, "STOKER_CACHE_CAP_BYTES").unwrap().value, Some(cap.to_string()), "90% of the volume");
-        assert!(p.volumes.as_ref().unwrap().iter().any(|v| v
-            .persistent_volume_claim
-            .as_ref()
-            .is_some_and(|c| c.claim_name == CACHE_PVC)));
+        assert!(
+            p.volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|v| v.persistent_volume_claim.as_ref().is_some_and(|c| c.claim_name == CACHE_PVC))
+        );
     }
 
     #[test]
@@ -439,7 +469,8 @@ mod tests {
         let cap = |o: &PipelineObjects| env(pod(o), "STOKER_CACHE_CAP_BYTES").and_then(|e| e.value.clone());
         let ninety_percent_of_gib = |gib: u64| (((gib << 30) as f64 * 0.9) as u64).to_string();
 
-        let on_claim = |claim: &PersistentVolumeClaim| build(&pipeline("p", asks), &defaults(), 1, claim_size(claim).as_ref());
+        let on_claim =
+            |claim: &PersistentVolumeClaim| build(&pipeline("p", asks), &defaults(), 1, claim_size(claim).as_ref());
 
         let same_claim = made_for(asks);
         let same = on_claim(&same_claim);
@@ -458,7 +489,16 @@ mod tests {
             ]
         );
         assert_eq!(cap(&other), Some(ninety_percent_of_gib(5)), "the claim's size, not the spec's");
-        assert_eq!(pod(&other).containers[0].env.as_ref().unwrap().iter().filter(|e| e.name == "STOKER_CACHE_CAP_BYTES").count(), 1);
+        assert_eq!(
+            pod(&other).containers[0]
+                .env
+                .as_ref()
+                .unwrap()
+                .iter()
+                .filter(|e| e.name == "STOKER_CACHE_CAP_BYTES")
+                .count(),
+            1
+        );
     }
 
     #[test]
@@ -494,7 +534,12 @@ mod tests {
     #[test]
     fn scaling_knobs_do_not_change_the_pod_template() {
         let a = build(&pipeline("p", "workers: {min: 1, max: 4}\n"), &defaults(), 1, None);
-        let b = build(&pipeline("p", "workers: {min: 1, max: 9}\nautoscaling: {policy: {windowSeconds: 30}}\n"), &defaults(), 1, None);
+        let b = build(
+            &pipeline("p", "workers: {min: 1, max: 9}\nautoscaling: {policy: {windowSeconds: 30}}\n"),
+            &defaults(),
+            1,
+            None,
+        );
         assert_eq!(a.deployment.spec.template, b.deployment.spec.template);
     }
 }

@@ -1,7 +1,7 @@
 //! The status step's pure half: what the status should say, given what reconcile found.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use crate::scaling::{IDLE, ScalingRecord};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use stoker_api::{
     AutoscalerStatus, AutoscalingMode, CacheDecision, CacheMode, CacheStatus, DataPipelineSpec, DataPipelineStatus,
     Phase, ValidationError, WorkersStatus, condition, invalid_message,
@@ -99,9 +99,9 @@ pub fn next(
             // A new leader has decided nothing yet: keep what the last one recorded. The very
             // first status says what the autoscaler's first round will (no client yet), so
             // that round does not write again.
-            (AutoscalingMode::BatchTime, None) => {
-                previous.autoscaler.unwrap_or_else(|| AutoscalerStatus { state: Some(IDLE.into()), ..Default::default() })
-            }
+            (AutoscalingMode::BatchTime, None) => previous
+                .autoscaler
+                .unwrap_or_else(|| AutoscalerStatus { state: Some(IDLE.into()), ..Default::default() }),
         }),
         cache: Some(match (spec.cache.mode, cache, previous.cache) {
             (CacheMode::Never, _, _) => CacheStatus { decision: CacheDecision::Compute, ..Default::default() },
@@ -204,7 +204,15 @@ mod tests {
     fn cache_decision_reflects_the_mode() {
         let off = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
         assert_eq!(off.cache.unwrap().decision, CacheDecision::Compute);
-        let auto = next(&spec("cache: {mode: Auto}\n"), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
+        let auto = next(
+            &spec("cache: {mode: Auto}\n"),
+            None,
+            None,
+            &Outcome::Applied { desired: 1, ready: 0 },
+            None,
+            None,
+            &at(1),
+        );
         assert_eq!(auto.cache.unwrap().decision, CacheDecision::Undecided);
     }
 
@@ -223,7 +231,8 @@ mod tests {
         let s = spec("");
         let first = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
         let idle = ScalingRecord { workers: 1, state: IDLE.into(), ..Default::default() };
-        let after_round = next(&s, Some(1), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, Some(&idle), None, &at(2));
+        let after_round =
+            next(&s, Some(1), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, Some(&idle), None, &at(2));
         assert_eq!(first, after_round);
     }
 }

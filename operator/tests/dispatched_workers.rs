@@ -22,7 +22,8 @@ fn pipeline(dir: &std::path::Path, rest: &str) -> WorkerPipeline {
         // The padding makes a split ~640 KB, far more than the client's flow-control window, so a
         // killed worker still holds undelivered data.
         let pad = vec!["0.5"; 2000].join(",");
-        let lines: String = (0..LINES).map(|i| format!("{{\"id\": {}, \"pad\": [{pad}]}}\n", shard * 1000 + i)).collect();
+        let lines: String =
+            (0..LINES).map(|i| format!("{{\"id\": {}, \"pad\": [{pad}]}}\n", shard * 1000 + i)).collect();
         std::fs::write(dir.join(format!("{shard:02}.jsonl")), lines).unwrap();
     }
     let manifest = format!("source: {{uri: 'file://{}/', format: jsonl}}\n{rest}", dir.display());
@@ -45,7 +46,10 @@ struct Setup {
 async fn setup(worker_timeout: Duration, rest: &str) -> Setup {
     let (dir, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let pipeline = pipeline(dir.path(), rest);
-    let dispatcher = Dispatcher::new(Timeouts { worker: worker_timeout, client: Duration::from_secs(30) }, Duration::from_millis(500));
+    let dispatcher = Dispatcher::new(
+        Timeouts { worker: worker_timeout, client: Duration::from_secs(30) },
+        Duration::from_millis(500),
+    );
     dispatcher.spawn_expiry();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -70,7 +74,12 @@ async fn setup(worker_timeout: Duration, rest: &str) -> Setup {
 /// Reads until every id of `epoch` has arrived; returns how often each arrived. Batches of
 /// later epochs (a fast worker can start the next epoch while another's last batches are
 /// still on the wire) are kept in `later` for the next call.
-async fn read_epoch(client: &mut Client, later: &mut Vec<Batch>, epoch: u64, mut each_batch: impl FnMut(usize)) -> BTreeMap<i64, u32> {
+async fn read_epoch(
+    client: &mut Client,
+    later: &mut Vec<Batch>,
+    epoch: u64,
+    mut each_batch: impl FnMut(usize),
+) -> BTreeMap<i64, u32> {
     let mut seen = BTreeMap::new();
     let mut batches = 0;
     let all = (SHARDS * LINES) as usize;
@@ -79,7 +88,11 @@ async fn read_epoch(client: &mut Client, later: &mut Vec<Batch>, epoch: u64, mut
         while seen.len() < all {
             let batch = match pending.pop() {
                 Some(b) => b,
-                None => client.next().await.expect("the client never ends under a dispatcher").expect("no error reaches the caller"),
+                None => client
+                    .next()
+                    .await
+                    .expect("the client never ends under a dispatcher")
+                    .expect("no error reaches the caller"),
             };
             if batch.epoch > epoch {
                 later.push(batch);
@@ -155,7 +168,13 @@ async fn completions_without_a_batch_reach_the_dispatcher_through_the_client() {
         while !seen.contains_key(&3) {
             let batch = client.next().await.expect("the client never ends under a dispatcher").expect("no error");
             let ids = ids(&batch);
-            assert_eq!(ids.len(), 30, "only full batches reach the caller (epoch {}, completes {:?})", batch.epoch, batch.completes);
+            assert_eq!(
+                ids.len(),
+                30,
+                "only full batches reach the caller (epoch {}, completes {:?})",
+                batch.epoch,
+                batch.completes
+            );
             for id in ids {
                 assert!(id < 7000, "{id} should have been filtered out");
                 *seen.entry(batch.epoch).or_default().entry(id).or_insert(0) += 1;

@@ -24,5 +24,9 @@ fn crd_files_match_the_types() {
 #[test]
 fn the_crd_fits_kubectls_last_applied_annotation() {
     let json = serde_json::to_string(&DataPipeline::crd()).unwrap();
-    assert!(json.len() < 256 * 1024 * 9 / 10, "the CRD is {} bytes of JSON; kubectl apply fails at 256 KiB", json.len());
+    assert!(
+        json.len() < 256 * 1024 * 9 / 10,
+        "the CRD is {} bytes of JSON; kubectl apply fails at 256 KiB",
+        json.len()
+    );
 }

@@ -100,14 +100,24 @@ fn entry_dir(volume: &Path, status: &CacheStatus) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expensive_prefix_is_cached_in_the_first_epoch_and_shared_by_the_same_prefix() {
-    assert!(worker_binary().is_file(), "{} is missing: run `cargo build --workspace --bins` first", worker_binary().display());
-    let (data, volume, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    assert!(
+        worker_binary().is_file(),
+        "{} is missing: run `cargo build --workspace --bins` first",
+        worker_binary().display()
+    );
+    let (data, volume, logs) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     corpus(data.path());
 
     // Auto: the first epoch is measured while it writes; reading must win by far here.
-    let first = Local::start(options("first", &manifest(data.path(), "Auto", "randomFlip: {horizontal: true}"), volume.path(), logs.path()))
-        .await
-        .unwrap();
+    let first = Local::start(options(
+        "first",
+        &manifest(data.path(), "Auto", "randomFlip: {horizontal: true}"),
+        volume.path(),
+        logs.path(),
+    ))
+    .await
+    .unwrap();
     let (reader, elements) = drain(&first).await;
     let status = wait_for("a Get epoch measured", Duration::from_secs(180), || {
         first.cache().filter(|c| c.measured.as_ref().is_some_and(|m| m.get.is_some()))
@@ -119,7 +129,10 @@ async fn an_expensive_prefix_is_cached_in_the_first_epoch_and_shared_by_the_same
     assert!(predicted.get.unwrap() < predicted.compute.unwrap(), "{predicted:?}");
     let measured = status.measured.clone().unwrap();
     let (put, get) = (measured.put.expect("the first epoch wrote the cache"), measured.get.unwrap());
-    assert!(get * 3.0 <= put, "an epoch reading the cache took {get:.2} s, the one writing it {put:.2} s: not 3x faster");
+    assert!(
+        get * 3.0 <= put,
+        "an epoch reading the cache took {get:.2} s, the one writing it {put:.2} s: not 3x faster"
+    );
     let entry = entry_dir(volume.path(), &status);
     assert!(entry.join("complete").is_file() && entry.join("manifest.json").is_file());
     assert!(elements.load(Ordering::Relaxed) >= 2 * IMAGES as u64);
@@ -127,18 +140,30 @@ async fn an_expensive_prefix_is_cached_in_the_first_epoch_and_shared_by_the_same
     first.shutdown().await;
 
     // Same prefix, another augmentation after the hint: straight to Get, no prefix work.
-    let second = Local::start(options("second", &manifest(data.path(), "Auto", "randomFlip: {vertical: true}"), volume.path(), logs.path()))
-        .await
-        .unwrap();
+    let second = Local::start(options(
+        "second",
+        &manifest(data.path(), "Auto", "randomFlip: {vertical: true}"),
+        volume.path(),
+        logs.path(),
+    ))
+    .await
+    .unwrap();
     let (reader, elements) = drain(&second).await;
     let start = Instant::now();
     while elements.load(Ordering::Relaxed) < IMAGES as u64 {
-        assert!(start.elapsed() < Duration::from_secs(60), "the second pipeline delivered {} elements in 60 s", elements.load(Ordering::Relaxed));
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the second pipeline delivered {} elements in 60 s",
+            elements.load(Ordering::Relaxed)
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let status = second.cache().unwrap();
     assert_eq!(status.decision, CacheDecision::Get, "{status:?}");
-    assert_eq!(status.fingerprint.as_deref(), Some(&*entry.file_name().unwrap().to_string_lossy()).map(|h| format!("sha256:{h}")).as_deref());
+    assert_eq!(
+        status.fingerprint.as_deref(),
+        Some(&*entry.file_name().unwrap().to_string_lossy()).map(|h| format!("sha256:{h}")).as_deref()
+    );
     // Workers report progress with their heartbeats, which lag the batches a little.
     let progress = || second.dispatcher.with_state(|s| s.worker_progress(&second.key));
     let produced = || progress().iter().map(|(_, _, p)| p.elements).sum::<u64>();
@@ -158,24 +183,44 @@ async fn an_expensive_prefix_is_cached_in_the_first_epoch_and_shared_by_the_same
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_while_writing_leaves_an_entry_nobody_reads_until_it_is_completed() {
-    let (data, volume, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (data, volume, logs) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     corpus(data.path());
-    let local = Local::start(options("killed", &manifest(data.path(), "Always", "randomFlip: {horizontal: true}"), volume.path(), logs.path()))
-        .await
-        .unwrap();
+    let local = Local::start(options(
+        "killed",
+        &manifest(data.path(), "Always", "randomFlip: {horizontal: true}"),
+        volume.path(),
+        logs.path(),
+    ))
+    .await
+    .unwrap();
     let (reader, _) = drain(&local).await;
     // Kill a worker once some splits are written and before the entry is complete.
-    let status = wait_for("a Put under way", Duration::from_secs(60), || local.cache().filter(|c| c.decision == CacheDecision::Put)).await;
+    let status = wait_for("a Put under way", Duration::from_secs(60), || {
+        local.cache().filter(|c| c.decision == CacheDecision::Put)
+    })
+    .await;
     let entry = entry_dir(volume.path(), &status);
     let start = Instant::now();
-    let written = |dir: &Path| std::fs::read_dir(dir.join("splits")).map_or(0, |d| d.filter_map(Result::ok).filter(|f| f.path().extension().is_some_and(|e| e == "chunk")).count());
+    let written = |dir: &Path| {
+        std::fs::read_dir(dir.join("splits")).map_or(0, |d| {
+            d.filter_map(Result::ok).filter(|f| f.path().extension().is_some_and(|e| e == "chunk")).count()
+        })
+    };
     while written(&entry) < 2 {
         assert!(start.elapsed() < Duration::from_secs(60), "no split written in 60 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(!entry.join("complete").exists(), "killed too late: the entry is already complete");
     assert!(local.workers.kill_one(&local.key).is_some());
-    let reads = || local.dispatcher.with_state(|s| s.worker_progress(&local.key)).iter().map(|(_, _, p)| p.cache.splits_read).sum::<u64>();
+    let reads = || {
+        local
+            .dispatcher
+            .with_state(|s| s.worker_progress(&local.key))
+            .iter()
+            .map(|(_, _, p)| p.cache.splits_read)
+            .sum::<u64>()
+    };
     // Until the marker is there nobody reads; the surviving worker (or the restarted one)
     // writes the dead worker's splits and completes the entry.
     let start = Instant::now();
@@ -184,10 +229,12 @@ async fn a_worker_killed_while_writing_leaves_an_entry_nobody_reads_until_it_is_
         assert!(start.elapsed() < Duration::from_secs(120), "the entry was not completed in 120 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(entry.join("manifest.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(entry.join("manifest.json")).unwrap()).unwrap();
     let splits = manifest["splits"].as_u64().unwrap();
     assert_eq!(written(&entry) as u64, splits, "every split's chunk file is in place");
-    wait_for("reading the completed entry", Duration::from_secs(60), || (reads() > 0).then(|| local.cache().unwrap())).await;
+    wait_for("reading the completed entry", Duration::from_secs(60), || (reads() > 0).then(|| local.cache().unwrap()))
+        .await;
     reader.abort();
     local.shutdown().await;
 }
@@ -205,7 +252,8 @@ fn entry_of(volume: &CacheDir, hex_byte: &str, bytes: usize, ago: Duration) -> E
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_the_cap_the_least_recently_used_entry_goes_and_one_in_use_stays() {
-    let (data, volume, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (data, volume, logs) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     corpus(data.path());
     // Entries of earlier jobs: 3 MB in all. The pipeline's own entry is about 3 MB (384
     // elements of 48x48x3 bytes and their headers), and the cap is 90% of 6 MB = 5.4 MB: so
@@ -224,11 +272,17 @@ async fn over_the_cap_the_least_recently_used_entry_goes_and_one_in_use_stays() 
             }
         })
     };
-    let local = Local::start(options("capped", &manifest_on_volume(data.path(), "Always", "randomFlip: {horizontal: true}", "6M"), volume.path(), logs.path()))
-        .await
-        .unwrap();
+    let local = Local::start(options(
+        "capped",
+        &manifest_on_volume(data.path(), "Always", "randomFlip: {horizontal: true}", "6M"),
+        volume.path(),
+        logs.path(),
+    ))
+    .await
+    .unwrap();
     let (reader, _) = drain(&local).await;
-    let status = wait_for("the entry complete", Duration::from_secs(120), || local.cache().filter(|c| c.complete)).await;
+    let status =
+        wait_for("the entry complete", Duration::from_secs(120), || local.cache().filter(|c| c.complete)).await;
     let own = entry_dir(volume.path(), &status);
     let start = Instant::now();
     while least_recent.dir().exists() {

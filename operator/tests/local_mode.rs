@@ -14,7 +14,8 @@ const WORKER_RATE: f64 = 20.0;
 
 fn corpus(dir: &std::path::Path) {
     for shard in 0..16 {
-        let lines: String = (0..200).map(|i| format!("{{\"id\": {}, \"x\": [1.0, 2.0, 3.0]}}\n", shard * 1000 + i)).collect();
+        let lines: String =
+            (0..200).map(|i| format!("{{\"id\": {}, \"x\": [1.0, 2.0, 3.0]}}\n", shard * 1000 + i)).collect();
         std::fs::write(dir.join(format!("{shard:02}.jsonl")), lines).unwrap();
     }
 }
@@ -49,21 +50,36 @@ async fn client(local: &Local) -> Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_mode_converges_to_the_analytic_optimum() {
-    assert!(worker_binary().is_file(), "{} is missing: run `cargo build --workspace --bins` first", worker_binary().display());
+    assert!(
+        worker_binary().is_file(),
+        "{} is missing: run `cargo build --workspace --bins` first",
+        worker_binary().display()
+    );
     let (data, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     corpus(data.path());
 
     // One worker, a trainer that never computes: the batches it gets per second are the rate.
-    let one = Local::start(options(data.path(), logs.path(), "autoscaling: {mode: Fixed, replicas: 1}\n")).await.unwrap();
+    let one =
+        Local::start(options(data.path(), logs.path(), "autoscaling: {mode: Fixed, replicas: 1}\n")).await.unwrap();
     let mut c = client(&one).await;
-    train(&mut c, &TrainerSpec::steady(Duration::ZERO), Stop { steps: Some(20), after: None }, |_, _| {}).await.unwrap();
-    let measured = train(&mut c, &TrainerSpec::steady(Duration::ZERO), Stop { steps: None, after: Some(Duration::from_secs(4)) }, |_, _| {})
+    train(&mut c, &TrainerSpec::steady(Duration::ZERO), Stop { steps: Some(20), after: None }, |_, _| {})
         .await
         .unwrap();
+    let measured = train(
+        &mut c,
+        &TrainerSpec::steady(Duration::ZERO),
+        Stop { steps: None, after: Some(Duration::from_secs(4)) },
+        |_, _| {},
+    )
+    .await
+    .unwrap();
     drop(c);
     one.shutdown().await;
     let rate = measured.steps as f64 / measured.elapsed.as_secs_f64();
-    assert!((WORKER_RATE * 0.8..=WORKER_RATE * 1.1).contains(&rate), "one worker made {rate:.1} batches/s, cap {WORKER_RATE}");
+    assert!(
+        (WORKER_RATE * 0.8..=WORKER_RATE * 1.1).contains(&rate),
+        "one worker made {rate:.1} batches/s, cap {WORKER_RATE}"
+    );
 
     // A trainer needing 10 ms per batch wants about 100 batches/s; its real step (a timer
     // sleep on a busy 2-core machine) is measured, since a 10% longer step changes the optimum.
@@ -79,13 +95,26 @@ async fn local_mode_converges_to_the_analytic_optimum() {
     let start = Instant::now();
     let mut done = false;
     while !done && start.elapsed() < Duration::from_secs(90) {
-        train(&mut c, &TrainerSpec::steady(compute), Stop { steps: None, after: Some(Duration::from_secs(1)) }, |_, _| {}).await.unwrap();
+        train(
+            &mut c,
+            &TrainerSpec::steady(compute),
+            Stop { steps: None, after: Some(Duration::from_secs(1)) },
+            |_, _| {},
+        )
+        .await
+        .unwrap();
         let record = local.record();
         done = record.converged;
     }
     let record = local.record();
     let rescales = local.rescales.borrow().clone();
-    eprintln!("measured {rate:.1} batches/s per worker and {:.1} ms per step, optimum {optimum}; converged={} at {} workers after {:?}; rescales: {rescales:#?}", step * 1e3, record.converged, record.workers, start.elapsed());
+    eprintln!(
+        "measured {rate:.1} batches/s per worker and {:.1} ms per step, optimum {optimum}; converged={} at {} workers after {:?}; rescales: {rescales:#?}",
+        step * 1e3,
+        record.converged,
+        record.workers,
+        start.elapsed()
+    );
     assert!(record.converged, "not converged within 90 s: {record:?}");
     assert!(record.workers.abs_diff(optimum) <= 1, "ended at {} workers, optimum {optimum}", record.workers);
     assert_eq!(local.workers.running(&local.key), record.workers as usize, "the processes follow the decision");

@@ -227,7 +227,9 @@ mod tests {
     #[test]
     fn select_and_rename_name_the_missing_field() {
         let el = element(&[("a", Field::Int64(vec![1])), ("b", Field::Int64(vec![2]))]);
-        let out = run(&transforms("- selectFields: {fields: [b]}\n- renameFields: {mapping: {b: c}}"), el.clone()).unwrap().unwrap();
+        let out = run(&transforms("- selectFields: {fields: [b]}\n- renameFields: {mapping: {b: c}}"), el.clone())
+            .unwrap()
+            .unwrap();
         assert_eq!(out.keys().collect::<Vec<_>>(), ["c"]);
         let err = run(&transforms("- selectFields: {fields: [zz]}"), el.clone()).unwrap_err();
         assert_eq!(err.to_string(), "transforms[0].selectFields: the element has no field \"zz\"");

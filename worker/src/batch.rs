@@ -27,7 +27,13 @@ pub type Row = BTreeMap<String, Tensor>;
 /// Stacks the rows' fields, taking each tensor out of its row as it is copied so the rows'
 /// memory is freed while the batch's fills (a batch never costs twice its size). The rows are
 /// left empty, also on error.
-pub fn make_batch(rows: &mut [Row], pad: Option<f64>, epoch: u64, split: u64, sequence: u64) -> Result<Batch, BatchError> {
+pub fn make_batch(
+    rows: &mut [Row],
+    pad: Option<f64>,
+    epoch: u64,
+    split: u64,
+    sequence: u64,
+) -> Result<Batch, BatchError> {
     let mut tensors = BTreeMap::new();
     if let Some(first) = rows.first() {
         let fields: Vec<String> = first.keys().cloned().collect();
@@ -63,7 +69,11 @@ fn stack(field: &str, rows: &mut [Row], pad: Option<f64>) -> Result<Tensor, Batc
             return Err(BatchError::RankMismatch { field: field.into(), first: shape.len(), other: t.shape.len() });
         }
         if t.shape != first.shape && pad.is_none() {
-            return Err(BatchError::ShapeMismatch { field: field.into(), first: first.shape.clone(), other: t.shape.clone() });
+            return Err(BatchError::ShapeMismatch {
+                field: field.into(),
+                first: first.shape.clone(),
+                other: t.shape.clone(),
+            });
         }
         for (m, d) in shape.iter_mut().zip(&t.shape) {
             *m = (*m).max(*d);
@@ -133,7 +143,8 @@ mod tests {
     use bytes::Bytes;
 
     fn i32s(shape: Vec<usize>, values: &[i32]) -> Tensor {
-        Tensor::new(DType::Int32, shape, Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>())).unwrap()
+        Tensor::new(DType::Int32, shape, Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>()))
+            .unwrap()
     }
 
     fn values(t: &Tensor) -> Vec<i32> {
@@ -146,7 +157,10 @@ mod tests {
 
     #[test]
     fn same_shapes_stack_along_a_new_axis() {
-        let mut rows = [row(&[("x", i32s(vec![2], &[1, 2])), ("y", i32s(vec![], &[7]))]), row(&[("x", i32s(vec![2], &[3, 4])), ("y", i32s(vec![], &[8]))])];
+        let mut rows = [
+            row(&[("x", i32s(vec![2], &[1, 2])), ("y", i32s(vec![], &[7]))]),
+            row(&[("x", i32s(vec![2], &[3, 4])), ("y", i32s(vec![], &[8]))]),
+        ];
         let b = make_batch(&mut rows, None, 1, 2, 3).unwrap();
         assert_eq!((b.epoch, b.split, b.sequence), (1, 2, 3));
         assert_eq!(b.tensors["x"].shape, [2, 2]);

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use stoker_api::{
-    Autocache, CacheMode, DType, DecodeImage, Normalize, OnError, RandomFlip, RandomResizedCrop, Resize, Source, SourceFormat,
-    Transform, WorkerPipeline,
+    Autocache, CacheMode, DType, DecodeImage, Normalize, OnError, RandomFlip, RandomResizedCrop, Resize, Source,
+    SourceFormat, Transform, WorkerPipeline,
 };
 
 use crate::cached::{CacheConfig, SplitCache};
@@ -138,7 +138,8 @@ pub async fn cache(corpus: &Path, volume: &Path, threads: usize, gets: usize) ->
     let (at, fingerprint) = cache.hints[0].clone();
     let entry = cache.entry(&fingerprint);
     if entry.dir().exists() {
-        std::fs::remove_dir_all(entry.dir()).with_context(|| format!("removing the entry of an earlier run, {}", entry.dir().display()))?;
+        std::fs::remove_dir_all(entry.dir())
+            .with_context(|| format!("removing the entry of an earlier run, {}", entry.dir().display()))?;
     }
     let (images, compute) = timed_epoch(&engine, 0, SplitCache::Compute).await?;
     let (_, put) = timed_epoch(&engine, 1, SplitCache::Put { at, fingerprint: fingerprint.clone() }).await?;
@@ -146,11 +147,15 @@ pub async fn cache(corpus: &Path, volume: &Path, threads: usize, gets: usize) ->
     let mut get_seconds = Vec::new();
     for epoch in 0..gets as u64 {
         entry.drop_from_page_cache();
-        let (read, seconds) = timed_epoch(&engine, 2 + epoch, SplitCache::Get { at, fingerprint: fingerprint.clone() }).await?;
+        let (read, seconds) =
+            timed_epoch(&engine, 2 + epoch, SplitCache::Get { at, fingerprint: fingerprint.clone() }).await?;
         anyhow::ensure!(read == images, "a get epoch delivered {read} images of {images}");
         get_seconds.push(seconds);
     }
     let splits_read = cache.progress().splits_read;
-    anyhow::ensure!(splits_read == manifest.splits * gets as u64, "{splits_read} splits were read from the cache, not all");
+    anyhow::ensure!(
+        splits_read == manifest.splits * gets as u64,
+        "{splits_read} splits were read from the cache, not all"
+    );
     Ok(CacheReport { images, threads, compute, put, gets: get_seconds, entry_bytes: manifest.bytes })
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use stoker_api::fingerprint::{CACHE_FORMAT_VERSION, ShardVersion, fingerprint};
-use stoker_api::{WorkerPipeline, proto, Transform};
+use stoker_api::{Transform, WorkerPipeline, proto};
 
 use crate::cache::store::{CacheDir, Entry, LeaseKind, Throughput};
 use crate::source::Shard;
@@ -70,16 +70,28 @@ pub struct EngineCache {
 }
 
 impl EngineCache {
-    pub fn new(config: &CacheConfig, pipeline: &WorkerPipeline, shards: &[Shard], splits: u64) -> std::io::Result<EngineCache> {
+    pub fn new(
+        config: &CacheConfig,
+        pipeline: &WorkerPipeline,
+        shards: &[Shard],
+        splits: u64,
+    ) -> std::io::Result<EngineCache> {
         let dir = CacheDir::open(&config.dir)?;
-        let versions: Vec<ShardVersion> =
-            shards.iter().map(|s| ShardVersion { name: s.path.clone(), size: s.size, version: s.version.clone() }).collect();
+        let versions: Vec<ShardVersion> = shards
+            .iter()
+            .map(|s| ShardVersion { name: s.path.clone(), size: s.size, version: s.version.clone() })
+            .collect();
         let hints = pipeline
             .transforms
             .iter()
             .enumerate()
             .filter(|(_, t)| matches!(t, Transform::Autocache(_)))
-            .map(|(at, _)| (at as u32, fingerprint(&pipeline.source.uri, pipeline.source.format, &versions, &pipeline.transforms, at)))
+            .map(|(at, _)| {
+                (
+                    at as u32,
+                    fingerprint(&pipeline.source.uri, pipeline.source.format, &versions, &pipeline.transforms, at),
+                )
+            })
             .collect();
         let cache = EngineCache {
             dir,
@@ -104,10 +116,16 @@ impl EngineCache {
     pub fn probe(&self) {
         match self.dir.probe(PROBE_BYTES) {
             Ok(t) => {
-                tracing::info!(write_mb_s = t.write_bytes_per_second / 1e6, read_mb_s = t.read_bytes_per_second / 1e6, "probed the cache volume");
+                tracing::info!(
+                    write_mb_s = t.write_bytes_per_second / 1e6,
+                    read_mb_s = t.read_bytes_per_second / 1e6,
+                    "probed the cache volume"
+                );
                 *self.probe.lock().unwrap() = Some(t);
             }
-            Err(e) => tracing::warn!(error = %e, "probing the cache volume failed; the cache decision waits for a probe"),
+            Err(e) => {
+                tracing::warn!(error = %e, "probing the cache volume failed; the cache decision waits for a probe")
+            }
         }
     }
 
@@ -123,7 +141,11 @@ impl EngineCache {
     pub fn seen(&self) -> Vec<proto::CacheHint> {
         self.hints
             .iter()
-            .map(|(at, fp)| proto::CacheHint { at: *at, fingerprint: fp.clone(), complete: self.dir.entry(fp).is_complete() })
+            .map(|(at, fp)| proto::CacheHint {
+                at: *at,
+                fingerprint: fp.clone(),
+                complete: self.dir.entry(fp).is_complete(),
+            })
             .collect()
     }
 
@@ -217,7 +239,5 @@ impl EngineCache {
 }
 
 fn hostname() -> String {
-    std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "worker".into())
+    std::env::var("POD_NAME").or_else(|_| std::env::var("HOSTNAME")).unwrap_or_else(|_| "worker".into())
 }

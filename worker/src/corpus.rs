@@ -59,8 +59,7 @@ pub fn image_jpeg(spec: &CorpusSpec, index: u64, class: u64) -> anyhow::Result<V
 fn render(rng: &mut SplitMix64, class: u64, w: usize, h: usize) -> Vec<u8> {
     // Palette: three colours per class, fixed by the class so classes look different.
     let mut palette_rng = SplitMix64::new(class.wrapping_mul(0xA24B_AED4_963E_E407) + 1);
-    let palette: Vec<[f32; 3]> =
-        (0..3).map(|_| [0, 1, 2].map(|_| (palette_rng.next_u64() % 256) as f32)).collect();
+    let palette: Vec<[f32; 3]> = (0..3).map(|_| [0, 1, 2].map(|_| (palette_rng.next_u64() % 256) as f32)).collect();
     let octaves: Vec<Lattice> = (0..8).map(|o| Lattice::new(rng, 4 << o)).collect();
     let shapes: Vec<(f32, f32, f32, f32, [f32; 3])> = (0..3)
         .map(|_| {

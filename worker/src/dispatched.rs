@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use stoker_api::Batch;
 use stoker_api::proto::dispatcher_client::DispatcherClient;
 use stoker_api::proto::{self, next_split_response::Next};
-use stoker_api::Batch;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
@@ -110,7 +110,12 @@ impl Link {
     }
 
     /// Sends the engine's counters every `interval` until the process ends.
-    pub fn spawn_heartbeats(self: &Arc<Self>, engine: Arc<Engine>, errors: Arc<Mutex<Option<String>>>, interval: Duration) {
+    pub fn spawn_heartbeats(
+        self: &Arc<Self>,
+        engine: Arc<Engine>,
+        errors: Arc<Mutex<Option<String>>>,
+        interval: Duration,
+    ) {
         let link = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
@@ -120,7 +125,10 @@ impl Link {
                 let result = link
                     .call("heartbeat", |mut c, worker_id| {
                         let progress = progress.clone();
-                        async move { c.worker_heartbeat(proto::WorkerHeartbeatRequest { worker_id, progress: Some(progress) }).await }
+                        async move {
+                            c.worker_heartbeat(proto::WorkerHeartbeatRequest { worker_id, progress: Some(progress) })
+                                .await
+                        }
                     })
                     .await;
                 if let Err(e) = result {
@@ -206,7 +214,13 @@ impl DispatchedSource {
     /// `max_batch_rate` caps the batches per second this worker sends per job.
     pub fn new(engine: Arc<Engine>, link: Arc<Link>, max_batch_rate: Option<f64>) -> Self {
         let min_interval = max_batch_rate.filter(|r| *r > 0.0).map(|r| Duration::from_secs_f64(1.0 / r));
-        DispatchedSource { engine, link, min_interval, jobs: Mutex::new(HashMap::new()), errors: Arc::new(Mutex::new(None)) }
+        DispatchedSource {
+            engine,
+            link,
+            min_interval,
+            jobs: Mutex::new(HashMap::new()),
+            errors: Arc::new(Mutex::new(None)),
+        }
     }
 
     fn job(&self, name: &str) -> Arc<Job> {
@@ -218,7 +232,8 @@ impl DispatchedSource {
                     batches: Arc::new(tokio::sync::Mutex::new(rx)),
                     next_send: tokio::sync::Mutex::new(tokio::time::Instant::now()),
                 });
-                let (engine, link, errors, name) = (self.engine.clone(), self.link.clone(), self.errors.clone(), name.to_string());
+                let (engine, link, errors, name) =
+                    (self.engine.clone(), self.link.clone(), self.errors.clone(), name.to_string());
                 std::thread::Builder::new()
                     .name(format!("stoker-job-{name}"))
                     .spawn(move || {
@@ -226,7 +241,9 @@ impl DispatchedSource {
                             let message = format!("{e:#}");
                             tracing::error!(job = %name, error = %message, "the job's producer stopped");
                             errors.lock().unwrap().get_or_insert(message.clone());
-                            let _ = tx.blocking_send(Err(Status::failed_precondition(format!("the pipeline failed: {message}"))));
+                            let _ = tx.blocking_send(Err(Status::failed_precondition(format!(
+                                "the pipeline failed: {message}"
+                            ))));
                         }
                     })
                     .expect("spawning a job producer");
@@ -257,14 +274,13 @@ impl BatchSource for DispatchedSource {
 
 /// Pulls a job's splits and runs them through the engine, epoch after epoch, until no
 /// consumer listens any more.
-fn produce(
-    engine: &Engine,
-    link: &Link,
-    job: &str,
-    out: &tokio::sync::mpsc::Sender<JobItem>,
-) -> anyhow::Result<()> {
+fn produce(engine: &Engine, link: &Link, job: &str, out: &tokio::sync::mpsc::Sender<JobItem>) -> anyhow::Result<()> {
     let split = |id: u64| {
-        engine.splits().get(id as usize).cloned().ok_or_else(|| anyhow::anyhow!("the dispatcher handed out split {id}, beyond this worker's plan"))
+        engine
+            .splits()
+            .get(id as usize)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("the dispatcher handed out split {id}, beyond this worker's plan"))
     };
     let mut epoch = 0;
     let mut next = link.next_split(job, epoch)?;

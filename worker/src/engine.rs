@@ -14,11 +14,11 @@ use rayon::prelude::*;
 use stoker_api::{Batch, OnError, SourceFormat, WorkerPipeline};
 
 use crate::apply::{self, ElementError, ElementKey};
+use crate::batch::{self, BatchError, Row};
+use crate::budget::{self, MemoryBudget, Rows};
 use crate::cache::chunk;
 use crate::cache::store::{LeaseKind, SplitWriter};
 use crate::cached::{CacheConfig, EngineCache, SplitCache};
-use crate::batch::{self, BatchError, Row};
-use crate::budget::{self, MemoryBudget, Rows};
 use crate::element::Element;
 use crate::formats::{self, Corrupt, image_folder};
 use crate::shuffle::ShuffleBuffer;
@@ -135,7 +135,8 @@ impl Engine {
         }
         let cache = match &config.cache {
             Some(c) => {
-                let cache = Arc::new(EngineCache::new(c, &pipeline, &shards, splits.len() as u64).map_err(EngineError::Cache)?);
+                let cache =
+                    Arc::new(EngineCache::new(c, &pipeline, &shards, splits.len() as u64).map_err(EngineError::Cache)?);
                 let probing = cache.clone();
                 tokio::task::spawn_blocking(move || probing.probe());
                 Some(cache)
@@ -177,7 +178,12 @@ impl Engine {
 
     /// Produces one epoch's batches from `splits` into `out`, blocking (run it on its own
     /// thread). Returns early, without error, when the receiver is gone.
-    pub fn run_epoch(&self, epoch: u64, splits: &[Split], out: &std::sync::mpsc::SyncSender<Ready>) -> Result<(), EngineError> {
+    pub fn run_epoch(
+        &self,
+        epoch: u64,
+        splits: &[Split],
+        out: &std::sync::mpsc::SyncSender<Ready>,
+    ) -> Result<(), EngineError> {
         self.run_splits(epoch, splits.iter().cloned().map(|s| (s, SplitCache::Compute)), out).map(drop)
     }
 
@@ -193,7 +199,8 @@ impl Engine {
     ) -> Result<Vec<u64>, EngineError> {
         let p = &self.pipeline;
         let seed = p.seed.unwrap_or(0);
-        let mut shuffle = p.shuffle.as_ref().map(|s| ShuffleBuffer::new(s.buffer_size as usize, s.seed.unwrap_or(seed), epoch));
+        let mut shuffle =
+            p.shuffle.as_ref().map(|s| ShuffleBuffer::new(s.buffer_size as usize, s.seed.unwrap_or(seed), epoch));
         let mut batch = Pending::new(p.batch_size as usize, self.budget.reserve_rows(0));
         let mut sequence = 0u64;
         let mut last_split = 0;
@@ -270,7 +277,9 @@ impl Engine {
         if let Some(buffer) = shuffle.as_mut() {
             for row in buffer.drain() {
                 batch.push(row);
-                if batch.len() == p.batch_size as usize && !self.emit(&mut batch, epoch, last_split, &mut sequence, out)? {
+                if batch.len() == p.batch_size as usize
+                    && !self.emit(&mut batch, epoch, last_split, &mut sequence, out)?
+                {
                     return Ok(Vec::new());
                 }
             }
@@ -307,7 +316,12 @@ impl Engine {
         let Some(engine_cache) = &self.cache else { return SplitCache::Compute };
         match &cache {
             SplitCache::Get { fingerprint, .. } => {
-                let fits = engine_cache.entry(fingerprint).manifest().ok().flatten().is_some_and(|m| m.splits == self.splits.len() as u64);
+                let fits = engine_cache
+                    .entry(fingerprint)
+                    .manifest()
+                    .ok()
+                    .flatten()
+                    .is_some_and(|m| m.splits == self.splits.len() as u64);
                 if fits { cache } else { SplitCache::Compute }
             }
             _ => cache,
@@ -316,7 +330,12 @@ impl Engine {
 
     /// A split's elements with their positions in the split, and how to run them: from the
     /// source, or from the cache after the hint. A corrupt chunk falls back to the source.
-    fn elements(&self, split: &Split, cache: &SplitCache, fetched: Fetched) -> Result<(Vec<(u64, Element)>, SplitPlan), EngineError> {
+    fn elements(
+        &self,
+        split: &Split,
+        cache: &SplitCache,
+        fetched: Fetched,
+    ) -> Result<(Vec<(u64, Element)>, SplitPlan), EngineError> {
         let data = match (fetched, cache, &self.cache) {
             (Fetched::Cached(read), SplitCache::Get { at, fingerprint }, Some(engine_cache)) => {
                 // A file that cannot be read (an entry evicted since it was checked) is not a
@@ -332,7 +351,11 @@ impl Engine {
                         let plan = SplitPlan { from: *at as usize + 1, ..SplitPlan::default() };
                         return Ok((records, plan));
                     }
-                    Err(()) => match self.runtime.block_on(self.fetch(split, &SplitCache::Compute)).expect("the fetch task runs to completion") {
+                    Err(()) => match self
+                        .runtime
+                        .block_on(self.fetch(split, &SplitCache::Compute))
+                        .expect("the fetch task runs to completion")
+                    {
                         Fetched::Source(data) => data,
                         Fetched::Cached(_) => unreachable!("a compute fetch reads the source"),
                     },
@@ -390,7 +413,9 @@ impl Engine {
             let name = source.relative(shard);
             let parsed: Box<dyn Iterator<Item = Result<Element, Corrupt>>> = match self.pipeline.source.format {
                 // Planning kept only labelled images, so every shard here makes an element.
-                SourceFormat::ImageFolder => Box::new(image_folder::element(name, bytes, &self.labels).map(Ok).into_iter()),
+                SourceFormat::ImageFolder => {
+                    Box::new(image_folder::element(name, bytes, &self.labels).map(Ok).into_iter())
+                }
                 SourceFormat::Tfrecord => Box::new(formats::tfrecord::read(bytes, name)),
                 SourceFormat::Jsonl => Box::new(formats::jsonl::read(bytes, name)),
                 SourceFormat::Webdataset => Box::new(formats::tar::read(bytes, name)),
@@ -412,7 +437,13 @@ impl Engine {
 
     /// Runs the transforms of `plan` on a chunk on every pool thread, keeping the chunk's
     /// order; what passed the autocache hints is measured and, for a put, encoded.
-    fn transform(&self, epoch: u64, split: u64, chunk: Vec<(u64, Element)>, plan: &SplitPlan) -> Result<(Vec<Row>, AtHints), EngineError> {
+    fn transform(
+        &self,
+        epoch: u64,
+        split: u64,
+        chunk: Vec<(u64, Element)>,
+        plan: &SplitPlan,
+    ) -> Result<(Vec<Row>, AtHints), EngineError> {
         let p = &self.pipeline;
         let seed = p.seed.unwrap_or(0);
         let results: Vec<(u64, Transformed, Vec<Duration>, AtHints)> = self.pool.install(|| {
@@ -709,7 +740,12 @@ fn split_size(files: usize, most: usize) -> usize {
 
 /// Splits for a listing: image folders group files (the label map comes from their folders);
 /// record formats take one shard file per split.
-fn plan(source: &DataSource, format: SourceFormat, shards: Vec<Shard>, files_per_split: usize) -> (Vec<Split>, BTreeMap<String, i64>) {
+fn plan(
+    source: &DataSource,
+    format: SourceFormat,
+    shards: Vec<Shard>,
+    files_per_split: usize,
+) -> (Vec<Split>, BTreeMap<String, i64>) {
     match format {
         SourceFormat::ImageFolder => {
             let images: Vec<Shard> =

@@ -10,8 +10,8 @@ use clap::{Parser, Subcommand};
 use stoker_api::{CacheMode, WorkerPipeline};
 use stoker_worker::cached::CacheConfig;
 use stoker_worker::corpus::{self, CorpusSpec};
-use stoker_worker::engine::{Engine, EngineConfig};
 use stoker_worker::dispatched::{DispatchedSource, Link};
+use stoker_worker::engine::{Engine, EngineConfig};
 use stoker_worker::serve::EngineSource;
 use stoker_worker::stream::StreamService;
 
@@ -202,11 +202,19 @@ async fn main() -> anyhow::Result<()> {
             let threads = threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
             let r = stoker_worker::bench::cache(&corpus, &volume, threads, gets).await?;
             let line = |what: &str, seconds: f64| {
-                println!("{what}: {} images in {seconds:.2} s: {:.0} images/s ({threads} threads)", r.images, r.images as f64 / seconds)
+                println!(
+                    "{what}: {} images in {seconds:.2} s: {:.0} images/s ({threads} threads)",
+                    r.images,
+                    r.images as f64 / seconds
+                )
             };
             line("compute (no cache)", r.compute);
             line("put (computing, writing the cache)", r.put);
-            println!("entry: {:.0} MB, {:.0} KB per image", r.entry_bytes as f64 / 1e6, r.entry_bytes as f64 / 1e3 / r.images.max(1) as f64);
+            println!(
+                "entry: {:.0} MB, {:.0} KB per image",
+                r.entry_bytes as f64 / 1e6,
+                r.entry_bytes as f64 / 1e3 / r.images.max(1) as f64
+            );
             for (i, &seconds) in r.gets.iter().enumerate() {
                 line(&format!("get {} (reading the cache, page cache dropped)", i + 1), seconds);
             }
@@ -220,7 +228,8 @@ async fn main() -> anyhow::Result<()> {
                 ("label".into(), stoker_api::DType::Int64, vec![images]),
             ])
             .shared_payload();
-            let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+            let listener =
+                tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
             tracing::info!(listen = %listener.local_addr()?, "serving synthetic batches");
             let options = stoker_worker::stream::ServerOptions::default();
             stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, async {
@@ -229,7 +238,9 @@ async fn main() -> anyhow::Result<()> {
             .await?;
             Ok(())
         }
-        Some(Command::Bench { bench: Bench::Memory { corpus, memory_budget, client_delay_ms, duration_s, batch_size, threads } }) => {
+        Some(Command::Bench {
+            bench: Bench::Memory { corpus, memory_budget, client_delay_ms, duration_s, batch_size, threads },
+        }) => {
             if !corpus.exists() {
                 eprintln!("generating 1000 images under {} ...", corpus.display());
                 corpus::generate(&corpus, &CorpusSpec::default())?;
@@ -259,12 +270,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         config.threads = threads;
     }
     let engine = Engine::open(pipeline, config).await.context("opening the pipeline's source")?;
-    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let bound = listener.local_addr()?;
     tracing::info!(splits = engine.splits().len(), listen = %bound, "serving batches");
     let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! { _ = term.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
         tracing::info!("shutting down");
         stopping_tx.send_replace(true);
@@ -328,7 +341,8 @@ fn load(args: &RunArgs) -> anyhow::Result<WorkerPipeline> {
             WorkerPipeline::new(&namespace, &name, &dp.spec)
         }
         None => {
-            let json = std::env::var("STOKER_PIPELINE").context("no --pipeline given and STOKER_PIPELINE is not set")?;
+            let json =
+                std::env::var("STOKER_PIPELINE").context("no --pipeline given and STOKER_PIPELINE is not set")?;
             serde_json::from_str(&json).context("parsing STOKER_PIPELINE")?
         }
     };

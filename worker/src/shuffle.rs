@@ -98,7 +98,9 @@ mod tests {
         assert_eq!(shuffled(50, 1, 1, 0), (0..50).collect::<Vec<_>>());
         // With the buffer as large as the input, the last element can land anywhere: over many
         // seeds its mean position is near the middle.
-        let mean: f64 = (0..400).map(|s| shuffled(100, 100, s, 0).iter().position(|&x| x == 99).unwrap() as f64).sum::<f64>() / 400.0;
+        let mean: f64 =
+            (0..400).map(|s| shuffled(100, 100, s, 0).iter().position(|&x| x == 99).unwrap() as f64).sum::<f64>()
+                / 400.0;
         assert!((35.0..65.0).contains(&mean), "mean position {mean}");
     }
 

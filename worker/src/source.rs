@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::{ObjectStore, ObjectStoreExt};
 use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
 
 /// One object under the source prefix.
@@ -52,7 +52,8 @@ impl DataSource {
     pub fn open(uri: &str) -> Result<Self, SourceError> {
         let invalid = |detail: String| SourceError::InvalidUri { uri: uri.to_string(), detail };
         let url = Url::parse(uri).map_err(|e| invalid(e.to_string()))?;
-        let (store, prefix) = object_store::parse_url_opts(&url, store_options()).map_err(|e| invalid(e.to_string()))?;
+        let (store, prefix) =
+            object_store::parse_url_opts(&url, store_options()).map_err(|e| invalid(e.to_string()))?;
         Ok(DataSource { store: Arc::from(store), prefix, uri: uri.to_string() })
     }
 
@@ -97,7 +98,8 @@ impl DataSource {
         let uri = self.uri.clone();
         match e {
             object_store::Error::NotFound { .. } => SourceError::NotFound { uri },
-            object_store::Error::PermissionDenied { source, .. } | object_store::Error::Unauthenticated { source, .. } => {
+            object_store::Error::PermissionDenied { source, .. }
+            | object_store::Error::Unauthenticated { source, .. } => {
                 SourceError::PermissionDenied { uri, detail: source.to_string() }
             }
             source => SourceError::Store { uri, source },

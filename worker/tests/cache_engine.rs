@@ -21,7 +21,8 @@ fn run(engine: &Engine, epoch: u64, cache: &SplitCache) -> Vec<Batch> {
 #[tokio::test(flavor = "multi_thread")]
 async fn reading_the_cache_yields_what_computing_does_and_a_corrupt_chunk_is_computed_instead() {
     let (data, volume) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    generate(data.path(), &CorpusSpec { images: 24, classes: 2, min_side: 64, max_side: 96, ..Default::default() }).unwrap();
+    generate(data.path(), &CorpusSpec { images: 24, classes: 2, min_side: 64, max_side: 96, ..Default::default() })
+        .unwrap();
     let manifest = format!(
         "source: {{uri: 'file://{}/', format: imageFolder}}\nbatchSize: 5\nseed: 7\ncache: {{mode: Always}}\n\
          transforms:\n- decodeImage: {{channels: 3}}\n- resize: {{size: [16, 16]}}\n- autocache: {{}}\n\
@@ -66,7 +67,11 @@ async fn reading_the_cache_yields_what_computing_does_and_a_corrupt_chunk_is_com
         assert_eq!(recovered, computed, "the corrupt split was computed from the source instead");
         let progress = cache.progress();
         assert_eq!(progress.corrupt, fingerprint);
-        assert!(progress.corrupt_detail.contains("split 1") && progress.corrupt_detail.contains("checksum"), "{}", progress.corrupt_detail);
+        assert!(
+            progress.corrupt_detail.contains("split 1") && progress.corrupt_detail.contains("checksum"),
+            "{}",
+            progress.corrupt_detail
+        );
         assert!(!entry.exists(), "the corrupt entry is gone from where readers look");
         assert_eq!(run(&engine, 1, &get), computed, "a Get on the dropped entry computes");
     })

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use stoker_api::{Batch, DType, WorkerPipeline};
 use stoker_worker::bench::resnet50_train;
+use stoker_worker::cached::SplitCache;
 use stoker_worker::corpus::{CorpusSpec, generate};
 use stoker_worker::engine::{Engine, EngineConfig, EngineError, Ready};
-use stoker_worker::cached::SplitCache;
 
 fn corpus(images: usize, classes: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -67,7 +67,9 @@ async fn resnet_transforms_over_an_image_folder() {
     assert_eq!((label.dtype, label.shape.clone()), (DType::Int64, vec![8]));
     let labels: Vec<i64> = batches
         .iter()
-        .flat_map(|b| b.tensors["label"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>())
+        .flat_map(|b| {
+            b.tensors["label"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>()
+        })
         .collect();
     assert_eq!(labels.iter().filter(|&&l| l == 0).count(), 10);
     assert_eq!(labels.iter().filter(|&&l| l == 1).count(), 10);
@@ -165,7 +167,8 @@ async fn splits_complete_once_their_last_element_is_batched() {
     let dir = tempfile::tempdir().unwrap();
     // Five shards of 3 lines; shard 3 is all filtered out, so it completes with no element.
     for shard in 0..5 {
-        let lines: String = (0..3).map(|i| format!("{{\"x\": {}}}\n", if shard == 3 { -1 } else { shard * 10 + i })).collect();
+        let lines: String =
+            (0..3).map(|i| format!("{{\"x\": {}}}\n", if shard == 3 { -1 } else { shard * 10 + i })).collect();
         std::fs::write(dir.path().join(format!("{shard}.jsonl")), lines).unwrap();
     }
     let manifest = format!(
@@ -184,7 +187,10 @@ async fn splits_complete_once_their_last_element_is_batched() {
         for &split in &ready.completes {
             // Shard n holds x in n*10..n*10+3: all of them must have been seen by now.
             let want: Vec<i64> = if split == 3 { vec![] } else { (0..3).map(|i| split as i64 * 10 + i).collect() };
-            assert!(want.iter().all(|x| seen.contains(x)), "split {split} completed before its elements {want:?}; seen {seen:?}");
+            assert!(
+                want.iter().all(|x| seen.contains(x)),
+                "split {split} completed before its elements {want:?}; seen {seen:?}"
+            );
         }
         completed.extend(&ready.completes);
     }

@@ -9,32 +9,18 @@ use stoker_worker::ops;
 #[test]
 #[ignore = "benchmark; run by hand with --release"]
 fn resnet_train_transforms_images_per_second() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/ops/bench_350x400.jpg"
-    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ops/bench_350x400.jpg");
     let jpeg = std::fs::read(path).unwrap();
-    let crop = RandomResizedCrop {
-        size: [224, 224],
-        scale: [0.08, 1.0],
-        ratio: [0.75, 4.0 / 3.0],
-        field: "image".into(),
-    };
-    let flip = RandomFlip {
-        horizontal: true,
-        vertical: false,
-        field: "image".into(),
-    };
+    let crop =
+        RandomResizedCrop { size: [224, 224], scale: [0.08, 1.0], ratio: [0.75, 4.0 / 3.0], field: "image".into() };
+    let flip = RandomFlip { horizontal: true, vertical: false, field: "image".into() };
     let norm = Normalize {
         mean: vec![0.485, 0.456, 0.406],
         std: vec![0.229, 0.224, 0.225],
         dtype: DType::Float32,
         field: "image".into(),
     };
-    let iterations: u64 = std::env::var("OPS_BENCH_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+    let iterations: u64 = std::env::var("OPS_BENCH_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
     let mut stages = [0f64; 4];
     let start = Instant::now();
     for element in 0..iterations {

@@ -23,12 +23,7 @@ fn meta(name: &str) -> Value {
 /// A fixture as a tensor, with the shape and dtype fixtures.json gives it.
 fn fixture(name: &str) -> Tensor {
     let m = meta(name);
-    let shape = m["shape"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as usize)
-        .collect();
+    let shape = m["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
     let dtype = match m["dtype"].as_str().unwrap() {
         "uint8" => DType::Uint8,
         "float32" => DType::Float32,
@@ -40,59 +35,30 @@ fn fixture(name: &str) -> Tensor {
 /// (max, mean) absolute difference of two uint8 tensors of the same shape.
 fn diff(got: &Tensor, want: &Tensor) -> (u8, f64) {
     assert_eq!((got.dtype, &got.shape), (want.dtype, &want.shape));
-    let d: Vec<u8> = got
-        .data
-        .iter()
-        .zip(want.data.iter())
-        .map(|(a, b)| a.abs_diff(*b))
-        .collect();
-    (
-        d.iter().copied().max().unwrap_or(0),
-        d.iter().map(|&v| f64::from(v)).sum::<f64>() / d.len() as f64,
-    )
+    let d: Vec<u8> = got.data.iter().zip(want.data.iter()).map(|(a, b)| a.abs_diff(*b)).collect();
+    (d.iter().copied().max().unwrap_or(0), d.iter().map(|&v| f64::from(v)).sum::<f64>() / d.len() as f64)
 }
 
 #[test]
 fn png_decodes_exactly() {
     // PNG is lossless: any difference is a bug.
-    assert_eq!(
-        ops::decode_image(&file("rgb.png"), 3).unwrap(),
-        fixture("rgb")
-    );
-    assert_eq!(
-        ops::decode_image(&file("grey.png"), 1).unwrap(),
-        fixture("grey")
-    );
-    assert_eq!(
-        ops::decode_image(&file("rgba.png"), 4).unwrap(),
-        fixture("rgba")
-    );
+    assert_eq!(ops::decode_image(&file("rgb.png"), 3).unwrap(), fixture("rgb"));
+    assert_eq!(ops::decode_image(&file("grey.png"), 1).unwrap(), fixture("grey"));
+    assert_eq!(ops::decode_image(&file("rgba.png"), 4).unwrap(), fixture("rgba"));
 }
 
 #[test]
 fn png_channel_conversion_matches_pillow_convert() {
     // Pillow's convert uses the same integer formulas, so these are exact too.
-    assert_eq!(
-        ops::decode_image(&file("grey.png"), 3).unwrap(),
-        fixture("grey_as_rgb")
-    );
-    assert_eq!(
-        ops::decode_image(&file("rgb.png"), 1).unwrap(),
-        fixture("rgb_as_grey")
-    );
-    assert_eq!(
-        ops::decode_image(&file("rgba.png"), 3).unwrap(),
-        fixture("rgb")
-    );
+    assert_eq!(ops::decode_image(&file("grey.png"), 3).unwrap(), fixture("grey_as_rgb"));
+    assert_eq!(ops::decode_image(&file("rgb.png"), 1).unwrap(), fixture("rgb_as_grey"));
+    assert_eq!(ops::decode_image(&file("rgba.png"), 3).unwrap(), fixture("rgb"));
 }
 
 #[test]
 fn palette_png_expands_like_pillow() {
     // Palette lookup is exact.
-    assert_eq!(
-        ops::decode_image(&file("palette.png"), 3).unwrap(),
-        fixture("palette_as_rgb")
-    );
+    assert_eq!(ops::decode_image(&file("palette.png"), 3).unwrap(), fixture("palette_as_rgb"));
 }
 
 #[test]
@@ -103,12 +69,7 @@ fn grey_jpeg_decodes_close_to_libjpeg() {
     println!("grey jpeg vs Pillow: max {max}, mean {mean:.3}");
     assert!(mean < 1.0 && max <= 8, "max {max}, mean {mean}");
     let rgb = ops::decode_image(&file("grey_q90.jpg"), 3).unwrap();
-    assert!(
-        rgb.data
-            .chunks_exact(3)
-            .zip(got.data.iter())
-            .all(|(p, &g)| p == [g, g, g])
-    );
+    assert!(rgb.data.chunks_exact(3).zip(got.data.iter()).all(|(p, &g)| p == [g, g, g]));
 }
 
 #[test]
@@ -121,10 +82,7 @@ fn jpeg_decodes_close_to_libjpeg() {
     println!("jpeg vs Pillow: max {max}, mean {mean:.3}");
     assert!(mean < 1.0 && max <= 8, "max {max}, mean {mean}");
     // Grey and RGBA outputs keep the same geometry.
-    assert_eq!(
-        ops::decode_image(&file("rgb_q90.jpg"), 1).unwrap().shape,
-        vec![37, 53, 1]
-    );
+    assert_eq!(ops::decode_image(&file("rgb_q90.jpg"), 1).unwrap().shape, vec![37, 53, 1]);
     let rgba = ops::decode_image(&file("rgb_q90.jpg"), 4).unwrap();
     assert_eq!(rgba.shape, vec![37, 53, 4]);
     assert!(rgba.data.chunks_exact(4).all(|p| p[3] == 255));
@@ -147,10 +105,7 @@ fn resize_matches_pillow_bilinear() {
         println!("{name}: max {max}, mean {mean:.4}");
         assert!(max <= 1, "{name}: max {max}, mean {mean}");
     }
-    let (max, _) = diff(
-        &ops::resize_exact(&fixture("grey"), [11, 17]).unwrap(),
-        &fixture("grey_resize_down"),
-    );
+    let (max, _) = diff(&ops::resize_exact(&fixture("grey"), [11, 17]).unwrap(), &fixture("grey_resize_down"));
     assert!(max <= 1, "grey: {max}");
     let shorter = ops::resize_shorter_side(&rgb, 24).unwrap();
     let (max, _) = diff(&shorter, &fixture("rgb_shorter_24"));
@@ -161,23 +116,13 @@ fn resize_matches_pillow_bilinear() {
 fn crops_match_numpy_and_pillow() {
     // Pure indexing: exact.
     let rgb = fixture("rgb");
-    let centered = ops::center_crop(
-        &rgb,
-        &CenterCrop {
-            size: [20, 30],
-            field: "image".into(),
-        },
-    )
-    .unwrap();
+    let centered = ops::center_crop(&rgb, &CenterCrop { size: [20, 30], field: "image".into() }).unwrap();
     assert_eq!(centered, fixture("rgb_center_20x30"));
     // A resized crop is a crop then a Pillow resize: the resize tolerance applies.
     let b = &meta("rgb_resized_crop")["box"];
     let n = |k: &str| b[k].as_u64().unwrap() as usize;
     let cropped = ops::crop(&rgb, n("top"), n("left"), n("height"), n("width")).unwrap();
-    let (max, _) = diff(
-        &ops::resize_exact(&cropped, [16, 16]).unwrap(),
-        &fixture("rgb_resized_crop"),
-    );
+    let (max, _) = diff(&ops::resize_exact(&cropped, [16, 16]).unwrap(), &fixture("rgb_resized_crop"));
     assert!(max <= 1, "resized crop: {max}");
 }
 
@@ -185,28 +130,12 @@ fn crops_match_numpy_and_pillow() {
 fn normalize_matches_numpy() {
     // The reference is float64 math cast to float32, as is ours: allow one f32 rounding.
     let m = meta("rgb_normalized");
-    let floats = |k: &str| {
-        m[k].as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect()
-    };
-    let op = Normalize {
-        mean: floats("mean"),
-        std: floats("std"),
-        dtype: DType::Float32,
-        field: "image".into(),
-    };
+    let floats = |k: &str| m[k].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let op = Normalize { mean: floats("mean"), std: floats("std"), dtype: DType::Float32, field: "image".into() };
     let got = ops::normalize(&fixture("rgb"), &op).unwrap();
     let want = fixture("rgb_normalized");
     assert_eq!(got.shape, want.shape);
-    let f = |t: &Tensor| {
-        t.data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect::<Vec<_>>()
-    };
+    let f = |t: &Tensor| t.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect::<Vec<_>>();
     for (g, w) in f(&got).into_iter().zip(f(&want)) {
         assert!((g - w).abs() <= w.abs() * 1.2e-7, "{g} vs {w}");
     }
@@ -217,24 +146,13 @@ fn corrupt_images_are_errors_not_panics() {
     let jpeg = file("rgb_q90.jpg");
     let png = file("rgb.png");
     // Every cut, down to dropping just the 2-byte end-of-image marker, is an error.
-    for len in (0..jpeg.len())
-        .step_by(7)
-        .chain([jpeg.len() - 2, jpeg.len() - 1])
-    {
+    for len in (0..jpeg.len()).step_by(7).chain([jpeg.len() - 2, jpeg.len() - 1]) {
         let result = ops::decode_image(&jpeg[..len], 3);
-        assert!(
-            matches!(result, Err(OpError::CorruptImage(_))),
-            "jpeg cut at {len}: {:?}",
-            result.map(|t| t.shape)
-        );
+        assert!(matches!(result, Err(OpError::CorruptImage(_))), "jpeg cut at {len}: {:?}", result.map(|t| t.shape));
     }
     for len in [8, 30, png.len() / 2, png.len() - 12] {
         let result = ops::decode_image(&png[..len], 3);
-        assert!(
-            matches!(result, Err(OpError::CorruptImage(_))),
-            "png cut at {len}: {:?}",
-            result.map(|t| t.shape)
-        );
+        assert!(matches!(result, Err(OpError::CorruptImage(_))), "png cut at {len}: {:?}", result.map(|t| t.shape));
     }
     // Flipped bytes inside the entropy-coded data and random garbage behind a valid header:
     // any outcome but a panic is acceptable, since some damage decodes to a wrong picture.
@@ -260,8 +178,5 @@ fn corrupt_images_are_errors_not_panics() {
         assert!(ops::decode_image(&png_garbage, 3).is_err());
     }
     let random: Vec<u8> = (0..512).map(|_| next() as u8).collect();
-    assert!(matches!(
-        ops::decode_image(&random, 3),
-        Err(OpError::CorruptImage(_))
-    ));
+    assert!(matches!(ops::decode_image(&random, 3), Err(OpError::CorruptImage(_))));
 }

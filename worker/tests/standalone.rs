@@ -33,7 +33,8 @@ async fn wait_listening(addr: SocketAddr, worker: &mut Worker) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_streams_one_epoch_from_two_standalone_workers() {
     let data = tempfile::tempdir().unwrap();
-    generate(data.path(), &CorpusSpec { images: 12, classes: 3, min_side: 250, max_side: 280, ..Default::default() }).unwrap();
+    generate(data.path(), &CorpusSpec { images: 12, classes: 3, min_side: 250, max_side: 280, ..Default::default() })
+        .unwrap();
     let manifest = data.path().join("pipeline.yaml");
     std::fs::write(
         &manifest,

@@ -172,7 +172,8 @@ impl BatchSource for Recording {
 async fn the_authenticator_sees_the_token_and_can_refuse() {
     let recording = Recording::default();
     let worker =
-        start_with(StreamService::new(recording.clone()).with_authenticator(RequireToken), ServerOptions::default()).await;
+        start_with(StreamService::new(recording.clone()).with_authenticator(RequireToken), ServerOptions::default())
+            .await;
     let err = stoker_client::Client::connect(vec![worker.addr.to_string()], options()).await.err().unwrap();
     assert!(matches!(&err, Error::Status { status, .. } if status.code() == Code::Unauthenticated), "{err}");
     assert!(recording.0.lock().unwrap().is_empty());

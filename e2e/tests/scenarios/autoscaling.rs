@@ -122,24 +122,32 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
     cluster.operator_restart().await?;
     let before = steps();
     wait_for(Duration::from_secs(30), "the trainer to keep training across the operator restart", || async move {
-        Ok(if steps() >= before + 100 { Check::Done(()) } else { Check::not_yet(format!("{} steps since the restart", steps() - before)) })
+        Ok(if steps() >= before + 100 {
+            Check::Done(())
+        } else {
+            Check::not_yet(format!("{} steps since the restart", steps() - before))
+        })
     })
     .await?;
     trainer_ok()?;
 
     // Convergence: status says so, within one worker of the optimum, with a history.
     let pipelines = &pipelines;
-    let dp = wait_for(Duration::from_secs(120), format!("the autoscaler to converge near {OPTIMUM} workers"), || async move {
-        let dp = pipelines.get(NAME).await?;
-        let status = dp.status.clone().unwrap_or_default();
-        let converged = status.autoscaler.as_ref().is_some_and(|a| a.converged);
-        let desired = status.workers.as_ref().map_or(0, |w| w.desired);
-        Ok(if converged && (desired - OPTIMUM).abs() <= 1 {
-            Check::Done(dp)
-        } else {
-            Check::not_yet(format!("converged {converged}, desired {desired}, status {:?}", status.autoscaler))
-        })
-    })
+    let dp = wait_for(
+        Duration::from_secs(120),
+        format!("the autoscaler to converge near {OPTIMUM} workers"),
+        || async move {
+            let dp = pipelines.get(NAME).await?;
+            let status = dp.status.clone().unwrap_or_default();
+            let converged = status.autoscaler.as_ref().is_some_and(|a| a.converged);
+            let desired = status.workers.as_ref().map_or(0, |w| w.desired);
+            Ok(if converged && (desired - OPTIMUM).abs() <= 1 {
+                Check::Done(dp)
+            } else {
+                Check::not_yet(format!("converged {converged}, desired {desired}, status {:?}", status.autoscaler))
+            })
+        },
+    )
     .await?;
     trainer_ok()?;
     let status = dp.status.unwrap_or_default();
@@ -147,7 +155,10 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
     ensure!(replicas(deployments).await? == desired, "the Deployment runs what status says");
     ensure!(status.batch_time_ms.is_some_and(|ms| ms > 0.0), "status shows the batch time: {:?}", status.batch_time_ms);
     let history = status.autoscaler.map(|a| a.history).unwrap_or_default();
-    ensure!(!history.is_empty() && history.iter().all(|h| !h.reason.is_empty()), "every decision has a reason: {history:?}");
+    ensure!(
+        !history.is_empty() && history.iter().all(|h| !h.reason.is_empty()),
+        "every decision has a reason: {history:?}"
+    );
     ensure!(history[0].workers == 2, "the history from before the restart is kept: {history:?}");
     let events = Api::<Event>::namespaced(client.clone(), &ns).list(&ListParams::default()).await?;
     ensure!(events.items.iter().any(|e| e.reason.as_deref() == Some("Rescaled")), "a Rescaled event per decision");
@@ -167,7 +178,11 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
             // run at most one epoch ahead of the oldest unfinished one, so an epoch two
             // behind the newest is complete.
             let finished: Vec<u64> = epochs.keys().copied().filter(|e| *e >= epoch_at_kill && e + 1 < last).collect();
-            Ok(if finished.is_empty() { Check::not_yet(format!("epochs {:?}", epochs.keys().collect::<Vec<_>>())) } else { Check::Done(finished) })
+            Ok(if finished.is_empty() {
+                Check::not_yet(format!("epochs {:?}", epochs.keys().collect::<Vec<_>>()))
+            } else {
+                Check::Done(finished)
+            })
         }
     })
     .await?;

@@ -7,12 +7,12 @@
 use anyhow::ensure;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
 use stoker_api::{CacheDecision, CacheStatus, DataPipeline};
 use stoker_client::{Client, ClientOptions};
 use stoker_e2e::k8s::{delete_namespace, fresh_namespace};
 use stoker_e2e::{Check, Cluster, OperatorOptions, wait_for};
-use std::path::Path;
-use std::time::{Duration, SystemTime};
 
 const FIRST: &str = "cached";
 const SECOND: &str = "same-prefix";
@@ -82,7 +82,8 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
     let data = cluster.workdir().join(format!("{ns}-data"));
     std::fs::create_dir_all(&data)?;
     for shard in 0..8 {
-        let lines: String = (0..100).map(|i| format!("{{\"id\": {}, \"x\": [1.5, 2.5]}}\n", shard * 1000 + i)).collect();
+        let lines: String =
+            (0..100).map(|i| format!("{{\"id\": {}, \"x\": [1.5, 2.5]}}\n", shard * 1000 + i)).collect();
         std::fs::write(data.join(format!("{shard}.jsonl")), lines)?;
     }
     let pipelines = Api::<DataPipeline>::namespaced(client.clone(), &ns);
@@ -93,7 +94,8 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
             pipelines.patch(&name, &PatchParams::apply("e2e").force(), &Patch::Apply(&dp)).await
         }
     };
-    apply(manifest(FIRST, &data, "{cast: {field: x, dtype: float16}}", "{mode: Always, accessMode: ReadWriteOnce}")?).await?;
+    apply(manifest(FIRST, &data, "{cast: {field: x, dtype: float16}}", "{mode: Always, accessMode: ReadWriteOnce}")?)
+        .await?;
     let first_reader = read(&url, &ns, FIRST);
 
     // Put while the first epoch runs, then Get once every split is on the volume.
@@ -106,13 +108,20 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
         let events = events.clone();
         async move {
             let decided = events_of(&events, FIRST, "CacheDecided").await?;
-            Ok(if decided.iter().any(|m| m.starts_with("Get at transform 1")) { Check::Done(()) } else { Check::not_yet(format!("{decided:?}")) })
+            Ok(if decided.iter().any(|m| m.starts_with("Get at transform 1")) {
+                Check::Done(())
+            } else {
+                Check::not_yet(format!("{decided:?}"))
+            })
         }
     })
     .await?;
     let table = cluster.kubectl(&["get", "dp", FIRST, "-n", &ns]).await?;
     let row = table.lines().find(|l| l.starts_with(FIRST)).unwrap_or_default();
-    ensure!(table.lines().next().is_some_and(|h| h.contains("CACHE")) && row.split_whitespace().any(|c| c == "Get"), "`kubectl get dp` shows the decision:\n{table}");
+    ensure!(
+        table.lines().next().is_some_and(|h| h.contains("CACHE")) && row.split_whitespace().any(|c| c == "Get"),
+        "`kubectl get dp` shows the decision:\n{table}"
+    );
 
     // The entry is written once: its completion marker is not touched again.
     let entry = cluster
@@ -129,8 +138,14 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
     apply(manifest(SECOND, &data, "{cast: {field: x, dtype: float32}}", "{mode: Auto}")?).await?;
     let second_reader = read(&url, &ns, SECOND);
     let second = wait_for_get(&pipelines, SECOND).await?;
-    ensure!(second.fingerprint.as_deref() == Some(fingerprint.as_str()) && second.at == Some(1), "same prefix, same entry: {second:?}");
-    ensure!(second.measured.as_ref().and_then(|m| m.put).is_none(), "{SECOND} read from its first split, never wrote: {second:?}");
+    ensure!(
+        second.fingerprint.as_deref() == Some(fingerprint.as_str()) && second.at == Some(1),
+        "same prefix, same entry: {second:?}"
+    );
+    ensure!(
+        second.measured.as_ref().and_then(|m| m.put).is_none(),
+        "{SECOND} read from its first split, never wrote: {second:?}"
+    );
     let first = wait_for_get(&pipelines, FIRST).await?;
     ensure!(first.fingerprint == cache.fingerprint, "{FIRST} reads the same entry after the restart: {first:?}");
     let decided = events_of(&events, SECOND, "CacheDecided").await?;
@@ -144,7 +159,11 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
         "a CacheVolumeDiffers warning for {SECOND}: {differs:?}"
     );
     let pvcs = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns).list(&ListParams::default()).await?;
-    ensure!(pvcs.items.len() == 1, "one cache claim for the namespace, shared by both pipelines: {} claims", pvcs.items.len());
+    ensure!(
+        pvcs.items.len() == 1,
+        "one cache claim for the namespace, shared by both pipelines: {} claims",
+        pvcs.items.len()
+    );
     for reader in [first_reader, second_reader] {
         ensure!(!reader.is_finished(), "a reader stopped early: {:?}", reader.await);
         reader.abort();

@@ -128,7 +128,10 @@ pub async fn samples_become_workers(cluster: &dyn Cluster) -> anyhow::Result<()>
             "the worker gets its pipeline: {pipeline:?}"
         );
         ensure!(
-            pod.volumes.iter().flatten().any(|v| v.persistent_volume_claim.as_ref().is_some_and(|c| c.claim_name == "stoker-cache"))
+            pod.volumes
+                .iter()
+                .flatten()
+                .any(|v| v.persistent_volume_claim.as_ref().is_some_and(|c| c.claim_name == "stoker-cache"))
                 == caches,
             "cache volume mounted iff the pipeline caches"
         );
@@ -136,8 +139,12 @@ pub async fn samples_become_workers(cluster: &dyn Cluster) -> anyhow::Result<()>
         // reaches the pod.
         let mounts = pod.containers[0].volume_mounts.iter().flatten();
         let mounted: Vec<(&str, &str)> = mounts.map(|m| (m.name.as_str(), m.mount_path.as_str())).collect();
-        let claims: Vec<&str> =
-            pod.volumes.iter().flatten().filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.as_str())).collect();
+        let claims: Vec<&str> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.as_str()))
+            .collect();
         let reads_corpus = mounted.contains(&("data", "/data")) && claims.contains(&"corpus");
         ensure!(reads_corpus == (name == "corpus-jsonl"), "{name}: mounts {mounted:?}, claims {claims:?}");
 

@@ -89,12 +89,17 @@ pub fn decide(mode: CacheMode, profile: &Profile) -> Decision {
     match mode {
         CacheMode::Never => numbers(Choice::Compute, None, "cache mode Never".into()),
         CacheMode::Always => match profile.hints.iter().max_by_key(|h| h.at) {
-            Some(h) => numbers(Choice::Put { at: h.at }, Some(h), format!("cache mode Always: the last hint, transform {}", h.at)),
+            Some(h) => numbers(
+                Choice::Put { at: h.at },
+                Some(h),
+                format!("cache mode Always: the last hint, transform {}", h.at),
+            ),
             None => numbers(Choice::Compute, None, "cache mode Always, but the pipeline has no autocache hint".into()),
         },
         CacheMode::Auto => {
             // On a tie the later hint wins: it saves more of the work that follows.
-            let best = profile.hints.iter().rev().min_by(|a, b| profile.read_epoch(a).total_cmp(&profile.read_epoch(b)));
+            let best =
+                profile.hints.iter().rev().min_by(|a, b| profile.read_epoch(a).total_cmp(&profile.read_epoch(b)));
             match best {
                 Some(h) => {
                     let (read, write) = (profile.read_epoch(h), profile.write_epoch(h));
@@ -170,7 +175,10 @@ mod tests {
 
     #[test]
     fn modes_always_and_never_ignore_the_numbers() {
-        let hints = vec![HintProfile { at: 1, prefix_seconds: 0.0, bytes: 1e9 }, HintProfile { at: 4, prefix_seconds: 0.0, bytes: 1e9 }];
+        let hints = vec![
+            HintProfile { at: 1, prefix_seconds: 0.0, bytes: 1e9 },
+            HintProfile { at: 4, prefix_seconds: 0.0, bytes: 1e9 },
+        ];
         let p = profile(hints, 1e6, 1e6);
         assert_eq!(decide(CacheMode::Always, &p).choice, Choice::Put { at: 4 });
         assert_eq!(decide(CacheMode::Never, &p).choice, Choice::Compute);

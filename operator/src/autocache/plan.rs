@@ -73,17 +73,29 @@ impl CachePlan {
         let last = hints.iter().max_by_key(|h| h.at).cloned();
         let (phase, reason) = match (mode, last) {
             (CacheMode::Never, _) => (Phase::Compute, "cache mode Never".to_string()),
-            (_, None) => (Phase::Compute, "the pipeline has no autocache hint, or its workers no cache volume".to_string()),
+            (_, None) => {
+                (Phase::Compute, "the pipeline has no autocache hint, or its workers no cache volume".to_string())
+            }
             (CacheMode::Always, Some(h)) => {
                 let reason = format!("cache mode Always: writing at the last hint, transform {}", h.at);
                 (Phase::Put(h), reason)
             }
             (CacheMode::Auto, Some(h)) => {
-                let reason = format!("profiling the first epoch, writing at transform {} until the measurements decide", h.at);
+                let reason =
+                    format!("profiling the first epoch, writing at transform {} until the measurements decide", h.at);
                 (Phase::Profiling(h), reason)
             }
         };
-        CachePlan { mode, hints, splits, phase, reason, decision: None, broken: Vec::new(), measured: EpochSeconds::default() }
+        CachePlan {
+            mode,
+            hints,
+            splits,
+            phase,
+            reason,
+            decision: None,
+            broken: Vec::new(),
+            measured: EpochSeconds::default(),
+        }
     }
 
     pub fn directive(&self) -> Directive {
@@ -99,7 +111,8 @@ impl CachePlan {
         if self.mode == CacheMode::Never || matches!(self.phase, Phase::Get(_)) {
             return;
         }
-        let usable = self.hints.iter().filter(|h| complete.contains(&h.fingerprint) && !self.broken.contains(&h.fingerprint));
+        let usable =
+            self.hints.iter().filter(|h| complete.contains(&h.fingerprint) && !self.broken.contains(&h.fingerprint));
         if let Some(h) = usable.max_by_key(|h| h.at) {
             self.reason = format!("a complete cache entry exists at transform {}: reading it", h.at);
             self.phase = Phase::Get(h.clone());
@@ -131,7 +144,11 @@ impl CachePlan {
             .filter_map(|h| {
                 let &(_, elements, bytes) = m.hint_bytes.iter().find(|(at, _, _)| *at == h.at)?;
                 let prefix: f64 = m.op_seconds.iter().take(h.at as usize).sum();
-                Some(HintProfile { at: h.at, prefix_seconds: per_element(prefix), bytes: bytes as f64 / elements.max(1) as f64 })
+                Some(HintProfile {
+                    at: h.at,
+                    prefix_seconds: per_element(prefix),
+                    bytes: bytes as f64 / elements.max(1) as f64,
+                })
             })
             .collect();
         let profile = Profile {

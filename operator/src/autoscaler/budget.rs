@@ -95,7 +95,8 @@ pub fn gain(model: Option<&Model>, n: u32) -> f64 {
 
 /// Grants per key. `budget` None means no cap: everyone gets what it wants.
 pub fn share(wishes: Vec<Wish>, budget: Option<u32>) -> BTreeMap<String, Grant> {
-    let mut granted: BTreeMap<String, u32> = wishes.iter().map(|w| (w.key.clone(), w.min.min(w.wants).max(w.min))).collect();
+    let mut granted: BTreeMap<String, u32> =
+        wishes.iter().map(|w| (w.key.clone(), w.min.min(w.wants).max(w.min))).collect();
     let mut left = match budget {
         None => u64::MAX,
         Some(b) => u64::from(b).saturating_sub(granted.values().map(|&g| u64::from(g)).sum()),
@@ -146,7 +147,10 @@ mod tests {
 
     #[test]
     fn without_a_budget_everyone_gets_its_wish() {
-        let wishes = vec![Wish { key: "a".into(), min: 1, wants: 7, current: 1, model: None }, Wish { key: "b".into(), min: 2, wants: 2, current: 2, model: None }];
+        let wishes = vec![
+            Wish { key: "a".into(), min: 1, wants: 7, current: 1, model: None },
+            Wish { key: "b".into(), min: 2, wants: 2, current: 2, model: None },
+        ];
         let grants = share(wishes, None);
         assert_eq!(grants["a"], Grant { granted: 7, held_back: 0 });
         assert_eq!(grants["b"], Grant { granted: 2, held_back: 0 });
@@ -154,7 +158,10 @@ mod tests {
 
     #[test]
     fn mins_are_kept_even_over_the_budget() {
-        let wishes = vec![Wish { key: "a".into(), min: 3, wants: 5, current: 3, model: None }, Wish { key: "b".into(), min: 3, wants: 3, current: 3, model: None }];
+        let wishes = vec![
+            Wish { key: "a".into(), min: 3, wants: 5, current: 3, model: None },
+            Wish { key: "b".into(), min: 3, wants: 3, current: 3, model: None },
+        ];
         let grants = share(wishes, Some(4));
         assert_eq!(grants["a"], Grant { granted: 3, held_back: 2 });
         assert_eq!(grants["b"].granted, 3);

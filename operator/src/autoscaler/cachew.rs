@@ -16,11 +16,19 @@ enum Phase {
     /// Measuring the first count.
     Start,
     /// Added a worker; `prev` is the batch time before.
-    Up { prev: f64 },
+    Up {
+        prev: f64,
+    },
     /// Removed a worker; `prev` is the batch time before.
-    Down { prev: f64 },
-    Converged { t_ref: f64 },
-    Idle { resume: u32 },
+    Down {
+        prev: f64,
+    },
+    Converged {
+        t_ref: f64,
+    },
+    Idle {
+        resume: u32,
+    },
 }
 
 pub struct Cachew {
@@ -93,7 +101,11 @@ impl Policy for Cachew {
                     self.up(t, "batch time improved by more than 7%")
                 } else {
                     let to = self.n - 1;
-                    self.go(to, Phase::Converged { t_ref: prev }, format!("no 7% improvement ({} -> {}): stepping back", ms(prev), ms(t)))
+                    self.go(
+                        to,
+                        Phase::Converged { t_ref: prev },
+                        format!("no 7% improvement ({} -> {}): stepping back", ms(prev), ms(t)),
+                    )
                 }
             }
             Phase::Down { prev } => {
@@ -105,7 +117,11 @@ impl Policy for Cachew {
                     Decision::Hold
                 } else {
                     let to = self.n + 1;
-                    self.go(to, Phase::Converged { t_ref: prev }, "removing a worker cost more than 3%: stepping back".into())
+                    self.go(
+                        to,
+                        Phase::Converged { t_ref: prev },
+                        "removing a worker cost more than 3%: stepping back".into(),
+                    )
                 }
             }
             Phase::Converged { t_ref } => {

@@ -47,7 +47,10 @@ impl Limits {
 pub enum Decision {
     Hold,
     /// Run `to` workers; `reason` is for people (Events, status history).
-    Scale { to: u32, reason: String },
+    Scale {
+        to: u32,
+        reason: String,
+    },
 }
 
 /// Where a policy's search is, for status.
@@ -57,7 +60,10 @@ pub enum PolicyState {
     Measuring,
     Growing,
     /// Searching between a count known too small and one known enough.
-    Bisecting { low: u32, high: u32 },
+    Bisecting {
+        low: u32,
+        high: u32,
+    },
     Converged,
     /// No client attached: at min until they return.
     Idle,

@@ -29,13 +29,30 @@ const PROPORTIONAL: f64 = 0.8;
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Phase {
     Measuring,
-    Growing { from: u32, t_from: f64, w_from: f64 },
+    Growing {
+        from: u32,
+        t_from: f64,
+        w_from: f64,
+    },
     /// At the aimed count: is it as fast as `high` workers were?
-    Verifying { high: u32, t_high: f64 },
-    Bisecting { low: u32, high: u32, t_high: f64 },
+    Verifying {
+        high: u32,
+        t_high: f64,
+    },
+    Bisecting {
+        low: u32,
+        high: u32,
+        t_high: f64,
+    },
     /// `t_ref`, `w_ref`: batch time and wait fraction when it converged.
-    Converged { t_ref: f64, w_ref: f64, strikes: u32 },
-    Idle { resume: u32 },
+    Converged {
+        t_ref: f64,
+        w_ref: f64,
+        strikes: u32,
+    },
+    Idle {
+        resume: u32,
+    },
 }
 
 pub struct Ours {
@@ -95,7 +112,12 @@ impl Ours {
         if next == self.n {
             return self.converge(t, wait);
         }
-        let reason = format!("{why}: clients waited {:.0}% of a {} batch time at {} workers; growing to {next}", wait * 100.0, ms(t), self.n);
+        let reason = format!(
+            "{why}: clients waited {:.0}% of a {} batch time at {} workers; growing to {next}",
+            wait * 100.0,
+            ms(t),
+            self.n
+        );
         self.go(next, Phase::Growing { from: self.n, t_from: t, w_from: wait }, reason)
     }
 
@@ -133,7 +155,11 @@ impl Ours {
                     );
                     self.go(aim, Phase::Verifying { high: n, t_high: t }, reason)
                 } else {
-                    let reason = format!("{from} -> {n} workers did not speed batches up ({} -> {}): back to {from}", ms(t_from), ms(t));
+                    let reason = format!(
+                        "{from} -> {n} workers did not speed batches up ({} -> {}): back to {from}",
+                        ms(t_from),
+                        ms(t)
+                    );
                     self.go(from, Phase::Converged { t_ref: t_from, w_ref: w_from, strikes: 0 }, reason)
                 }
             }
@@ -246,7 +272,11 @@ impl Policy for Ours {
         }
         let resume = self.n;
         let min = self.limits.clamp(self.limits.min);
-        self.go(min, Phase::Idle { resume }, format!("no client attached: scaling to min {min} (will return to {resume})"))
+        self.go(
+            min,
+            Phase::Idle { resume },
+            format!("no client attached: scaling to min {min} (will return to {resume})"),
+        )
     }
 
     fn state(&self) -> PolicyState {

@@ -33,7 +33,15 @@ pub struct Trainer {
 impl Trainer {
     /// A trainer whose optimum is exactly `opt` workers (of rate 1/(opt * compute)).
     pub fn with_optimum(opt: u32, compute: f64) -> Self {
-        Trainer { rate: 1.0 / (f64::from(opt) * compute), compute, noise: 0.0, stall_every: None, stall: 1.0, speed_change: None, seed: 1 }
+        Trainer {
+            rate: 1.0 / (f64::from(opt) * compute),
+            compute,
+            noise: 0.0,
+            stall_every: None,
+            stall: 1.0,
+            speed_change: None,
+            seed: 1,
+        }
     }
 
     /// ceil(1 / (rate * compute)): the workers that keep up without stalls.
@@ -126,7 +134,14 @@ impl World {
         times.sort_by(f64::total_cmp);
         let rank = |q: f64| times[((q * times.len() as f64).ceil() as usize).clamp(1, times.len()) - 1];
         let batches = times.len() as u64;
-        Window { workers: self.workers, batches, median_s: rank(0.5), p90_s: rank(0.9), mean_s: total / batches as f64, wait_fraction: waited / total }
+        Window {
+            workers: self.workers,
+            batches,
+            median_s: rank(0.5),
+            p90_s: rank(0.9),
+            mean_s: total / batches as f64,
+            wait_fraction: waited / total,
+        }
     }
 }
 
@@ -196,7 +211,10 @@ pub fn scenarios() -> Vec<Scenario> {
     let mut all = Vec::new();
     for opt in [1, 2, 3, 4, 6, 8, 12, 16, 24, 32] {
         all.push(Scenario { name: format!("optimum {opt}"), trainer: Trainer::with_optimum(opt, 0.030) });
-        all.push(Scenario { name: format!("optimum {opt}, 10% noise"), trainer: Trainer { noise: 0.1, seed: u64::from(opt), ..Trainer::with_optimum(opt, 0.030) } });
+        all.push(Scenario {
+            name: format!("optimum {opt}, 10% noise"),
+            trainer: Trainer { noise: 0.1, seed: u64::from(opt), ..Trainer::with_optimum(opt, 0.030) },
+        });
         all.push(Scenario {
             name: format!("optimum {opt}, 1 s stall every 4th batch"),
             trainer: Trainer { stall_every: Some(4), ..Trainer::with_optimum(opt, 0.030) },
@@ -236,13 +254,16 @@ pub fn comparison(config: &SimConfig) -> String {
 pub fn multi_tenant(trainers: &[Trainer], mins: &[u32], budget: u32, rounds: u32, config: &SimConfig) -> Vec<Vec<u32>> {
     let policy = AutoscalingPolicy::default();
     let mut worlds: Vec<World> = trainers.iter().zip(mins).map(|(t, &m)| World::new(t.clone(), m.max(1))).collect();
-    let mut policies: Vec<Box<dyn Policy + Send>> =
-        mins.iter().map(|&m| super::ours(Limits { min: m.max(1), max: config.limits.max }, &policy, m.max(1))).collect();
+    let mut policies: Vec<Box<dyn Policy + Send>> = mins
+        .iter()
+        .map(|&m| super::ours(Limits { min: m.max(1), max: config.limits.max }, &policy, m.max(1)))
+        .collect();
     let mut wants: Vec<u32> = mins.iter().map(|&m| m.max(1)).collect();
     let mut models = vec![Model::default(); trainers.len()];
     let mut history = Vec::new();
     for _ in 0..rounds {
-        let windows: Vec<Window> = worlds.iter_mut().map(|w| w.window(config.window_seconds, config.prefetch)).collect();
+        let windows: Vec<Window> =
+            worlds.iter_mut().map(|w| w.window(config.window_seconds, config.prefetch)).collect();
         for (i, w) in windows.iter().enumerate() {
             models[i].update(w);
             if let Decision::Scale { to, .. } = policies[i].observe(w) {
@@ -250,7 +271,13 @@ pub fn multi_tenant(trainers: &[Trainer], mins: &[u32], budget: u32, rounds: u32
             }
         }
         let wishes = (0..worlds.len())
-            .map(|i| Wish { key: format!("t{i:02}"), min: mins[i].max(1), wants: wants[i], current: worlds[i].workers, model: Some(models[i]) })
+            .map(|i| Wish {
+                key: format!("t{i:02}"),
+                min: mins[i].max(1),
+                wants: wants[i],
+                current: worlds[i].workers,
+                model: Some(models[i]),
+            })
             .collect();
         let grants = budget::share(wishes, Some(budget));
         let counts: Vec<u32> = (0..worlds.len()).map(|i| grants[&format!("t{i:02}")].granted).collect();

@@ -122,7 +122,8 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", sim::comparison(&config));
             if let Some(path) = plot {
                 let trainer = sim::Trainer { noise: 0.1, seed: 12, ..sim::Trainer::with_optimum(12, 0.030) };
-                std::fs::write(&path, sim::convergence_svg(&trainer, &config)).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::write(&path, sim::convergence_svg(&trainer, &config))
+                    .with_context(|| format!("writing {}", path.display()))?;
                 println!("\nwrote {}", path.display());
             }
             Ok(())
@@ -208,9 +209,17 @@ fn explain(samples: &Path, yaml: bool) -> anyhow::Result<()> {
             dp.spec.workers.max,
             dp.spec.autoscaling.mode
         );
-        println!("    Service    {}  headless, port {}", built.service.metadata.name.as_deref().unwrap_or_default(), objects::DATA_PORT);
+        println!(
+            "    Service    {}  headless, port {}",
+            built.service.metadata.name.as_deref().unwrap_or_default(),
+            objects::DATA_PORT
+        );
         match built.cache_pvc {
-            Some(_) => println!("    PVC        {}  shared by the namespace (cache mode {:?})", objects::CACHE_PVC, dp.spec.cache.mode),
+            Some(_) => println!(
+                "    PVC        {}  shared by the namespace (cache mode {:?})",
+                objects::CACHE_PVC,
+                dp.spec.cache.mode
+            ),
             None => println!("    no cache volume (cache mode {:?})", dp.spec.cache.mode),
         }
         if yaml {

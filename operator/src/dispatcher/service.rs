@@ -16,8 +16,10 @@ use tonic::{Request, Response, Status};
 use stoker_api::CacheMode;
 
 use super::cache::{CacheProgress, HintSeen};
+use super::state::{
+    Assignment, ClientWindow, DispatchError, DispatcherState, PipelineKey, Progress, Timeouts, WorkerRegistration,
+};
 use crate::autocache::plan::Directive;
-use super::state::{Assignment, ClientWindow, DispatchError, DispatcherState, PipelineKey, Progress, Timeouts, WorkerRegistration};
 
 /// How often workers heartbeat; the dead-worker timeout is several of these.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
@@ -36,7 +38,11 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new(timeouts: Timeouts, window: Duration) -> Arc<Self> {
         // Ids stay distinct across dispatcher restarts without coordination.
-        let instance = format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() & 0xff_ffff);
+        let instance = format!(
+            "{:x}",
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
+                & 0xff_ffff
+        );
         Arc::new(Dispatcher {
             state: Mutex::new(DispatcherState::new(instance, timeouts)),
             worker_lists: Mutex::new(HashMap::new()),
@@ -96,7 +102,9 @@ impl Dispatcher {
         if self.serving.load(Ordering::SeqCst) {
             Ok(())
         } else {
-            Err(Status::unavailable("this operator is not the leader; retry (the dispatcher Service routes to the leader)"))
+            Err(Status::unavailable(
+                "this operator is not the leader; retry (the dispatcher Service routes to the leader)",
+            ))
         }
     }
 }
@@ -113,7 +121,9 @@ fn status(e: DispatchError) -> Status {
 
 fn pipeline_key(p: Option<proto::PipelineRef>) -> Result<PipelineKey, Status> {
     match p {
-        Some(p) if !p.namespace.is_empty() && !p.name.is_empty() => Ok(PipelineKey { namespace: p.namespace, name: p.name }),
+        Some(p) if !p.namespace.is_empty() && !p.name.is_empty() => {
+            Ok(PipelineKey { namespace: p.namespace, name: p.name })
+        }
         _ => Err(Status::invalid_argument("pipeline (namespace and name) is required")),
     }
 }
@@ -122,7 +132,10 @@ type WorkerListStream = Pin<Box<dyn Stream<Item = Result<proto::WorkerList, Stat
 
 #[tonic::async_trait]
 impl dispatcher_server::Dispatcher for DispatcherService {
-    async fn register_worker(&self, request: Request<proto::RegisterWorkerRequest>) -> Result<Response<proto::RegisterWorkerResponse>, Status> {
+    async fn register_worker(
+        &self,
+        request: Request<proto::RegisterWorkerRequest>,
+    ) -> Result<Response<proto::RegisterWorkerResponse>, Status> {
         self.0.check_serving()?;
         let r = request.into_inner();
         let registration = WorkerRegistration {
@@ -136,9 +149,15 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 "" | "Never" => CacheMode::Never,
                 "Auto" => CacheMode::Auto,
                 "Always" => CacheMode::Always,
-                other => return Err(Status::invalid_argument(format!("cache_mode {other:?} is not Never, Auto or Always"))),
+                other => {
+                    return Err(Status::invalid_argument(format!("cache_mode {other:?} is not Never, Auto or Always")));
+                }
             },
-            cache_hints: r.cache_hints.into_iter().map(|h| HintSeen { at: h.at, fingerprint: h.fingerprint, complete: h.complete }).collect(),
+            cache_hints: r
+                .cache_hints
+                .into_iter()
+                .map(|h| HintSeen { at: h.at, fingerprint: h.fingerprint, complete: h.complete })
+                .collect(),
         };
         let pipeline = registration.pipeline.clone();
         let address = registration.address.clone();
@@ -151,7 +170,10 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         }))
     }
 
-    async fn worker_heartbeat(&self, request: Request<proto::WorkerHeartbeatRequest>) -> Result<Response<proto::WorkerHeartbeatResponse>, Status> {
+    async fn worker_heartbeat(
+        &self,
+        request: Request<proto::WorkerHeartbeatRequest>,
+    ) -> Result<Response<proto::WorkerHeartbeatResponse>, Status> {
         self.0.check_serving()?;
         let r = request.into_inner();
         let p = r.progress.unwrap_or_default();
@@ -169,7 +191,10 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         Ok(Response::new(proto::WorkerHeartbeatResponse {}))
     }
 
-    async fn next_split(&self, request: Request<proto::NextSplitRequest>) -> Result<Response<proto::NextSplitResponse>, Status> {
+    async fn next_split(
+        &self,
+        request: Request<proto::NextSplitRequest>,
+    ) -> Result<Response<proto::NextSplitResponse>, Status> {
         self.0.check_serving()?;
         let r = request.into_inner();
         if r.job.is_empty() {
@@ -178,43 +203,65 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
         let (next, directive) = self
             .0
-            .with_state(|s| Ok((s.next_split(&r.worker_id, &r.job, &completed, r.epoch, Instant::now())?, s.cache_directive(&r.worker_id))))
+            .with_state(|s| {
+                Ok((
+                    s.next_split(&r.worker_id, &r.job, &completed, r.epoch, Instant::now())?,
+                    s.cache_directive(&r.worker_id),
+                ))
+            })
             .map_err(status)?;
         let next = match next {
             Assignment::Split { epoch, split } => Next::Split(proto::SplitRef { epoch, split }),
-            Assignment::Draining { epoch } => Next::Draining(proto::EpochDraining { epoch, retry_ms: DRAINING_RETRY.as_millis() as u32 }),
+            Assignment::Draining { epoch } => {
+                Next::Draining(proto::EpochDraining { epoch, retry_ms: DRAINING_RETRY.as_millis() as u32 })
+            }
         };
         use proto::cache_directive::Action;
         let cache = match directive {
             Directive::Compute => proto::CacheDirective::default(),
-            Directive::Put(h) => proto::CacheDirective { action: Action::Put.into(), at: h.at, fingerprint: h.fingerprint },
-            Directive::Get(h) => proto::CacheDirective { action: Action::Get.into(), at: h.at, fingerprint: h.fingerprint },
+            Directive::Put(h) => {
+                proto::CacheDirective { action: Action::Put.into(), at: h.at, fingerprint: h.fingerprint }
+            }
+            Directive::Get(h) => {
+                proto::CacheDirective { action: Action::Get.into(), at: h.at, fingerprint: h.fingerprint }
+            }
         };
         Ok(Response::new(proto::NextSplitResponse { next: Some(next), cache: Some(cache) }))
     }
 
-    async fn register_client(&self, request: Request<proto::RegisterClientRequest>) -> Result<Response<proto::RegisterClientResponse>, Status> {
+    async fn register_client(
+        &self,
+        request: Request<proto::RegisterClientRequest>,
+    ) -> Result<Response<proto::RegisterClientResponse>, Status> {
         self.0.check_serving()?;
         let r = request.into_inner();
         let pipeline = pipeline_key(r.pipeline)?;
         if r.job.is_empty() {
             return Err(Status::invalid_argument("job is required"));
         }
-        let client_id = self.0.with_state(|s| s.register_client(pipeline.clone(), r.job.clone(), r.consumer_index, Some(r.client_id), Instant::now()));
+        let client_id = self.0.with_state(|s| {
+            s.register_client(pipeline.clone(), r.job.clone(), r.consumer_index, Some(r.client_id), Instant::now())
+        });
         tracing::info!(%pipeline, job = %r.job, consumer = r.consumer_index, client = %client_id, "client registered");
         Ok(Response::new(proto::RegisterClientResponse { client_id, window_ms: self.0.window.as_millis() as u32 }))
     }
 
     type WatchWorkersStream = WorkerListStream;
 
-    async fn watch_workers(&self, request: Request<proto::WatchWorkersRequest>) -> Result<Response<Self::WatchWorkersStream>, Status> {
+    async fn watch_workers(
+        &self,
+        request: Request<proto::WatchWorkersRequest>,
+    ) -> Result<Response<Self::WatchWorkersStream>, Status> {
         self.0.check_serving()?;
         let pipeline = pipeline_key(request.into_inner().pipeline)?;
         let updates = tokio_stream::wrappers::WatchStream::new(self.0.watch(&pipeline));
         Ok(Response::new(updates.map(|addresses| Ok(proto::WorkerList { addresses })).boxed()))
     }
 
-    async fn report_window(&self, request: Request<proto::ReportWindowRequest>) -> Result<Response<proto::ReportWindowResponse>, Status> {
+    async fn report_window(
+        &self,
+        request: Request<proto::ReportWindowRequest>,
+    ) -> Result<Response<proto::ReportWindowResponse>, Status> {
         self.0.check_serving()?;
         let r = request.into_inner();
         let window = ClientWindow {
@@ -238,7 +285,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder().add_service(dispatcher.into_server()).serve_with_incoming_shutdown(incoming, shutdown).await
+    tonic::transport::Server::builder()
+        .add_service(dispatcher.into_server())
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
 }
 
 fn cache_progress(c: proto::CacheProgress) -> CacheProgress {

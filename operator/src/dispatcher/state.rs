@@ -72,9 +72,14 @@ pub struct WorkerRegistration {
 /// What a worker should do next for a job.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Assignment {
-    Split { epoch: u64, split: u64 },
+    Split {
+        epoch: u64,
+        split: u64,
+    },
     /// Nothing to hand out in `epoch` until other workers finish theirs.
-    Draining { epoch: u64 },
+    Draining {
+        epoch: u64,
+    },
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -346,7 +351,13 @@ impl DispatcherState {
             Some(id) => id,
             None => self.fresh_id("w"),
         };
-        let worker = Worker { pipeline: r.pipeline, address: r.address, threads: r.threads, last_seen: now, progress: Progress::default() };
+        let worker = Worker {
+            pipeline: r.pipeline,
+            address: r.address,
+            threads: r.threads,
+            last_seen: now,
+            progress: Progress::default(),
+        };
         self.workers.insert(id.clone(), worker);
         Ok(id)
     }
@@ -402,7 +413,12 @@ impl DispatcherState {
 
     /// The pipeline's cache plan for status; `None` before its first worker registered.
     pub fn cache_status(&self, key: &PipelineKey) -> Option<CacheStatus> {
-        let bytes = self.workers.values().filter(|w| &w.pipeline == key).map(|w| w.progress.cache.hints.iter().map(|h| h.2).max().unwrap_or(0)).sum::<u64>();
+        let bytes = self
+            .workers
+            .values()
+            .filter(|w| &w.pipeline == key)
+            .map(|w| w.progress.cache.hints.iter().map(|h| h.2).max().unwrap_or(0))
+            .sum::<u64>();
         self.caches.status(key, (bytes > 0).then_some(bytes as i64))
     }
 
@@ -455,9 +471,18 @@ impl DispatcherState {
     }
 
     /// A client's window, and the splits whose last batch it received (which makes them done).
-    pub fn report_window(&mut self, client_id: &str, window: ClientWindow, completed: &[(u64, u64)], now: Instant) -> Result<(), DispatchError> {
+    pub fn report_window(
+        &mut self,
+        client_id: &str,
+        window: ClientWindow,
+        completed: &[(u64, u64)],
+        now: Instant,
+    ) -> Result<(), DispatchError> {
         let valid = |x: f64| x.is_finite() && x >= 0.0;
-        if ![window.median_seconds, window.p90_seconds, window.mean_seconds, window.wait_fraction].into_iter().all(valid) {
+        if ![window.median_seconds, window.p90_seconds, window.mean_seconds, window.wait_fraction]
+            .into_iter()
+            .all(valid)
+        {
             return Err(DispatchError::Invalid("batch times and wait fraction must be finite and non-negative".into()));
         }
         let client = self.client_mut(client_id)?;
@@ -576,8 +601,12 @@ impl DispatcherState {
     }
 
     pub fn consumers(&self, pipeline: &PipelineKey, job: &str) -> Vec<u32> {
-        let mut v: Vec<u32> =
-            self.clients.values().filter(|c| &c.pipeline == pipeline && c.job == job).map(|c| c.consumer_index).collect();
+        let mut v: Vec<u32> = self
+            .clients
+            .values()
+            .filter(|c| &c.pipeline == pipeline && c.job == job)
+            .map(|c| c.consumer_index)
+            .collect();
         v.sort_unstable();
         v
     }
@@ -654,7 +683,8 @@ mod tests {
     #[test]
     fn a_dead_workers_splits_of_the_next_epoch_come_back_too() {
         let t = Instant::now();
-        let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+        let mut s =
+            DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
         let a = s.register_worker(registration("a:1", 2), t).unwrap();
         let b = s.register_worker(registration("b:1", 2), t).unwrap();
         assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
@@ -680,7 +710,8 @@ mod tests {
     #[test]
     fn a_dead_workers_unfinished_splits_go_to_the_others() {
         let t = Instant::now();
-        let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+        let mut s =
+            DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
         let a = s.register_worker(registration("a:1", 4), t).unwrap();
         let b = s.register_worker(registration("b:1", 4), t).unwrap();
         assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
@@ -702,7 +733,8 @@ mod tests {
     #[test]
     fn a_late_completion_of_a_requeued_split_counts_as_a_repeat() {
         let t = Instant::now();
-        let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+        let mut s =
+            DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
         let a = s.register_worker(registration("a:1", 2), t).unwrap();
         let b = s.register_worker(registration("b:1", 2), t).unwrap();
         assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
@@ -724,7 +756,9 @@ mod tests {
     fn a_restarted_dispatcher_resumes_a_job_at_the_workers_epoch() {
         let t = Instant::now();
         let mut s = DispatcherState::new("t2", Timeouts::default());
-        let w = s.register_worker(WorkerRegistration { worker_id: Some("w-t1-1".into()), ..registration("a:1", 2) }, t).unwrap();
+        let w = s
+            .register_worker(WorkerRegistration { worker_id: Some("w-t1-1".into()), ..registration("a:1", 2) }, t)
+            .unwrap();
         assert_eq!(w, "w-t1-1");
         assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), Assignment::Split { epoch: 7, split: 0 });
     }
@@ -732,7 +766,8 @@ mod tests {
     #[test]
     fn workers_with_a_different_listing_are_refused_while_the_old_ones_live() {
         let t = Instant::now();
-        let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+        let mut s =
+            DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
         s.register_worker(registration("a:1", 2), t).unwrap();
         let err = s.register_worker(registration("b:1", 3), t).unwrap_err();
         assert!(err.to_string().contains("listing differs"), "{err}");
@@ -749,7 +784,14 @@ mod tests {
         let mut s = DispatcherState::new("t", Timeouts::default());
         let c0 = s.register_client(key(), "j".into(), 0, None, t);
         let c1 = s.register_client(key(), "j".into(), 1, None, t);
-        let window = ClientWindow { batches: 10, median_seconds: 0.1, p90_seconds: 0.2, mean_seconds: 0.12, wait_fraction: 0.5, workers: 1 };
+        let window = ClientWindow {
+            batches: 10,
+            median_seconds: 0.1,
+            p90_seconds: 0.2,
+            mean_seconds: 0.12,
+            wait_fraction: 0.5,
+            workers: 1,
+        };
         s.report_window(&c0, window.clone(), &[], t).unwrap();
         s.report_window(&c1, window.clone(), &[], t).unwrap();
         let bad = ClientWindow { median_seconds: f64::NAN, ..window.clone() };
@@ -764,10 +806,18 @@ mod tests {
     #[test]
     fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
         let t = Instant::now();
-        let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(60), client: Duration::from_secs(5) });
+        let mut s =
+            DispatcherState::new("t", Timeouts { worker: Duration::from_secs(60), client: Duration::from_secs(5) });
         let w = s.register_worker(registration("a:1", 2), t).unwrap();
         let c = s.register_client(key(), "j".into(), 0, None, t);
-        let window = ClientWindow { batches: 1, median_seconds: 0.1, p90_seconds: 0.1, mean_seconds: 0.1, wait_fraction: 0.0, workers: 1 };
+        let window = ClientWindow {
+            batches: 1,
+            median_seconds: 0.1,
+            p90_seconds: 0.1,
+            mean_seconds: 0.1,
+            wait_fraction: 0.0,
+            workers: 1,
+        };
         assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
         assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
         // The worker has sent both; only the client's report makes them done.
@@ -786,10 +836,18 @@ mod tests {
     #[test]
     fn silent_clients_detach() {
         let t = Instant::now();
-        let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(5) });
+        let mut s =
+            DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(5) });
         let c = s.register_client(key(), "j".into(), 0, None, t);
         assert_eq!(s.attached(), BTreeSet::from([key()]));
-        let window = ClientWindow { batches: 0, median_seconds: 0.0, p90_seconds: 0.0, mean_seconds: 0.0, wait_fraction: 0.0, workers: 0 };
+        let window = ClientWindow {
+            batches: 0,
+            median_seconds: 0.0,
+            p90_seconds: 0.0,
+            mean_seconds: 0.0,
+            wait_fraction: 0.0,
+            workers: 0,
+        };
         s.report_window(&c, window, &[], t + Duration::from_secs(4)).unwrap();
         s.expire(t + Duration::from_secs(8));
         assert_eq!(s.attached(), BTreeSet::from([key()]), "reported at 4 s, alive until 9 s");

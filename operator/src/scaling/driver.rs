@@ -126,9 +126,9 @@ impl Driver {
                     }
                 }
                 if p.workers != p.min {
-                    reasons.entry(p.key.clone()).or_insert_with(|| {
-                        format!("no client attached for {} s: scaling to min", idle_for.as_secs())
-                    });
+                    reasons
+                        .entry(p.key.clone())
+                        .or_insert_with(|| format!("no client attached for {} s: scaling to min", idle_for.as_secs()));
                 }
                 p.min
             } else {
@@ -156,7 +156,10 @@ impl Driver {
         let mut rescales = Vec::new();
         let mut records = BTreeMap::new();
         for p in pipelines {
-            let grant = grants.get(&p.key.to_string()).copied().unwrap_or(autoscaler::budget::Grant { granted: wishes[&p.key], held_back: 0 });
+            let grant = grants
+                .get(&p.key.to_string())
+                .copied()
+                .unwrap_or(autoscaler::budget::Grant { granted: wishes[&p.key], held_back: 0 });
             let held_back = wishes[&p.key].saturating_sub(grant.granted);
             let mut record = previous.get(&p.key).cloned().unwrap_or_default();
             let last = self.last_window(&p.key);
@@ -188,7 +191,11 @@ impl Driver {
     }
 
     fn last_window(&self, key: &PipelineKey) -> Option<Window> {
-        self.jobs.iter().filter(|((k, _), _)| k == key).filter_map(|(_, j)| j.last.clone()).max_by(|a, b| a.mean_s.total_cmp(&b.mean_s))
+        self.jobs
+            .iter()
+            .filter(|((k, _), _)| k == key)
+            .filter_map(|(_, j)| j.last.clone())
+            .max_by(|a, b| a.mean_s.total_cmp(&b.mean_s))
     }
 
     /// What the budget needs to predict the gain of one more worker: the model of the

@@ -61,7 +61,13 @@ pub fn in_scope(store: &watch::Receiver<Option<Store<DataPipeline>>>, book: &Sca
                     r.state = previous.state.unwrap_or_default();
                 });
             }
-            Scaled { key, min: dp.spec.workers.min as u32, max: dp.spec.workers.max as u32, policy: dp.spec.autoscaling.policy.clone(), workers }
+            Scaled {
+                key,
+                min: dp.spec.workers.min as u32,
+                max: dp.spec.workers.max as u32,
+                policy: dp.spec.autoscaling.policy.clone(),
+                workers,
+            }
         })
         .collect()
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 
-use super::driver::{Driver, Rescale, Scaled};
 use super::ScalingBook;
+use super::driver::{Driver, Rescale, Scaled};
 use crate::dispatcher::Dispatcher;
 use crate::scaler::Scaler;
 

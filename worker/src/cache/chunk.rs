@@ -148,7 +148,9 @@ impl Reader<'_> {
         let mut element = Element::new();
         for _ in 0..fields {
             let name_len = u16::from_le_bytes(self.array()?) as usize;
-            let name = std::str::from_utf8(&self.take(name_len)?).map_err(|_| "a field name is not UTF-8".to_string())?.to_string();
+            let name = std::str::from_utf8(&self.take(name_len)?)
+                .map_err(|_| "a field name is not UTF-8".to_string())?
+                .to_string();
             let field = match self.u8()? {
                 BYTES => Field::Bytes(self.bytes()?),
                 BYTES_LIST => {
@@ -173,7 +175,11 @@ impl Reader<'_> {
     }
 
     fn take(&mut self, n: usize) -> Result<Bytes, String> {
-        let end = self.at.checked_add(n).filter(|&end| end <= self.end).ok_or_else(|| format!("a field runs past the record ({n} bytes)"))?;
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&end| end <= self.end)
+            .ok_or_else(|| format!("a field runs past the record ({n} bytes)"))?;
         let bytes = self.file.slice(self.at..end);
         self.at = end;
         Ok(bytes)

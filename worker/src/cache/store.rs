@@ -99,7 +99,13 @@ impl CacheDir {
     /// Removes corrupt entries, incomplete ones abandoned for `incomplete_ttl`, then complete
     /// ones, least recently used first, while the volume holds more than `cap_bytes`. An entry
     /// with a lease younger than `lease_ttl` is in use and never removed.
-    pub fn evict(&self, cap_bytes: u64, now: SystemTime, lease_ttl: Duration, incomplete_ttl: Duration) -> io::Result<Vec<Evicted>> {
+    pub fn evict(
+        &self,
+        cap_bytes: u64,
+        now: SystemTime,
+        lease_ttl: Duration,
+        incomplete_ttl: Duration,
+    ) -> io::Result<Vec<Evicted>> {
         let mut evicted = Vec::new();
         let mut total = 0;
         let mut complete = Vec::new();
@@ -223,7 +229,8 @@ impl Entry {
         fs::create_dir_all(&splits).map_err(|e| annotate(e, "creating the entry", &splits))?;
         let path = self.split_path(split);
         let tmp = splits.join(format!("{split}.chunk.tmp-{holder}"));
-        let mut file = io::BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(|e| annotate(e, "creating", &tmp))?);
+        let mut file =
+            io::BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(|e| annotate(e, "creating", &tmp))?);
         file.write_all(MAGIC)?;
         Ok(SplitWriter { file: Some(file), tmp, path, records: 0 })
     }
@@ -272,14 +279,18 @@ impl Entry {
         }
         let path = self.dir.join(MANIFEST);
         let json = fs::read(&path).map_err(|e| annotate(e, "reading", &path))?;
-        let manifest = serde_json::from_slice(&json).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
+        let manifest = serde_json::from_slice(&json)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))?;
         Ok(Some(manifest))
     }
 
     /// A split's chunk file of a complete entry, whole.
     pub fn read_split(&self, split: u64) -> io::Result<Bytes> {
         if !self.is_complete() {
-            return Err(io::Error::new(io::ErrorKind::NotFound, format!("cache entry {} is not complete", self.dir.display())));
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("cache entry {} is not complete", self.dir.display()),
+            ));
         }
         let path = self.split_path(split);
         Ok(Bytes::from(fs::read(&path).map_err(|e| annotate(e, "reading", &path))?))
@@ -391,7 +402,12 @@ impl Drop for SplitWriter {
 }
 
 fn touch(path: &Path, at: SystemTime) -> io::Result<()> {
-    let file = OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(|e| annotate(e, "touching", path))?;
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| annotate(e, "touching", path))?;
     file.set_modified(at)
 }
 

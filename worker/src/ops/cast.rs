@@ -16,11 +16,7 @@ use super::OpError;
 pub fn cast(tensor: &Tensor, to: DType) -> Result<Tensor, OpError> {
     let from = tensor.dtype;
     if tensor.data.len() != tensor.len() * from.size() {
-        return Err(OpError::InvalidParameter(format!(
-            "{from:?} {:?} has {} bytes",
-            tensor.shape,
-            tensor.data.len()
-        )));
+        return Err(OpError::InvalidParameter(format!("{from:?} {:?} has {} bytes", tensor.shape, tensor.data.len())));
     }
     if from == to {
         return Ok(tensor.clone());
@@ -29,11 +25,7 @@ pub fn cast(tensor: &Tensor, to: DType) -> Result<Tensor, OpError> {
     for e in tensor.data.chunks_exact(from.size()) {
         write(&mut out, to, read(from, e));
     }
-    Ok(Tensor {
-        dtype: to,
-        shape: tensor.shape.clone(),
-        data: Bytes::from(out),
-    })
+    Ok(Tensor { dtype: to, shape: tensor.shape.clone(), data: Bytes::from(out) })
 }
 
 /// Integers stay integers so int64 values above 2^53 cast between integer types exactly.
@@ -99,58 +91,29 @@ mod tests {
     #[test]
     fn floats_saturate_into_integers() {
         let t = f32s(&[-3.7, 0.0, 1.9, 254.6, 300.0, f32::NAN, f32::INFINITY]);
-        assert_eq!(
-            &cast(&t, DType::Uint8).unwrap().data[..],
-            &[0, 0, 1, 254, 255, 0, 255]
-        );
+        assert_eq!(&cast(&t, DType::Uint8).unwrap().data[..], &[0, 0, 1, 254, 255, 0, 255]);
         let i32s = cast(&t, DType::Int32).unwrap();
-        let got: Vec<i32> = i32s
-            .data
-            .chunks_exact(4)
-            .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        let got: Vec<i32> = i32s.data.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())).collect();
         assert_eq!(got, vec![-3, 0, 1, 254, 300, 0, i32::MAX]);
     }
 
     #[test]
     fn integers_clamp_and_round_trip() {
-        let data: Vec<u8> = [-5i64, 70_000, i64::MAX]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
+        let data: Vec<u8> = [-5i64, 70_000, i64::MAX].iter().flat_map(|v| v.to_le_bytes()).collect();
         let t = Tensor::new(DType::Int64, vec![3], Bytes::from(data)).unwrap();
         assert_eq!(&cast(&t, DType::Uint8).unwrap().data[..], &[0, 255, 255]);
         let back = cast(&cast(&t, DType::Int32).unwrap(), DType::Int64).unwrap();
-        let got: Vec<i64> = back
-            .data
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        let got: Vec<i64> = back.data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
         assert_eq!(got, vec![-5, 70_000, i64::from(i32::MAX)]);
-        let u8s = Tensor::new(
-            DType::Uint8,
-            vec![2, 2],
-            Bytes::from_static(&[0, 1, 128, 255]),
-        )
-        .unwrap();
-        assert_eq!(
-            cast(&cast(&u8s, DType::Float16).unwrap(), DType::Uint8).unwrap(),
-            u8s
-        );
-        assert_eq!(
-            cast(&cast(&u8s, DType::Float64).unwrap(), DType::Uint8).unwrap(),
-            u8s
-        );
+        let u8s = Tensor::new(DType::Uint8, vec![2, 2], Bytes::from_static(&[0, 1, 128, 255])).unwrap();
+        assert_eq!(cast(&cast(&u8s, DType::Float16).unwrap(), DType::Uint8).unwrap(), u8s);
+        assert_eq!(cast(&cast(&u8s, DType::Float64).unwrap(), DType::Uint8).unwrap(), u8s);
     }
 
     #[test]
     fn float_narrowing_rounds_and_overflows_to_infinity() {
         let h = cast(&f32s(&[1.0 + 1.0 / 4096.0, 1e6]), DType::Float16).unwrap();
-        let got: Vec<f32> = h
-            .data
-            .chunks_exact(2)
-            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect();
+        let got: Vec<f32> = h.data.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
         assert_eq!(got, vec![1.0, f32::INFINITY]);
         let same = f32s(&[1.5]);
         assert_eq!(cast(&same, DType::Float32).unwrap(), same);

@@ -19,19 +19,10 @@ pub struct CropBox {
 }
 
 /// Copies out [top, left, height, width]; errors if the window leaves the image.
-pub fn crop(
-    image: &Tensor,
-    top: usize,
-    left: usize,
-    height: usize,
-    width: usize,
-) -> Result<Tensor, OpError> {
+pub fn crop(image: &Tensor, top: usize, left: usize, height: usize, width: usize) -> Result<Tensor, OpError> {
     let d = Dims::of(image)?;
     if top + height > d.h || left + width > d.w {
-        return Err(OpError::TooSmall {
-            have: [d.h, d.w],
-            want: [top + height, left + width],
-        });
+        return Err(OpError::TooSmall { have: [d.h, d.w], want: [top + height, left + width] });
     }
     let row = width * d.c;
     let mut out = Vec::with_capacity(height * row);
@@ -47,10 +38,7 @@ pub fn center_crop(image: &Tensor, op: &CenterCrop) -> Result<Tensor, OpError> {
     let d = Dims::of(image)?;
     let [h, w] = op.size.map(|s| s as usize);
     if h > d.h || w > d.w {
-        return Err(OpError::TooSmall {
-            have: [d.h, d.w],
-            want: [h, w],
-        });
+        return Err(OpError::TooSmall { have: [d.h, d.w], want: [h, w] });
     }
     crop(image, half_even(d.h - h), half_even(d.w - w), h, w)
 }
@@ -62,19 +50,12 @@ fn half_even(n: usize) -> usize {
 }
 
 /// Draws a window of the image and resizes it (bilinear, see resize.rs) to `op.size`.
-pub fn random_resized_crop(
-    image: &Tensor,
-    op: &RandomResizedCrop,
-    rng: &mut impl Rng,
-) -> Result<Tensor, OpError> {
+pub fn random_resized_crop(image: &Tensor, op: &RandomResizedCrop, rng: &mut impl Rng) -> Result<Tensor, OpError> {
     let d = Dims::of(image)?;
     let b = random_resized_crop_box([d.h, d.w], op.scale, op.ratio, rng)?;
     let size = op.size.map(|s| s as usize);
     if b.height == 0 || b.width == 0 {
-        return Err(OpError::TooSmall {
-            have: [d.h, d.w],
-            want: [1, 1],
-        });
+        return Err(OpError::TooSmall { have: [d.h, d.w], want: [1, 1] });
     }
     resize_region(image, d, [b.top, b.left, b.height, b.width], size)
 }
@@ -91,9 +72,7 @@ pub fn random_resized_crop_box(
 ) -> Result<CropBox, OpError> {
     let ordered = |[a, b]: [f64; 2]| a.is_finite() && b.is_finite() && 0.0 < a && a <= b;
     if !ordered(scale) || !ordered(ratio) {
-        return Err(OpError::InvalidParameter(format!(
-            "scale {scale:?} and ratio {ratio:?} need 0 < min <= max"
-        )));
+        return Err(OpError::InvalidParameter(format!("scale {scale:?} and ratio {ratio:?} need 0 < min <= max")));
     }
     let area = (height * width) as f64;
     let log_ratio = ratio.map(f64::ln);
@@ -105,33 +84,18 @@ pub fn random_resized_crop_box(
         if 0 < w && w <= width && 0 < h && h <= height {
             let top = rng.random_range(0..=height - h);
             let left = rng.random_range(0..=width - w);
-            return Ok(CropBox {
-                top,
-                left,
-                height: h,
-                width: w,
-                fallback: false,
-            });
+            return Ok(CropBox { top, left, height: h, width: w, fallback: false });
         }
     }
     let in_ratio = width as f64 / height as f64;
     let (h, w) = if in_ratio < ratio[0] {
         ((width as f64 / ratio[0]).round_ties_even() as usize, width)
     } else if in_ratio > ratio[1] {
-        (
-            height,
-            (height as f64 * ratio[1]).round_ties_even() as usize,
-        )
+        (height, (height as f64 * ratio[1]).round_ties_even() as usize)
     } else {
         (height, width)
     };
-    Ok(CropBox {
-        top: (height - h) / 2,
-        left: (width - w) / 2,
-        height: h,
-        width: w,
-        fallback: true,
-    })
+    Ok(CropBox { top: (height - h) / 2, left: (width - w) / 2, height: h, width: w, fallback: true })
 }
 
 fn uniform(rng: &mut impl Rng, [lo, hi]: [f64; 2]) -> f64 {
@@ -152,65 +116,28 @@ mod tests {
     }
 
     fn rrc(size: [u32; 2]) -> RandomResizedCrop {
-        RandomResizedCrop {
-            size,
-            scale: [0.08, 1.0],
-            ratio: [0.75, 4.0 / 3.0],
-            field: "image".into(),
-        }
+        RandomResizedCrop { size, scale: [0.08, 1.0], ratio: [0.75, 4.0 / 3.0], field: "image".into() }
     }
 
     #[test]
     fn center_crop_rounds_half_to_even_like_torchvision() {
-        assert_eq!(
-            (
-                half_even(0),
-                half_even(1),
-                half_even(3),
-                half_even(5),
-                half_even(4)
-            ),
-            (0, 0, 2, 2, 2)
-        );
+        assert_eq!((half_even(0), half_even(1), half_even(3), half_even(5), half_even(4)), (0, 0, 2, 2, 2));
         let img = image(6, 5);
-        let out = center_crop(
-            &img,
-            &CenterCrop {
-                size: [3, 2],
-                field: "image".into(),
-            },
-        )
-        .unwrap();
+        let out = center_crop(&img, &CenterCrop { size: [3, 2], field: "image".into() }).unwrap();
         // (6-3)/2 = 1.5 -> 2 and (5-2)/2 = 1.5 -> 2.
         assert_eq!(out, crop(&img, 2, 2, 3, 2).unwrap());
-        let err = center_crop(
-            &img,
-            &CenterCrop {
-                size: [7, 2],
-                field: "image".into(),
-            },
-        )
-        .unwrap_err();
+        let err = center_crop(&img, &CenterCrop { size: [7, 2], field: "image".into() }).unwrap_err();
         assert!(matches!(err, OpError::TooSmall { .. }));
     }
 
     #[test]
     fn same_rng_same_crop_and_elements_differ() {
         let img = image(40, 60);
-        let run = |element| {
-            random_resized_crop(&img, &rrc([16, 16]), &mut element_rng(7, 1, element, 0)).unwrap()
-        };
+        let run = |element| random_resized_crop(&img, &rrc([16, 16]), &mut element_rng(7, 1, element, 0)).unwrap();
         assert_eq!(run(3), run(3));
         assert_eq!(run(3).shape, vec![16, 16, 3]);
         let boxes: Vec<_> = (0..8)
-            .map(|e| {
-                random_resized_crop_box(
-                    [40, 60],
-                    [0.08, 1.0],
-                    [0.75, 4.0 / 3.0],
-                    &mut element_rng(7, 1, e, 0),
-                )
-            })
+            .map(|e| random_resized_crop_box([40, 60], [0.08, 1.0], [0.75, 4.0 / 3.0], &mut element_rng(7, 1, e, 0)))
             .collect::<Result<_, _>>()
             .unwrap();
         assert!(boxes.windows(2).any(|p| p[0] != p[1]), "{boxes:?}");
@@ -219,25 +146,12 @@ mod tests {
     #[test]
     fn boxes_stay_inside_and_respect_scale_and_ratio() {
         let (scale, ratio) = ([0.08, 1.0], [0.75, 4.0 / 3.0]);
-        for (i, (h, w)) in [
-            (40, 60),
-            (300, 20),
-            (20, 300),
-            (1, 1),
-            (224, 224),
-            (375, 500),
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        for (i, (h, w)) in [(40, 60), (300, 20), (20, 300), (1, 1), (224, 224), (375, 500)].into_iter().enumerate() {
             let mut rng = element_rng(1, 0, i as u64, 0);
             let mut drawn = 0;
             for _ in 0..500 {
                 let b = random_resized_crop_box([h, w], scale, ratio, &mut rng).unwrap();
-                assert!(
-                    b.height > 0 && b.width > 0 && b.top + b.height <= h && b.left + b.width <= w,
-                    "{b:?}"
-                );
+                assert!(b.height > 0 && b.width > 0 && b.top + b.height <= h && b.left + b.width <= w, "{b:?}");
                 if b.fallback {
                     continue;
                 }
@@ -260,29 +174,9 @@ mod tests {
     #[test]
     fn fallback_clamps_the_ratio() {
         // No window of a 1x100 strip has a ratio in [3/4, 4/3] and 8% of its area.
-        let b = random_resized_crop_box(
-            [1, 100],
-            [0.5, 1.0],
-            [0.75, 4.0 / 3.0],
-            &mut element_rng(0, 0, 0, 0),
-        )
-        .unwrap();
-        assert_eq!(
-            b,
-            CropBox {
-                top: 0,
-                left: 49,
-                height: 1,
-                width: 1,
-                fallback: true
-            }
-        );
-        let bad = random_resized_crop_box(
-            [4, 4],
-            [0.5, 0.1],
-            [0.75, 1.0],
-            &mut element_rng(0, 0, 0, 0),
-        );
+        let b = random_resized_crop_box([1, 100], [0.5, 1.0], [0.75, 4.0 / 3.0], &mut element_rng(0, 0, 0, 0)).unwrap();
+        assert_eq!(b, CropBox { top: 0, left: 49, height: 1, width: 1, fallback: true });
+        let bad = random_resized_crop_box([4, 4], [0.5, 0.1], [0.75, 1.0], &mut element_rng(0, 0, 0, 0));
         assert!(matches!(bad, Err(OpError::InvalidParameter(_))));
     }
 }

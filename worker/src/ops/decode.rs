@@ -23,27 +23,18 @@ const MAX_SIDE: usize = 1 << 15;
 pub fn decode_image(bytes: &[u8], channels: u8) -> Result<Tensor, OpError> {
     let channels = usize::from(channels);
     if !matches!(channels, 1 | 3 | 4) {
-        return Err(OpError::InvalidParameter(format!(
-            "channels must be 1, 3 or 4, got {channels}"
-        )));
+        return Err(OpError::InvalidParameter(format!("channels must be 1, 3 or 4, got {channels}")));
     }
     // Both decoders are fuzzed, but a panic in one must still cost one element, not the worker.
     let decoded = catch_unwind(AssertUnwindSafe(|| match sniff(bytes) {
         Format::Jpeg => decode_jpeg(bytes, channels),
         Format::Png => decode_png(bytes),
         Format::Other(name) => Err(OpError::UnsupportedImage(format!("{name} is not decoded"))),
-        Format::Unknown => Err(OpError::CorruptImage(
-            "neither a JPEG nor a PNG signature".into(),
-        )),
+        Format::Unknown => Err(OpError::CorruptImage("neither a JPEG nor a PNG signature".into())),
     }))
     .map_err(|_| OpError::CorruptImage("the decoder panicked".into()))?;
     let (h, w, c, pixels) = decoded?;
-    Ok(image_tensor(
-        h,
-        w,
-        channels,
-        convert_channels(pixels, c, channels),
-    ))
+    Ok(image_tensor(h, w, channels, convert_channels(pixels, c, channels)))
 }
 
 enum Format {
@@ -59,21 +50,7 @@ fn sniff(bytes: &[u8]) -> Format {
         [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A, ..] => Format::Png,
         [b'G', b'I', b'F', b'8', ..] => Format::Other("GIF"),
         [b'B', b'M', ..] => Format::Other("BMP"),
-        [
-            b'R',
-            b'I',
-            b'F',
-            b'F',
-            _,
-            _,
-            _,
-            _,
-            b'W',
-            b'E',
-            b'B',
-            b'P',
-            ..,
-        ] => Format::Other("WebP"),
+        [b'R', b'I', b'F', b'F', _, _, _, _, b'W', b'E', b'B', b'P', ..] => Format::Other("WebP"),
         _ => Format::Unknown,
     }
 }
@@ -93,31 +70,20 @@ fn decode_jpeg(bytes: &[u8], channels: usize) -> Result<Decoded, OpError> {
         .set_max_height(MAX_SIDE)
         .jpeg_set_out_colorspace(out);
     if !ends_scans(bytes) {
-        return Err(OpError::CorruptImage(
-            "JPEG: truncated (no end-of-image marker after the last scan)".into(),
-        ));
+        return Err(OpError::CorruptImage("JPEG: truncated (no end-of-image marker after the last scan)".into()));
     }
     let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
     // Valid but unimplemented codings (arithmetic, 12-bit, ...) count apart from damage.
     let corrupt = |e: zune_jpeg::errors::DecodeErrors| match e {
-        zune_jpeg::errors::DecodeErrors::Unsupported(u) => {
-            OpError::UnsupportedImage(format!("JPEG: {u:?}"))
-        }
+        zune_jpeg::errors::DecodeErrors::Unsupported(u) => OpError::UnsupportedImage(format!("JPEG: {u:?}")),
         e => OpError::CorruptImage(format!("JPEG: {e:?}")),
     };
     let pixels = decoder.decode().map_err(corrupt)?;
-    let info = decoder
-        .info()
-        .ok_or_else(|| OpError::CorruptImage("JPEG: no header".into()))?;
-    let c = decoder
-        .output_colorspace()
-        .map_or(0, |cs| cs.num_components());
+    let info = decoder.info().ok_or_else(|| OpError::CorruptImage("JPEG: no header".into()))?;
+    let c = decoder.output_colorspace().map_or(0, |cs| cs.num_components());
     let (h, w) = (usize::from(info.height), usize::from(info.width));
     if h == 0 || w == 0 || !(1..=4).contains(&c) || pixels.len() != h * w * c {
-        return Err(OpError::CorruptImage(format!(
-            "JPEG: {} bytes for {h}x{w}x{c}",
-            pixels.len()
-        )));
+        return Err(OpError::CorruptImage(format!("JPEG: {} bytes for {h}x{w}x{c}", pixels.len())));
     }
     Ok((h, w, c, pixels))
 }
@@ -126,10 +92,7 @@ fn decode_jpeg(bytes: &[u8], channels: usize) -> Result<Decoded, OpError> {
 /// is caught here: scan data byte-stuffs 0xFF, so markers are unambiguous, and the last of
 /// SOS (FFDA) and EOI (FFD9) must be EOI. Searching from the end finds it in a few bytes.
 fn ends_scans(bytes: &[u8]) -> bool {
-    let last = bytes
-        .windows(2)
-        .rev()
-        .find(|w| w[0] == 0xFF && (w[1] == 0xD9 || w[1] == 0xDA));
+    let last = bytes.windows(2).rev().find(|w| w[0] == 0xFF && (w[1] == 0xD9 || w[1] == 0xDA));
     last.is_some_and(|w| w[1] == 0xD9)
 }
 
@@ -141,22 +104,15 @@ fn decode_png(bytes: &[u8]) -> Result<Decoded, OpError> {
     let mut reader = decoder.read_info().map_err(corrupt)?;
     let (h, w) = (reader.info().height as usize, reader.info().width as usize);
     if h > MAX_SIDE || w > MAX_SIDE {
-        return Err(OpError::UnsupportedImage(format!(
-            "PNG of {h}x{w} is too large"
-        )));
+        return Err(OpError::UnsupportedImage(format!("PNG of {h}x{w} is too large")));
     }
-    let size = reader
-        .output_buffer_size()
-        .ok_or_else(|| OpError::UnsupportedImage("PNG: size overflows".into()))?;
+    let size = reader.output_buffer_size().ok_or_else(|| OpError::UnsupportedImage("PNG: size overflows".into()))?;
     let mut pixels = vec![0; size];
     let frame = reader.next_frame(&mut pixels).map_err(corrupt)?;
     let c = frame.color_type.samples();
     pixels.truncate(frame.buffer_size());
     if frame.bit_depth != png::BitDepth::Eight || pixels.len() != h * w * c {
-        return Err(OpError::UnsupportedImage(format!(
-            "PNG: {:?} {:?}",
-            frame.color_type, frame.bit_depth
-        )));
+        return Err(OpError::UnsupportedImage(format!("PNG: {:?} {:?}", frame.color_type, frame.bit_depth)));
     }
     Ok((h, w, c, pixels))
 }
@@ -207,17 +163,8 @@ mod tests {
 
     #[test]
     fn unknown_and_unsupported_formats_are_typed_errors() {
-        assert!(matches!(
-            decode_image(b"", 3),
-            Err(OpError::CorruptImage(_))
-        ));
-        assert!(matches!(
-            decode_image(b"GIF89a....", 3),
-            Err(OpError::UnsupportedImage(_))
-        ));
-        assert!(matches!(
-            decode_image(b"\xFF\xD8\xFF", 2),
-            Err(OpError::InvalidParameter(_))
-        ));
+        assert!(matches!(decode_image(b"", 3), Err(OpError::CorruptImage(_))));
+        assert!(matches!(decode_image(b"GIF89a....", 3), Err(OpError::UnsupportedImage(_))));
+        assert!(matches!(decode_image(b"\xFF\xD8\xFF", 2), Err(OpError::InvalidParameter(_))));
     }
 }

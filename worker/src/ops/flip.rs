@@ -10,11 +10,7 @@ use super::image::{Dims, image_tensor};
 pub fn flip_horizontal(image: &Tensor) -> Result<Tensor, OpError> {
     let d = Dims::of(image)?;
     let mut out = vec![0u8; image.data.len()];
-    for (src, dst) in image
-        .data
-        .chunks_exact(d.row_len())
-        .zip(out.chunks_exact_mut(d.row_len()))
-    {
+    for (src, dst) in image.data.chunks_exact(d.row_len()).zip(out.chunks_exact_mut(d.row_len())) {
         match d.c {
             1 => mirror::<1>(src, dst),
             2 => mirror::<2>(src, dst),
@@ -80,10 +76,7 @@ mod tests {
         assert_eq!(&v.data[..9], &img.data[9..]);
         for c in 1..=4 {
             let img = image(5, 7, c);
-            assert_eq!(
-                flip_horizontal(&flip_horizontal(&img).unwrap()).unwrap(),
-                img
-            );
+            assert_eq!(flip_horizontal(&flip_horizontal(&img).unwrap()).unwrap(), img);
             assert_eq!(flip_vertical(&flip_vertical(&img).unwrap()).unwrap(), img);
             assert_ne!(flip_horizontal(&img).unwrap(), img);
         }
@@ -92,23 +85,12 @@ mod tests {
     #[test]
     fn random_flip_is_seeded_and_flips_about_half() {
         let img = image(4, 5, 3);
-        let op = RandomFlip {
-            horizontal: true,
-            vertical: false,
-            field: "image".into(),
-        };
+        let op = RandomFlip { horizontal: true, vertical: false, field: "image".into() };
         let run = |e| random_flip(&img, &op, &mut element_rng(3, 0, e, 1)).unwrap();
         assert_eq!(run(11), run(11));
         let flipped = (0..1000).filter(|&e| run(e) != img).count();
         assert!((400..600).contains(&flipped), "{flipped} of 1000 flipped");
-        let none = RandomFlip {
-            horizontal: false,
-            vertical: false,
-            field: "image".into(),
-        };
-        assert_eq!(
-            random_flip(&img, &none, &mut element_rng(0, 0, 0, 0)).unwrap(),
-            img
-        );
+        let none = RandomFlip { horizontal: false, vertical: false, field: "image".into() };
+        assert_eq!(random_flip(&img, &none, &mut element_rng(0, 0, 0, 0)).unwrap(), img);
     }
 }

@@ -16,40 +16,22 @@ pub fn normalize(image: &Tensor, op: &Normalize) -> Result<Tensor, OpError> {
     let d = Dims::of(image)?;
     for values in [&op.mean, &op.std] {
         if values.len() != d.c {
-            return Err(OpError::ChannelMismatch {
-                expected: d.c,
-                actual: values.len(),
-            });
+            return Err(OpError::ChannelMismatch { expected: d.c, actual: values.len() });
         }
     }
-    if op.std.iter().any(|&s| s == 0.0 || !s.is_finite()) || op.mean.iter().any(|m| !m.is_finite())
-    {
-        return Err(OpError::InvalidParameter(format!(
-            "std {:?} must be finite and non-zero",
-            op.std
-        )));
+    if op.std.iter().any(|&s| s == 0.0 || !s.is_finite()) || op.mean.iter().any(|m| !m.is_finite()) {
+        return Err(OpError::InvalidParameter(format!("std {:?} must be finite and non-zero", op.std)));
     }
     let value = |c: usize, x: usize| (x as f64 / 255.0 - op.mean[c]) / op.std[c];
     match op.dtype {
         DType::Uint8 => Ok(image.clone()),
-        DType::Float32 => Ok(apply(image, d, DType::Float32, |c, x| {
-            (value(c, x) as f32).to_le_bytes()
-        })),
-        DType::Float16 => Ok(apply(image, d, DType::Float16, |c, x| {
-            f16::from_f64(value(c, x)).to_le_bytes()
-        })),
-        other => Err(OpError::InvalidParameter(format!(
-            "normalize cannot output {other:?}"
-        ))),
+        DType::Float32 => Ok(apply(image, d, DType::Float32, |c, x| (value(c, x) as f32).to_le_bytes())),
+        DType::Float16 => Ok(apply(image, d, DType::Float16, |c, x| f16::from_f64(value(c, x)).to_le_bytes())),
+        other => Err(OpError::InvalidParameter(format!("normalize cannot output {other:?}"))),
     }
 }
 
-fn apply<const N: usize>(
-    image: &Tensor,
-    d: Dims,
-    dtype: DType,
-    f: impl Fn(usize, usize) -> [u8; N],
-) -> Tensor {
+fn apply<const N: usize>(image: &Tensor, d: Dims, dtype: DType, f: impl Fn(usize, usize) -> [u8; N]) -> Tensor {
     let tables: Vec<[[u8; N]; 256]> = (0..d.c).map(|c| std::array::from_fn(|x| f(c, x))).collect();
     let mut out = vec![0u8; image.data.len() * N];
     match d.c {
@@ -58,11 +40,7 @@ fn apply<const N: usize>(
         3 => lookup::<3, N>(&image.data, &mut out, &tables),
         _ => lookup::<4, N>(&image.data, &mut out, &tables),
     }
-    Tensor {
-        dtype,
-        shape: image.shape.clone(),
-        data: Bytes::from(out),
-    }
+    Tensor { dtype, shape: image.shape.clone(), data: Bytes::from(out) }
 }
 
 /// Fixed-size pixels and 256-entry tables indexed by a u8 leave the loop free of bounds
@@ -83,12 +61,7 @@ mod tests {
     use super::*;
 
     fn op(dtype: DType, mean: Vec<f64>, std: Vec<f64>) -> Normalize {
-        Normalize {
-            mean,
-            std,
-            dtype,
-            field: "image".into(),
-        }
+        Normalize { mean, std, dtype, field: "image".into() }
     }
 
     fn image() -> Tensor {
@@ -102,22 +75,12 @@ mod tests {
     #[test]
     fn float32_matches_the_formula() {
         let out = normalize(&image(), &op(DType::Float32, MEAN.to_vec(), STD.to_vec())).unwrap();
-        assert_eq!(
-            (out.dtype, out.shape.clone()),
-            (DType::Float32, vec![16, 16, 3])
-        );
-        let got: Vec<f32> = out
-            .data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+        assert_eq!((out.dtype, out.shape.clone()), (DType::Float32, vec![16, 16, 3]));
+        let got: Vec<f32> = out.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
         for (i, (&x, g)) in image().data.iter().zip(got).enumerate() {
             let want = (f64::from(x) / 255.0 - MEAN[i % 3]) / STD[i % 3];
             // Rounded once from f64: within half an f32 ulp (~1.2e-7 relative).
-            assert!(
-                (f64::from(g) - want).abs() <= want.abs() * 1.2e-7,
-                "{i}: {g} vs {want}"
-            );
+            assert!((f64::from(g) - want).abs() <= want.abs() * 1.2e-7, "{i}: {g} vs {want}");
         }
     }
 
@@ -126,46 +89,22 @@ mod tests {
         let f32s = normalize(&image(), &op(DType::Float32, MEAN.to_vec(), STD.to_vec())).unwrap();
         let f16s = normalize(&image(), &op(DType::Float16, MEAN.to_vec(), STD.to_vec())).unwrap();
         assert_eq!(f16s.data.len() * 2, f32s.data.len());
-        let a = f32s
-            .data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()));
-        let b = f16s
-            .data
-            .chunks_exact(2)
-            .map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f32());
+        let a = f32s.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap()));
+        let b = f16s.data.chunks_exact(2).map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f32());
         for (x, y) in a.zip(b) {
             // f16 keeps 11 significant bits: half an ulp is 2^-11 relative, plus a floor for
             // the subnormal range near zero.
-            assert!(
-                (x - y).abs() <= x.abs() * 2f32.powi(-11) + 2f32.powi(-24),
-                "{x} vs {y}"
-            );
+            assert!((x - y).abs() <= x.abs() * 2f32.powi(-11) + 2f32.powi(-24), "{x} vs {y}");
         }
     }
 
     #[test]
     fn uint8_passes_through_and_bad_parameters_fail() {
         let img = image();
-        assert_eq!(
-            normalize(&img, &op(DType::Uint8, MEAN.to_vec(), STD.to_vec())).unwrap(),
-            img
-        );
+        assert_eq!(normalize(&img, &op(DType::Uint8, MEAN.to_vec(), STD.to_vec())).unwrap(), img);
         let short = normalize(&img, &op(DType::Float32, vec![0.5], STD.to_vec())).unwrap_err();
-        assert_eq!(
-            short,
-            OpError::ChannelMismatch {
-                expected: 3,
-                actual: 1
-            }
-        );
-        assert!(
-            normalize(
-                &img,
-                &op(DType::Float32, MEAN.to_vec(), vec![1.0, 0.0, 1.0])
-            )
-            .is_err()
-        );
+        assert_eq!(short, OpError::ChannelMismatch { expected: 3, actual: 1 });
+        assert!(normalize(&img, &op(DType::Float32, MEAN.to_vec(), vec![1.0, 0.0, 1.0])).is_err());
         assert!(normalize(&img, &op(DType::Int32, MEAN.to_vec(), STD.to_vec())).is_err());
     }
 }

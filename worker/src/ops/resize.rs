@@ -25,9 +25,7 @@ pub fn resize(image: &Tensor, op: &Resize) -> Result<Tensor, OpError> {
     match (op.size, op.shorter_side) {
         (Some([h, w]), None) => resize_exact(image, [h as usize, w as usize]),
         (None, Some(s)) => resize_shorter_side(image, s as usize),
-        _ => Err(OpError::InvalidParameter(
-            "resize needs exactly one of size and shorterSide".into(),
-        )),
+        _ => Err(OpError::InvalidParameter("resize needs exactly one of size and shorterSide".into())),
     }
 }
 
@@ -40,23 +38,14 @@ pub fn resize_exact(image: &Tensor, size: [usize; 2]) -> Result<Tensor, OpError>
 /// Resizes so the shorter side becomes `side`, keeping the aspect ratio.
 pub fn resize_shorter_side(image: &Tensor, side: usize) -> Result<Tensor, OpError> {
     let d = Dims::of(image)?;
-    resize_region(
-        image,
-        d,
-        [0, 0, d.h, d.w],
-        shorter_side_size([d.h, d.w], side),
-    )
+    resize_region(image, d, [0, 0, d.h, d.w], shorter_side_size([d.h, d.w], side))
 }
 
 /// torchvision's output size: the longer side becomes int(long * side / short). Integer floor
 /// division equals Python's int() of the float quotient here, since a non-integer quotient of
 /// integers this small is never within a float ulp of the next integer.
 pub fn shorter_side_size([h, w]: [usize; 2], side: usize) -> [usize; 2] {
-    if h <= w {
-        [side, w * side / h.max(1)]
-    } else {
-        [h * side / w.max(1), side]
-    }
+    if h <= w { [side, w * side / h.max(1)] } else { [h * side / w.max(1), side] }
 }
 
 /// Resizes the sub-image [top, left, height, width] as if it had been cropped out first (taps
@@ -68,15 +57,10 @@ pub(crate) fn resize_region(
     [oh, ow]: [usize; 2],
 ) -> Result<Tensor, OpError> {
     if oh == 0 || ow == 0 {
-        return Err(OpError::InvalidParameter(format!(
-            "cannot resize to {oh}x{ow}"
-        )));
+        return Err(OpError::InvalidParameter(format!("cannot resize to {oh}x{ow}")));
     }
     if rh == 0 || rw == 0 || top + rh > d.h || left + rw > d.w {
-        return Err(OpError::TooSmall {
-            have: [d.h, d.w],
-            want: [top + rh, left + rw],
-        });
+        return Err(OpError::TooSmall { have: [d.h, d.w], want: [top + rh, left + rw] });
     }
     let out = filter_dispatch(&image.data, d, [top, left, rh, rw], [oh, ow]);
     Ok(image_tensor(oh, ow, d.c, out))
@@ -251,12 +235,7 @@ mod tests {
     use super::*;
 
     fn image(h: usize, w: usize, c: usize, f: impl Fn(usize) -> u8) -> Tensor {
-        Tensor::new(
-            DType::Uint8,
-            vec![h, w, c],
-            Bytes::from((0..h * w * c).map(f).collect::<Vec<_>>()),
-        )
-        .unwrap()
+        Tensor::new(DType::Uint8, vec![h, w, c], Bytes::from((0..h * w * c).map(f).collect::<Vec<_>>())).unwrap()
     }
 
     /// The passes as written before the transposed horizontal pass (and as Pillow writes
@@ -280,7 +259,8 @@ mod tests {
         for y in 0..oh {
             let (first, w) = vtaps.of(y);
             for i in 0..ow * c {
-                let sum = w.iter().enumerate().fold(HALF, |s, (k, &wk)| s + i32::from(mid[(first + k) * ow * c + i]) * wk);
+                let sum =
+                    w.iter().enumerate().fold(HALF, |s, (k, &wk)| s + i32::from(mid[(first + k) * ow * c + i]) * wk);
                 out[y * ow * c + i] = if oh == rh { mid[y * ow * c + i] } else { clip8(sum) };
             }
         }
@@ -303,7 +283,11 @@ mod tests {
             let size = [1 + next(70), 1 + next(70)];
             let d = Dims::of(&img).unwrap();
             let got = resize_region(&img, d, [top, left, rh, rw], size).unwrap();
-            assert_eq!(got.data.to_vec(), reference(&img, [top, left, rh, rw], size), "case {case}: {h}x{w}x{c} [{top}, {left}, {rh}, {rw}] -> {size:?}");
+            assert_eq!(
+                got.data.to_vec(),
+                reference(&img, [top, left, rh, rw], size),
+                "case {case}: {h}x{w}x{c} [{top}, {left}, {rh}, {rw}] -> {size:?}"
+            );
         }
     }
 
@@ -332,15 +316,8 @@ mod tests {
     #[test]
     fn bad_sizes_are_errors() {
         let img = image(4, 4, 1, |_| 0);
-        assert!(matches!(
-            resize_exact(&img, [0, 3]),
-            Err(OpError::InvalidParameter(_))
-        ));
-        let both = Resize {
-            size: Some([2, 2]),
-            shorter_side: Some(2),
-            field: "image".into(),
-        };
+        assert!(matches!(resize_exact(&img, [0, 3]), Err(OpError::InvalidParameter(_))));
+        let both = Resize { size: Some([2, 2]), shorter_side: Some(2), field: "image".into() };
         assert!(resize(&img, &both).is_err());
     }
 }

@@ -45,12 +45,7 @@ mod tests {
     #[test]
     fn each_input_changes_the_stream() {
         let base = first(1, 2, 3, 4);
-        for other in [
-            first(0, 2, 3, 4),
-            first(1, 0, 3, 4),
-            first(1, 2, 0, 4),
-            first(1, 2, 3, 0),
-        ] {
+        for other in [first(0, 2, 3, 4), first(1, 0, 3, 4), first(1, 2, 0, 4), first(1, 2, 3, 0)] {
             assert_ne!(base, other);
         }
         // Swapping numbers between positions must not alias either.

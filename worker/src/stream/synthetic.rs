@@ -62,7 +62,13 @@ impl SyntheticSource {
                 (name.clone(), Tensor { dtype: *dtype, shape: shape.clone(), data })
             })
             .collect();
-        Batch { tensors, epoch, split: index / BATCHES_PER_SPLIT, sequence: index % BATCHES_PER_SPLIT, completes: Vec::new() }
+        Batch {
+            tensors,
+            epoch,
+            split: index / BATCHES_PER_SPLIT,
+            sequence: index % BATCHES_PER_SPLIT,
+            completes: Vec::new(),
+        }
     }
 }
 

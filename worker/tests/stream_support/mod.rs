@@ -23,7 +23,10 @@ impl Drop for Worker {
     }
 }
 
-pub async fn start_with<S: BatchSource, A: Authenticator>(service: StreamService<S, A>, options: ServerOptions) -> Worker {
+pub async fn start_with<S: BatchSource, A: Authenticator>(
+    service: StreamService<S, A>,
+    options: ServerOptions,
+) -> Worker {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel();
