@@ -9,12 +9,13 @@ export PATH := $(CACHE)/bin:$(PATH)
 
 # Runs the local demo: no cluster needed. Release build: the workers really decode JPEGs.
 demo:
-	$(CARGO) build --release -q -p stoker-operator -p stoker-worker --bins
+	$(CARGO) build --release -q -p stoker-local -p stoker-worker --bins
 	target/release/stoker demo
 
-# Every test tier that can run on this machine: unit, chart, and e2e on a real control plane
-# (kind too where docker and kind exist; otherwise it says why it is skipped).
-test: tools
+# Every test tier that can run on this machine: formatting and lints first, then unit, chart,
+# and e2e on a real control plane (kind too where docker and kind exist; otherwise it says why
+# it is skipped).
+test: lint tools
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-fail-fast
 	$(MAKE) python
@@ -38,6 +39,7 @@ generate: tools
 	cp crds/datapipelines.stoker.dev.yaml charts/stoker/files/crds/datapipelines.stoker.dev.yaml
 	helm template stoker charts/stoker --namespace stoker-system > manifests/install.yaml
 
+# rustfmt.toml holds the style; clippy's warnings are errors.
 lint:
+	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	helm lint charts/stoker

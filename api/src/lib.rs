@@ -9,6 +9,7 @@ mod status;
 mod tensor;
 mod transform;
 mod validate;
+pub mod window;
 mod yaml;
 
 pub use spec::*;

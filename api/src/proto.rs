@@ -42,6 +42,17 @@ pub fn effective_max_message_bytes(requested: u64) -> u64 {
     if requested == 0 { DEFAULT_MAX_MESSAGE_BYTES as u64 } else { requested }
 }
 
+impl HintBytes {
+    /// Adds `more` to the totals of the same hint in `totals` (appended if it has none): how
+    /// a worker sums its splits and the dispatcher its workers.
+    pub fn add_into(totals: &mut Vec<HintBytes>, more: &HintBytes) {
+        match totals.iter_mut().find(|t| t.at == more.at) {
+            Some(t) => (t.elements, t.bytes) = (t.elements + more.elements, t.bytes + more.bytes),
+            None => totals.push(*more),
+        }
+    }
+}
+
 impl From<crate::DType> for Dtype {
     fn from(d: crate::DType) -> Self {
         match d {
@@ -104,5 +115,17 @@ mod tests {
     fn zero_means_the_default_limit() {
         assert_eq!(effective_max_message_bytes(0), DEFAULT_MAX_MESSAGE_BYTES as u64);
         assert_eq!(effective_max_message_bytes(70_000), 70_000);
+    }
+
+    #[test]
+    fn totals_add_up_per_hint() {
+        let mut totals = Vec::new();
+        for (at, elements, bytes) in [(1, 2, 20), (3, 1, 5), (1, 3, 30)] {
+            HintBytes::add_into(&mut totals, &HintBytes { at, elements, bytes });
+        }
+        assert_eq!(
+            totals,
+            vec![HintBytes { at: 1, elements: 5, bytes: 50 }, HintBytes { at: 3, elements: 1, bytes: 5 }]
+        );
     }
 }

@@ -1,20 +1,22 @@
-//! The Stoker operator: reconciles DataPipelines into worker Deployments, Services and the
-//! namespace's cache volume, with leader election, metrics and health endpoints.
+//! The Stoker operator. Each path through the system reads as one folder, in order:
+//!
+//! - a spec becomes objects: [`controller`] (validate -> build -> apply -> status);
+//! - a split becomes batches: [`dispatcher`] (workers ask for splits, clients follow workers);
+//! - a batch-time report becomes a scaling decision: [`autoscaling`];
+//! - a first epoch becomes a cache decision: [`autocache`] (fed by the dispatcher's cache
+//!   bookkeeping, `dispatcher::cache`).
+//!
+//! Around them: the identity every part keys by ([`key`]), leader election, Events, metrics,
+//! and the health endpoints. Local mode (`stoker local`) lives in the `stoker-local` crate.
 
 pub mod autocache;
-pub mod autoscaler;
-pub mod cli;
+pub mod autoscaling;
 pub mod controller;
-pub mod demo;
 pub mod dispatcher;
+pub mod events;
 pub mod http;
+pub mod key;
 pub mod leader;
-pub mod local;
-pub mod local_workers;
 pub mod metrics;
 pub mod names;
-pub mod objects;
-pub mod scaler;
-pub mod scaling;
-pub mod status;
 pub mod telemetry;

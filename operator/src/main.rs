@@ -9,13 +9,13 @@ use clap::{Parser, Subcommand};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, CustomResourceExt};
 use stoker_api::DataPipeline;
+use stoker_operator::autoscaling::{self, DeploymentScaler, Loop, ScalingBook};
+use stoker_operator::controller::build::WorkerDefaults;
 use stoker_operator::controller::{self, Context};
 use stoker_operator::dispatcher::{self, Dispatcher, Timeouts};
 use stoker_operator::http::{self, HttpState};
 use stoker_operator::leader::{LeaderElector, LeaseConfig};
 use stoker_operator::metrics::Metrics;
-use stoker_operator::objects::WorkerDefaults;
-use stoker_operator::scaling::{self, DeploymentScaler, Loop, ScalingBook};
 use stoker_operator::telemetry::{self, LogFormat};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -195,12 +195,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         dispatcher: dispatcher.clone(),
         book: book.clone(),
         scaler: DeploymentScaler::new(book.clone(), reconcile_tx.clone()),
-        every: scaling::ROUND,
+        every: autoscaling::ROUND,
         budget: (args.worker_budget > 0).then_some(args.worker_budget),
     };
     let store = store_tx.subscribe();
-    let events = scaling::events(client.clone(), reporter, store.clone(), reconcile_tx, book.clone(), metrics.clone());
-    tokio::spawn(scaling.run(move |book: &ScalingBook| scaling::in_scope(&store, book), events, stop.clone()));
+    let after_round =
+        autoscaling::after_round(client.clone(), reporter, store.clone(), reconcile_tx, book.clone(), metrics.clone());
+    tokio::spawn(scaling.run(move |book: &ScalingBook| autoscaling::in_scope(&store, book), after_round, stop.clone()));
     ready_tx.send_replace(true);
     controller::run(ctx, stop, store_tx, reconcile_rx).await;
     ready_tx.send_replace(false);

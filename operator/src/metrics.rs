@@ -6,7 +6,7 @@ use prometheus::{
     GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use crate::scaling::{Rescale, ScalingRecord};
+use crate::autoscaling::{Rescale, ScalingRecord};
 use stoker_api::{DataPipeline, Phase};
 
 #[derive(Clone)]
@@ -124,7 +124,7 @@ impl Metrics {
     /// The autoscaler's view after a round.
     pub fn scaling(
         &self,
-        records: &std::collections::BTreeMap<crate::dispatcher::PipelineKey, ScalingRecord>,
+        records: &std::collections::BTreeMap<crate::key::PipelineKey, ScalingRecord>,
         rescales: &[Rescale],
     ) {
         for (key, r) in records {

@@ -3,9 +3,9 @@
 //! periodic stalls and speed changes; and tenants sharing a budget.
 
 use stoker_api::AutoscalingPolicy;
-use stoker_operator::autoscaler::budget::{self, Model, Wish};
-use stoker_operator::autoscaler::sim::{self, SimConfig, Trainer};
-use stoker_operator::autoscaler::{self, Limits};
+use stoker_operator::autoscaling::budget::{self, Model, Wish};
+use stoker_operator::autoscaling::policy::{self, Limits};
+use stoker_operator::autoscaling::sim::{self, SimConfig, Trainer};
 
 fn config() -> SimConfig {
     SimConfig::default()
@@ -22,7 +22,7 @@ fn ours_finds_every_optimum_in_log_decisions() {
     let mut failures = Vec::new();
     for s in sim::scenarios() {
         let opt = sim::optimum(&s.trainer, &c);
-        let run = sim::run(autoscaler::ours(c.limits, &policy, 1).as_mut(), &s.trainer, &c, 1);
+        let run = sim::run(policy::ours(c.limits, &policy, 1).as_mut(), &s.trainer, &c, 1);
         let ok = run.final_workers.abs_diff(opt) <= 1
             && run.decisions.len() <= bound(opt)
             && run.most_workers <= c.limits.max;
@@ -53,7 +53,7 @@ fn every_optimum_from_1_to_32_steady_and_noisy() {
     for opt in 1..=32 {
         for noise in [0.0, 0.1] {
             let trainer = Trainer { noise, seed: u64::from(opt) * 7, ..Trainer::with_optimum(opt, 0.030) };
-            let run = sim::run(autoscaler::ours(c.limits, &policy, 1).as_mut(), &trainer, &c, 1);
+            let run = sim::run(policy::ours(c.limits, &policy, 1).as_mut(), &trainer, &c, 1);
             assert!(
                 run.final_workers.abs_diff(opt) <= 1,
                 "optimum {opt}, noise {noise}: ended at {} ({:?})",
@@ -75,8 +75,7 @@ fn cachew_is_a_faithful_baseline_one_worker_per_decision() {
     let c = config();
     let policy = AutoscalingPolicy::default();
     for opt in [1, 2, 4, 8] {
-        let run =
-            sim::run(autoscaler::cachew(c.limits, &policy, 1).as_mut(), &Trainer::with_optimum(opt, 0.030), &c, 1);
+        let run = sim::run(policy::cachew(c.limits, &policy, 1).as_mut(), &Trainer::with_optimum(opt, 0.030), &c, 1);
         assert!(run.final_workers.abs_diff(opt) <= 1, "optimum {opt}: Cachew ended at {}", run.final_workers);
         assert!(
             run.decisions.windows(2).all(|d| d[0].2.abs_diff(d[1].2) == 1),
@@ -91,7 +90,7 @@ fn cachew_is_a_faithful_baseline_one_worker_per_decision() {
 fn max_is_never_exceeded() {
     let c = SimConfig { limits: Limits { min: 1, max: 5 }, ..config() };
     let policy = AutoscalingPolicy::default();
-    let run = sim::run(autoscaler::ours(c.limits, &policy, 1).as_mut(), &Trainer::with_optimum(16, 0.030), &c, 1);
+    let run = sim::run(policy::ours(c.limits, &policy, 1).as_mut(), &Trainer::with_optimum(16, 0.030), &c, 1);
     assert!(run.most_workers <= 5, "{:?}", run.decisions);
     assert_eq!(run.final_workers, 5, "held at max while still data-bound");
 }
@@ -103,7 +102,7 @@ fn reconverges_when_the_trainer_gets_faster_or_slower() {
     for (factor, after) in [(0.5, 8), (2.0, 4)] {
         // Optimum 8 at first; after window 60 the trainer computes `factor` times as long.
         let trainer = Trainer { speed_change: Some((60, factor)), ..Trainer::with_optimum(8, 0.030) };
-        let run = sim::run(autoscaler::ours(c.limits, &policy, 1).as_mut(), &trainer, &c, 1);
+        let run = sim::run(policy::ours(c.limits, &policy, 1).as_mut(), &trainer, &c, 1);
         let before: Vec<_> = run.decisions.iter().filter(|d| d.0 < 60).collect();
         assert!(before.last().is_some_and(|d| d.2.abs_diff(8) <= 1), "first converged near 8: {:?}", run.decisions);
         let want = if factor < 1.0 { 16 } else { after };
@@ -120,12 +119,12 @@ fn reconverges_when_the_trainer_gets_faster_or_slower() {
 fn idle_goes_to_min_and_comes_back() {
     let c = config();
     let policy = AutoscalingPolicy::default();
-    let mut p = autoscaler::ours(Limits { min: 2, max: 32 }, &policy, 2);
+    let mut p = policy::ours(Limits { min: 2, max: 32 }, &policy, 2);
     let trainer = Trainer::with_optimum(8, 0.030);
     let mut world = sim::World::new(trainer, 2);
     for _ in 0..30 {
         let w = world.window(c.window_seconds, c.prefetch);
-        if let autoscaler::Decision::Scale { to, .. } = p.observe(&w) {
+        if let policy::Decision::Scale { to, .. } = p.observe(&w) {
             world.workers = to;
         }
     }
@@ -133,15 +132,15 @@ fn idle_goes_to_min_and_comes_back() {
     assert!(converged.abs_diff(8) <= 1);
     assert_eq!(
         p.idle(),
-        autoscaler::Decision::Scale {
+        policy::Decision::Scale {
             to: 2,
             reason: format!("no client attached: scaling to min 2 (will return to {converged})")
         }
     );
-    assert_eq!(p.idle(), autoscaler::Decision::Hold, "idle once");
+    assert_eq!(p.idle(), policy::Decision::Hold, "idle once");
     world.workers = 2;
     let w = world.window(c.window_seconds, c.prefetch);
-    assert!(matches!(p.observe(&w), autoscaler::Decision::Scale { to, .. } if to == converged), "back to where it was");
+    assert!(matches!(p.observe(&w), policy::Decision::Scale { to, .. } if to == converged), "back to where it was");
 }
 
 /// Brute force: the allocation maximising the sum of log speedups, by enumeration.
@@ -190,7 +189,7 @@ fn tenants_over_a_budget_get_the_best_total_and_stay_put() {
 
 #[test]
 fn the_budget_share_is_greedy_on_log_speedup() {
-    let w = |workers, median_s, wait_fraction| autoscaler::Window {
+    let w = |workers, median_s, wait_fraction| stoker_api::window::Window {
         workers,
         batches: 100,
         median_s,

@@ -11,6 +11,7 @@
 //!   stops writing (the partial entry is never read and is cleaned up later).
 //! - A corrupt entry: compute, and never use that entry again.
 
+use stoker_api::proto::HintBytes;
 use stoker_api::{CacheDecision, CacheMode, CacheStatus, EpochSeconds};
 
 use super::{Choice, Decision, HintProfile, Profile, decide};
@@ -37,8 +38,8 @@ pub struct Measured {
     pub elements: u64,
     /// Thread seconds per transform, in pipeline order.
     pub op_seconds: Vec<f64>,
-    /// (at, elements, bytes) per hint.
-    pub hint_bytes: Vec<(u32, u64, u64)>,
+    /// Elements and their encoded bytes per hint.
+    pub hint_bytes: Vec<HintBytes>,
     pub write_bytes_per_second: f64,
     pub read_bytes_per_second: f64,
     pub workers: u32,
@@ -142,7 +143,7 @@ impl CachePlan {
             .hints
             .iter()
             .filter_map(|h| {
-                let &(_, elements, bytes) = m.hint_bytes.iter().find(|(at, _, _)| *at == h.at)?;
+                let &HintBytes { elements, bytes, .. } = m.hint_bytes.iter().find(|b| b.at == h.at)?;
                 let prefix: f64 = m.op_seconds.iter().take(h.at as usize).sum();
                 Some(HintProfile {
                     at: h.at,
@@ -223,7 +224,10 @@ mod tests {
             splits: 5,
             elements: 100,
             op_seconds: vec![prefix * 100.0, 0.0, 0.05, 0.0, 0.05],
-            hint_bytes: vec![(1, 100, bytes * 100), (3, 100, bytes * 100)],
+            hint_bytes: vec![
+                HintBytes { at: 1, elements: 100, bytes: bytes * 100 },
+                HintBytes { at: 3, elements: 100, bytes: bytes * 100 },
+            ],
             write_bytes_per_second: bandwidth,
             read_bytes_per_second: bandwidth,
             workers: 2,

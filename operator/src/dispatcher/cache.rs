@@ -4,16 +4,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use stoker_api::proto::HintBytes;
 use stoker_api::{CacheDecision, CacheMode, CacheStatus};
 
-use super::PipelineKey;
 use crate::autocache::plan::{CachePlan, Directive, Hint, Measured};
+use crate::key::PipelineKey;
 
 /// A worker's cumulative cache report.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CacheProgress {
-    /// (at, elements, bytes) per hint, for the splits computed from the source.
-    pub hints: Vec<(u32, u64, u64)>,
+    /// Elements and their encoded bytes per hint, for the splits computed from the source.
+    pub hints: Vec<HintBytes>,
     /// Splits computed from the source with the hints measured.
     pub splits_measured: u64,
     pub write_bytes_per_second: f64,

@@ -1,9 +1,21 @@
-//! The dispatcher: dynamic sharding of splits to workers, the live worker list for clients,
-//! and the batch-time windows the autoscaler decides from.
+//! The dispatcher: a split becomes batches here. Workers register and ask for splits, clients
+//! register, follow the live worker list and report their batch times. Read in this order:
+//!
+//! 1. [`service`]: the gRPC face, mapping requests onto the state;
+//! 2. [`state`]: the bookkeeping that answers each request, made of
+//!    [`members`] (who is alive), [`ledger`] (each job's splits per epoch), [`inbox`] (the
+//!    clients' windows until the scaling loop takes them) and [`cache`] (each pipeline's
+//!    cache plan).
 
 pub mod cache;
+mod inbox;
+mod ledger;
+mod members;
 mod service;
-pub mod state;
+mod state;
 
+pub use inbox::JobWindows;
+pub use ledger::{Assignment, JobSummary};
+pub use members::{Progress, Timeouts};
 pub use service::{Dispatcher, DispatcherService, HEARTBEAT_INTERVAL, serve};
-pub use state::{Assignment, ClientWindow, DispatcherState, JobSummary, JobWindows, PipelineKey, Progress, Timeouts};
+pub use state::{DispatchError, DispatcherState, WorkerRegistration};

@@ -14,12 +14,14 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use stoker_api::CacheMode;
+use stoker_api::window::Window;
 
 use super::cache::{CacheProgress, HintSeen};
-use super::state::{
-    Assignment, ClientWindow, DispatchError, DispatcherState, PipelineKey, Progress, Timeouts, WorkerRegistration,
-};
+use super::ledger::Assignment;
+use super::members::{Progress, Timeouts};
+use super::state::{DispatchError, DispatcherState, WorkerRegistration};
 use crate::autocache::plan::Directive;
+use crate::key::PipelineKey;
 
 /// How often workers heartbeat; the dead-worker timeout is several of these.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
@@ -121,9 +123,7 @@ fn status(e: DispatchError) -> Status {
 
 fn pipeline_key(p: Option<proto::PipelineRef>) -> Result<PipelineKey, Status> {
     match p {
-        Some(p) if !p.namespace.is_empty() && !p.name.is_empty() => {
-            Ok(PipelineKey { namespace: p.namespace, name: p.name })
-        }
+        Some(p) if !p.namespace.is_empty() && !p.name.is_empty() => Ok(PipelineKey::new(p.namespace, p.name)),
         _ => Err(Status::invalid_argument("pipeline (namespace and name) is required")),
     }
 }
@@ -264,14 +264,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
     ) -> Result<Response<proto::ReportWindowResponse>, Status> {
         self.0.check_serving()?;
         let r = request.into_inner();
-        let window = ClientWindow {
-            batches: r.batches,
-            median_seconds: r.median_seconds,
-            mean_seconds: r.mean_seconds,
-            p90_seconds: r.p90_seconds,
-            wait_fraction: r.wait_fraction,
-            workers: r.workers,
-        };
+        let window = Window::from(&r);
         let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
         self.0.with_state(|s| s.report_window(&r.client_id, window, &completed, Instant::now())).map_err(status)?;
         Ok(Response::new(proto::ReportWindowResponse {}))
@@ -293,7 +286,7 @@ pub async fn serve(
 
 fn cache_progress(c: proto::CacheProgress) -> CacheProgress {
     CacheProgress {
-        hints: c.hints.iter().map(|h| (h.at, h.elements, h.bytes)).collect(),
+        hints: c.hints,
         splits_measured: c.splits_measured,
         write_bytes_per_second: c.write_bytes_per_second,
         read_bytes_per_second: c.read_bytes_per_second,

@@ -1,52 +1,27 @@
-//! The dispatcher's bookkeeping, without I/O: who is alive, which splits each job still needs
-//! in its epoch, and the clients' latest batch-time windows. Time comes in as arguments, so
-//! failure handling (dead workers, lost clients) is tested by moving a clock.
-//!
-//! A split is done when a client reports receiving the batch holding its last element (or,
-//! for a split that produced nothing, when its worker says so). Delivery is at least once: a
-//! split held by a worker that dies, or in flight to a client that goes silent, goes back to
-//! the queue, so its elements may reach clients twice. Such repeats are counted.
+//! The dispatcher's bookkeeping, without I/O: it answers each RPC by combining who is alive
+//! (`members`), which splits each job still needs (`ledger`), the clients' windows (`inbox`)
+//! and the cache plans (`cache`). Time comes in as arguments, so failure handling (dead
+//! workers, lost clients) is tested by moving a clock.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
-use stoker_api::{CacheDecision, CacheMode, CacheStatus};
+use stoker_api::proto::HintBytes;
+use stoker_api::window::Window;
+use stoker_api::{CacheMode, CacheStatus};
 
-use super::cache::{CacheProgress, Caches, HintSeen};
+use super::cache::{Caches, HintSeen};
+use super::inbox::{Inbox, JobWindows};
+use super::ledger::{Assignment, Job, JobSummary};
+use super::members::{Client, Members, Progress, Timeouts, Unknown, Worker};
 use crate::autocache::plan::{Directive, Measured};
-
-/// A DataPipeline by namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PipelineKey {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl std::fmt::Display for PipelineKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct Timeouts {
-    /// A worker silent this long is dead; its unfinished splits are handed out again.
-    pub worker: Duration,
-    /// A client silent this long (no window, no watch) has detached.
-    pub client: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Timeouts { worker: Duration::from_secs(10), client: Duration::from_secs(30) }
-    }
-}
+use crate::key::PipelineKey;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DispatchError {
     /// The id is unknown (e.g. the dispatcher restarted): register again.
-    #[error("unknown {kind} {id}: register again")]
-    Unknown { kind: &'static str, id: String },
+    #[error(transparent)]
+    Unknown(#[from] Unknown),
     #[error(
         "worker {address} planned {got} splits (digest {got_digest}) but the pipeline's workers planned {want} ({want_digest}): the source listing differs between workers"
     )]
@@ -69,192 +44,6 @@ pub struct WorkerRegistration {
     pub cache_hints: Vec<HintSeen>,
 }
 
-/// What a worker should do next for a job.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Assignment {
-    Split {
-        epoch: u64,
-        split: u64,
-    },
-    /// Nothing to hand out in `epoch` until other workers finish theirs.
-    Draining {
-        epoch: u64,
-    },
-}
-
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Progress {
-    pub records: u64,
-    pub elements: u64,
-    pub batches: u64,
-    pub batch_bytes: u64,
-    pub skipped: BTreeMap<String, u64>,
-    pub op_seconds: Vec<f64>,
-    pub error: Option<String>,
-    pub cache: CacheProgress,
-}
-
-/// One client's batch-time measurements over one window.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ClientWindow {
-    pub batches: u64,
-    pub median_seconds: f64,
-    pub p90_seconds: f64,
-    /// 1 / training speed over the window.
-    pub mean_seconds: f64,
-    pub wait_fraction: f64,
-    pub workers: u32,
-}
-
-struct Worker {
-    pipeline: PipelineKey,
-    address: String,
-    threads: u32,
-    last_seen: Instant,
-    progress: Progress,
-}
-
-struct Client {
-    pipeline: PipelineKey,
-    job: String,
-    consumer_index: u32,
-    last_seen: Instant,
-    /// Windows not yet taken by the autoscaler.
-    windows: Vec<ClientWindow>,
-}
-
-/// One pass over the pipeline's splits.
-#[derive(Default)]
-struct Pass {
-    pending: VecDeque<u64>,
-    assigned: HashMap<u64, String>,
-    done: BTreeSet<u64>,
-    /// When its first split was handed out, and how many were computed, put and got.
-    started: Option<Instant>,
-    actions: [u64; 3],
-}
-
-impl Pass {
-    /// What most of the pass's splits did with the cache.
-    fn action(&self) -> CacheDecision {
-        let [compute, put, get] = self.actions;
-        if get > compute + put {
-            CacheDecision::Get
-        } else if put > compute + get {
-            CacheDecision::Put
-        } else {
-            CacheDecision::Compute
-        }
-    }
-}
-
-impl Pass {
-    fn full(splits: u64) -> Pass {
-        Pass { pending: (0..splits).collect(), ..Pass::default() }
-    }
-
-    /// Puts `lost` back at the front of the queue; returns how many.
-    fn requeue(&mut self, lost: impl IntoIterator<Item = u64>) -> u64 {
-        let mut lost: Vec<u64> = lost.into_iter().collect();
-        lost.sort_unstable();
-        for &split in lost.iter().rev() {
-            self.assigned.remove(&split);
-            self.pending.push_front(split);
-        }
-        lost.len() as u64
-    }
-}
-
-/// A job's passes: the oldest unfinished epoch, and the one after it. Workers with nothing
-/// left in the first start the second instead of idling until the last split of the first
-/// reaches a client, which would cost every epoch a stall as long as a split's trip.
-#[derive(Default)]
-struct Job {
-    epoch: u64,
-    current: Pass,
-    next: Option<Pass>,
-    /// Splits completed more than once (after a requeue, or late by a presumed-dead worker).
-    repeats: u64,
-    /// Splits taken back from dead workers.
-    requeued: u64,
-}
-
-impl Job {
-    fn starting(epoch: u64, splits: u64) -> Job {
-        Job { epoch, current: Pass::full(splits), ..Job::default() }
-    }
-
-    fn passes(&self) -> impl Iterator<Item = &Pass> {
-        std::iter::once(&self.current).chain(self.next.as_ref())
-    }
-
-    fn passes_mut(&mut self) -> impl Iterator<Item = &mut Pass> {
-        std::iter::once(&mut self.current).chain(self.next.as_mut())
-    }
-
-    /// The next split to produce: the current epoch's first, then the next epoch's.
-    fn hand_out(&mut self, worker: &str, splits: u64, directive: &Directive, now: Instant) -> Assignment {
-        let (epoch, pass) = match self.current.pending.is_empty() {
-            false => (self.epoch, &mut self.current),
-            true => (self.epoch + 1, self.next.get_or_insert_with(|| Pass::full(splits))),
-        };
-        match pass.pending.pop_front() {
-            Some(split) => {
-                pass.assigned.insert(split, worker.to_string());
-                pass.started.get_or_insert(now);
-                pass.actions[match directive {
-                    Directive::Compute => 0,
-                    Directive::Put(_) => 1,
-                    Directive::Get(_) => 2,
-                }] += 1;
-                Assignment::Split { epoch, split }
-            }
-            None => Assignment::Draining { epoch: self.epoch },
-        }
-    }
-
-    /// Marks (epoch, split)s done, and moves on once the current epoch's all are; returns the
-    /// finished epoch's cache action and length.
-    fn complete(&mut self, completed: &[(u64, u64)], splits: u64, now: Instant) -> Option<(CacheDecision, f64)> {
-        for &(e, split) in completed {
-            let pass = match e.checked_sub(self.epoch) {
-                Some(0) => Some(&mut self.current),
-                Some(1) => self.next.as_mut(),
-                _ => None,
-            };
-            let Some(pass) = pass.filter(|_| split < splits) else {
-                // A finished epoch's split: its epoch already advanced without it.
-                self.repeats += 1;
-                continue;
-            };
-            pass.assigned.remove(&split);
-            if !pass.done.insert(split) {
-                self.repeats += 1;
-            } else if let Some(i) = pass.pending.iter().position(|&s| s == split) {
-                // Done by a worker presumed dead whose split was queued again.
-                pass.pending.remove(i);
-            }
-        }
-        if self.current.done.len() as u64 != splits {
-            return None;
-        }
-        let finished = std::mem::replace(&mut self.current, self.next.take().unwrap_or_else(|| Pass::full(splits)));
-        self.epoch += 1;
-        finished.started.map(|t| (finished.action(), now.saturating_duration_since(t).as_secs_f64()))
-    }
-
-    /// Hands out again the in-flight splits `holds` picks (their data may be lost with
-    /// whoever held it).
-    fn requeue(&mut self, holds: impl Fn(&str) -> bool) {
-        let mut requeued = 0;
-        for pass in self.passes_mut() {
-            let lost: Vec<u64> = pass.assigned.iter().filter(|(_, w)| holds(w)).map(|(s, _)| *s).collect();
-            requeued += pass.requeue(lost);
-        }
-        self.requeued += requeued;
-    }
-}
-
 #[derive(Default)]
 struct Pipeline {
     /// (splits, digest) every worker of the pipeline must agree on; set by the first worker.
@@ -262,38 +51,17 @@ struct Pipeline {
     jobs: BTreeMap<String, Job>,
 }
 
-/// A job's delivery counters, for status and metrics.
-#[derive(Clone, Debug, PartialEq)]
-pub struct JobSummary {
-    pub job: String,
-    pub epoch: u64,
-    pub splits: u64,
-    pub done: u64,
-    pub in_flight: u64,
-    /// Distinct workers holding the in-flight splits.
-    pub holders: u64,
-    pub repeats: u64,
-    pub requeued: u64,
-}
-
-/// What the autoscaler sees of one (pipeline, job).
-#[derive(Clone, Debug, PartialEq)]
-pub struct JobWindows {
-    pub pipeline: PipelineKey,
-    pub job: String,
-    pub consumers: usize,
-    /// Windows reported since the last call, from all the job's consumers.
-    pub windows: Vec<ClientWindow>,
+impl Pipeline {
+    fn splits(&self) -> u64 {
+        self.plan.as_ref().map_or(0, |(n, _)| *n)
+    }
 }
 
 pub struct DispatcherState {
     timeouts: Timeouts,
-    /// Distinguishes ids handed out by different dispatcher instances.
-    instance: String,
-    next_id: u64,
-    workers: BTreeMap<String, Worker>,
-    clients: BTreeMap<String, Client>,
+    members: Members,
     pipelines: BTreeMap<PipelineKey, Pipeline>,
+    inbox: Inbox,
     caches: Caches,
 }
 
@@ -301,22 +69,15 @@ impl DispatcherState {
     pub fn new(instance: impl Into<String>, timeouts: Timeouts) -> Self {
         DispatcherState {
             timeouts,
-            instance: instance.into(),
-            next_id: 0,
-            workers: BTreeMap::new(),
-            clients: BTreeMap::new(),
+            members: Members::new(instance.into()),
             pipelines: BTreeMap::new(),
+            inbox: Inbox::default(),
             caches: Caches::default(),
         }
     }
 
     pub fn timeouts(&self) -> &Timeouts {
         &self.timeouts
-    }
-
-    fn fresh_id(&mut self, kind: &str) -> String {
-        self.next_id += 1;
-        format!("{kind}-{}-{}", self.instance, self.next_id)
     }
 
     pub fn register_worker(&mut self, r: WorkerRegistration, now: Instant) -> Result<String, DispatchError> {
@@ -326,7 +87,7 @@ impl DispatcherState {
         if r.splits == 0 {
             return Err(DispatchError::Invalid("a worker must plan at least one split".into()));
         }
-        let has_workers = self.workers.values().any(|w| w.pipeline == r.pipeline);
+        let has_workers = self.members.workers_of(&r.pipeline).next().is_some();
         let pipeline = self.pipelines.entry(r.pipeline.clone()).or_default();
         match &pipeline.plan {
             Some((splits, digest)) if (*splits, digest.as_str()) != (r.splits, r.plan_digest.as_str()) => {
@@ -347,10 +108,7 @@ impl DispatcherState {
             None => pipeline.plan = Some((r.splits, r.plan_digest.clone())),
         }
         self.caches.register(&r.pipeline, r.cache_mode, &r.cache_hints, r.splits);
-        let id = match r.worker_id.filter(|id| !id.is_empty()) {
-            Some(id) => id,
-            None => self.fresh_id("w"),
-        };
+        let id = self.members.id("w", r.worker_id);
         let worker = Worker {
             pipeline: r.pipeline,
             address: r.address,
@@ -358,52 +116,22 @@ impl DispatcherState {
             last_seen: now,
             progress: Progress::default(),
         };
-        self.workers.insert(id.clone(), worker);
+        self.members.workers.insert(id.clone(), worker);
         Ok(id)
     }
 
     pub fn heartbeat(&mut self, worker_id: &str, progress: Progress, now: Instant) -> Result<(), DispatchError> {
-        let worker = self.worker_mut(worker_id)?;
-        worker.last_seen = now;
+        let worker = self.members.seen_worker(worker_id, now)?;
         worker.progress = progress;
         let key = worker.pipeline.clone();
-        let measured = self.measured(&key);
-        let progress = &self.workers[worker_id].progress.cache;
-        self.caches.reported(&key, progress, &measured);
+        let measured = measured(self.members.workers_of(&key).map(|(_, w)| w));
+        self.caches.reported(&key, &self.members.workers[worker_id].progress.cache, &measured);
         Ok(())
-    }
-
-    /// The pipeline's workers' cache measurements, summed.
-    fn measured(&self, key: &PipelineKey) -> Measured {
-        let mut m = Measured::default();
-        for w in self.workers.values().filter(|w| &w.pipeline == key) {
-            let (p, c) = (&w.progress, &w.progress.cache);
-            m.workers += 1;
-            m.threads = m.threads.max(w.threads);
-            m.splits += c.splits_measured;
-            m.elements += p.elements.saturating_sub(c.elements_read);
-            if m.op_seconds.len() < p.op_seconds.len() {
-                m.op_seconds.resize(p.op_seconds.len(), 0.0);
-            }
-            for (total, s) in m.op_seconds.iter_mut().zip(&p.op_seconds) {
-                *total += s;
-            }
-            for &(at, elements, bytes) in &c.hints {
-                match m.hint_bytes.iter_mut().find(|h| h.0 == at) {
-                    Some(h) => (h.1, h.2) = (h.1 + elements, h.2 + bytes),
-                    None => m.hint_bytes.push((at, elements, bytes)),
-                }
-            }
-            // The volume is shared: any worker's probe measures it.
-            m.write_bytes_per_second = m.write_bytes_per_second.max(c.write_bytes_per_second);
-            m.read_bytes_per_second = m.read_bytes_per_second.max(c.read_bytes_per_second);
-        }
-        m
     }
 
     /// Where the worker's next split gets its elements up to an autocache hint.
     pub fn cache_directive(&self, worker_id: &str) -> Directive {
-        self.workers.get(worker_id).map_or(Directive::Compute, |w| self.caches.directive(&w.pipeline))
+        self.members.workers.get(worker_id).map_or(Directive::Compute, |w| self.caches.directive(&w.pipeline))
     }
 
     /// Every pipeline's cache plan.
@@ -414,16 +142,11 @@ impl DispatcherState {
     /// The pipeline's cache plan for status; `None` before its first worker registered.
     pub fn cache_status(&self, key: &PipelineKey) -> Option<CacheStatus> {
         let bytes = self
-            .workers
-            .values()
-            .filter(|w| &w.pipeline == key)
-            .map(|w| w.progress.cache.hints.iter().map(|h| h.2).max().unwrap_or(0))
+            .members
+            .workers_of(key)
+            .map(|(_, w)| w.progress.cache.hints.iter().map(|h| h.bytes).max().unwrap_or(0))
             .sum::<u64>();
         self.caches.status(key, (bytes > 0).then_some(bytes as i64))
-    }
-
-    fn worker_mut(&mut self, id: &str) -> Result<&mut Worker, DispatchError> {
-        self.workers.get_mut(id).ok_or_else(|| DispatchError::Unknown { kind: "worker", id: id.into() })
     }
 
     /// Records `completed` and hands the worker its next split of `job`. `epoch` is where the
@@ -437,9 +160,7 @@ impl DispatcherState {
         epoch: u64,
         now: Instant,
     ) -> Result<Assignment, DispatchError> {
-        let worker = self.worker_mut(worker_id)?;
-        worker.last_seen = now;
-        let key = worker.pipeline.clone();
+        let key = self.members.seen_worker(worker_id, now)?.pipeline.clone();
         let pipeline = self.pipelines.get_mut(&key).expect("a registered worker's pipeline exists");
         let splits = pipeline.plan.as_ref().expect("set by the first worker").0;
         let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(epoch, splits));
@@ -458,46 +179,28 @@ impl DispatcherState {
         client_id: Option<String>,
         now: Instant,
     ) -> String {
-        let id = match client_id.filter(|id| !id.is_empty()) {
-            Some(id) => id,
-            None => self.fresh_id("c"),
-        };
-        self.clients.insert(id.clone(), Client { pipeline, job, consumer_index, last_seen: now, windows: Vec::new() });
+        let id = self.members.id("c", client_id);
+        self.members.clients.insert(id.clone(), Client { pipeline, job, consumer_index, last_seen: now });
         id
-    }
-
-    fn client_mut(&mut self, id: &str) -> Result<&mut Client, DispatchError> {
-        self.clients.get_mut(id).ok_or_else(|| DispatchError::Unknown { kind: "client", id: id.into() })
     }
 
     /// A client's window, and the splits whose last batch it received (which makes them done).
     pub fn report_window(
         &mut self,
         client_id: &str,
-        window: ClientWindow,
+        window: Window,
         completed: &[(u64, u64)],
         now: Instant,
     ) -> Result<(), DispatchError> {
-        let valid = |x: f64| x.is_finite() && x >= 0.0;
-        if ![window.median_seconds, window.p90_seconds, window.mean_seconds, window.wait_fraction]
-            .into_iter()
-            .all(valid)
-        {
-            return Err(DispatchError::Invalid("batch times and wait fraction must be finite and non-negative".into()));
-        }
-        let client = self.client_mut(client_id)?;
-        client.last_seen = now;
-        // A client that reports but never gets read would otherwise grow this without bound.
-        if client.windows.len() >= 64 {
-            client.windows.remove(0);
-        }
-        client.windows.push(window);
+        window.check().map_err(|e| DispatchError::Invalid(e.to_string()))?;
+        let client = self.members.seen_client(client_id, now)?;
         let (key, job) = (client.pipeline.clone(), client.job.clone());
+        self.inbox.push(client_id, window);
         if !completed.is_empty()
             && let Some(pipeline) = self.pipelines.get_mut(&key)
             && let Some(state) = pipeline.jobs.get_mut(&job)
         {
-            let splits = pipeline.plan.as_ref().map_or(0, |p| p.0);
+            let splits = pipeline.plan.as_ref().map_or(0, |(n, _)| *n);
             if let Some((action, seconds)) = state.complete(completed, splits, now) {
                 self.caches.epoch(&key, action, seconds);
             }
@@ -507,15 +210,9 @@ impl DispatcherState {
 
     /// Drops workers and clients that went silent; returns the pipelines whose worker set changed.
     pub fn expire(&mut self, now: Instant) -> BTreeSet<PipelineKey> {
-        let dead: Vec<String> = self
-            .workers
-            .iter()
-            .filter(|(_, w)| now.saturating_duration_since(w.last_seen) > self.timeouts.worker)
-            .map(|(id, _)| id.clone())
-            .collect();
+        let expired = self.members.expire(now, &self.timeouts);
         let mut changed = BTreeSet::new();
-        for id in dead {
-            let worker = self.workers.remove(&id).expect("listed above");
+        for (id, worker) in expired.workers {
             tracing::warn!(worker = %id, address = %worker.address, pipeline = %worker.pipeline, "worker stopped heartbeating; handing its splits out again");
             if let Some(pipeline) = self.pipelines.get_mut(&worker.pipeline) {
                 for job in pipeline.jobs.values_mut() {
@@ -526,18 +223,11 @@ impl DispatcherState {
             }
             changed.insert(worker.pipeline);
         }
-        let client_timeout = self.timeouts.client;
-        let gone: Vec<(PipelineKey, String)> = self
-            .clients
-            .values()
-            .filter(|c| now.saturating_duration_since(c.last_seen) > client_timeout)
-            .map(|c| (c.pipeline.clone(), c.job.clone()))
-            .collect();
-        self.clients.retain(|_, c| now.saturating_duration_since(c.last_seen) <= client_timeout);
-        for (key, job) in gone {
+        for (id, client) in expired.clients {
+            self.inbox.forget(&id);
             // Batches it had received but not reported are gone with it: produce them again.
-            if let Some(state) = self.pipelines.get_mut(&key).and_then(|p| p.jobs.get_mut(&job)) {
-                tracing::warn!(pipeline = %key, job = %job, "a client went silent; handing the job's in-flight splits out again");
+            if let Some(state) = self.pipelines.get_mut(&client.pipeline).and_then(|p| p.jobs.get_mut(&client.job)) {
+                tracing::warn!(pipeline = %client.pipeline, job = %client.job, "a client went silent; handing the job's in-flight splits out again");
                 state.requeue(|_| true);
             }
         }
@@ -546,62 +236,34 @@ impl DispatcherState {
 
     /// Addresses of a pipeline's live workers, sorted.
     pub fn worker_addresses(&self, pipeline: &PipelineKey) -> Vec<String> {
-        let mut addresses: Vec<String> =
-            self.workers.values().filter(|w| &w.pipeline == pipeline).map(|w| w.address.clone()).collect();
+        let mut addresses: Vec<String> = self.members.workers_of(pipeline).map(|(_, w)| w.address.clone()).collect();
         addresses.sort();
         addresses.dedup();
         addresses
     }
 
     pub fn worker_progress(&self, pipeline: &PipelineKey) -> Vec<(String, u32, Progress)> {
-        self.workers
-            .iter()
-            .filter(|(_, w)| &w.pipeline == pipeline)
-            .map(|(id, w)| (id.clone(), w.threads, w.progress.clone()))
-            .collect()
+        self.members.workers_of(pipeline).map(|(id, w)| (id.clone(), w.threads, w.progress.clone())).collect()
     }
 
     pub fn jobs(&self, pipeline: &PipelineKey) -> Vec<JobSummary> {
         let Some(p) = self.pipelines.get(pipeline) else { return Vec::new() };
-        let splits = p.plan.as_ref().map_or(0, |(n, _)| *n);
-        p.jobs
-            .iter()
-            .map(|(name, j)| JobSummary {
-                job: name.clone(),
-                epoch: j.epoch,
-                splits,
-                done: j.current.done.len() as u64,
-                in_flight: j.passes().map(|p| p.assigned.len() as u64).sum(),
-                holders: j.passes().flat_map(|p| p.assigned.values()).collect::<BTreeSet<_>>().len() as u64,
-                repeats: j.repeats,
-                requeued: j.requeued,
-            })
-            .collect()
+        p.jobs.iter().map(|(name, j)| j.summary(name, p.splits())).collect()
     }
 
     /// Every (pipeline, job) with live clients, with the windows reported since the last call.
     pub fn take_windows(&mut self) -> Vec<JobWindows> {
-        let mut by_job: BTreeMap<(PipelineKey, String), JobWindows> = BTreeMap::new();
-        for client in self.clients.values_mut() {
-            let entry = by_job.entry((client.pipeline.clone(), client.job.clone())).or_insert_with(|| JobWindows {
-                pipeline: client.pipeline.clone(),
-                job: client.job.clone(),
-                consumers: 0,
-                windows: Vec::new(),
-            });
-            entry.consumers += 1;
-            entry.windows.append(&mut client.windows);
-        }
-        by_job.into_values().collect()
+        self.inbox.take(&self.members.clients)
     }
 
     /// Pipelines with at least one live client.
     pub fn attached(&self) -> BTreeSet<PipelineKey> {
-        self.clients.values().map(|c| c.pipeline.clone()).collect()
+        self.members.attached()
     }
 
     pub fn consumers(&self, pipeline: &PipelineKey, job: &str) -> Vec<u32> {
         let mut v: Vec<u32> = self
+            .members
             .clients
             .values()
             .filter(|c| &c.pipeline == pipeline && c.job == job)
@@ -612,12 +274,39 @@ impl DispatcherState {
     }
 }
 
+/// A pipeline's workers' cache measurements, summed.
+fn measured<'a>(workers: impl Iterator<Item = &'a Worker>) -> Measured {
+    let mut m = Measured::default();
+    for w in workers {
+        let (p, c) = (&w.progress, &w.progress.cache);
+        m.workers += 1;
+        m.threads = m.threads.max(w.threads);
+        m.splits += c.splits_measured;
+        m.elements += p.elements.saturating_sub(c.elements_read);
+        if m.op_seconds.len() < p.op_seconds.len() {
+            m.op_seconds.resize(p.op_seconds.len(), 0.0);
+        }
+        for (total, s) in m.op_seconds.iter_mut().zip(&p.op_seconds) {
+            *total += s;
+        }
+        for h in &c.hints {
+            HintBytes::add_into(&mut m.hint_bytes, h);
+        }
+        // The volume is shared: any worker's probe measures it.
+        m.write_bytes_per_second = m.write_bytes_per_second.max(c.write_bytes_per_second);
+        m.read_bytes_per_second = m.read_bytes_per_second.max(c.read_bytes_per_second);
+    }
+    m
+}
+
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn key() -> PipelineKey {
-        PipelineKey { namespace: "ns".into(), name: "p".into() }
+        PipelineKey::new("ns", "p")
     }
 
     fn registration(address: &str, splits: u64) -> WorkerRegistration {
@@ -784,17 +473,10 @@ mod tests {
         let mut s = DispatcherState::new("t", Timeouts::default());
         let c0 = s.register_client(key(), "j".into(), 0, None, t);
         let c1 = s.register_client(key(), "j".into(), 1, None, t);
-        let window = ClientWindow {
-            batches: 10,
-            median_seconds: 0.1,
-            p90_seconds: 0.2,
-            mean_seconds: 0.12,
-            wait_fraction: 0.5,
-            workers: 1,
-        };
+        let window = Window { batches: 10, median_s: 0.1, p90_s: 0.2, mean_s: 0.12, wait_fraction: 0.5, workers: 1 };
         s.report_window(&c0, window.clone(), &[], t).unwrap();
         s.report_window(&c1, window.clone(), &[], t).unwrap();
-        let bad = ClientWindow { median_seconds: f64::NAN, ..window.clone() };
+        let bad = Window { median_s: f64::NAN, ..window.clone() };
         assert!(matches!(s.report_window(&c1, bad, &[], t), Err(DispatchError::Invalid(_))));
         let taken = s.take_windows();
         assert_eq!(taken.len(), 1);
@@ -810,14 +492,7 @@ mod tests {
             DispatcherState::new("t", Timeouts { worker: Duration::from_secs(60), client: Duration::from_secs(5) });
         let w = s.register_worker(registration("a:1", 2), t).unwrap();
         let c = s.register_client(key(), "j".into(), 0, None, t);
-        let window = ClientWindow {
-            batches: 1,
-            median_seconds: 0.1,
-            p90_seconds: 0.1,
-            mean_seconds: 0.1,
-            wait_fraction: 0.0,
-            workers: 1,
-        };
+        let window = Window { batches: 1, median_s: 0.1, p90_s: 0.1, mean_s: 0.1, wait_fraction: 0.0, workers: 1 };
         assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
         assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
         // The worker has sent both; only the client's report makes them done.
@@ -840,14 +515,7 @@ mod tests {
             DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(5) });
         let c = s.register_client(key(), "j".into(), 0, None, t);
         assert_eq!(s.attached(), BTreeSet::from([key()]));
-        let window = ClientWindow {
-            batches: 0,
-            median_seconds: 0.0,
-            p90_seconds: 0.0,
-            mean_seconds: 0.0,
-            wait_fraction: 0.0,
-            workers: 0,
-        };
+        let window = Window { batches: 0, median_s: 0.0, p90_s: 0.0, mean_s: 0.0, wait_fraction: 0.0, workers: 0 };
         s.report_window(&c, window, &[], t + Duration::from_secs(4)).unwrap();
         s.expire(t + Duration::from_secs(8));
         assert_eq!(s.attached(), BTreeSet::from([key()]), "reported at 4 s, alive until 9 s");

@@ -1,0 +1,148 @@
+//! The parts of the `stoker` command line worth testing: local mode's terminal view and the
+//! demo's summary.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use kube::ResourceExt;
+use stoker_api::DataPipeline;
+
+use crate::demo::DemoReport;
+use crate::mode::{Local, LocalOptions};
+use crate::workers::{LocalWorkerConfig, worker_binary};
+
+/// ~/.cache/stoker (or $STOKER_CACHE): generated corpora and logs, outside any checkout.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("STOKER_CACHE") {
+        return dir.into();
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
+    home.join(".cache/stoker")
+}
+
+/// Warnings only (STOKER_LOG overrides): the terminal view is the output.
+pub fn quiet_logs() {
+    let filter = std::env::var("STOKER_LOG").unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+pub fn demo_summary(r: &DemoReport) -> String {
+    let verdict = if r.final_workers.abs_diff(r.optimum) <= 1 { "within one of" } else { "NOT within one of" };
+    let converged =
+        r.converged_after.map_or("no rescale".to_string(), |d| format!("last rescale after ~{} s", d.as_secs()));
+    format!(
+        "Summary: ended at {} workers, {verdict} the optimum of {}; {} rescale decisions ({converged}).\n\
+         The trainer ran {} steps on {} images in {:.0} s ({:.0} images/s).",
+        r.final_workers,
+        r.optimum,
+        r.decisions,
+        r.steps,
+        r.images,
+        r.elapsed.as_secs_f64(),
+        r.images as f64 / r.elapsed.as_secs_f64().max(1e-9)
+    )
+}
+
+pub struct LocalSettings {
+    pub listen: SocketAddr,
+    pub threads: usize,
+    pub max_batch_rate: Option<f64>,
+    pub window_seconds: Option<u32>,
+    pub seconds: Option<u64>,
+    /// Default: ~/.cache/stoker/volumes/<namespace>, one per namespace as in a cluster.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// `stoker local`: runs until Ctrl-C or `seconds`, a status line per window, then a summary.
+pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<()> {
+    let LocalSettings { listen, threads, max_batch_rate, window_seconds, seconds, cache_dir: volume } = settings;
+    let name = dp.name_any();
+    let namespace = dp.namespace().unwrap_or_else(|| "default".into());
+    let logs = cache_dir().join("local").join(&name);
+    std::fs::create_dir_all(&logs)?;
+    let volume = volume.unwrap_or_else(|| cache_dir().join("volumes").join(&namespace));
+    let local = Local::start(LocalOptions {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        spec: dp.spec.clone(),
+        listen,
+        workers: LocalWorkerConfig {
+            binary: worker_binary(),
+            dispatcher_url: String::new(),
+            threads,
+            memory_budget: 512 << 20,
+            max_batch_rate,
+            log_dir: Some(logs.clone()),
+            cache_dir: Some(volume),
+        },
+        window: window_seconds.map(|s| Duration::from_secs(u64::from(s))),
+        budget: None,
+    })
+    .await?;
+    println!("Pipeline {namespace}/{name} runs locally. Point training clients at the dispatcher:");
+    println!("    {}   (pipeline {namespace}/{name}; worker logs in {})\n", local.url, logs.display());
+    println!("{}", crate::mode::VIEW_HEADER);
+    let window =
+        Duration::from_secs(u64::from(window_seconds.unwrap_or(dp.spec.autoscaling.policy.window_seconds).max(1)));
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(window);
+    tick.tick().await;
+    let (mut seen, mut last_elements, mut last) = (0, local.elements(), Instant::now());
+    let mut shown_cache: Option<String> = None;
+    let deadline = async {
+        match seconds {
+            Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
+            None => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    };
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut deadline => break,
+        }
+        let elements = local.elements();
+        let rate = elements.saturating_sub(last_elements) as f64 / last.elapsed().as_secs_f64();
+        (last_elements, last) = (elements, Instant::now());
+        println!("{}", local.view_line(start.elapsed(), rate, &mut seen).0);
+        let cache = local.cache().map(|c| cache_line(&c));
+        if cache.is_some() && cache != shown_cache {
+            println!("{}", cache.as_deref().unwrap_or_default());
+            shown_cache = cache;
+        }
+    }
+    let record = local.record();
+    println!(
+        "\nSummary: {} workers ({}), {} rescale decisions in {:.0} s.",
+        record.workers,
+        if record.converged { "converged".to_string() } else { local.state(&record) },
+        local.rescales.borrow().len(),
+        start.elapsed().as_secs_f64()
+    );
+    for step in &record.history {
+        println!("  {} -> {} workers: {}", step.time, step.workers, step.reason);
+    }
+    if let Some(cache) = local.cache() {
+        println!("{}", cache_line(&cache));
+    }
+    local.shutdown().await;
+    Ok(())
+}
+
+/// The cache plan in one line: decision, hint, reason, and epoch times measured.
+pub fn cache_line(c: &stoker_api::CacheStatus) -> String {
+    let at = c.at.map(|a| format!(" at transform {a}")).unwrap_or_default();
+    let mut line = format!("cache: {:?}{at}: {}", c.decision, c.reason.as_deref().unwrap_or(""));
+    if let Some(m) = &c.measured {
+        let kinds = [("compute", m.compute), ("put", m.put), ("get", m.get)];
+        let times: Vec<String> = kinds.iter().filter_map(|(k, s)| s.map(|s| format!("{k} {s:.1} s"))).collect();
+        line.push_str(&format!(" (epochs measured: {})", times.join(", ")));
+    }
+    line
+}

@@ -1,0 +1,15 @@
+//! Stoker on one machine, without Kubernetes: the operator's dispatcher and autoscaler with
+//! `stoker-worker` processes as the scaler's backend. `stoker local` and `stoker demo` run it,
+//! and so do the real-process tests.
+//!
+//! - [`mode`]: starts the dispatcher, the first workers and the scaling loop for one pipeline;
+//! - [`workers`]: the local-processes scaler;
+//! - [`demo`]: a synthetic trainer against a generated corpus, for `stoker demo`;
+//! - [`cli`]: what the `stoker` subcommands print.
+
+pub mod cli;
+pub mod demo;
+pub mod mode;
+pub mod workers;
+
+pub use mode::{Local, LocalOptions, VIEW_HEADER};

@@ -1,0 +1,238 @@
+//! `stoker`: the user's command line. `demo` shows the autoscaler converge on this machine;
+//! `local` runs a pipeline without Kubernetes; `check` validates DataPipeline files offline;
+//! `explain` shows what the operator makes of manifests.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use kube::ResourceExt;
+use stoker_api::DataPipeline;
+use stoker_operator::autoscaling::replicas::initial_replicas;
+use stoker_operator::controller::build::{self as objects, WorkerDefaults};
+
+#[derive(Parser)]
+#[command(version, about = "Stoker: preprocessing pipelines as an autoscaled service")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate DataPipeline manifests the way the operator does; exits non-zero on any problem.
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Generate an image corpus and watch the autoscaler find the worker count a synthetic
+    /// trainer needs, on this machine (no cluster).
+    Demo {
+        /// Where the demo corpus is generated (once) and worker logs go.
+        #[arg(long, default_value_os_t = stoker_local::cli::cache_dir().join("demo/corpus"))]
+        corpus: PathBuf,
+        /// How long the synthetic trainer runs.
+        #[arg(long, default_value_t = 45)]
+        seconds: u64,
+        /// The trainer's compute time per batch, in milliseconds.
+        #[arg(long, default_value_t = 25.0)]
+        compute_ms: f64,
+        /// Each worker's cap, in batches per second.
+        #[arg(long, default_value_t = 10.0)]
+        worker_rate: f64,
+    },
+    /// Run a DataPipeline on this machine: dispatcher, autoscaler and worker processes, no
+    /// Kubernetes. Training clients connect to the printed dispatcher URL.
+    Local(LocalArgs),
+    /// Benchmarks (see docs/performance.md).
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
+    /// Walk through manifests (default: the samples): what the operator accepts, refuses, and creates.
+    Explain {
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../manifests/samples"))]
+        samples: PathBuf,
+        /// Print the generated objects in full.
+        #[arg(long)]
+        yaml: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Our autoscaling policy beside Cachew's rule in simulation: a markdown table of the
+    /// standard scenarios, and a convergence plot.
+    Autoscaler {
+        /// Where to write the SVG plot of one run (optimum 12, 10% noise).
+        #[arg(long)]
+        plot: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args)]
+struct LocalArgs {
+    /// The DataPipeline manifest.
+    #[arg(short = 'f', long = "filename")]
+    file: PathBuf,
+    /// Where the dispatcher listens.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: std::net::SocketAddr,
+    /// Transform threads per worker process.
+    #[arg(long, default_value_t = 1)]
+    worker_threads: usize,
+    /// Caps each worker's batches per second (to emulate slower workers on a small machine).
+    #[arg(long)]
+    max_batch_rate: Option<f64>,
+    /// Overrides the pipeline's autoscaling window, in seconds.
+    #[arg(long)]
+    window_seconds: Option<u32>,
+    /// Stops after this many seconds (default: on Ctrl-C).
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// The directory standing in for the namespace's cache volume (default:
+    /// ~/.cache/stoker/volumes/<namespace>).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match Cli::parse().command {
+        Command::Check { files } => {
+            let mut bad = 0;
+            for file in &files {
+                match load(file).and_then(|dp| check(&dp).map(|()| dp)) {
+                    Ok(dp) => println!("{}: {} is valid", file.display(), dp.name_any()),
+                    Err(e) => {
+                        bad += 1;
+                        println!("{}: {e:#}", file.display());
+                    }
+                }
+            }
+            if bad > 0 {
+                bail!("{bad} of {} file(s) invalid", files.len());
+            }
+            Ok(())
+        }
+        Command::Explain { samples, yaml } => explain(&samples, yaml),
+        Command::Bench { bench: Bench::Autoscaler { plot } } => {
+            use stoker_operator::autoscaling::sim;
+            let config = sim::SimConfig::default();
+            print!("{}", sim::comparison(&config));
+            if let Some(path) = plot {
+                let trainer = sim::Trainer { noise: 0.1, seed: 12, ..sim::Trainer::with_optimum(12, 0.030) };
+                std::fs::write(&path, sim::convergence_svg(&trainer, &config))
+                    .with_context(|| format!("writing {}", path.display()))?;
+                println!("\nwrote {}", path.display());
+            }
+            Ok(())
+        }
+        Command::Demo { corpus, seconds, compute_ms, worker_rate } => {
+            stoker_local::cli::quiet_logs();
+            let options = stoker_local::demo::DemoOptions {
+                corpus,
+                images: 1200,
+                compute: std::time::Duration::from_secs_f64(compute_ms / 1e3),
+                worker_rate,
+                max_workers: 8,
+                window: std::time::Duration::from_secs(2),
+                run_for: std::time::Duration::from_secs(seconds),
+            };
+            let report = stoker_local::demo::run(&options, &mut std::io::stdout()).await?;
+            println!("\n{}", stoker_local::cli::demo_summary(&report));
+            Ok(())
+        }
+        Command::Local(args) => {
+            stoker_local::cli::quiet_logs();
+            let dp = load(&args.file)?;
+            check(&dp)?;
+            let settings = stoker_local::cli::LocalSettings {
+                listen: args.listen,
+                threads: args.worker_threads,
+                max_batch_rate: args.max_batch_rate,
+                window_seconds: args.window_seconds,
+                seconds: args.seconds,
+                cache_dir: args.cache_dir,
+            };
+            stoker_local::cli::local(dp, settings).await
+        }
+    }
+}
+
+/// A manifest as the API server would store it (schema and unknown fields checked).
+fn load(path: &Path) -> anyhow::Result<DataPipeline> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(stoker_api::parse_manifest_unvalidated(&text)?)
+}
+
+fn check(dp: &DataPipeline) -> anyhow::Result<()> {
+    Ok(stoker_api::validate(&dp.spec).map_err(stoker_api::ManifestError::Invalid)?)
+}
+
+fn explain(samples: &Path, yaml: bool) -> anyhow::Result<()> {
+    let samples = &samples.canonicalize().with_context(|| format!("finding {}", samples.display()))?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(samples)
+        .with_context(|| format!("reading samples from {}", samples.display()))?
+        .chain(std::fs::read_dir(samples.join("invalid")).into_iter().flatten())
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort_by_key(|p| (p.parent() != Some(samples), p.clone()));
+    let defaults = WorkerDefaults {
+        image: concat!("ghcr.io/stoker-dev/stoker-worker:", env!("CARGO_PKG_VERSION")).into(),
+        dispatcher_url: "http://stoker-dispatcher.stoker-system.svc:50051".into(),
+    };
+    println!("What the operator makes of each manifest in {}\n", samples.display());
+    for file in files {
+        let name = file.strip_prefix(samples).unwrap_or(&file).display().to_string();
+        let mut dp = match load(&file) {
+            Ok(dp) => dp,
+            Err(e) => {
+                println!("✗ {name}\n    refused by the CRD schema: {}\n", e.root_cause());
+                continue;
+            }
+        };
+        if let Err(e) = check(&dp) {
+            println!("✗ {name}\n    {e}\n");
+            continue;
+        }
+        dp.metadata.namespace.get_or_insert_with(|| "default".into());
+        dp.metadata.uid = Some("demo".into());
+        let replicas = initial_replicas(&dp.spec);
+        let built = objects::build(&dp, &defaults, replicas, None);
+        println!("✓ {name}: DataPipeline {}", dp.name_any());
+        println!(
+            "    Deployment {}  replicas {replicas} (workers {}..{}, {:?})",
+            built.deployment.metadata.name.as_deref().unwrap_or_default(),
+            dp.spec.workers.min,
+            dp.spec.workers.max,
+            dp.spec.autoscaling.mode
+        );
+        println!(
+            "    Service    {}  headless, port {}",
+            built.service.metadata.name.as_deref().unwrap_or_default(),
+            objects::DATA_PORT
+        );
+        match built.cache_pvc {
+            Some(_) => println!(
+                "    PVC        {}  shared by the namespace (cache mode {:?})",
+                objects::CACHE_PVC,
+                dp.spec.cache.mode
+            ),
+            None => println!("    no cache volume (cache mode {:?})", dp.spec.cache.mode),
+        }
+        if yaml {
+            for doc in [stoker_api::to_yaml(&built.deployment)?, stoker_api::to_yaml(&built.service)?] {
+                println!("---\n{doc}");
+            }
+            if let Some(pvc) = &built.cache_pvc {
+                println!("---\n{}", stoker_api::to_yaml(pvc)?);
+            }
+        }
+        println!();
+    }
+    println!("Next: install the operator (docs/install.md) and `kubectl apply -f manifests/samples/`.");
+    Ok(())
+}

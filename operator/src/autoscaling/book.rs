@@ -1,0 +1,82 @@
+//! What the autoscaler decided, per pipeline, shared with whoever makes it real and reports it:
+//! the controller (replicas and status) in a cluster, the terminal view in local mode.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use stoker_api::{CacheStatus, ScalingStep};
+
+use super::policy::PolicyState;
+use crate::key::PipelineKey;
+
+/// Decisions kept in status, newest last.
+pub const HISTORY: usize = 20;
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScalingRecord {
+    /// Workers the pipeline should run.
+    pub workers: u32,
+    /// Where the policy's search is (the least settled of the pipeline's jobs); None until the
+    /// first round.
+    pub state: Option<PolicyState>,
+    pub converged: bool,
+    /// Whether training clients are attached.
+    pub attached: bool,
+    /// Mean batch time of the last window (1 / training speed), in milliseconds.
+    pub batch_time_ms: Option<f64>,
+    pub wait_fraction: Option<f64>,
+    /// Workers the policy wanted beyond what the cluster-wide budget granted.
+    pub held_back: u32,
+    pub history: Vec<ScalingStep>,
+}
+
+#[derive(Default)]
+pub struct ScalingBook {
+    records: Mutex<BTreeMap<PipelineKey, ScalingRecord>>,
+    /// Each pipeline's cache plan, as the dispatcher has it (kept apart from the records,
+    /// which only pipelines in the autoscaler's scope have).
+    caches: Mutex<BTreeMap<PipelineKey, CacheStatus>>,
+}
+
+impl ScalingBook {
+    pub fn get(&self, pipeline: &PipelineKey) -> Option<ScalingRecord> {
+        self.records.lock().unwrap().get(pipeline).cloned()
+    }
+
+    pub fn all(&self) -> BTreeMap<PipelineKey, ScalingRecord> {
+        self.records.lock().unwrap().clone()
+    }
+
+    /// Changes a pipeline's record; returns whether anything changed.
+    pub fn update(&self, pipeline: &PipelineKey, f: impl FnOnce(&mut ScalingRecord)) -> bool {
+        let mut records = self.records.lock().unwrap();
+        let record = records.entry(pipeline.clone()).or_default();
+        let before = record.clone();
+        f(record);
+        if record.history.len() > HISTORY {
+            let excess = record.history.len() - HISTORY;
+            record.history.drain(..excess);
+        }
+        *record != before
+    }
+
+    pub fn cache(&self, pipeline: &PipelineKey) -> Option<CacheStatus> {
+        self.caches.lock().unwrap().get(pipeline).cloned()
+    }
+
+    pub fn caches(&self) -> BTreeMap<PipelineKey, CacheStatus> {
+        self.caches.lock().unwrap().clone()
+    }
+
+    /// Replaces the cache plans; returns whether anything changed.
+    pub fn set_caches(&self, caches: BTreeMap<PipelineKey, CacheStatus>) -> bool {
+        let mut current = self.caches.lock().unwrap();
+        let changed = *current != caches;
+        *current = caches;
+        changed
+    }
+
+    pub fn remove(&self, pipeline: &PipelineKey) {
+        self.records.lock().unwrap().remove(pipeline);
+    }
+}

@@ -1,0 +1,162 @@
+//! The workers Deployment: the pipeline's spec (as JSON in the env), the dispatcher's address,
+//! the cache volume when caching, the user's scheduling, resources, env and volumes; pods
+//! non-root with a read-only root filesystem.
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
+    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    SeccompProfile, SecretEnvSource, SecurityContext, TCPSocketAction, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use stoker_api::{Cache, DataPipeline, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME, WorkerPipeline};
+
+use super::{CACHE_MOUNT, CACHE_PVC, DATA_PORT, Identity, WorkerDefaults, uses_cache_volume, workers_name};
+
+pub(super) fn build(
+    dp: &DataPipeline,
+    identity: &Identity,
+    defaults: &WorkerDefaults,
+    replicas: i32,
+    cache_volume: Option<&Quantity>,
+) -> Deployment {
+    let spec = &dp.spec;
+    let (volumes, mounts) = volumes(dp);
+    let container = Container {
+        name: "worker".into(),
+        image: Some(spec.workers.image.clone().unwrap_or_else(|| defaults.image.clone())),
+        env: Some(env(dp, &identity.namespace, defaults, cache_volume)),
+        env_from: spec.source.credentials_secret.as_ref().map(|secret| {
+            vec![EnvFromSource {
+                secret_ref: Some(SecretEnvSource { name: secret.clone(), optional: None }),
+                ..Default::default()
+            }]
+        }),
+        ports: Some(vec![ContainerPort {
+            name: Some("data".into()),
+            container_port: DATA_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction { port: IntOrString::String("data".into()), host: None }),
+            period_seconds: Some(5),
+            ..Default::default()
+        }),
+        resources: spec.workers.resources.clone(),
+        volume_mounts: Some(mounts),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+
+    Deployment {
+        metadata: identity.meta(&workers_name(dp)),
+        spec: DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector { match_labels: Some(identity.selector.clone()), match_expressions: None },
+            // Scaling is the autoscaler's job; a rollout should not double the workers.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(0)),
+                    max_unavailable: Some(IntOrString::String("25%".into())),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(identity.labels.clone()), ..Default::default() }),
+                spec: Some(PodSpec {
+                    containers: vec![container],
+                    volumes: Some(volumes),
+                    service_account_name: spec.workers.service_account_name.clone(),
+                    node_selector: spec.workers.node_selector.clone(),
+                    tolerations: spec.workers.tolerations.clone(),
+                    affinity: spec.workers.affinity.clone(),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        fs_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            localhost_profile: None,
+                        }),
+                        ..Default::default()
+                    }),
+                    // Workers drain in-flight batches on SIGTERM; a few seconds is plenty.
+                    termination_grace_period_seconds: Some(10),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        },
+        status: None,
+    }
+}
+
+/// The worker's settings: its pipeline, where the dispatcher is, where it listens, and its
+/// cache directory and cap when caching; the user's env last, so it can override ours.
+fn env(dp: &DataPipeline, namespace: &str, defaults: &WorkerDefaults, cache_volume: Option<&Quantity>) -> Vec<EnvVar> {
+    let spec = &dp.spec;
+    let pipeline_json =
+        serde_json::to_string(&WorkerPipeline::new(namespace, &dp.name_any(), spec)).expect("pipeline spec serializes");
+    let field_ref = |path: &str| EnvVarSource {
+        field_ref: Some(ObjectFieldSelector { field_path: path.to_string(), ..Default::default() }),
+        ..Default::default()
+    };
+    let mut env = vec![
+        EnvVar { name: "STOKER_PIPELINE".into(), value: Some(pipeline_json), ..Default::default() },
+        EnvVar { name: "STOKER_DISPATCHER".into(), value: Some(defaults.dispatcher_url.clone()), ..Default::default() },
+        EnvVar { name: "STOKER_LISTEN".into(), value: Some(format!("0.0.0.0:{DATA_PORT}")), ..Default::default() },
+        EnvVar { name: "POD_NAME".into(), value_from: Some(field_ref("metadata.name")), ..Default::default() },
+        EnvVar { name: "POD_IP".into(), value_from: Some(field_ref("status.podIP")), ..Default::default() },
+    ];
+    if uses_cache_volume(spec) {
+        env.push(EnvVar { name: "STOKER_CACHE_DIR".into(), value: Some(CACHE_MOUNT.into()), ..Default::default() });
+        if let Some(cap) = cache_volume.map_or_else(|| spec.cache.cap_bytes(), Cache::cap_for) {
+            env.push(EnvVar {
+                name: "STOKER_CACHE_CAP_BYTES".into(),
+                value: Some(cap.to_string()),
+                ..Default::default()
+            });
+        }
+    }
+    env.extend(spec.workers.env.iter().flatten().cloned());
+    env
+}
+
+/// A writable /tmp (the root filesystem is read-only), the cache volume when caching, and the
+/// user's volumes after ours (validation keeps their names and paths apart).
+fn volumes(dp: &DataPipeline) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let spec = &dp.spec;
+    let (tmp, tmp_path) = WORKER_TMP_VOLUME;
+    let mut volumes =
+        vec![Volume { name: tmp.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }];
+    let mut mounts = vec![VolumeMount { name: tmp.into(), mount_path: tmp_path.into(), ..Default::default() }];
+    if uses_cache_volume(spec) {
+        volumes.push(Volume {
+            name: WORKER_CACHE_VOLUME.0.into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: CACHE_PVC.into(),
+                read_only: None,
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: WORKER_CACHE_VOLUME.0.into(),
+            mount_path: CACHE_MOUNT.into(),
+            ..Default::default()
+        });
+    }
+    volumes.extend(spec.workers.volumes.iter().flatten().cloned());
+    mounts.extend(spec.workers.volume_mounts.iter().flatten().cloned());
+    (volumes, mounts)
+}

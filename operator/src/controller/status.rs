@@ -1,0 +1,241 @@
+//! The status step's pure half: what the status should say, given what reconcile found.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use stoker_api::{
+    AutoscalerStatus, AutoscalingMode, CacheDecision, CacheMode, CacheStatus, DataPipelineSpec, DataPipelineStatus,
+    Phase, ValidationError, WorkersStatus, condition, invalid_message,
+};
+
+use crate::autoscaling::ScalingRecord;
+use crate::autoscaling::policy::PolicyState;
+
+/// What the reconcile of one generation came to.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// The spec cannot run; nothing was applied.
+    Invalid(Vec<ValidationError>),
+    /// Objects are applied; `ready` of `desired` workers are ready.
+    Applied { desired: i32, ready: i32 },
+    /// Applying failed; the message says why.
+    Failed(String),
+}
+
+pub fn next(
+    spec: &DataPipelineSpec,
+    generation: Option<i64>,
+    previous: Option<&DataPipelineStatus>,
+    outcome: &Outcome,
+    scaling: Option<&ScalingRecord>,
+    cache: Option<&CacheStatus>,
+    now: &Time,
+) -> DataPipelineStatus {
+    let previous = previous.cloned().unwrap_or_default();
+    let (phase, ready, progressing, degraded) = match outcome {
+        Outcome::Invalid(errors) => {
+            let msg = invalid_message(errors);
+            (
+                Phase::Invalid,
+                cond(condition::READY, false, "InvalidSpec", &msg),
+                cond(
+                    condition::PROGRESSING,
+                    false,
+                    "InvalidSpec",
+                    "Fix the spec; until then nothing new is applied and workers of an earlier valid spec keep running",
+                ),
+                cond(condition::DEGRADED, false, "InvalidSpec", "The spec was refused before anything ran"),
+            )
+        }
+        Outcome::Failed(msg) => (
+            Phase::Degraded,
+            cond(condition::READY, false, "ApplyFailed", msg),
+            cond(condition::PROGRESSING, true, "Retrying", "Retrying with backoff"),
+            cond(condition::DEGRADED, true, "ApplyFailed", msg),
+        ),
+        Outcome::Applied { desired, ready } => {
+            let all_ready = ready >= desired;
+            let summary = format!("{ready}/{desired} workers ready");
+            let running = match scaling {
+                Some(r) if r.attached && r.converged => Phase::Converged,
+                Some(r) if r.attached => Phase::Scaling,
+                _ => Phase::Idle,
+            };
+            (
+                if all_ready { running } else { Phase::Pending },
+                if all_ready {
+                    cond(condition::READY, true, "WorkersReady", &summary)
+                } else {
+                    cond(condition::READY, false, "WorkersNotReady", &summary)
+                },
+                if all_ready {
+                    cond(condition::PROGRESSING, false, "Stable", &summary)
+                } else {
+                    cond(condition::PROGRESSING, true, "WorkersStarting", &summary)
+                },
+                cond(condition::DEGRADED, false, "AsExpected", "Objects are applied"),
+            )
+        }
+    };
+
+    let workers = match outcome {
+        Outcome::Applied { desired, ready } => Some(WorkersStatus::new(*desired, *ready)),
+        _ => previous.workers.clone(),
+    };
+    let conditions = [ready, progressing, degraded]
+        .into_iter()
+        .map(|c| keep_transition_time(c, &previous.conditions, generation, now))
+        .collect();
+
+    DataPipelineStatus {
+        phase: Some(phase),
+        workers,
+        batch_time_ms: scaling.and_then(|r| r.batch_time_ms).or(previous.batch_time_ms),
+        autoscaler: Some(match (spec.autoscaling.mode, scaling) {
+            // A fixed count has nothing to search for.
+            (AutoscalingMode::Fixed, _) => AutoscalerStatus { converged: true, ..Default::default() },
+            (AutoscalingMode::BatchTime, Some(r)) => AutoscalerStatus {
+                converged: r.converged,
+                state: r.state.map(|s| s.name().to_string()),
+                held_back_by_budget: r.held_back,
+                history: r.history.clone(),
+            },
+            // A new leader has decided nothing yet: keep what the last one recorded. The very
+            // first status says what the autoscaler's first round will (no client yet), so
+            // that round does not write again.
+            (AutoscalingMode::BatchTime, None) => previous.autoscaler.unwrap_or_else(|| AutoscalerStatus {
+                state: Some(PolicyState::Idle.name().into()),
+                ..Default::default()
+            }),
+        }),
+        cache: Some(match (spec.cache.mode, cache, previous.cache) {
+            (CacheMode::Never, _, _) => CacheStatus { decision: CacheDecision::Compute, ..Default::default() },
+            (_, Some(plan), _) => plan.clone(),
+            // No worker has registered with this leader yet: keep what the last one showed.
+            (_, None, Some(cache)) if cache.decision != CacheDecision::Compute || cache.at.is_some() => cache,
+            _ => CacheStatus::default(),
+        }),
+        conditions,
+        observed_generation: generation,
+    }
+}
+
+fn cond(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
+    Condition {
+        type_: type_.into(),
+        status: if status { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: Time(Default::default()),
+        observed_generation: None,
+    }
+}
+
+/// lastTransitionTime moves only when the condition's status flips.
+fn keep_transition_time(mut c: Condition, previous: &[Condition], generation: Option<i64>, now: &Time) -> Condition {
+    c.observed_generation = generation;
+    c.last_transition_time = match previous.iter().find(|p| p.type_ == c.type_) {
+        Some(p) if p.status == c.status => p.last_transition_time.clone(),
+        _ => now.clone(),
+    };
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn spec(extra: &str) -> DataPipelineSpec {
+        stoker_api::from_yaml(&format!("source: {{uri: 'file:///d', format: jsonl}}\nbatchSize: 4\n{extra}")).unwrap()
+    }
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    fn get<'a>(s: &'a DataPipelineStatus, t: &str) -> &'a Condition {
+        s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn pending_until_workers_are_ready_then_idle() {
+        let s = spec("");
+        let pending = next(&s, Some(1), None, &Outcome::Applied { desired: 2, ready: 1 }, None, None, &at(10));
+        assert_eq!(pending.phase, Some(Phase::Pending));
+        assert_eq!(pending.workers.as_ref().unwrap().summary, "1/2");
+        assert_eq!(get(&pending, condition::READY).status, "False");
+        assert_eq!(get(&pending, condition::PROGRESSING).status, "True");
+        let idle = next(&s, Some(1), Some(&pending), &Outcome::Applied { desired: 2, ready: 2 }, None, None, &at(20));
+        assert_eq!(idle.phase, Some(Phase::Idle));
+        assert_eq!(get(&idle, condition::READY).reason, "WorkersReady");
+        assert_eq!(get(&idle, condition::READY).last_transition_time, at(20));
+        assert_eq!(get(&idle, condition::DEGRADED).last_transition_time, at(10), "unchanged condition keeps its time");
+        assert_eq!(idle.observed_generation, Some(1));
+    }
+
+    #[test]
+    fn same_input_gives_identical_status() {
+        let s = spec("");
+        let first = next(&s, Some(3), None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
+        let again = next(&s, Some(3), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(99));
+        assert_eq!(first, again, "a resync must not produce a status write");
+    }
+
+    #[test]
+    fn invalid_lists_every_problem() {
+        let errors = vec![
+            ValidationError { field: "spec.workers".into(), message: "min (5) is greater than max (2)".into() },
+            ValidationError { field: "spec.source.uri".into(), message: "unknown scheme".into() },
+        ];
+        let st = next(&spec(""), Some(2), None, &Outcome::Invalid(errors), None, None, &at(1));
+        assert_eq!(st.phase, Some(Phase::Invalid));
+        let ready = get(&st, condition::READY);
+        assert_eq!(ready.reason, "InvalidSpec");
+        assert_eq!(ready.message, "spec.workers: min (5) is greater than max (2); spec.source.uri: unknown scheme");
+    }
+
+    #[test]
+    fn apply_failure_is_degraded_and_keeps_worker_counts() {
+        let s = spec("");
+        let ok = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 1 }, None, None, &at(1));
+        let failed = next(&s, Some(2), Some(&ok), &Outcome::Failed("quota exceeded".into()), None, None, &at(2));
+        assert_eq!(failed.phase, Some(Phase::Degraded));
+        assert_eq!(get(&failed, condition::DEGRADED).message, "quota exceeded");
+        assert_eq!(failed.workers, ok.workers);
+    }
+
+    #[test]
+    fn cache_decision_reflects_the_mode() {
+        let off = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
+        assert_eq!(off.cache.unwrap().decision, CacheDecision::Compute);
+        let auto = next(
+            &spec("cache: {mode: Auto}\n"),
+            None,
+            None,
+            &Outcome::Applied { desired: 1, ready: 0 },
+            None,
+            None,
+            &at(1),
+        );
+        assert_eq!(auto.cache.unwrap().decision, CacheDecision::Undecided);
+    }
+
+    #[test]
+    fn fixed_mode_is_converged_batch_time_is_not() {
+        let fixed = spec("autoscaling: {mode: Fixed, replicas: 1}\n");
+        let st = next(&fixed, None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
+        assert!(st.autoscaler.unwrap().converged);
+        let st = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
+        assert!(!st.autoscaler.unwrap().converged);
+    }
+
+    #[test]
+    fn the_autoscalers_first_round_writes_no_new_status() {
+        // A restart or a start must not cost a second write when no client is attached yet.
+        let s = spec("");
+        let first = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
+        let idle = ScalingRecord { workers: 1, state: Some(PolicyState::Idle), ..Default::default() };
+        let after_round =
+            next(&s, Some(1), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, Some(&idle), None, &at(2));
+        assert_eq!(first, after_round);
+    }
+}
