@@ -2,7 +2,6 @@
 
 pub mod alloc;
 pub mod apply;
-pub mod batch;
 pub mod bench;
 pub mod budget;
 pub mod cache;
