@@ -218,3 +218,227 @@ impl SplitTracker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The batcher driven as the engine drives it: for each chunk, `batch_queued` (batching
+    //! the chunk before it) then `queue`; `split_read` once a split's chunks are all queued;
+    //! `finish` at the end.
+
+    use std::sync::Arc;
+    use std::sync::mpsc::{Receiver, channel};
+
+    use bytes::Bytes;
+    use stoker_api::{DType, Tensor};
+
+    use super::*;
+    use crate::budget::MemoryBudget;
+
+    fn pipeline(yaml_tail: &str) -> WorkerPipeline {
+        let spec =
+            stoker_api::from_yaml(&format!("source: {{uri: 'file:///d/', format: jsonl}}\n{yaml_tail}")).unwrap();
+        WorkerPipeline::new("ns", "batcher", &spec)
+    }
+
+    type TestBatcher = Batcher<Box<dyn FnMut(Ready) -> bool>>;
+
+    /// A batcher sending to a channel the test reads, and the budget its rows are held in.
+    fn batcher(pipeline: &WorkerPipeline) -> (TestBatcher, Receiver<Ready>, Arc<MemoryBudget>) {
+        let budget = Arc::new(MemoryBudget::new(1 << 30));
+        let (tx, rx) = channel();
+        let send: Box<dyn FnMut(Ready) -> bool> = Box::new(move |ready| tx.send(ready).is_ok());
+        (Batcher::new(pipeline, 3, budget.reserve_rows(0), send), rx, budget)
+    }
+
+    /// A row with one int32 field `x` of `values` (shape `[values.len()]`).
+    fn row(values: &[i32]) -> Row {
+        let data = Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
+        Row::from([("x".to_string(), Tensor::new(DType::Int32, vec![values.len()], data).unwrap())])
+    }
+
+    /// Element `i` of split `split`, recognisable in a batch as the value `100 * split + i`.
+    fn element(split: u64, i: usize) -> Row {
+        row(&[100 * split as i32 + i as i32])
+    }
+
+    /// Feeds a split as the engine does: its chunks of the given sizes, then `split_read`.
+    fn read_split(batcher: &mut TestBatcher, budget: &Arc<MemoryBudget>, split: u64, chunks: &[usize]) -> bool {
+        let mut next = 0;
+        for &n in chunks {
+            if !batcher.batch_queued().unwrap() {
+                return false;
+            }
+            batcher.queue(split, (next..next + n).map(|i| element(split, i)).collect(), budget.reserve_rows(0));
+            next += n;
+        }
+        batcher.split_read(split);
+        true
+    }
+
+    fn values(ready: &Ready) -> Vec<i32> {
+        ready.batch.tensors["x"].data.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+    }
+
+    fn splits_in(ready: &Ready) -> BTreeSet<u64> {
+        values(ready).iter().map(|v| *v as u64 / 100).collect()
+    }
+
+    #[test]
+    fn rows_fill_batches_of_the_batch_size_in_order_then_the_remainder() {
+        let p = pipeline("batchSize: 3\n");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[2, 2]);
+        read_split(&mut b, &budget, 1, &[3]);
+        let leftover = b.finish().unwrap();
+        let ready: Vec<Ready> = rx.try_iter().collect();
+        assert_eq!(ready.iter().map(values).collect::<Vec<_>>(), [vec![0, 1, 2], vec![3, 100, 101], vec![102]]);
+        let headers: Vec<_> = ready.iter().map(|r| (r.batch.epoch, r.batch.split, r.batch.sequence)).collect();
+        assert_eq!(headers, [(3, 0, 0), (3, 1, 1), (3, 1, 2)], "a batch says the split that filled it");
+        assert_eq!(ready[1].batch.tensors["x"].shape, [3, 1]);
+        let completes: Vec<_> = ready.iter().map(|r| r.completes.clone()).collect();
+        assert_eq!(completes, [vec![], vec![0], vec![1]]);
+        assert!(leftover.is_empty());
+    }
+
+    #[test]
+    fn a_chunk_is_batched_only_once_the_next_is_transformed_or_the_input_ends() {
+        let p = pipeline("batchSize: 2\n");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[2]);
+        assert_eq!(rx.try_iter().count(), 0, "the split's only chunk is still queued");
+        read_split(&mut b, &budget, 1, &[2]);
+        assert_eq!(rx.try_iter().map(|r| (values(&r), r.completes)).collect::<Vec<_>>(), [(vec![0, 1], vec![0])]);
+        b.finish().unwrap();
+        assert_eq!(rx.try_iter().map(|r| (values(&r), r.completes)).collect::<Vec<_>>(), [(vec![100, 101], vec![1])]);
+    }
+
+    #[test]
+    fn a_split_ending_on_a_batch_boundary_completes_with_that_batch() {
+        let p = pipeline("batchSize: 3\n");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[1, 2]);
+        read_split(&mut b, &budget, 1, &[1]);
+        let leftover = b.finish().unwrap();
+        let ready: Vec<Ready> = rx.try_iter().collect();
+        assert_eq!((values(&ready[0]), ready[0].completes.clone()), (vec![0, 1, 2], vec![0]));
+        assert_eq!((values(&ready[1]), ready[1].completes.clone()), (vec![100], vec![1]));
+        assert!(leftover.is_empty());
+    }
+
+    #[test]
+    fn a_dropped_remainder_completes_its_splits_as_leftovers_and_releases_its_budget() {
+        let p = pipeline("batchSize: 3\ndropRemainder: true\n");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[2]);
+        read_split(&mut b, &budget, 1, &[3]);
+        assert_eq!(budget.used(), 5 * 4, "five queued int32 rows");
+        let leftover = b.finish().unwrap();
+        let ready: Vec<Ready> = rx.try_iter().collect();
+        assert_eq!(ready.iter().map(values).collect::<Vec<_>>(), [vec![0, 1, 100]]);
+        assert_eq!(ready[0].completes, [0], "split 1's last elements were dropped, so no batch carries it");
+        assert_eq!(leftover, [1]);
+        assert_eq!(budget.used(), 3 * 4, "only the batch in flight is held");
+        drop(ready);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_split_without_elements_completes_with_the_next_batch_made_or_as_a_leftover() {
+        let p = pipeline("batchSize: 2\n");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[2]);
+        // Split 1 had no records; split 2's were all filtered out.
+        read_split(&mut b, &budget, 1, &[]);
+        read_split(&mut b, &budget, 2, &[0]);
+        let leftover = b.finish().unwrap();
+        let ready: Vec<Ready> = rx.try_iter().collect();
+        assert_eq!(
+            ready.iter().map(|r| (values(r), r.completes.clone())).collect::<Vec<_>>(),
+            [(vec![0, 1], vec![1, 0])]
+        );
+        assert_eq!(leftover, [2], "read after the last batch: nothing carries it");
+    }
+
+    #[test]
+    fn rows_of_different_shapes_pad_with_the_pipelines_pad_value_or_fail() {
+        let p = pipeline("batchSize: 2\npadValue: -1\n");
+        let (mut b, rx, budget) = batcher(&p);
+        b.queue(0, vec![row(&[1]), row(&[2, 3])], budget.reserve_rows(0));
+        b.split_read(0);
+        b.finish().unwrap();
+        let ready = rx.try_recv().unwrap();
+        assert_eq!(ready.batch.tensors["x"].shape, [2, 2]);
+        assert_eq!(values(&ready), [1, -1, 2, 3]);
+
+        let p = pipeline("batchSize: 2\n");
+        let (mut b, _rx, budget) = batcher(&p);
+        b.queue(0, vec![row(&[1]), row(&[2, 3])], budget.reserve_rows(0));
+        b.split_read(0);
+        assert!(matches!(b.finish(), Err(BatchError::ShapeMismatch { .. })));
+    }
+
+    #[test]
+    fn nobody_listening_stops_batching_and_reports_no_completions() {
+        let p = pipeline("batchSize: 1\n");
+        let (mut b, rx, budget) = batcher(&p);
+        drop(rx);
+        read_split(&mut b, &budget, 0, &[1]);
+        assert!(!read_split(&mut b, &budget, 1, &[1]), "sending split 0's batch found nobody");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[1]);
+        drop(rx);
+        assert_eq!(b.finish().unwrap(), Vec::<u64>::new());
+    }
+
+    /// Through a shuffle buffer rows leave in random order, yet every split completes exactly
+    /// once: with the batch holding its last row, or (no rows, or the last dropped) after.
+    #[test]
+    fn shuffled_splits_complete_with_the_batch_holding_their_last_row() {
+        let splits: [&[usize]; 6] = [&[3], &[1, 2], &[0], &[4], &[], &[2, 5]];
+        for (buffer, drop_remainder, seed) in [(5, false, 1), (5, true, 2), (1, false, 3), (64, true, 4), (3, true, 5)]
+        {
+            let p = pipeline(&format!(
+                "batchSize: 4\ndropRemainder: {drop_remainder}\nshuffle: {{bufferSize: {buffer}, seed: {seed}}}\n"
+            ));
+            let (mut b, rx, budget) = batcher(&p);
+            for (split, chunks) in splits.iter().enumerate() {
+                read_split(&mut b, &budget, split as u64, chunks);
+            }
+            let leftover = b.finish().unwrap();
+            let ready: Vec<Ready> = rx.try_iter().collect();
+            let case = format!("buffer {buffer}, dropRemainder {drop_remainder}");
+
+            let mut delivered: Vec<i32> = ready.iter().flat_map(values).collect();
+            let in_order: Vec<i32> = delivered.clone();
+            delivered.sort();
+            let mut all: Vec<i32> = (0..splits.len())
+                .flat_map(|s| (0..splits[s].iter().sum::<usize>()).map(move |i| 100 * s as i32 + i as i32))
+                .collect();
+            if buffer > 1 {
+                assert_ne!(in_order, all[..in_order.len()], "{case}: shuffled");
+            }
+            assert_eq!(delivered.len(), if drop_remainder { 16 } else { 17 }, "{case}");
+            all.retain(|v| delivered.contains(v));
+            assert_eq!(delivered, all, "{case}: each row at most once");
+
+            let mut reported: Vec<u64> =
+                ready.iter().flat_map(|r| r.completes.clone()).chain(leftover.clone()).collect();
+            reported.sort();
+            assert_eq!(reported, [0, 1, 2, 3, 4, 5], "{case}: each split exactly once");
+            for split in 0..splits.len() as u64 {
+                let last_batch = ready.iter().rposition(|r| splits_in(r).contains(&split));
+                let carrier = ready.iter().position(|r| r.completes.contains(&split));
+                let rows = splits[split as usize].iter().sum::<usize>();
+                let all_delivered = delivered.iter().filter(|v| **v as u64 / 100 == split).count() == rows;
+                match (rows, all_delivered) {
+                    (0, _) => assert!(carrier.is_some() || leftover.contains(&split), "{case}: split {split}"),
+                    (_, true) => assert_eq!(carrier, last_batch, "{case}: split {split}"),
+                    (_, false) => {
+                        assert_eq!(carrier, None, "{case}: split {split} lost rows, so no batch carries it");
+                        assert!(leftover.contains(&split), "{case}: split {split}");
+                    }
+                }
+            }
+        }
+    }
+}
