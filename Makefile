@@ -13,10 +13,11 @@ demo:
 	target/release/stoker demo
 
 # Every test tier that can run on this machine: unit, chart, and e2e on a real control plane
-# (kind too where docker and kind exist; otherwise it says why it is skipped).
+# (kind too where docker and kind exist; otherwise it says why it is skipped). The worker's
+# benchmarks (its `bench` feature) are built so their tests run too.
 test: tools
-	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) build --workspace --bins --features stoker-worker/bench
+	$(CARGO) test --workspace --no-fail-fast --features stoker-worker/bench
 	$(MAKE) python
 	STOKER_E2E_PROVIDER=kind $(CARGO) test -p stoker-e2e --test e2e
 
@@ -40,4 +41,5 @@ generate: tools
 
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features stoker-worker/bench -- -D warnings
 	helm lint charts/stoker

@@ -2,6 +2,7 @@
 
 pub mod alloc;
 pub mod apply;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod budget;
 pub mod cache;
