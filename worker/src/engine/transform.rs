@@ -1,7 +1,6 @@
 //! Transforming: a split's elements in chunks on the rayon pool, each chunk's results in the
 //! chunk's order, turned into rows for the batcher.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -29,7 +28,7 @@ impl Engine {
     ) -> Result<bool, EngineError> {
         let window = (self.config.threads * 64).max(64);
         let mut at_hints = self.start_hints(split, &mut plan);
-        let plan = Arc::new(plan);
+        let plan = &plan;
         let mut elements = elements.into_iter();
         let listening = std::thread::scope(|scope| -> Result<bool, EngineError> {
             loop {
@@ -41,8 +40,7 @@ impl Engine {
                 // what the last chunk's rows weighed, wait while batches in flight leave no
                 // room, then correct to the actual size.
                 let reserved = self.budget.reserve_rows(batcher.row_estimate() * chunk.len());
-                let chunk_plan = plan.clone();
-                let transforming = scope.spawn(move || self.transform(epoch, split, chunk, &chunk_plan));
+                let transforming = scope.spawn(move || self.transform(epoch, split, chunk, plan));
                 if !batcher.batch_queued()? {
                     return Ok(false);
                 }
@@ -52,7 +50,7 @@ impl Engine {
             }
         })?;
         if listening {
-            self.finish_hints(&plan, at_hints);
+            self.finish_hints(plan, at_hints);
         }
         Ok(listening)
     }
