@@ -14,10 +14,10 @@ demo:
 
 # Every test tier that can run on this machine: formatting and lints first, then unit, chart,
 # and e2e on a real control plane (kind too where docker and kind exist; otherwise it says why
-# it is skipped).
+# it is skipped). The worker's benchmarks (its `bench` feature) are built so their tests run too.
 test: lint tools
-	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) build --workspace --bins --features stoker-worker/bench
+	$(CARGO) test --workspace --no-fail-fast --features stoker-worker/bench
 	$(MAKE) python
 	STOKER_E2E_PROVIDER=kind $(CARGO) test -p stoker-e2e --test e2e
 
@@ -43,3 +43,4 @@ generate: tools
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features stoker-worker/bench -- -D warnings

@@ -15,7 +15,7 @@ case $bench in
   cache) repeat=(); show=. ;;
   *) echo "unknown benchmark '$bench': preprocess or cache" >&2; exit 2 ;;
 esac
-cargo build --release -q -p stoker-worker
+cargo build --release -q -p stoker-worker --features bench
 worker=target/release/stoker-worker
 [ -d "$corpus" ] || "$worker" corpus --out "$corpus" --images "$images"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); /tmp on $(df -T /tmp | tail -1 | awk '{print $2}')"

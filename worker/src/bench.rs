@@ -1,51 +1,20 @@
 //! Benchmarks run as commands (`stoker-worker bench ...`), never as timed tests.
 
+mod command;
 pub mod memory;
+
+pub use command::Bench;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
-use stoker_api::{
-    Autocache, CacheMode, DType, DecodeImage, Normalize, OnError, RandomFlip, RandomResizedCrop, Resize, Source,
-    SourceFormat, Transform, WorkerPipeline,
-};
+use stoker_api::{Autocache, CacheMode, Resize, Transform, WorkerPipeline};
 
 use crate::cached::{CacheConfig, SplitCache};
+use crate::corpus::resnet50_train;
 use crate::engine::{Engine, EngineConfig};
-
-/// ResNet-50's training transforms (torchvision's reference recipe) over an image folder.
-pub fn resnet50_train(uri: &str, batch_size: u32) -> WorkerPipeline {
-    WorkerPipeline {
-        namespace: "bench".into(),
-        name: "resnet50-train".into(),
-        source: Source { uri: uri.into(), format: SourceFormat::ImageFolder, credentials_secret: None },
-        transforms: vec![
-            Transform::DecodeImage(DecodeImage { channels: 3, field: "image".into() }),
-            Transform::RandomResizedCrop(RandomResizedCrop {
-                size: [224, 224],
-                scale: [0.08, 1.0],
-                ratio: [3.0 / 4.0, 4.0 / 3.0],
-                field: "image".into(),
-            }),
-            Transform::RandomFlip(RandomFlip { horizontal: true, vertical: false, field: "image".into() }),
-            Transform::Normalize(Normalize {
-                mean: vec![0.485, 0.456, 0.406],
-                std: vec![0.229, 0.224, 0.225],
-                dtype: DType::Float32,
-                field: "image".into(),
-            }),
-        ],
-        shuffle: None,
-        batch_size,
-        drop_remainder: false,
-        pad_value: None,
-        seed: Some(1),
-        on_error: OnError::Skip,
-        cache_mode: Default::default(),
-    }
-}
 
 #[derive(Debug)]
 pub struct PreprocessReport {

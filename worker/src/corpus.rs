@@ -1,12 +1,17 @@
 //! A deterministic ImageNet-like corpus for tests and benchmarks: `<root>/<label>/<n>.jpg`,
 //! sides of 250-500 px, JPEG quality 90 (about 100 KB each). The content is fractal value noise
 //! with a per-class palette, a few shapes and pixel grain: smooth regions and fine detail, so JPEG sizes
-//! and decode costs resemble photographs, unlike flat or white-noise images.
+//! and decode costs resemble photographs, unlike flat or white-noise images. Tests and
+//! benchmarks run `resnet50_train` over it.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use jpeg_encoder::{ColorType, Encoder};
+use stoker_api::{
+    DType, DecodeImage, Normalize, OnError, RandomFlip, RandomResizedCrop, Source, SourceFormat, Transform,
+    WorkerPipeline,
+};
 
 use crate::shuffle::SplitMix64;
 
@@ -119,6 +124,38 @@ impl Lattice {
         let top = v(x0, y0) * (1.0 - tx) + v(x0 + 1, y0) * tx;
         let bottom = v(x0, y0 + 1) * (1.0 - tx) + v(x0 + 1, y0 + 1) * tx;
         top * (1.0 - ty) + bottom * ty
+    }
+}
+
+/// ResNet-50's training transforms (torchvision's reference recipe) over an image folder.
+pub fn resnet50_train(uri: &str, batch_size: u32) -> WorkerPipeline {
+    WorkerPipeline {
+        namespace: "bench".into(),
+        name: "resnet50-train".into(),
+        source: Source { uri: uri.into(), format: SourceFormat::ImageFolder, credentials_secret: None },
+        transforms: vec![
+            Transform::DecodeImage(DecodeImage { channels: 3, field: "image".into() }),
+            Transform::RandomResizedCrop(RandomResizedCrop {
+                size: [224, 224],
+                scale: [0.08, 1.0],
+                ratio: [3.0 / 4.0, 4.0 / 3.0],
+                field: "image".into(),
+            }),
+            Transform::RandomFlip(RandomFlip { horizontal: true, vertical: false, field: "image".into() }),
+            Transform::Normalize(Normalize {
+                mean: vec![0.485, 0.456, 0.406],
+                std: vec![0.229, 0.224, 0.225],
+                dtype: DType::Float32,
+                field: "image".into(),
+            }),
+        ],
+        shuffle: None,
+        batch_size,
+        drop_remainder: false,
+        pad_value: None,
+        seed: Some(1),
+        on_error: OnError::Skip,
+        cache_mode: Default::default(),
     }
 }
 

@@ -2,7 +2,7 @@
 
 pub mod alloc;
 pub mod apply;
-pub mod batch;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod budget;
 pub mod cache;

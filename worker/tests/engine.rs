@@ -5,9 +5,8 @@ use std::sync::mpsc::{Receiver, sync_channel};
 use std::time::Duration;
 
 use stoker_api::{Batch, DType, WorkerPipeline};
-use stoker_worker::bench::resnet50_train;
 use stoker_worker::cached::SplitCache;
-use stoker_worker::corpus::{CorpusSpec, generate};
+use stoker_worker::corpus::{CorpusSpec, generate, resnet50_train};
 use stoker_worker::engine::{Engine, EngineConfig, EngineError, Ready};
 
 fn corpus(images: usize, classes: usize) -> tempfile::TempDir {

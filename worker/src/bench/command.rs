@@ -1,0 +1,181 @@
+//! The `stoker-worker bench` subcommands: each generates its corpus when missing, runs, and
+//! prints its report.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use stoker_api::DType;
+
+use super::memory::MemoryBench;
+use crate::corpus::{self, CorpusSpec};
+use crate::stream::{self, ServerOptions, StreamService, SyntheticSource};
+
+/// `stoker-worker bench ...` (see docs/performance.md).
+#[derive(Subcommand)]
+pub enum Bench {
+    /// ResNet-50 training transforms over an image folder: images/s and images/s per core.
+    Preprocess {
+        /// The corpus; generated there (with --images) if it does not exist.
+        #[arg(long)]
+        corpus: PathBuf,
+        #[arg(long, default_value_t = 2000)]
+        images: usize,
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Epochs to time; the best is reported.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+    },
+    /// ResNet-50 transforms with an autocache hint after decode and resize to 256: epoch
+    /// times computing everything, writing the cache, and reading it back.
+    Cache {
+        /// The corpus; generated there (with --images) if it does not exist.
+        #[arg(long)]
+        corpus: PathBuf,
+        #[arg(long, default_value_t = 1000)]
+        images: usize,
+        /// The directory standing in for the cache volume.
+        #[arg(long, default_value = "/tmp/stoker-bench-cache")]
+        volume: PathBuf,
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Epochs reading the cache.
+        #[arg(long, default_value_t = 2)]
+        gets: usize,
+    },
+    /// Peak RSS of a standalone worker read by a slow client vs its budget plus 200 MB;
+    /// exits nonzero when over.
+    Memory {
+        /// The corpus; generated there (1000 images) if it does not exist.
+        #[arg(long)]
+        corpus: PathBuf,
+        #[arg(long, default_value_t = 256 << 20)]
+        memory_budget: u64,
+        /// The client's pause after each batch.
+        #[arg(long, default_value_t = 500)]
+        client_delay_ms: u64,
+        #[arg(long, default_value_t = 30)]
+        duration_s: u64,
+        /// float32 224x224x3 images per batch (256: 154 MB).
+        #[arg(long, default_value_t = 256)]
+        batch_size: u32,
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// Serves ready synthetic batches (float16 224x224x3 images and int64 labels) as fast as a
+    /// client reads them: the other end of the stream benchmarks (clients in any language).
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:50052")]
+        listen: SocketAddr,
+        /// Images per batch (14: a 4 MiB batch).
+        #[arg(long, default_value_t = 14)]
+        images: usize,
+    },
+}
+
+impl Bench {
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self {
+            Bench::Preprocess { corpus, images, threads, repeat } => {
+                ensure_corpus(&corpus, images)?;
+                preprocess(&corpus, all_cores(threads), repeat).await
+            }
+            Bench::Cache { corpus, images, volume, threads, gets } => {
+                ensure_corpus(&corpus, images)?;
+                cache(&corpus, &volume, all_cores(threads), gets).await
+            }
+            Bench::Memory { corpus, memory_budget, client_delay_ms, duration_s, batch_size, threads } => {
+                ensure_corpus(&corpus, CorpusSpec::default().images)?;
+                let client_delay = Duration::from_millis(client_delay_ms);
+                let duration = Duration::from_secs(duration_s);
+                super::memory::command(&MemoryBench {
+                    corpus,
+                    memory_budget,
+                    client_delay,
+                    duration,
+                    batch_size,
+                    threads,
+                })
+                .await
+            }
+            Bench::Serve { listen, images } => serve(listen, images).await,
+        }
+    }
+}
+
+/// Generates the corpus at `corpus` unless it is there.
+fn ensure_corpus(corpus: &Path, images: usize) -> anyhow::Result<()> {
+    if !corpus.exists() {
+        eprintln!("generating {images} images under {} ...", corpus.display());
+        corpus::generate(corpus, &CorpusSpec { images, ..Default::default() })?;
+    }
+    Ok(())
+}
+
+fn all_cores(threads: Option<usize>) -> usize {
+    threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+async fn preprocess(corpus: &Path, threads: usize, repeat: usize) -> anyhow::Result<()> {
+    let mut best: Option<super::PreprocessReport> = None;
+    for run in 1..=repeat.max(1) {
+        let report = super::preprocess(corpus, threads).await?;
+        println!(
+            "run {run}: {} images in {:.2} s: {:.0} images/s, {:.0} images/s per core ({threads} threads)",
+            report.images,
+            report.seconds,
+            report.images_per_second(),
+            report.per_core()
+        );
+        let ops: Vec<String> = report.op_ms.iter().map(|(op, ms)| format!("{op} {ms:.2} ms")).collect();
+        println!("  per image: {}", ops.join(", "));
+        if best.as_ref().is_none_or(|b| report.seconds < b.seconds) {
+            best = Some(report);
+        }
+    }
+    let best = best.expect("at least one run");
+    println!("best: {:.0} images/s, {:.0} images/s per core", best.images_per_second(), best.per_core());
+    Ok(())
+}
+
+async fn cache(corpus: &Path, volume: &Path, threads: usize, gets: usize) -> anyhow::Result<()> {
+    let r = super::cache(corpus, volume, threads, gets).await?;
+    let line = |what: &str, seconds: f64| {
+        println!(
+            "{what}: {} images in {seconds:.2} s: {:.0} images/s ({threads} threads)",
+            r.images,
+            r.images as f64 / seconds
+        )
+    };
+    line("compute (no cache)", r.compute);
+    line("put (computing, writing the cache)", r.put);
+    println!(
+        "entry: {:.0} MB, {:.0} KB per image",
+        r.entry_bytes as f64 / 1e6,
+        r.entry_bytes as f64 / 1e3 / r.images.max(1) as f64
+    );
+    for (i, &seconds) in r.gets.iter().enumerate() {
+        line(&format!("get {} (reading the cache, page cache dropped)", i + 1), seconds);
+    }
+    let best = r.gets.iter().copied().fold(f64::INFINITY, f64::min);
+    println!("best get: {:.2}x the compute epoch's speed", r.compute / best);
+    Ok(())
+}
+
+async fn serve(listen: SocketAddr, images: usize) -> anyhow::Result<()> {
+    let source = SyntheticSource::new(vec![
+        ("image".into(), DType::Float16, vec![images, 224, 224, 3]),
+        ("label".into(), DType::Int64, vec![images]),
+    ])
+    .shared_payload();
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+    tracing::info!(listen = %listener.local_addr()?, "serving synthetic batches");
+    stream::serve_on(listener, StreamService::new(source), &ServerOptions::default(), async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
+    Ok(())
+}

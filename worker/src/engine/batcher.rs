@@ -1,0 +1,444 @@
+//! Batching: transformed rows, through the shuffle buffer, into batches of the batch size,
+//! each naming the splits it completes. A split completes once it is read and its last row
+//! has left the engine (in a batch, or dropped as the remainder), so the dispatcher hears a
+//! split is done only once all its data is on its way to a client.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use stoker_api::WorkerPipeline;
+
+use super::Ready;
+use super::stack::{self, BatchError, Row};
+use crate::budget::{self, Rows};
+use crate::shuffle::ShuffleBuffer;
+
+/// Makes one epoch's batches and hands each to `send`, which says whether anyone still
+/// listens.
+///
+/// The engine queues each transformed chunk and batches it while the next one is transformed
+/// (`batch_queued`), so when a split has been read its last chunk may still be queued.
+pub(super) struct Batcher<S> {
+    size: usize,
+    pad: Option<f64>,
+    drop_remainder: bool,
+    epoch: u64,
+    shuffle: Option<ShuffleBuffer<(u64, Row)>>,
+    queued: Option<Chunk>,
+    /// The rows of the batch being filled, and the split each came from.
+    rows: Vec<Row>,
+    splits: Vec<u64>,
+    track: SplitTracker,
+    /// The budget share of every transformed row the batcher holds: queued, in the shuffle
+    /// buffer and pending. Dropped rows (a remainder, an early return) release it with the
+    /// batcher.
+    held: Rows,
+    /// Bytes per row of the last chunk that had rows.
+    row_estimate: usize,
+    sequence: u64,
+    /// The split read last: the one the batches made at the end say they come from.
+    last_split: u64,
+    send: S,
+}
+
+/// A transformed chunk waiting to be batched.
+struct Chunk {
+    split: u64,
+    rows: Vec<Row>,
+    /// The last chunk of its split: the split is read once these rows are in.
+    completes_split: bool,
+}
+
+fn row_bytes(row: &Row) -> usize {
+    row.values().map(|t| t.data.len()).sum()
+}
+
+impl<S: FnMut(Ready) -> bool> Batcher<S> {
+    pub(super) fn new(pipeline: &WorkerPipeline, epoch: u64, held: Rows, send: S) -> Self {
+        let seed = pipeline.seed.unwrap_or(0);
+        let size = pipeline.batch_size as usize;
+        Batcher {
+            size,
+            pad: pipeline.pad_value,
+            drop_remainder: pipeline.drop_remainder,
+            epoch,
+            shuffle: pipeline
+                .shuffle
+                .as_ref()
+                .map(|s| ShuffleBuffer::new(s.buffer_size as usize, s.seed.unwrap_or(seed), epoch)),
+            queued: None,
+            rows: Vec::with_capacity(size),
+            splits: Vec::with_capacity(size),
+            track: SplitTracker::default(),
+            held,
+            row_estimate: 0,
+            sequence: 0,
+            last_split: 0,
+            send,
+        }
+    }
+
+    /// What a row weighed in the last chunk that had any: what to reserve for the next
+    /// chunk's rows before they exist.
+    pub(super) fn row_estimate(&self) -> usize {
+        self.row_estimate
+    }
+
+    /// Queues a split's transformed chunk with its budget reservation, corrected to what its
+    /// rows weigh. The chunk queued before must have been batched.
+    pub(super) fn queue(&mut self, split: u64, rows: Vec<Row>, mut reserved: Rows) {
+        debug_assert!(self.queued.is_none(), "the queued chunk is batched before the next is queued");
+        let bytes: usize = rows.iter().map(row_bytes).sum();
+        if !rows.is_empty() {
+            self.row_estimate = bytes / rows.len();
+        }
+        reserved.resize(bytes);
+        self.held.merge(reserved);
+        self.queued = Some(Chunk { split, rows, completes_split: false });
+    }
+
+    /// The split is read: it completes once its last chunk is batched, or now when that chunk
+    /// has been batched already (or it had none).
+    pub(super) fn split_read(&mut self, split: u64) {
+        self.last_split = split;
+        match self.queued.as_mut() {
+            Some(chunk) if chunk.split == split => chunk.completes_split = true,
+            _ => self.track.parsed(split),
+        }
+    }
+
+    /// Moves the queued chunk's rows through the shuffle buffer into batches, sending each
+    /// full one; false when nobody listens.
+    pub(super) fn batch_queued(&mut self) -> Result<bool, BatchError> {
+        let Some(chunk) = self.queued.take() else { return Ok(true) };
+        let last = chunk.rows.len();
+        for (i, row) in chunk.rows.into_iter().enumerate() {
+            self.track.entered(chunk.split);
+            // Read to the end before its last row can fill a batch, so that batch carries the
+            // split's completion: the client reports the split only once it has the batch.
+            if chunk.completes_split && i + 1 == last {
+                self.track.parsed(chunk.split);
+            }
+            let row = match self.shuffle.as_mut() {
+                Some(buffer) => buffer.push((chunk.split, row)),
+                None => Some((chunk.split, row)),
+            };
+            if let Some(row) = row {
+                self.push(row);
+                if self.rows.len() == self.size && !self.emit(chunk.split)? {
+                    return Ok(false);
+                }
+            }
+        }
+        if chunk.completes_split && last == 0 {
+            self.track.parsed(chunk.split);
+        }
+        Ok(true)
+    }
+
+    /// Every split is read: batches the rest (the remainder unless it is dropped) and returns
+    /// the splits that completed with no batch left to carry them; none when nobody listens.
+    pub(super) fn finish(mut self) -> Result<Vec<u64>, BatchError> {
+        if !self.batch_queued()? {
+            return Ok(Vec::new());
+        }
+        if let Some(mut buffer) = self.shuffle.take() {
+            for row in buffer.drain() {
+                self.push(row);
+                if self.rows.len() == self.size && !self.emit(self.last_split)? {
+                    return Ok(Vec::new());
+                }
+            }
+        }
+        if !self.rows.is_empty() && !self.drop_remainder {
+            self.emit(self.last_split)?;
+        }
+        // Rows dropped as the remainder leave their splits complete too.
+        self.drop_rows();
+        Ok(std::mem::take(&mut self.track.completed))
+    }
+
+    fn push(&mut self, (split, row): (u64, Row)) {
+        self.splits.push(split);
+        self.rows.push(row);
+    }
+
+    /// Makes a batch of the pending rows and sends it; false when nobody listens.
+    fn emit(&mut self, split: u64) -> Result<bool, BatchError> {
+        let rows_bytes = self.rows.iter().map(row_bytes).sum();
+        let batch = stack::make_batch(&mut self.rows, self.pad, self.epoch, split, self.sequence)?;
+        self.drop_rows();
+        let completes = std::mem::take(&mut self.track.completed);
+        self.sequence += 1;
+        let bytes = batch.payload_bytes();
+        // The rows' reservation passes to the batch, and leaves with it.
+        let batch = budget::attach(batch, self.held.into_batch(rows_bytes, bytes));
+        Ok((self.send)(Ready { batch, completes }))
+    }
+
+    /// The pending rows are gone (batched or dropped): their splits may be complete now.
+    fn drop_rows(&mut self) {
+        self.rows.clear();
+        for split in self.splits.drain(..) {
+            self.track.left(split);
+        }
+    }
+}
+
+/// Knows when a split's last row has left the engine.
+#[derive(Default)]
+struct SplitTracker {
+    /// Rows of each split still in the shuffle buffer or the batch being filled.
+    inside: BTreeMap<u64, u64>,
+    /// Splits still being parsed and transformed.
+    reading: BTreeSet<u64>,
+    completed: Vec<u64>,
+}
+
+impl SplitTracker {
+    fn entered(&mut self, split: u64) {
+        self.reading.insert(split);
+        *self.inside.entry(split).or_default() += 1;
+    }
+
+    fn left(&mut self, split: u64) {
+        let n = self.inside.get_mut(&split).expect("a row that entered");
+        *n -= 1;
+        if *n == 0 {
+            self.inside.remove(&split);
+            if !self.reading.contains(&split) {
+                self.completed.push(split);
+            }
+        }
+    }
+
+    fn parsed(&mut self, split: u64) {
+        self.reading.remove(&split);
+        if !self.inside.contains_key(&split) {
+            self.completed.push(split);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The batcher driven as the engine drives it: for each chunk, `batch_queued` (batching
+    //! the chunk before it) then `queue`; `split_read` once a split's chunks are all queued;
+    //! `finish` at the end.
+
+    use std::sync::Arc;
+    use std::sync::mpsc::{Receiver, channel};
+
+    use bytes::Bytes;
+    use stoker_api::{DType, Tensor};
+
+    use super::*;
+    use crate::budget::MemoryBudget;
+
+    fn pipeline(yaml_tail: &str) -> WorkerPipeline {
+        let spec =
+            stoker_api::from_yaml(&format!("source: {{uri: 'file:///d/', format: jsonl}}\n{yaml_tail}")).unwrap();
+        WorkerPipeline::new("ns", "batcher", &spec)
+    }
+
+    type TestBatcher = Batcher<Box<dyn FnMut(Ready) -> bool>>;
+
+    /// A batcher sending to a channel the test reads, and the budget its rows are held in.
+    fn batcher(pipeline: &WorkerPipeline) -> (TestBatcher, Receiver<Ready>, Arc<MemoryBudget>) {
+        let budget = Arc::new(MemoryBudget::new(1 << 30));
+        let (tx, rx) = channel();
+        let send: Box<dyn FnMut(Ready) -> bool> = Box::new(move |ready| tx.send(ready).is_ok());
+        (Batcher::new(pipeline, 3, budget.reserve_rows(0), send), rx, budget)
+    }
+
+    /// A row with one int32 field `x` of `values` (shape `[values.len()]`).
+    fn row(values: &[i32]) -> Row {
+        let data = Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
+        Row::from([("x".to_string(), Tensor::new(DType::Int32, vec![values.len()], data).unwrap())])
+    }
+
+    /// Element `i` of split `split`, recognisable in a batch as the value `100 * split + i`.
+    fn element(split: u64, i: usize) -> Row {
+        row(&[100 * split as i32 + i as i32])
+    }
+
+    /// Feeds a split as the engine does: its chunks of the given sizes, then `split_read`.
+    fn read_split(batcher: &mut TestBatcher, budget: &Arc<MemoryBudget>, split: u64, chunks: &[usize]) -> bool {
+        let mut next = 0;
+        for &n in chunks {
+            if !batcher.batch_queued().unwrap() {
+                return false;
+            }
+            batcher.queue(split, (next..next + n).map(|i| element(split, i)).collect(), budget.reserve_rows(0));
+            next += n;
+        }
+        batcher.split_read(split);
+        true
+    }
+
+    fn values(ready: &Ready) -> Vec<i32> {
+        ready.batch.tensors["x"].data.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+    }
+
+    fn splits_in(ready: &Ready) -> BTreeSet<u64> {
+        values(ready).iter().map(|v| *v as u64 / 100).collect()
+    }
+
+    #[test]
+    fn rows_fill_batches_of_the_batch_size_in_order_then_the_remainder() {
+        let p = pipeline("batchSize: 3\n");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[2, 2]);
+        read_split(&mut b, &budget, 1, &[3]);
+        let leftover = b.finish().unwrap();
+        let ready: Vec<Ready> = rx.try_iter().collect();
+        assert_eq!(ready.iter().map(values).collect::<Vec<_>>(), [vec![0, 1, 2], vec![3, 100, 101], vec![102]]);
+        let headers: Vec<_> = ready.iter().map(|r| (r.batch.epoch, r.batch.split, r.batch.sequence)).collect();
+        assert_eq!(headers, [(3, 0, 0), (3, 1, 1), (3, 1, 2)], "a batch says the split that filled it");
+        assert_eq!(ready[1].batch.tensors["x"].shape, [3, 1]);
+        let completes: Vec<_> = ready.iter().map(|r| r.completes.clone()).collect();
+        assert_eq!(completes, [vec![], vec![0], vec![1]]);
+        assert!(leftover.is_empty());
+    }
+
+    #[test]
+    fn a_chunk_is_batched_only_once_the_next_is_transformed_or_the_input_ends() {
+        let p = pipeline("batchSize: 2\n");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[2]);
+        assert_eq!(rx.try_iter().count(), 0, "the split's only chunk is still queued");
+        read_split(&mut b, &budget, 1, &[2]);
+        assert_eq!(rx.try_iter().map(|r| (values(&r), r.completes)).collect::<Vec<_>>(), [(vec![0, 1], vec![0])]);
+        b.finish().unwrap();
+        assert_eq!(rx.try_iter().map(|r| (values(&r), r.completes)).collect::<Vec<_>>(), [(vec![100, 101], vec![1])]);
+    }
+
+    #[test]
+    fn a_split_ending_on_a_batch_boundary_completes_with_that_batch() {
+        let p = pipeline("batchSize: 3\n");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[1, 2]);
+        read_split(&mut b, &budget, 1, &[1]);
+        let leftover = b.finish().unwrap();
+        let ready: Vec<Ready> = rx.try_iter().collect();
+        assert_eq!((values(&ready[0]), ready[0].completes.clone()), (vec![0, 1, 2], vec![0]));
+        assert_eq!((values(&ready[1]), ready[1].completes.clone()), (vec![100], vec![1]));
+        assert!(leftover.is_empty());
+    }
+
+    #[test]
+    fn a_dropped_remainder_completes_its_splits_as_leftovers_and_releases_its_budget() {
+        let p = pipeline("batchSize: 3\ndropRemainder: true\n");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[2]);
+        read_split(&mut b, &budget, 1, &[3]);
+        assert_eq!(budget.used(), 5 * 4, "five queued int32 rows");
+        let leftover = b.finish().unwrap();
+        let ready: Vec<Ready> = rx.try_iter().collect();
+        assert_eq!(ready.iter().map(values).collect::<Vec<_>>(), [vec![0, 1, 100]]);
+        assert_eq!(ready[0].completes, [0], "split 1's last elements were dropped, so no batch carries it");
+        assert_eq!(leftover, [1]);
+        assert_eq!(budget.used(), 3 * 4, "only the batch in flight is held");
+        drop(ready);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_split_without_elements_completes_with_the_next_batch_made_or_as_a_leftover() {
+        let p = pipeline("batchSize: 2\n");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[2]);
+        // Split 1 had no records; split 2's were all filtered out.
+        read_split(&mut b, &budget, 1, &[]);
+        read_split(&mut b, &budget, 2, &[0]);
+        let leftover = b.finish().unwrap();
+        let ready: Vec<Ready> = rx.try_iter().collect();
+        assert_eq!(
+            ready.iter().map(|r| (values(r), r.completes.clone())).collect::<Vec<_>>(),
+            [(vec![0, 1], vec![1, 0])]
+        );
+        assert_eq!(leftover, [2], "read after the last batch: nothing carries it");
+    }
+
+    #[test]
+    fn rows_of_different_shapes_pad_with_the_pipelines_pad_value_or_fail() {
+        let p = pipeline("batchSize: 2\npadValue: -1\n");
+        let (mut b, rx, budget) = batcher(&p);
+        b.queue(0, vec![row(&[1]), row(&[2, 3])], budget.reserve_rows(0));
+        b.split_read(0);
+        b.finish().unwrap();
+        let ready = rx.try_recv().unwrap();
+        assert_eq!(ready.batch.tensors["x"].shape, [2, 2]);
+        assert_eq!(values(&ready), [1, -1, 2, 3]);
+
+        let p = pipeline("batchSize: 2\n");
+        let (mut b, _rx, budget) = batcher(&p);
+        b.queue(0, vec![row(&[1]), row(&[2, 3])], budget.reserve_rows(0));
+        b.split_read(0);
+        assert!(matches!(b.finish(), Err(BatchError::ShapeMismatch { .. })));
+    }
+
+    #[test]
+    fn nobody_listening_stops_batching_and_reports_no_completions() {
+        let p = pipeline("batchSize: 1\n");
+        let (mut b, rx, budget) = batcher(&p);
+        drop(rx);
+        read_split(&mut b, &budget, 0, &[1]);
+        assert!(!read_split(&mut b, &budget, 1, &[1]), "sending split 0's batch found nobody");
+        let (mut b, rx, budget) = batcher(&p);
+        read_split(&mut b, &budget, 0, &[1]);
+        drop(rx);
+        assert_eq!(b.finish().unwrap(), Vec::<u64>::new());
+    }
+
+    /// Through a shuffle buffer rows leave in random order, yet every split completes exactly
+    /// once: with the batch holding its last row, or (no rows, or the last dropped) after.
+    #[test]
+    fn shuffled_splits_complete_with_the_batch_holding_their_last_row() {
+        let splits: [&[usize]; 6] = [&[3], &[1, 2], &[0], &[4], &[], &[2, 5]];
+        for (buffer, drop_remainder, seed) in [(5, false, 1), (5, true, 2), (1, false, 3), (64, true, 4), (3, true, 5)]
+        {
+            let p = pipeline(&format!(
+                "batchSize: 4\ndropRemainder: {drop_remainder}\nshuffle: {{bufferSize: {buffer}, seed: {seed}}}\n"
+            ));
+            let (mut b, rx, budget) = batcher(&p);
+            for (split, chunks) in splits.iter().enumerate() {
+                read_split(&mut b, &budget, split as u64, chunks);
+            }
+            let leftover = b.finish().unwrap();
+            let ready: Vec<Ready> = rx.try_iter().collect();
+            let case = format!("buffer {buffer}, dropRemainder {drop_remainder}");
+
+            let mut delivered: Vec<i32> = ready.iter().flat_map(values).collect();
+            let in_order: Vec<i32> = delivered.clone();
+            delivered.sort();
+            let mut all: Vec<i32> = (0..splits.len())
+                .flat_map(|s| (0..splits[s].iter().sum::<usize>()).map(move |i| 100 * s as i32 + i as i32))
+                .collect();
+            if buffer > 1 {
+                assert_ne!(in_order, all[..in_order.len()], "{case}: shuffled");
+            }
+            assert_eq!(delivered.len(), if drop_remainder { 16 } else { 17 }, "{case}");
+            all.retain(|v| delivered.contains(v));
+            assert_eq!(delivered, all, "{case}: each row at most once");
+
+            let mut reported: Vec<u64> =
+                ready.iter().flat_map(|r| r.completes.clone()).chain(leftover.clone()).collect();
+            reported.sort();
+            assert_eq!(reported, [0, 1, 2, 3, 4, 5], "{case}: each split exactly once");
+            for split in 0..splits.len() as u64 {
+                let last_batch = ready.iter().rposition(|r| splits_in(r).contains(&split));
+                let carrier = ready.iter().position(|r| r.completes.contains(&split));
+                let rows = splits[split as usize].iter().sum::<usize>();
+                let all_delivered = delivered.iter().filter(|v| **v as u64 / 100 == split).count() == rows;
+                match (rows, all_delivered) {
+                    (0, _) => assert!(carrier.is_some() || leftover.contains(&split), "{case}: split {split}"),
+                    (_, true) => assert_eq!(carrier, last_batch, "{case}: split {split}"),
+                    (_, false) => {
+                        assert_eq!(carrier, None, "{case}: split {split} lost rows, so no batch carries it");
+                        assert!(leftover.contains(&split), "{case}: split {split}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The autocache hints on the way through the transforms: elements are measured at each hint
+//! (the cache chooses where to cache from the sizes), and for a put, encoded at the put's
+//! hint into the split's chunk file. A split read from the cache starts after its hint.
+
+use std::time::Duration;
+
+use super::Engine;
+use crate::apply::{self, ElementError, ElementKey};
+use crate::cache::chunk;
+use crate::cache::store::{LeaseKind, SplitWriter};
+use crate::element::Element;
+
+/// One element's outcome: kept, filtered out, or failed.
+pub(super) type Transformed = Result<Option<Element>, ElementError>;
+
+/// (hint, elements, bytes) per hint.
+type Sizes = Vec<(u32, u64, u64)>;
+
+/// How a split's elements run: the transforms from `from` on, measuring the elements at the
+/// hints in `measure` and writing those at `put`'s hint to its entry.
+#[derive(Default)]
+pub(super) struct SplitPlan {
+    pub(super) from: usize,
+    pub(super) measure: Vec<u32>,
+    pub(super) put: Option<(u32, String)>,
+}
+
+/// What passed the autocache hints in a chunk: the sizes and, for a put, the encoded records
+/// in chunk order.
+#[derive(Default)]
+pub(super) struct AtHints {
+    sizes: Sizes,
+    records: Vec<u8>,
+    count: u64,
+}
+
+impl AtHints {
+    pub(super) fn merge(&mut self, other: AtHints) {
+        add_sizes(&mut self.sizes, other.sizes);
+        self.records.extend_from_slice(&other.records);
+        self.count += other.count;
+    }
+}
+
+fn add_sizes(sizes: &mut Sizes, more: impl IntoIterator<Item = (u32, u64, u64)>) {
+    for (at, elements, bytes) in more {
+        match sizes.iter_mut().find(|s| s.0 == at) {
+            Some(s) => (s.1, s.2) = (s.1 + elements, s.2 + bytes),
+            None => sizes.push((at, elements, bytes)),
+        }
+    }
+}
+
+/// Runs one element through `plan`: the segments between the hints, measuring (and for a put,
+/// encoding) the element at each.
+pub(super) fn run_plan(
+    transforms: &[stoker_api::Transform],
+    plan: &SplitPlan,
+    position: u64,
+    mut element: Element,
+    key: ElementKey,
+    timings: &mut [Duration],
+    at_hints: &mut AtHints,
+) -> Transformed {
+    let mut from = plan.from;
+    for &at in plan.measure.iter().filter(|&&at| at as usize >= plan.from) {
+        let to = at as usize + 1;
+        element = match apply::apply_range(transforms, from..to, element, key, timings)? {
+            Some(e) => e,
+            None => return Ok(None),
+        };
+        from = to;
+        add_sizes(&mut at_hints.sizes, [(at, 1, chunk::encoded_len(&element) as u64)]);
+        if plan.put.as_ref().is_some_and(|(put, _)| *put == at) {
+            chunk::encode_record(position, &element, &mut at_hints.records);
+            at_hints.count += 1;
+        }
+    }
+    apply::apply_range(transforms, from..transforms.len(), element, key, timings)
+}
+
+/// What a split's chunks left at the hints so far: its chunk file being written (for a put)
+/// and the sizes measured.
+#[derive(Default)]
+pub(super) struct SplitAtHints {
+    writing: Option<SplitWriter>,
+    measured: Sizes,
+}
+
+impl SplitAtHints {
+    /// Appends a chunk's records to the chunk file (a failed write abandons the file) and its
+    /// sizes to the measurements.
+    pub(super) fn record(&mut self, chunk: AtHints) {
+        if let Some(writer) = self.writing.as_mut() {
+            writer.records(chunk.count);
+            if let Err(e) = writer.append(&chunk.records) {
+                tracing::warn!(error = %e, "writing a cache chunk failed; the split stays uncached");
+                self.writing = None;
+            }
+        }
+        add_sizes(&mut self.measured, chunk.sizes);
+    }
+}
+
+impl Engine {
+    /// Opens the split's chunk file when it is to be put and is not in the entry yet; without
+    /// one, the split is not put.
+    pub(super) fn start_hints(&self, split: u64, plan: &mut SplitPlan) -> SplitAtHints {
+        let writing = self.writer(split, plan);
+        if writing.is_none() {
+            plan.put = None;
+        }
+        SplitAtHints { writing, measured: Vec::new() }
+    }
+
+    fn writer(&self, split: u64, plan: &SplitPlan) -> Option<SplitWriter> {
+        let (engine_cache, (_, fingerprint)) = (self.cache.as_ref()?, plan.put.as_ref()?);
+        let entry = engine_cache.entry(fingerprint);
+        if entry.has_split(split) || entry.is_complete() {
+            return None;
+        }
+        engine_cache.lease(&entry, LeaseKind::Writer);
+        match entry.write_split(split, engine_cache.holder()) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(split, error = %e, "cannot write to the cache; computing without it");
+                None
+            }
+        }
+    }
+
+    /// A split went through: its chunk file goes in place, and its measurements are counted.
+    pub(super) fn finish_hints(&self, plan: &SplitPlan, at_hints: SplitAtHints) {
+        let Some(engine_cache) = &self.cache else { return };
+        if let (Some(writer), Some((at, fingerprint))) = (at_hints.writing, &plan.put) {
+            match writer.finish() {
+                Ok(_) => engine_cache.written(fingerprint, *at),
+                Err(e) => tracing::warn!(error = %e, "writing a cache chunk failed"),
+            }
+        }
+        if plan.from == 0 && !plan.measure.is_empty() {
+            engine_cache.measured(&at_hints.measured);
+        }
+    }
+}

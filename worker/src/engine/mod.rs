@@ -1,0 +1,217 @@
+//! The pipeline engine: plans splits from the source's listing, reads them, runs the
+//! transforms on all cores, shuffles and batches, and hands ready batches to the stream under
+//! a memory budget. The stages, in the order data flows through them: `plan`, `read`,
+//! `transform` (with `hints`, the autocache hints), `batcher` (with `stack`, a batch's tensors).
+//!
+//! Order: within a split, elements keep their record order through the parallel transform
+//! stage (results are collected in order), so with no shuffle the output is deterministic.
+
+mod batcher;
+mod hints;
+mod plan;
+mod read;
+mod stack;
+mod transform;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stoker_api::{Batch, WorkerPipeline};
+
+use crate::apply::ElementError;
+use crate::budget::MemoryBudget;
+use crate::cached::{CacheConfig, EngineCache, SplitCache};
+use crate::formats::Corrupt;
+use crate::source::{DataSource, SourceError};
+use batcher::Batcher;
+pub use plan::Split;
+use read::Prefetch;
+pub use stack::BatchError;
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Threads of the transform pool (default: every core).
+    pub threads: usize,
+    /// Bytes of transformed elements and batches not yet sent held before production pauses
+    /// (see budget.rs).
+    pub memory_budget: usize,
+    /// Most image-folder files per split (other formats split by shard file). Small folders
+    /// get smaller splits, down to 8 files, so there are enough to share among workers.
+    pub files_per_split: usize,
+    /// The cache volume, when the pipeline may cache.
+    pub cache: Option<CacheConfig>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_budget: 512 << 20,
+            files_per_split: 256,
+            cache: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("corrupt record (onError: fail): {0}")]
+    Corrupt(Corrupt),
+    #[error("element {element} of split {split} (onError: fail): {source}")]
+    Element { split: u64, element: u64, source: ElementError },
+    #[error("batching: {0}")]
+    Batch(#[from] BatchError),
+    #[error("building the transform pool: {0}")]
+    Pool(String),
+    #[error("opening the cache volume: {0}")]
+    Cache(std::io::Error),
+}
+
+/// Counters of everything the engine did, for logs, metrics and heartbeats.
+#[derive(Default, Debug)]
+pub struct Stats {
+    pub records: AtomicU64,
+    pub elements: AtomicU64,
+    pub filtered: AtomicU64,
+    pub batches: AtomicU64,
+    pub batch_bytes: AtomicU64,
+    /// Skipped records and elements by reason.
+    pub skipped: Mutex<BTreeMap<&'static str, u64>>,
+    /// Time per transform index, summed over threads.
+    pub op_time: Mutex<Vec<Duration>>,
+}
+
+impl Stats {
+    fn skip(&self, reason: &'static str) {
+        *self.skipped.lock().unwrap().entry(reason).or_default() += 1;
+    }
+
+    pub fn skipped(&self) -> BTreeMap<&'static str, u64> {
+        self.skipped.lock().unwrap().clone()
+    }
+}
+
+/// A ready batch. Its tensors' bytes hold the batch's share of the memory budget: it is
+/// released once they are dropped (after the stream has sent the last chunk), wherever the
+/// batch travels meanwhile.
+pub struct Ready {
+    pub batch: Batch,
+    /// Splits (of the batch's epoch) whose last element is in this batch or was dropped.
+    pub completes: Vec<u64>,
+}
+
+impl Ready {
+    pub fn into_batch(self) -> Batch {
+        self.batch
+    }
+}
+
+pub struct Engine {
+    pipeline: WorkerPipeline,
+    source: DataSource,
+    splits: Vec<Split>,
+    labels: BTreeMap<String, i64>,
+    config: EngineConfig,
+    pool: rayon::ThreadPool,
+    budget: Arc<MemoryBudget>,
+    runtime: tokio::runtime::Handle,
+    pub stats: Arc<Stats>,
+    pub cache: Option<Arc<EngineCache>>,
+}
+
+impl Engine {
+    /// Lists the source and plans its splits. Must be called inside a tokio runtime.
+    pub async fn open(pipeline: WorkerPipeline, config: EngineConfig) -> Result<Engine, EngineError> {
+        let source = DataSource::open(&pipeline.source.uri)?;
+        let shards = source.list().await?;
+        let (splits, labels) = plan::plan(&source, pipeline.source.format, shards.clone(), config.files_per_split);
+        if splits.is_empty() {
+            return Err(SourceError::NotFound { uri: pipeline.source.uri.clone() }.into());
+        }
+        let cache = match &config.cache {
+            Some(c) => {
+                let cache =
+                    Arc::new(EngineCache::new(c, &pipeline, &shards, splits.len() as u64).map_err(EngineError::Cache)?);
+                let probing = cache.clone();
+                tokio::task::spawn_blocking(move || probing.probe());
+                Some(cache)
+            }
+            None => None,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.threads.max(1))
+            .thread_name(|i| format!("stoker-transform-{i}"))
+            .build()
+            .map_err(|e| EngineError::Pool(e.to_string()))?;
+        let stats = Arc::new(Stats::default());
+        *stats.op_time.lock().unwrap() = vec![Duration::ZERO; pipeline.transforms.len()];
+        Ok(Engine {
+            budget: Arc::new(MemoryBudget::new(config.memory_budget)),
+            runtime: tokio::runtime::Handle::current(),
+            pipeline,
+            source,
+            splits,
+            labels,
+            config,
+            pool,
+            stats,
+            cache,
+        })
+    }
+
+    pub fn splits(&self) -> &[Split] {
+        &self.splits
+    }
+
+    pub fn pipeline(&self) -> &WorkerPipeline {
+        &self.pipeline
+    }
+
+    pub fn threads(&self) -> usize {
+        self.config.threads
+    }
+
+    /// Produces one epoch's batches from `splits` into `out`, blocking (run it on its own
+    /// thread). Returns early, without error, when the receiver is gone.
+    pub fn run_epoch(
+        &self,
+        epoch: u64,
+        splits: &[Split],
+        out: &std::sync::mpsc::SyncSender<Ready>,
+    ) -> Result<(), EngineError> {
+        self.run_splits(epoch, splits.iter().cloned().map(|s| (s, SplitCache::Compute)), out).map(drop)
+    }
+
+    /// Like `run_epoch`, pulling splits one at a time (from the dispatcher) until `splits` ends,
+    /// each with what it does with the cache. Each ready batch names the splits it completes
+    /// (`Ready::completes`); the splits that completed with no batch left to carry them are
+    /// returned.
+    pub fn run_splits(
+        &self,
+        epoch: u64,
+        splits: impl IntoIterator<Item = (Split, SplitCache)>,
+        out: &std::sync::mpsc::SyncSender<Ready>,
+    ) -> Result<Vec<u64>, EngineError> {
+        let send = |ready: Ready| self.send(ready, out);
+        let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.reserve_rows(0), send);
+        for (split, cache, fetched) in Prefetch::new(self, splits.into_iter()) {
+            let (elements, plan) = self.elements(&split, &cache, fetched)?;
+            if !self.transform_split(epoch, split.id, elements, plan, &mut batcher)? {
+                return Ok(Vec::new());
+            }
+            batcher.split_read(split.id);
+        }
+        Ok(batcher.finish()?)
+    }
+
+    /// Counts a ready batch and sends it; false when nobody listens.
+    fn send(&self, ready: Ready, out: &std::sync::mpsc::SyncSender<Ready>) -> bool {
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.batch_bytes.fetch_add(ready.batch.payload_bytes() as u64, Ordering::Relaxed);
+        out.send(ready).is_ok()
+    }
+}

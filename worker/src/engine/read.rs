@@ -1,0 +1,170 @@
+//! Reading: a split's records, from the source (parsed in its format) or from its chunk file
+//! in the cache, one split ahead of the one being transformed.
+
+use std::sync::atomic::Ordering;
+
+use futures::StreamExt;
+use stoker_api::{OnError, SourceFormat};
+
+use super::hints::SplitPlan;
+use super::{Engine, EngineError, Split};
+use crate::cache::chunk;
+use crate::cache::store::LeaseKind;
+use crate::cached::SplitCache;
+use crate::element::Element;
+use crate::formats::{self, Corrupt, image_folder};
+use crate::source::SourceError;
+
+/// A split's read, before its records are parsed.
+pub(super) enum Fetched {
+    Source(Vec<Result<bytes::Bytes, SourceError>>),
+    Cached(std::io::Result<bytes::Bytes>),
+}
+
+/// The splits to run, each read while the one before it is transformed: yields a split with
+/// what it does with the cache and its finished read.
+pub(super) struct Prefetch<'e, I> {
+    engine: &'e Engine,
+    splits: I,
+    next: Option<(tokio::task::JoinHandle<Fetched>, Split, SplitCache)>,
+}
+
+impl<'e, I: Iterator<Item = (Split, SplitCache)>> Prefetch<'e, I> {
+    /// Starts reading the first split.
+    pub(super) fn new(engine: &'e Engine, splits: I) -> Self {
+        let mut prefetch = Prefetch { engine, splits, next: None };
+        prefetch.next = prefetch.start();
+        prefetch
+    }
+
+    fn start(&mut self) -> Option<(tokio::task::JoinHandle<Fetched>, Split, SplitCache)> {
+        let (split, cache) = self.splits.next()?;
+        let cache = self.engine.usable(cache);
+        Some((self.engine.fetch(&split, &cache), split, cache))
+    }
+}
+
+impl<I: Iterator<Item = (Split, SplitCache)>> Iterator for Prefetch<'_, I> {
+    type Item = (Split, SplitCache, Fetched);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (fetching, split, cache) = self.next.take()?;
+        let fetched = self.engine.runtime.block_on(fetching).expect("the fetch task runs to completion");
+        self.next = self.start();
+        Some((split, cache, fetched))
+    }
+}
+
+impl Engine {
+    /// Starts reading a split on the runtime: its shards, many at once (image folders are
+    /// many small files), or its chunk file in the cache.
+    fn fetch(&self, split: &Split, cache: &SplitCache) -> tokio::task::JoinHandle<Fetched> {
+        if let (SplitCache::Get { fingerprint, .. }, Some(engine_cache)) = (cache, &self.cache) {
+            let entry = engine_cache.entry(fingerprint);
+            engine_cache.lease(&entry, LeaseKind::Reader);
+            let id = split.id;
+            return self.runtime.spawn_blocking(move || Fetched::Cached(entry.read_split(id)));
+        }
+        let source = self.source.clone();
+        let shards = split.shards.clone();
+        let reads = shards.into_iter().map(move |shard| {
+            let source = source.clone();
+            async move { source.read(&shard).await }
+        });
+        self.runtime.spawn(async move { Fetched::Source(futures::stream::iter(reads).buffered(32).collect().await) })
+    }
+
+    /// What a split may do with the cache here: nothing without a volume, and no read from
+    /// an entry that is not (or no longer) complete.
+    fn usable(&self, cache: SplitCache) -> SplitCache {
+        let Some(engine_cache) = &self.cache else { return SplitCache::Compute };
+        match &cache {
+            SplitCache::Get { fingerprint, .. } => {
+                let fits = engine_cache
+                    .entry(fingerprint)
+                    .manifest()
+                    .ok()
+                    .flatten()
+                    .is_some_and(|m| m.splits == self.splits.len() as u64);
+                if fits { cache } else { SplitCache::Compute }
+            }
+            _ => cache,
+        }
+    }
+
+    /// A split's elements with their positions in the split, and how to run them: from the
+    /// source, or from the cache after the hint. A corrupt chunk falls back to the source.
+    pub(super) fn elements(
+        &self,
+        split: &Split,
+        cache: &SplitCache,
+        fetched: Fetched,
+    ) -> Result<(Vec<(u64, Element)>, SplitPlan), EngineError> {
+        let data = match (fetched, cache, &self.cache) {
+            (Fetched::Cached(read), SplitCache::Get { at, fingerprint }, Some(engine_cache)) => {
+                // A file that cannot be read (an entry evicted since it was checked) is not a
+                // corrupt one: only a bad record drops the entry.
+                let records = read.map_err(|e| tracing::warn!(split = split.id, error = %e, "reading the cache failed; computing the split")).and_then(|bytes| {
+                    chunk::read_records(bytes)
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| engine_cache.corrupt(fingerprint, format!("split {}: {e}", split.id)))
+                });
+                match records {
+                    Ok(records) => {
+                        engine_cache.read(records.len() as u64);
+                        let plan = SplitPlan { from: *at as usize + 1, ..SplitPlan::default() };
+                        return Ok((records, plan));
+                    }
+                    Err(()) => match self
+                        .runtime
+                        .block_on(self.fetch(split, &SplitCache::Compute))
+                        .expect("the fetch task runs to completion")
+                    {
+                        Fetched::Source(data) => data,
+                        Fetched::Cached(_) => unreachable!("a compute fetch reads the source"),
+                    },
+                }
+            }
+            (Fetched::Source(data), _, _) => data,
+            (Fetched::Cached(_), _, _) => unreachable!("only a Get with a cache reads the cache"),
+        };
+        let elements = self.parse(split, data)?.into_iter().enumerate().map(|(i, e)| (i as u64, e)).collect();
+        let measure = self.cache.as_ref().map(|c| c.hints.iter().map(|(at, _)| *at).collect()).unwrap_or_default();
+        let put = match cache {
+            SplitCache::Put { at, fingerprint } => Some((*at, fingerprint.clone())),
+            _ => None,
+        };
+        Ok((elements, SplitPlan { from: 0, measure, put }))
+    }
+
+    /// Parses a split's records; corrupt ones are counted and skipped, or fatal.
+    fn parse(&self, split: &Split, data: Vec<Result<bytes::Bytes, SourceError>>) -> Result<Vec<Element>, EngineError> {
+        let source = &self.source;
+        let mut elements = Vec::new();
+        for (shard, bytes) in split.shards.iter().zip(data) {
+            let bytes = bytes?;
+            let name = source.relative(shard);
+            let parsed: Box<dyn Iterator<Item = Result<Element, Corrupt>>> = match self.pipeline.source.format {
+                // Planning kept only labelled images, so every shard here makes an element.
+                SourceFormat::ImageFolder => {
+                    Box::new(image_folder::element(name, bytes, &self.labels).map(Ok).into_iter())
+                }
+                SourceFormat::Tfrecord => Box::new(formats::tfrecord::read(bytes, name)),
+                SourceFormat::Jsonl => Box::new(formats::jsonl::read(bytes, name)),
+                SourceFormat::Webdataset => Box::new(formats::tar::read(bytes, name)),
+            };
+            for record in parsed {
+                self.stats.records.fetch_add(1, Ordering::Relaxed);
+                match record {
+                    Ok(element) => elements.push(element),
+                    Err(corrupt) if self.pipeline.on_error == OnError::Skip => {
+                        tracing::warn!(shard = %corrupt.shard, offset = corrupt.offset, reason = %corrupt.reason, detail = %corrupt.detail, "skipping a corrupt record");
+                        self.stats.skip(corrupt.reason.as_str());
+                    }
+                    Err(corrupt) => return Err(EngineError::Corrupt(corrupt)),
+                }
+            }
+        }
+        Ok(elements)
+    }
+}

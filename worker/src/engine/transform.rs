@@ -1,0 +1,122 @@
+//! Transforming: a split's elements in chunks on the rayon pool, each chunk's results in the
+//! chunk's order, turned into rows for the batcher.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use rayon::prelude::*;
+use stoker_api::OnError;
+
+use super::batcher::Batcher;
+use super::hints::{self, AtHints, SplitPlan, Transformed};
+use super::stack::{BatchError, Row};
+use super::{Engine, EngineError, Ready};
+use crate::apply::{self, ElementKey};
+use crate::element::Element;
+
+impl Engine {
+    /// Runs a split's elements through `plan` chunk by chunk into `batcher`: transforming a
+    /// chunk (on the pool, from a scoped thread) overlaps batching the one before it. False
+    /// when nobody listens.
+    pub(super) fn transform_split(
+        &self,
+        epoch: u64,
+        split: u64,
+        elements: Vec<(u64, Element)>,
+        mut plan: SplitPlan,
+        batcher: &mut Batcher<impl FnMut(Ready) -> bool>,
+    ) -> Result<bool, EngineError> {
+        let window = (self.config.threads * 64).max(64);
+        let mut at_hints = self.start_hints(split, &mut plan);
+        let plan = &plan;
+        let mut elements = elements.into_iter();
+        let listening = std::thread::scope(|scope| -> Result<bool, EngineError> {
+            loop {
+                let chunk: Vec<(u64, Element)> = elements.by_ref().take(window).collect();
+                if chunk.is_empty() {
+                    return Ok(true);
+                }
+                // The chunk's output is held from before it exists until it is sent: reserve
+                // what the last chunk's rows weighed, wait while batches in flight leave no
+                // room, then correct to the actual size.
+                let reserved = self.budget.reserve_rows(batcher.row_estimate() * chunk.len());
+                let transforming = scope.spawn(move || self.transform(epoch, split, chunk, plan));
+                if !batcher.batch_queued()? {
+                    return Ok(false);
+                }
+                let (rows, chunk_at_hints) = transforming.join().expect("the transform thread does not panic")?;
+                at_hints.record(chunk_at_hints);
+                batcher.queue(split, rows, reserved);
+            }
+        })?;
+        if listening {
+            self.finish_hints(plan, at_hints);
+        }
+        Ok(listening)
+    }
+
+    /// Runs the transforms of `plan` on a chunk on every pool thread, keeping the chunk's
+    /// order; what passed the autocache hints is measured and, for a put, encoded.
+    fn transform(
+        &self,
+        epoch: u64,
+        split: u64,
+        chunk: Vec<(u64, Element)>,
+        plan: &SplitPlan,
+    ) -> Result<(Vec<Row>, AtHints), EngineError> {
+        let p = &self.pipeline;
+        let seed = p.seed.unwrap_or(0);
+        let results: Vec<(u64, Transformed, Vec<Duration>, AtHints)> = self.pool.install(|| {
+            chunk
+                .into_par_iter()
+                .map(|(position, element)| {
+                    // Element ids are stable per (split, position) whatever thread runs them,
+                    // and whether the prefix ran now or before the element was cached.
+                    let key = ElementKey { seed, epoch, element: (split << 32) | position };
+                    let mut timings = vec![Duration::ZERO; p.transforms.len()];
+                    let mut at_hints = AtHints::default();
+                    let result =
+                        hints::run_plan(&p.transforms, plan, position, element, key, &mut timings, &mut at_hints);
+                    (position, result, timings, at_hints)
+                })
+                .collect()
+        });
+        let mut rows = Vec::with_capacity(results.len());
+        let mut op_time = vec![Duration::ZERO; p.transforms.len()];
+        let mut all_hints = AtHints::default();
+        for (position, result, timings, at_hints) in results {
+            for (total, t) in op_time.iter_mut().zip(timings) {
+                *total += t;
+            }
+            all_hints.merge(at_hints);
+            match result {
+                Ok(Some(element)) => {
+                    self.stats.elements.fetch_add(1, Ordering::Relaxed);
+                    rows.push(to_row(element)?);
+                }
+                Ok(None) => {
+                    self.stats.filtered.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(error) if p.on_error == OnError::Skip => {
+                    tracing::warn!(split, element = position, %error, "skipping an element");
+                    self.stats.skip(error.reason());
+                }
+                Err(source) => return Err(EngineError::Element { split, element: position, source }),
+            }
+        }
+        for (total, t) in self.stats.op_time.lock().unwrap().iter_mut().zip(op_time) {
+            *total += t;
+        }
+        Ok((rows, all_hints))
+    }
+}
+
+fn to_row(element: Element) -> Result<Row, EngineError> {
+    element
+        .into_iter()
+        .map(|(name, field)| match apply::to_tensor(field) {
+            Ok(t) => Ok((name, t)),
+            Err(kind) => Err(EngineError::Batch(BatchError::Unbatchable { field: name, kind })),
+        })
+        .collect()
+}
