@@ -31,6 +31,25 @@ use crate::{DataPipelineStatus, Transform};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DataPipelineSpec {
+    /// What the workers run.
+    #[serde(flatten)]
+    pub data_plane: DataPlaneSpec,
+    #[serde(default)]
+    pub workers: Workers,
+    #[serde(default)]
+    pub autoscaling: Autoscaling,
+    #[serde(default)]
+    pub cache: Cache,
+}
+
+/// The data-plane part of a DataPipeline's spec: where the data is, what is done to each
+/// element, and how elements become batches. Workers receive exactly this (in
+/// [`WorkerPipeline`]); the scaling and volume knobs beside it are left out, so changing them
+/// does not restart workers. Flattened, so manifests and the workers' JSON keep these fields at
+/// the top of the spec.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataPlaneSpec {
     pub source: Source,
     /// Ordered transforms; each item has exactly one key naming the op.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -53,12 +72,6 @@ pub struct DataPipelineSpec {
     /// What a worker does with a corrupt record: count and skip it, or fail the split.
     #[serde(default)]
     pub on_error: OnError,
-    #[serde(default)]
-    pub workers: Workers,
-    #[serde(default)]
-    pub autoscaling: Autoscaling,
-    #[serde(default)]
-    pub cache: Cache,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -337,27 +350,15 @@ impl CacheAccessMode {
     }
 }
 
-/// The data-plane part of a pipeline, as the operator hands it to workers (env STOKER_PIPELINE,
-/// JSON). Scaling knobs are left out so that changing them does not restart workers.
+/// A pipeline as the operator hands it to workers (env STOKER_PIPELINE, JSON): its identity,
+/// its data plane, and whether it may use the cache volume.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerPipeline {
     pub namespace: String,
     pub name: String,
-    pub source: Source,
-    #[serde(default)]
-    pub transforms: Vec<Transform>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shuffle: Option<Shuffle>,
-    pub batch_size: u32,
-    #[serde(default)]
-    pub drop_remainder: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pad_value: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-    #[serde(default)]
-    pub on_error: OnError,
+    #[serde(flatten)]
+    pub data_plane: DataPlaneSpec,
     #[serde(default)]
     pub cache_mode: CacheMode,
 }
@@ -367,14 +368,7 @@ impl WorkerPipeline {
         WorkerPipeline {
             namespace: namespace.into(),
             name: name.into(),
-            source: spec.source.clone(),
-            transforms: spec.transforms.clone(),
-            shuffle: spec.shuffle.clone(),
-            batch_size: spec.batch_size,
-            drop_remainder: spec.drop_remainder,
-            pad_value: spec.pad_value,
-            seed: spec.seed,
-            on_error: spec.on_error,
+            data_plane: spec.data_plane.clone(),
             cache_mode: spec.cache.mode,
         }
     }

@@ -65,10 +65,10 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
         errors.push(ValidationError { field: field.to_string(), message });
     };
 
-    match spec.source.uri.split_once("://") {
+    match spec.data_plane.source.uri.split_once("://") {
         Some((scheme, rest)) if SOURCE_SCHEMES.contains(&scheme) => {
             if rest.trim_matches('/').is_empty() {
-                err("spec.source.uri", format!("{:?} names no bucket or path", spec.source.uri));
+                err("spec.source.uri", format!("{:?} names no bucket or path", spec.data_plane.source.uri));
             }
         }
         Some((scheme, _)) => err(
@@ -80,16 +80,16 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
         ),
         None => err(
             "spec.source.uri",
-            format!("{:?} has no scheme; write e.g. s3://bucket/prefix or file:///data", spec.source.uri),
+            format!("{:?} has no scheme; write e.g. s3://bucket/prefix or file:///data", spec.data_plane.source.uri),
         ),
     }
 
     // Also enforced by the CRD schema; checked here for pipelines that never pass an API server
     // (standalone workers, `stoker check`).
-    if spec.batch_size == 0 {
+    if spec.data_plane.batch_size == 0 {
         err("spec.batchSize", "must be at least 1".into());
     }
-    if spec.shuffle.as_ref().is_some_and(|s| s.buffer_size == 0) {
+    if spec.data_plane.shuffle.as_ref().is_some_and(|s| s.buffer_size == 0) {
         err("spec.shuffle.bufferSize", "must be at least 1".into());
     }
     let w = &spec.workers;
@@ -115,7 +115,7 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
 
     let mut first_random: Option<(usize, &str)> = None;
     let mut hints = 0;
-    for (i, t) in spec.transforms.iter().enumerate() {
+    for (i, t) in spec.data_plane.transforms.iter().enumerate() {
         let field = format!("spec.transforms[{i}].{}", t.name());
         match t {
             Transform::Autocache(_) => {
@@ -304,8 +304,8 @@ mod tests {
     #[test]
     fn transform_items_are_one_key_objects() {
         let s = spec(&format!("{BASE}transforms:\n- autocache: {{}}\n- randomFlip: {{vertical: true}}\n"));
-        assert_eq!(s.transforms[0], Transform::Autocache(Default::default()));
-        let Transform::RandomFlip(f) = &s.transforms[1] else { panic!("randomFlip") };
+        assert_eq!(s.data_plane.transforms[0], Transform::Autocache(Default::default()));
+        let Transform::RandomFlip(f) = &s.data_plane.transforms[1] else { panic!("randomFlip") };
         assert!(f.horizontal && f.vertical && f.field == "image");
         let two_keys = format!("{BASE}transforms:\n- {{autocache: {{}}, randomFlip: {{}}}}\n");
         assert!(crate::from_yaml::<DataPipelineSpec>(&two_keys).is_err());

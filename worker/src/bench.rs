@@ -47,6 +47,7 @@ pub async fn preprocess(corpus: &Path, threads: usize) -> anyhow::Result<Preproc
     let op_time = engine.stats.op_time.lock().unwrap().clone();
     let op_ms = engine
         .pipeline()
+        .data_plane
         .transforms
         .iter()
         .zip(op_time)
@@ -79,7 +80,7 @@ async fn timed_epoch(engine: &Arc<Engine>, epoch: u64, cache: SplitCache) -> any
 pub fn resnet50_train_cached(uri: &str, batch_size: u32) -> WorkerPipeline {
     let mut pipeline = resnet50_train(uri, batch_size);
     let resize = Transform::Resize(Resize { size: None, shorter_side: Some(256), field: "image".into() });
-    pipeline.transforms.splice(1..1, [resize, Transform::Autocache(Autocache {})]);
+    pipeline.data_plane.transforms.splice(1..1, [resize, Transform::Autocache(Autocache {})]);
     pipeline.cache_mode = CacheMode::Always;
     pipeline
 }

@@ -2,7 +2,7 @@
 //! does with the cache (the dispatcher's directive), and the counters the dispatcher decides
 //! from. The files themselves are `cache::store`'s.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,7 +59,7 @@ pub struct EngineCache {
     splits: u64,
     /// (transform index, fingerprint) of each autocache hint, in pipeline order.
     pub hints: Vec<(u32, String)>,
-    hint_bytes: Mutex<BTreeMap<u32, (u64, u64)>>,
+    hint_bytes: Mutex<Vec<proto::HintBytes>>,
     splits_measured: AtomicU64,
     splits_written: AtomicU64,
     splits_read: AtomicU64,
@@ -82,6 +82,7 @@ impl EngineCache {
             .map(|s| ShardVersion { name: s.path.clone(), size: s.size, version: s.version.clone() })
             .collect();
         let hints = pipeline
+            .data_plane
             .transforms
             .iter()
             .enumerate()
@@ -89,7 +90,13 @@ impl EngineCache {
             .map(|(at, _)| {
                 (
                     at as u32,
-                    fingerprint(&pipeline.source.uri, pipeline.source.format, &versions, &pipeline.transforms, at),
+                    fingerprint(
+                        &pipeline.data_plane.source.uri,
+                        pipeline.data_plane.source.format,
+                        &versions,
+                        &pipeline.data_plane.transforms,
+                        at,
+                    ),
                 )
             })
             .collect();
@@ -153,13 +160,7 @@ impl EngineCache {
         let probe = *self.probe.lock().unwrap();
         let corrupt = self.corrupt.lock().unwrap().clone().unwrap_or_default();
         proto::CacheProgress {
-            hints: self
-                .hint_bytes
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|(&at, &(elements, bytes))| proto::HintBytes { at, elements, bytes })
-                .collect(),
+            hints: self.hint_bytes.lock().unwrap().clone(),
             write_bytes_per_second: probe.as_ref().map_or(0.0, |p| p.write_bytes_per_second),
             read_bytes_per_second: probe.as_ref().map_or(0.0, |p| p.read_bytes_per_second),
             complete: self.complete.lock().unwrap().iter().cloned().collect(),
@@ -172,13 +173,11 @@ impl EngineCache {
         }
     }
 
-    /// A split computed from the source, with (hint, elements, bytes) measured at its hints.
-    pub fn measured(&self, sizes: &[(u32, u64, u64)]) {
+    /// A split computed from the source, with the elements and bytes measured at its hints.
+    pub fn measured(&self, sizes: &[proto::HintBytes]) {
         let mut hint_bytes = self.hint_bytes.lock().unwrap();
-        for &(at, elements, bytes) in sizes {
-            let entry = hint_bytes.entry(at).or_default();
-            entry.0 += elements;
-            entry.1 += bytes;
+        for size in sizes {
+            proto::HintBytes::add_into(&mut hint_bytes, size);
         }
         self.splits_measured.fetch_add(1, Ordering::Relaxed);
     }

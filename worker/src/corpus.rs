@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use jpeg_encoder::{ColorType, Encoder};
 use stoker_api::{
-    DType, DecodeImage, Normalize, OnError, RandomFlip, RandomResizedCrop, Source, SourceFormat, Transform,
-    WorkerPipeline,
+    DType, DataPlaneSpec, DecodeImage, Normalize, OnError, RandomFlip, RandomResizedCrop, Source, SourceFormat,
+    Transform, WorkerPipeline,
 };
 
 use crate::shuffle::SplitMix64;
@@ -132,29 +132,31 @@ pub fn resnet50_train(uri: &str, batch_size: u32) -> WorkerPipeline {
     WorkerPipeline {
         namespace: "bench".into(),
         name: "resnet50-train".into(),
-        source: Source { uri: uri.into(), format: SourceFormat::ImageFolder, credentials_secret: None },
-        transforms: vec![
-            Transform::DecodeImage(DecodeImage { channels: 3, field: "image".into() }),
-            Transform::RandomResizedCrop(RandomResizedCrop {
-                size: [224, 224],
-                scale: [0.08, 1.0],
-                ratio: [3.0 / 4.0, 4.0 / 3.0],
-                field: "image".into(),
-            }),
-            Transform::RandomFlip(RandomFlip { horizontal: true, vertical: false, field: "image".into() }),
-            Transform::Normalize(Normalize {
-                mean: vec![0.485, 0.456, 0.406],
-                std: vec![0.229, 0.224, 0.225],
-                dtype: DType::Float32,
-                field: "image".into(),
-            }),
-        ],
-        shuffle: None,
-        batch_size,
-        drop_remainder: false,
-        pad_value: None,
-        seed: Some(1),
-        on_error: OnError::Skip,
+        data_plane: DataPlaneSpec {
+            source: Source { uri: uri.into(), format: SourceFormat::ImageFolder, credentials_secret: None },
+            transforms: vec![
+                Transform::DecodeImage(DecodeImage { channels: 3, field: "image".into() }),
+                Transform::RandomResizedCrop(RandomResizedCrop {
+                    size: [224, 224],
+                    scale: [0.08, 1.0],
+                    ratio: [3.0 / 4.0, 4.0 / 3.0],
+                    field: "image".into(),
+                }),
+                Transform::RandomFlip(RandomFlip { horizontal: true, vertical: false, field: "image".into() }),
+                Transform::Normalize(Normalize {
+                    mean: vec![0.485, 0.456, 0.406],
+                    std: vec![0.229, 0.224, 0.225],
+                    dtype: DType::Float32,
+                    field: "image".into(),
+                }),
+            ],
+            shuffle: None,
+            batch_size,
+            drop_remainder: false,
+            pad_value: None,
+            seed: Some(1),
+            on_error: OnError::Skip,
+        },
         cache_mode: Default::default(),
     }
 }

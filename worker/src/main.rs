@@ -128,9 +128,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let pipeline = load(&args)?;
     tracing::info!(
         pipeline = %format!("{}/{}", pipeline.namespace, pipeline.name),
-        source = %pipeline.source.uri,
-        ops = ?pipeline.transforms.iter().map(|t| t.name()).collect::<Vec<_>>(),
-        batch_size = pipeline.batch_size,
+        source = %pipeline.data_plane.source.uri,
+        ops = ?pipeline.data_plane.transforms.iter().map(|t| t.name()).collect::<Vec<_>>(),
+        batch_size = pipeline.data_plane.batch_size,
         "pipeline loaded"
     );
     let cache = (pipeline.cache_mode != CacheMode::Never)

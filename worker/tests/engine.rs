@@ -81,11 +81,11 @@ async fn resnet_transforms_over_an_image_folder() {
 async fn a_run_repeats_exactly_whatever_the_thread_count() {
     let dir = corpus(12, 3);
     let mut pipeline = resnet50_train(&uri(dir.path()), 4);
-    pipeline.shuffle = Some(stoker_api::Shuffle { buffer_size: 6, seed: None });
+    pipeline.data_plane.shuffle = Some(stoker_api::Shuffle { buffer_size: 6, seed: None });
     let (one, _) = epoch(pipeline.clone(), config(1)).await.unwrap();
     let (two, _) = epoch(pipeline.clone(), config(2)).await.unwrap();
     assert_eq!(one, two, "same seed: same batches, same bytes");
-    pipeline.seed = Some(99);
+    pipeline.data_plane.seed = Some(99);
     let (other, _) = epoch(pipeline, config(2)).await.unwrap();
     assert_ne!(one[0].tensors["image"].data, other[0].tensors["image"].data, "another seed crops differently");
 }
@@ -115,7 +115,7 @@ async fn jsonl_with_corrupt_lines_filters_and_renames() {
     assert_eq!(engine.stats.filtered.load(std::sync::atomic::Ordering::Relaxed), 1);
 
     let mut failing = pipeline;
-    failing.on_error = stoker_api::OnError::Fail;
+    failing.data_plane.on_error = stoker_api::OnError::Fail;
     let err = epoch(failing, config(2)).await.map(|_| ()).unwrap_err();
     assert!(matches!(err, EngineError::Corrupt(_)), "{err}");
     assert!(err.to_string().contains("bad_json") && err.to_string().contains("a.jsonl"), "{err}");

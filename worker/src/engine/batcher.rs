@@ -54,14 +54,15 @@ fn row_bytes(row: &Row) -> usize {
 
 impl<S: FnMut(Ready) -> bool> Batcher<S> {
     pub(super) fn new(pipeline: &WorkerPipeline, epoch: u64, held: Rows, send: S) -> Self {
-        let seed = pipeline.seed.unwrap_or(0);
-        let size = pipeline.batch_size as usize;
+        let seed = pipeline.data_plane.seed.unwrap_or(0);
+        let size = pipeline.data_plane.batch_size as usize;
         Batcher {
             size,
-            pad: pipeline.pad_value,
-            drop_remainder: pipeline.drop_remainder,
+            pad: pipeline.data_plane.pad_value,
+            drop_remainder: pipeline.data_plane.drop_remainder,
             epoch,
             shuffle: pipeline
+                .data_plane
                 .shuffle
                 .as_ref()
                 .map(|s| ShuffleBuffer::new(s.buffer_size as usize, s.seed.unwrap_or(seed), epoch)),

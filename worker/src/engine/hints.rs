@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use stoker_api::proto::HintBytes;
+
 use super::Engine;
 use crate::apply::{self, ElementError, ElementKey};
 use crate::cache::chunk;
@@ -13,8 +15,8 @@ use crate::element::Element;
 /// One element's outcome: kept, filtered out, or failed.
 pub(super) type Transformed = Result<Option<Element>, ElementError>;
 
-/// (hint, elements, bytes) per hint.
-type Sizes = Vec<(u32, u64, u64)>;
+/// Elements and their encoded bytes, per hint.
+type Sizes = Vec<HintBytes>;
 
 /// How a split's elements run: the transforms from `from` on, measuring the elements at the
 /// hints in `measure` and writing those at `put`'s hint to its entry.
@@ -36,18 +38,11 @@ pub(super) struct AtHints {
 
 impl AtHints {
     pub(super) fn merge(&mut self, other: AtHints) {
-        add_sizes(&mut self.sizes, other.sizes);
+        for size in &other.sizes {
+            HintBytes::add_into(&mut self.sizes, size);
+        }
         self.records.extend_from_slice(&other.records);
         self.count += other.count;
-    }
-}
-
-fn add_sizes(sizes: &mut Sizes, more: impl IntoIterator<Item = (u32, u64, u64)>) {
-    for (at, elements, bytes) in more {
-        match sizes.iter_mut().find(|s| s.0 == at) {
-            Some(s) => (s.1, s.2) = (s.1 + elements, s.2 + bytes),
-            None => sizes.push((at, elements, bytes)),
-        }
     }
 }
 
@@ -70,7 +65,8 @@ pub(super) fn run_plan(
             None => return Ok(None),
         };
         from = to;
-        add_sizes(&mut at_hints.sizes, [(at, 1, chunk::encoded_len(&element) as u64)]);
+        let size = HintBytes { at, elements: 1, bytes: chunk::encoded_len(&element) as u64 };
+        HintBytes::add_into(&mut at_hints.sizes, &size);
         if plan.put.as_ref().is_some_and(|(put, _)| *put == at) {
             chunk::encode_record(position, &element, &mut at_hints.records);
             at_hints.count += 1;
@@ -98,7 +94,9 @@ impl SplitAtHints {
                 self.writing = None;
             }
         }
-        add_sizes(&mut self.measured, chunk.sizes);
+        for size in &chunk.sizes {
+            HintBytes::add_into(&mut self.measured, size);
+        }
     }
 }
 

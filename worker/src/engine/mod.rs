@@ -126,11 +126,12 @@ pub struct Engine {
 impl Engine {
     /// Lists the source and plans its splits. Must be called inside a tokio runtime.
     pub async fn open(pipeline: WorkerPipeline, config: EngineConfig) -> Result<Engine, EngineError> {
-        let source = DataSource::open(&pipeline.source.uri)?;
+        let source = DataSource::open(&pipeline.data_plane.source.uri)?;
         let shards = source.list().await?;
-        let (splits, labels) = plan::plan(&source, pipeline.source.format, shards.clone(), config.files_per_split);
+        let (splits, labels) =
+            plan::plan(&source, pipeline.data_plane.source.format, shards.clone(), config.files_per_split);
         if splits.is_empty() {
-            return Err(SourceError::NotFound { uri: pipeline.source.uri.clone() }.into());
+            return Err(SourceError::NotFound { uri: pipeline.data_plane.source.uri.clone() }.into());
         }
         let cache = match &config.cache {
             Some(c) => {
@@ -148,7 +149,7 @@ impl Engine {
             .build()
             .map_err(|e| EngineError::Pool(e.to_string()))?;
         let stats = Arc::new(Stats::default());
-        *stats.op_time.lock().unwrap() = vec![Duration::ZERO; pipeline.transforms.len()];
+        *stats.op_time.lock().unwrap() = vec![Duration::ZERO; pipeline.data_plane.transforms.len()];
         Ok(Engine {
             budget: Arc::new(MemoryBudget::new(config.memory_budget)),
             runtime: tokio::runtime::Handle::current(),

@@ -144,20 +144,21 @@ impl Engine {
         for (shard, bytes) in split.shards.iter().zip(data) {
             let bytes = bytes?;
             let name = source.relative(shard);
-            let parsed: Box<dyn Iterator<Item = Result<Element, Corrupt>>> = match self.pipeline.source.format {
-                // Planning kept only labelled images, so every shard here makes an element.
-                SourceFormat::ImageFolder => {
-                    Box::new(image_folder::element(name, bytes, &self.labels).map(Ok).into_iter())
-                }
-                SourceFormat::Tfrecord => Box::new(formats::tfrecord::read(bytes, name)),
-                SourceFormat::Jsonl => Box::new(formats::jsonl::read(bytes, name)),
-                SourceFormat::Webdataset => Box::new(formats::tar::read(bytes, name)),
-            };
+            let parsed: Box<dyn Iterator<Item = Result<Element, Corrupt>>> =
+                match self.pipeline.data_plane.source.format {
+                    // Planning kept only labelled images, so every shard here makes an element.
+                    SourceFormat::ImageFolder => {
+                        Box::new(image_folder::element(name, bytes, &self.labels).map(Ok).into_iter())
+                    }
+                    SourceFormat::Tfrecord => Box::new(formats::tfrecord::read(bytes, name)),
+                    SourceFormat::Jsonl => Box::new(formats::jsonl::read(bytes, name)),
+                    SourceFormat::Webdataset => Box::new(formats::tar::read(bytes, name)),
+                };
             for record in parsed {
                 self.stats.records.fetch_add(1, Ordering::Relaxed);
                 match record {
                     Ok(element) => elements.push(element),
-                    Err(corrupt) if self.pipeline.on_error == OnError::Skip => {
+                    Err(corrupt) if self.pipeline.data_plane.on_error == OnError::Skip => {
                         tracing::warn!(shard = %corrupt.shard, offset = corrupt.offset, reason = %corrupt.reason, detail = %corrupt.detail, "skipping a corrupt record");
                         self.stats.skip(corrupt.reason.as_str());
                     }

@@ -65,7 +65,7 @@ impl Engine {
         plan: &SplitPlan,
     ) -> Result<(Vec<Row>, AtHints), EngineError> {
         let p = &self.pipeline;
-        let seed = p.seed.unwrap_or(0);
+        let seed = p.data_plane.seed.unwrap_or(0);
         let results: Vec<(u64, Transformed, Vec<Duration>, AtHints)> = self.pool.install(|| {
             chunk
                 .into_par_iter()
@@ -73,16 +73,23 @@ impl Engine {
                     // Element ids are stable per (split, position) whatever thread runs them,
                     // and whether the prefix ran now or before the element was cached.
                     let key = ElementKey { seed, epoch, element: (split << 32) | position };
-                    let mut timings = vec![Duration::ZERO; p.transforms.len()];
+                    let mut timings = vec![Duration::ZERO; p.data_plane.transforms.len()];
                     let mut at_hints = AtHints::default();
-                    let result =
-                        hints::run_plan(&p.transforms, plan, position, element, key, &mut timings, &mut at_hints);
+                    let result = hints::run_plan(
+                        &p.data_plane.transforms,
+                        plan,
+                        position,
+                        element,
+                        key,
+                        &mut timings,
+                        &mut at_hints,
+                    );
                     (position, result, timings, at_hints)
                 })
                 .collect()
         });
         let mut rows = Vec::with_capacity(results.len());
-        let mut op_time = vec![Duration::ZERO; p.transforms.len()];
+        let mut op_time = vec![Duration::ZERO; p.data_plane.transforms.len()];
         let mut all_hints = AtHints::default();
         for (position, result, timings, at_hints) in results {
             for (total, t) in op_time.iter_mut().zip(timings) {
@@ -97,7 +104,7 @@ impl Engine {
                 Ok(None) => {
                     self.stats.filtered.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(error) if p.on_error == OnError::Skip => {
+                Err(error) if p.data_plane.on_error == OnError::Skip => {
                     tracing::warn!(split, element = position, %error, "skipping an element");
                     self.stats.skip(error.reason());
                 }

@@ -29,7 +29,7 @@ pub(super) fn build(
         name: "worker".into(),
         image: Some(spec.workers.image.clone().unwrap_or_else(|| defaults.image.clone())),
         env: Some(env(dp, &identity.namespace, defaults, cache_volume)),
-        env_from: spec.source.credentials_secret.as_ref().map(|secret| {
+        env_from: spec.data_plane.source.credentials_secret.as_ref().map(|secret| {
             vec![EnvFromSource {
                 secret_ref: Some(SecretEnvSource { name: secret.clone(), optional: None }),
                 ..Default::default()
