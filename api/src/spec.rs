@@ -373,3 +373,28 @@ impl WorkerPipeline {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_receive_the_data_plane_fields_at_the_top_level_in_their_order() {
+        let spec: DataPipelineSpec = crate::from_yaml(
+            "source: {uri: 's3://b/', format: jsonl}\nbatchSize: 4\nseed: 7\nworkers: {min: 1, max: 2}\n\
+             transforms: [{decodeImage: {channels: 3}}]\ncache: {mode: Auto}\n",
+        )
+        .unwrap();
+        let text = serde_json::to_string(&WorkerPipeline::new("ns", "p", &spec)).unwrap();
+        // The same JSON as before the data plane had its own type: a changed STOKER_PIPELINE
+        // would restart every worker on an operator upgrade.
+        let top = ["namespace", "name", "source", "transforms", "batchSize", "dropRemainder", "seed", "onError"];
+        let at: Vec<usize> =
+            top.iter().chain(&["cacheMode"]).map(|k| text.find(&format!("\"{k}\":")).unwrap()).collect();
+        assert!(at.is_sorted(), "keys out of order in {text}");
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!((json["seed"].as_u64(), json["cacheMode"].as_str()), (Some(7), Some("Auto")));
+        let back: WorkerPipeline = serde_json::from_value(json).unwrap();
+        assert_eq!(back.data_plane, spec.data_plane);
+    }
+}
