@@ -17,10 +17,9 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use crate::cluster::{Cluster, OperatorInstance, OperatorOptions, Provider};
 use crate::process::ManagedProcess;
+use crate::provider::{Cluster, OperatorInstance, OperatorOptions, Provider, client_from_kubeconfig};
 use crate::tools::{self, Cmd};
 use crate::wait::{Check, wait_for};
 use crate::{CRD_NAME, LEASE_NAME, OPERATOR_NAMESPACE, RELEASE};
@@ -341,15 +340,6 @@ fn write_kubeconfig(path: &Path, server: &str, ca: &Path, token: &str) -> anyhow
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(())
-}
-
-/// A client for a kubeconfig file (its current context).
-pub async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<kube::Client> {
-    let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .with_context(|| format!("loading {}", path.display()))?;
-    kube::Client::try_from(config).context("building a Kubernetes client")
 }
 
 // ---------------------------------------------------------------------------------------------
