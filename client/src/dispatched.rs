@@ -20,11 +20,35 @@ use tokio::task::AbortHandle;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::client::{ClientOptions, Received, Tasks, open, pump};
 use crate::error::Error;
-use crate::stats::Meter;
+use crate::options::ClientOptions;
+use crate::stats::{Meter, WindowStats};
+use crate::tasks::Tasks;
+use crate::worker_stream::{open, pump};
 
 const RETRY: Duration = Duration::from_millis(250);
+
+/// Splits whose last batch reached the training loop: reported to the dispatcher, which is what
+/// makes a split done (so data lost in transit is produced again).
+#[derive(Clone, Default)]
+pub(crate) struct Received(Arc<Mutex<Vec<(u64, u64)>>>);
+
+impl Received {
+    /// The splits `batch` completes, now that the training loop has it.
+    pub(crate) fn record(&self, batch: &Batch) {
+        self.0.lock().unwrap().extend(batch.completes.iter().map(|&split| (batch.epoch, split)));
+    }
+
+    /// Everything recorded since the last take, for a report.
+    fn take(&self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+
+    /// Splits a failed report carried: they go with the next one.
+    fn restore(&self, completed: Vec<(u64, u64)>) {
+        self.0.lock().unwrap().extend(completed);
+    }
+}
 
 pub(crate) struct Registration {
     url: String,
@@ -82,12 +106,7 @@ impl Registration {
         Ok(())
     }
 
-    async fn report(
-        &mut self,
-        stats: crate::WindowStats,
-        workers: usize,
-        completed: &[(u64, u64)],
-    ) -> Result<(), Status> {
+    async fn report(&mut self, stats: WindowStats, workers: usize, completed: &[(u64, u64)]) -> Result<(), Status> {
         let report = proto::ReportWindowRequest {
             completed: completed.iter().map(|&(epoch, split)| proto::SplitRef { epoch, split }).collect(),
             client_id: self.request.client_id.clone(),
@@ -197,12 +216,11 @@ pub(crate) async fn follow(
                     meter.reset();
                     stats
                 };
-                let completed = std::mem::take(&mut *received.0.lock().unwrap());
+                let completed = received.take();
                 let delivering = streaming.values().filter(|(_, d)| d.load(Ordering::Relaxed)).count();
                 if let Err(s) = link.report(stats, delivering, &completed).await {
                     tracing::debug!(status = %s, "reporting a batch-time window failed");
-                    // Reported with the next window instead.
-                    received.0.lock().unwrap().extend(completed);
+                    received.restore(completed);
                 }
             }
         }

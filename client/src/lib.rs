@@ -15,12 +15,16 @@
 mod client;
 mod dispatched;
 mod error;
+mod options;
 pub mod reassemble;
 pub mod stats;
+mod tasks;
 pub mod trainer;
+mod worker_stream;
 
-pub use client::{Client, ClientOptions};
+pub use client::Client;
 pub use error::{Error, ProtocolError};
+pub use options::ClientOptions;
 pub use stats::WindowStats;
 pub use stoker_api::{Batch, DType, DataPipelineSpec, Tensor, WorkerPipeline};
 pub use tonic::codec::CompressionEncoding;

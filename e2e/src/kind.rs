@@ -17,7 +17,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 
-use crate::cluster::{Cluster, OperatorInstance, OperatorOptions, Provider, StartError};
+use crate::provider::{Cluster, OperatorInstance, OperatorOptions, Provider, StartError, client_from_kubeconfig};
 use crate::tools::{self, Cmd};
 use crate::wait::{Check, wait_for};
 use crate::{OPERATOR_NAMESPACE, RELEASE};
@@ -98,7 +98,7 @@ impl KindCluster {
         let setup = async {
             let kubeconfig_text = Cmd::new(&kind).args(["get", "kubeconfig", "--name", &name]).stdout().await?;
             std::fs::write(&kubeconfig, kubeconfig_text)?;
-            crate::local::client_from_kubeconfig(&kubeconfig).await
+            client_from_kubeconfig(&kubeconfig).await
         };
         let client = match setup.await {
             Ok(client) => client,

@@ -19,10 +19,11 @@ pub mod leader_proxy;
 pub mod local;
 pub mod ports;
 pub mod process;
+pub mod provider;
 pub mod tools;
 pub mod wait;
 
-pub use cluster::{Cluster, OperatorInstance, OperatorOptions, Provider, StartError};
+pub use provider::{Cluster, OperatorInstance, OperatorOptions, Provider, StartError};
 pub use wait::{Check, wait_for};
 
 /// Namespace of the operator (the chart's release namespace and the Lease's namespace).

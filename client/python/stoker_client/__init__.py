@@ -9,8 +9,9 @@
 PyTorch: `stoker_client.torch.StokerIterableDataset`.
 """
 
-from .batch import Batch, ProtocolError
-from .client import Client, WorkerError
+from .batch import Batch
+from .client import Client
+from .errors import ProtocolError, WorkerError
 from .stats import WindowStats
 
 __all__ = ["Batch", "Client", "ProtocolError", "WindowStats", "WorkerError"]

@@ -5,6 +5,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from ._wire import Chunk, Header
+from .errors import ProtocolError
 
 # stoker.v1alpha1.Dtype -> numpy (little-endian on the wire).
 DTYPES = {
@@ -17,10 +18,6 @@ DTYPES = {
 }
 
 DEFAULT_MAX_BATCH_BYTES = 16 << 30
-
-
-class ProtocolError(Exception):
-    """A worker broke the batch stream protocol (or something between mangled it)."""
 
 
 class Batch:

@@ -3,30 +3,23 @@
 import queue
 import threading
 import time
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Tuple
 
 import grpc
 
 from . import _wire
-from .batch import DEFAULT_MAX_BATCH_BYTES, Batch, ProtocolError, Reassembler
+from ._dispatcher import Follower
+from .batch import DEFAULT_MAX_BATCH_BYTES, Batch, Reassembler
+from .errors import ProtocolError, WorkerError
 from .stats import Meter, WindowStats
 
 STREAM_METHOD = "/stoker.v1alpha1.BatchStream/Stream"
-DISPATCHER = "/stoker.v1alpha1.Dispatcher/"
 # Codes after which a stream from a worker under the dispatcher is not retried but raised.
 FATAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED,
                grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
 DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
 MIN_MAX_MESSAGE_BYTES = 64 << 10
 MAX_MAX_MESSAGE_BYTES = 256 << 20
-
-
-class WorkerError(Exception):
-    """A worker answered with a gRPC error (or could not be reached)."""
-
-    def __init__(self, worker: str, code: grpc.StatusCode, details: str):
-        super().__init__(f"worker {worker}: {code.name}: {details}")
-        self.worker, self.code, self.details = worker, code, details
 
 
 class _End:
@@ -109,8 +102,8 @@ class Client:
         autoscaler. Raises `WorkerError` only if the dispatcher refuses or stays unreachable
         for `connect_timeout`; afterwards a worker that goes away is dropped quietly."""
         client = cls([], namespace, pipeline, job=job, consumer_index=consumer_index, _follow=True, **options)
-        from ._dispatcher import Follower
-        client._follower = Follower(client, _target(url), namespace, pipeline, job, consumer_index, connect_timeout)
+        client._follower = Follower(_Followed(client), _target(url), namespace, pipeline, job, consumer_index,
+                                    connect_timeout)
         return client
 
     def _put(self, item) -> bool:
@@ -204,3 +197,44 @@ class Client:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _Followed:
+    """The client as its dispatcher follower sees it (`_dispatcher.Followed`): the follower
+    starts streams into the client and reports what the client measured and received."""
+
+    def __init__(self, client: Client):
+        self._client = client
+        self.metadata = client._metadata
+
+    def closed(self) -> bool:
+        return self._client._closed.is_set()
+
+    def wait_closed(self, timeout: float) -> bool:
+        return self._client._closed.wait(timeout)
+
+    def add_channel(self, channel: grpc.Channel) -> None:
+        self._client._channels.append(channel)
+
+    def add_call(self, call) -> None:
+        self._client._calls.append(call)
+
+    def stream_from(self, addresses: Iterable[str]) -> None:
+        client = self._client
+        with client._lock:
+            new = [a for a in addresses if a not in client._streaming]
+        for address in new:
+            client._open(address)
+
+    def take_report(self) -> Tuple[WindowStats, int, List[Tuple[int, int]]]:
+        client = self._client
+        window = client._meter.window()
+        client._meter.reset()
+        with client._lock:
+            workers = len(client._delivering)
+            completed, client._completed = client._completed, []
+        return window, workers, completed
+
+    def restore_completed(self, completed: List[Tuple[int, int]]) -> None:
+        with self._client._lock:
+            self._client._completed.extend(completed)

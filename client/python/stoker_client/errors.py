@@ -1,0 +1,15 @@
+"""Exceptions for what went wrong at a worker: a gRPC error, or a broken batch stream."""
+
+import grpc
+
+
+class ProtocolError(Exception):
+    """A worker broke the batch stream protocol (or something between mangled it)."""
+
+
+class WorkerError(Exception):
+    """A worker answered with a gRPC error (or could not be reached)."""
+
+    def __init__(self, worker: str, code: grpc.StatusCode, details: str):
+        super().__init__(f"worker {worker}: {code.name}: {details}")
+        self.worker, self.code, self.details = worker, code, details

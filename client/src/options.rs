@@ -1,0 +1,65 @@
+//! What a client asks its workers (and the dispatcher) for, and the limits it holds them to.
+
+use std::time::Duration;
+
+use stoker_api::proto;
+use tonic::codec::CompressionEncoding;
+
+use crate::error::Error;
+
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub namespace: String,
+    pub pipeline: String,
+    /// Consumers with the same job share one stream; different jobs each get whole epochs.
+    pub job: String,
+    pub consumer_index: u32,
+    /// None: wherever the job currently is.
+    pub start_epoch: Option<u64>,
+    /// Batches received ahead of the training loop, across all workers.
+    pub prefetch: usize,
+    /// Largest gRPC message accepted; workers cut batches to fit.
+    pub max_message_bytes: usize,
+    /// Largest batch a header may announce (bounds what a broken worker makes us allocate).
+    pub max_batch_bytes: u64,
+    /// Ask workers to compress (off by default: tensors rarely compress well and loopback or
+    /// in-cluster links are faster than gzip).
+    pub compression: Option<CompressionEncoding>,
+    /// The ServiceAccount token sent as `authorization: Bearer <token>`.
+    pub token: Option<String>,
+    pub connect_timeout: Duration,
+    /// HTTP/2 flow-control window per stream: in-flight bytes per worker beyond the prefetch
+    /// queue. Large enough for full speed, small enough that a slow trainer stops the worker.
+    pub stream_window_bytes: u32,
+}
+
+impl ClientOptions {
+    pub fn new(namespace: impl Into<String>, pipeline: impl Into<String>) -> Self {
+        ClientOptions {
+            namespace: namespace.into(),
+            pipeline: pipeline.into(),
+            job: "default".into(),
+            consumer_index: 0,
+            start_epoch: None,
+            prefetch: 8,
+            max_message_bytes: proto::DEFAULT_MAX_MESSAGE_BYTES,
+            max_batch_bytes: 16 << 30,
+            compression: None,
+            token: None,
+            connect_timeout: Duration::from_secs(10),
+            stream_window_bytes: 4 << 20,
+        }
+    }
+
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        let bad = |m: String| Err(Error::InvalidOptions(m));
+        if self.prefetch == 0 {
+            return bad("prefetch must be at least 1".into());
+        }
+        let range = proto::MIN_MAX_MESSAGE_BYTES..=proto::MAX_MAX_MESSAGE_BYTES;
+        if !range.contains(&self.max_message_bytes) {
+            return bad(format!("max_message_bytes {} is outside {range:?}", self.max_message_bytes));
+        }
+        Ok(())
+    }
+}

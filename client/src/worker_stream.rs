@@ -1,0 +1,80 @@
+//! One worker's batch stream: opening it, and reading its chunks into the client's queue.
+//! Used alike for a fixed list of workers and for the ones the dispatcher names.
+
+use stoker_api::Batch;
+use stoker_api::proto::batch_stream_client::BatchStreamClient;
+use stoker_api::proto::{self, BatchChunk, PipelineRef, StreamRequest};
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::Error;
+use crate::options::ClientOptions;
+use crate::reassemble::Reassembler;
+
+/// `host:port` or a full URI.
+fn uri(worker: &str) -> String {
+    if worker.contains("://") { worker.to_string() } else { format!("http://{worker}") }
+}
+
+pub(crate) async fn open(worker: &str, options: &ClientOptions) -> Result<tonic::Streaming<BatchChunk>, Error> {
+    let connect = |source| Error::Connect { worker: worker.to_string(), source };
+    let channel: Channel = Endpoint::from_shared(uri(worker))
+        .map_err(connect)?
+        .connect_timeout(options.connect_timeout)
+        .tcp_nodelay(true)
+        .initial_stream_window_size(options.stream_window_bytes)
+        .initial_connection_window_size(options.stream_window_bytes.saturating_mul(2))
+        .connect()
+        .await
+        .map_err(connect)?;
+    let mut client = BatchStreamClient::new(channel).max_decoding_message_size(options.max_message_bytes);
+    if let Some(encoding) = options.compression {
+        client = client.accept_compressed(encoding);
+    }
+    let mut request = tonic::Request::new(StreamRequest {
+        pipeline: Some(PipelineRef { namespace: options.namespace.clone(), name: options.pipeline.clone() }),
+        job: options.job.clone(),
+        consumer_index: options.consumer_index,
+        start_epoch: options.start_epoch,
+        max_message_bytes: options.max_message_bytes as u64,
+    });
+    if let Some(token) = &options.token {
+        let value = proto::bearer(token)
+            .parse()
+            .map_err(|_| Error::InvalidOptions("the token is not a valid header value".into()))?;
+        request.metadata_mut().insert(proto::AUTHORIZATION, value);
+    }
+    let status = |s| Error::Status { worker: worker.to_string(), status: Box::new(s) };
+    Ok(client.stream(request).await.map_err(status)?.into_inner())
+}
+
+/// Reads one worker's chunks into the shared queue. Waiting on the full queue stops reading the
+/// stream, which stops HTTP/2 window updates, which stops the worker: that is the backpressure.
+/// Returns why the stream failed, or None when it ended or the client is gone.
+pub(crate) async fn pump(
+    worker: String,
+    mut stream: tonic::Streaming<BatchChunk>,
+    tx: &mpsc::Sender<Result<Batch, Error>>,
+    max_batch_bytes: u64,
+    mut on_batch: impl FnMut(),
+) -> Option<Error> {
+    let mut reassembler = Reassembler::new(max_batch_bytes);
+    loop {
+        match stream.message().await {
+            Ok(Some(chunk)) => match reassembler.push(chunk) {
+                Ok(Some(batch)) => {
+                    if !batch.is_completions() {
+                        on_batch();
+                    }
+                    if tx.send(Ok(batch)).await.is_err() {
+                        return None; // the client is gone
+                    }
+                }
+                Ok(None) => {}
+                Err(source) => return Some(Error::Protocol { worker, source }),
+            },
+            Ok(None) => return reassembler.finish().err().map(|source| Error::Protocol { worker, source }),
+            Err(status) => return Some(Error::Status { worker, status: Box::new(status) }),
+        }
+    }
+}
