@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use kube::ResourceExt;
 use stoker_api::DataPipeline;
 use stoker_operator::autoscaling::replicas::initial_replicas;
-use stoker_operator::controller::build::{self as objects, WorkerDefaults};
+use stoker_operator::controller::objects::{self, WorkerDefaults};
 
 #[derive(Parser)]
 #[command(version, about = "Stoker: preprocessing pipelines as an autoscaled service")]

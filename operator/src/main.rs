@@ -10,7 +10,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, CustomResourceExt};
 use stoker_api::DataPipeline;
 use stoker_operator::autoscaling::{self, DeploymentScaler, Loop, ScalingBook};
-use stoker_operator::controller::build::WorkerDefaults;
+use stoker_operator::controller::objects::WorkerDefaults;
 use stoker_operator::controller::{self, Context};
 use stoker_operator::dispatcher::{self, Dispatcher, Timeouts};
 use stoker_operator::http::{self, HttpState};

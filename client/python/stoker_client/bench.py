@@ -1,5 +1,6 @@
 """Stream throughput into numpy: one Python client, two local workers serving ready batches.
 
+    cargo build --release -p stoker-worker --features bench   # `bench serve` is behind the feature
     python -m stoker_client.bench --worker-bin target/release/stoker-worker [--seconds 5]
 
 Starts two `stoker-worker bench serve` processes (synthetic float16 image batches, so

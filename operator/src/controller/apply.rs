@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use stoker_api::DataPipeline;
 
-use super::build::{self, PipelineObjects};
+use super::objects::{self, PipelineObjects};
 use super::{Context, Error, FIELD_MANAGER, publish};
 
 fn claims(ctx: &Context, dp: &DataPipeline) -> Api<PersistentVolumeClaim> {
@@ -19,13 +19,13 @@ fn claims(ctx: &Context, dp: &DataPipeline) -> Api<PersistentVolumeClaim> {
 
 /// The namespace's cache claim, if the pipeline caches and the claim was made already.
 pub async fn existing_claim(ctx: &Context, dp: &DataPipeline) -> Result<Option<PersistentVolumeClaim>, Error> {
-    if !build::uses_cache_volume(&dp.spec) {
+    if !objects::uses_cache_volume(&dp.spec) {
         return Ok(None);
     }
-    claims(ctx, dp).get_opt(build::CACHE_PVC).await.map_err(|source| Error::Apply {
+    claims(ctx, dp).get_opt(objects::CACHE_PVC).await.map_err(|source| Error::Apply {
         kind: "PersistentVolumeClaim".into(),
         namespace: dp.namespace().unwrap_or_default(),
-        name: build::CACHE_PVC.into(),
+        name: objects::CACHE_PVC.into(),
         source,
     })
 }
@@ -46,7 +46,7 @@ pub async fn objects(
             }
         }
         (Some(pvc), Some(claim)) => {
-            let differences = build::claim_differences(pvc, claim);
+            let differences = objects::claim_differences(pvc, claim);
             // Once per spec generation, so a resync or a restarted operator stays quiet.
             let new_generation = dp.status.as_ref().and_then(|s| s.observed_generation) != dp.metadata.generation;
             if !differences.is_empty() && new_generation {

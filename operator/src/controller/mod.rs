@@ -1,6 +1,6 @@
 //! A spec becomes objects: the reconciler, one pipeline at a time, validate -> build -> apply
-//! -> status. Read in this order: this file (the steps), [`build`] (pure, one file per
-//! object), [`apply`] (server-side apply), [`status`] (pure: what the status should say).
+//! -> status. Read in this order: this file (the steps), [`objects`] (the build step: pure,
+//! one file per object), [`apply`] (server-side apply), [`status`] (pure: what status says).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,10 +22,10 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 pub mod apply;
-pub mod build;
+pub mod objects;
 pub mod status;
 
-use self::build::{MANAGED_BY, WorkerDefaults};
+use self::objects::{MANAGED_BY, WorkerDefaults};
 use self::status::Outcome;
 use crate::autoscaling::ScalingBook;
 use crate::autoscaling::replicas::replicas_of;
@@ -144,7 +144,7 @@ async fn reconcile_pipeline(dp: &DataPipeline, ctx: &Context) -> Result<Action, 
     let replicas = replicas_of(dp, ctx.scaling.get(&PipelineKey::of(dp)).map(|r| r.workers));
     // The namespace's claim, if made already: its size bounds the workers' cache.
     let claim = apply::existing_claim(ctx, dp).await?;
-    let built = build::build(dp, &ctx.defaults, replicas, claim.as_ref().and_then(build::claim_size).as_ref());
+    let built = objects::build(dp, &ctx.defaults, replicas, claim.as_ref().and_then(objects::claim_size).as_ref());
     match apply::objects(ctx, dp, &built, claim.as_ref()).await {
         Ok(deployment) => {
             let ready = deployment.status.and_then(|s| s.ready_replicas).unwrap_or(0);
