@@ -1,8 +1,9 @@
 //! Cache fingerprints: which materialised data a pipeline prefix may reuse.
 //!
 //! SHA-256 over a canonical encoding of the source (URI, format, and every shard's name, size
-//! and version: ETag or mtime) and the transforms up to an `autocache` hint with all their
-//! parameters, plus the cache format version. Nothing after the hint and nothing about the
+//! and version: ETag or mtime), how the listing was ordered before it was cut into splits (an
+//! entry holds its data per split), and the transforms up to an `autocache` hint with all
+//! their parameters, plus the cache format version. Nothing after the hint and nothing about the
 //! pipeline's name enters it, so two pipelines with the same prefix share a cache.
 
 use sha2::{Digest, Sha256};
@@ -22,11 +23,13 @@ pub struct ShardVersion {
 }
 
 /// The fingerprint of the data at hint `at` (an index into `transforms`, which must be an
-/// `autocache` item): `sha256:<hex>`.
+/// `autocache` item): `sha256:<hex>`. `split_order` is the seed the listing was ordered by
+/// before it was cut into splits (None: the listing's own order).
 pub fn fingerprint(
     uri: &str,
     format: SourceFormat,
     shards: &[ShardVersion],
+    split_order: Option<u64>,
     transforms: &[Transform],
     at: usize,
 ) -> String {
@@ -46,6 +49,11 @@ pub fn fingerprint(
         field(s.name.as_bytes());
         field(&s.size.to_le_bytes());
         field(s.version.as_bytes());
+    }
+    // Only when set, so entries made in listing order keep their fingerprints.
+    if let Some(seed) = split_order {
+        field(b"split-order");
+        field(&seed.to_le_bytes());
     }
     let prefix = &transforms[..at.min(transforms.len())];
     field(&(prefix.len() as u64).to_le_bytes());
@@ -80,14 +88,14 @@ mod tests {
             transforms("- decodeImage: {channels: 3}\n- autocache: {}\n- randomResizedCrop: {size: [224, 224]}\n");
         let uri = "s3://b/train/";
         assert_eq!(
-            fingerprint(uri, SourceFormat::Tfrecord, &shards(), &one, 1),
-            fingerprint(uri, SourceFormat::Tfrecord, &shards(), &two, 1)
+            fingerprint(uri, SourceFormat::Tfrecord, &shards(), None, &one, 1),
+            fingerprint(uri, SourceFormat::Tfrecord, &shards(), None, &two, 1)
         );
         let mut reversed = shards();
         reversed.reverse();
         assert_eq!(
-            fingerprint(uri, SourceFormat::Tfrecord, &shards(), &one, 1),
-            fingerprint("s3://b/train", SourceFormat::Tfrecord, &reversed, &one, 1),
+            fingerprint(uri, SourceFormat::Tfrecord, &shards(), None, &one, 1),
+            fingerprint("s3://b/train", SourceFormat::Tfrecord, &reversed, None, &one, 1),
             "listing order and a trailing slash do not matter"
         );
     }
@@ -95,17 +103,20 @@ mod tests {
     #[test]
     fn anything_that_changes_the_data_changes_it() {
         let t = transforms("- decodeImage: {channels: 3}\n- autocache: {}\n");
-        let base = fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), &t, 1);
+        let base = fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), None, &t, 1);
         let other_params = transforms("- decodeImage: {channels: 1}\n- autocache: {}\n");
         let mut changed_file = shards();
         changed_file[1].version = "e3".into();
         for other in [
-            fingerprint("s3://b/y", SourceFormat::Tfrecord, &shards(), &t, 1),
-            fingerprint("s3://b/x", SourceFormat::Webdataset, &shards(), &t, 1),
-            fingerprint("s3://b/x", SourceFormat::Tfrecord, &changed_file, &t, 1),
-            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards()[..1], &t, 1),
-            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), &other_params, 1),
-            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), &t, 0),
+            fingerprint("s3://b/y", SourceFormat::Tfrecord, &shards(), None, &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Webdataset, &shards(), None, &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &changed_file, None, &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards()[..1], None, &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), None, &other_params, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), None, &t, 0),
+            // Splits cut from the listing in another order hold other data per split.
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), Some(0), &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), Some(1), &t, 1),
         ] {
             assert_ne!(base, other);
         }

@@ -3,6 +3,7 @@
 
 pub mod chunk;
 pub mod fingerprint;
+pub mod order;
 pub mod proto;
 mod spec;
 mod status;

@@ -350,6 +350,15 @@ impl CacheAccessMode {
     }
 }
 
+impl DataPlaneSpec {
+    /// The seed of everything `shuffle` orders (the shuffle buffer, the listing cut into
+    /// splits, the splits of each epoch, the elements of each split); None without `shuffle`,
+    /// when everything keeps the listing's order.
+    pub fn shuffle_seed(&self) -> Option<u64> {
+        self.shuffle.as_ref().map(|s| s.seed.or(self.seed).unwrap_or(0))
+    }
+}
+
 /// A pipeline as the operator hands it to workers (env STOKER_PIPELINE, JSON): its identity,
 /// its data plane, and whether it may use the cache volume.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]

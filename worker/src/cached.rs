@@ -74,6 +74,7 @@ impl EngineCache {
         config: &CacheConfig,
         pipeline: &WorkerPipeline,
         shards: &[Shard],
+        listing_order: Option<u64>,
         splits: u64,
     ) -> std::io::Result<EngineCache> {
         let dir = CacheDir::open(&config.dir)?;
@@ -94,6 +95,7 @@ impl EngineCache {
                         &pipeline.data_plane.source.uri,
                         pipeline.data_plane.source.format,
                         &versions,
+                        listing_order,
                         &pipeline.data_plane.transforms,
                         at,
                     ),

@@ -50,6 +50,7 @@ impl Link {
             worker_id: String::new(),
             cache_hints: Vec::new(),
             cache_mode: format!("{:?}", pipeline.cache_mode),
+            shuffle_seed: pipeline.data_plane.shuffle_seed(),
         };
         let link = Arc::new(Link {
             client: DispatcherClient::new(channel),

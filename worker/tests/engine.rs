@@ -217,3 +217,61 @@ async fn a_split_ending_on_a_batch_boundary_is_carried_by_that_batch() {
     assert_eq!(completes, [vec![0], vec![1], vec![2]], "each batch is one split and completes it");
     assert!(leftover.is_empty(), "nothing left for the worker to report: {leftover:?}");
 }
+
+/// Standalone (no dispatcher), the engine orders an epoch's splits itself: with `shuffle`,
+/// each epoch takes the splits, and each split's elements, in an order of its own that the
+/// seed repeats; without it, the listing's order. A one-element shuffle buffer leaves only
+/// those two orders to see.
+#[tokio::test(flavor = "multi_thread")]
+async fn standalone_epochs_take_splits_and_elements_in_a_seeded_order_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    for shard in 0..4 {
+        let lines: String = (0..10).map(|i| format!("{{\"x\": {}}}\n", shard * 100 + i)).collect();
+        std::fs::write(dir.path().join(format!("{shard}.jsonl")), lines).unwrap();
+    }
+    let pipeline = |shuffle: &str| {
+        let manifest = format!("source: {{uri: '{}', format: jsonl}}\nbatchSize: 5\n{shuffle}", uri(dir.path()));
+        WorkerPipeline::new("ns", "t", &stoker_api::from_yaml(&manifest).unwrap())
+    };
+    let epochs = |pipeline: WorkerPipeline| async move {
+        let engine = Engine::open(pipeline, config(2)).await.unwrap();
+        tokio::task::spawn_blocking(move || {
+            (0..2)
+                .map(|epoch| {
+                    let (tx, rx) = sync_channel(64);
+                    engine.run_epoch(epoch, &engine.splits().to_vec(), &tx).unwrap();
+                    drop(tx);
+                    collect(rx)
+                        .iter()
+                        .flat_map(|b| {
+                            b.tensors["x"]
+                                .data
+                                .chunks(8)
+                                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                                .collect::<Vec<_>>()
+                        })
+                        .collect::<Vec<i64>>()
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap()
+    };
+    let listing: Vec<i64> = (0..4).flat_map(|s| (0..10).map(move |i| s * 100 + i)).collect();
+    let shuffled = epochs(pipeline("shuffle: {bufferSize: 1, seed: 9}\n")).await;
+    for order in &shuffled {
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, listing, "every element once");
+        assert_ne!(*order, listing);
+        // Split by split: a split's elements stay together (the buffer holds one), in an order
+        // of their own.
+        let splits: Vec<i64> = order.chunks(10).map(|c| c[0] / 100).collect();
+        assert!(order.chunks(10).all(|c| c.iter().all(|x| x / 100 == c[0] / 100)), "{order:?}");
+        assert!(order.chunks(10).any(|c| c.windows(2).any(|w| w[0] > w[1])), "elements reordered: {order:?}");
+        assert_eq!(splits.len(), 4);
+    }
+    assert_ne!(shuffled[0], shuffled[1], "each epoch its own order");
+    assert_eq!(epochs(pipeline("shuffle: {bufferSize: 1, seed: 9}\n")).await, shuffled, "the seed repeats it");
+    assert_eq!(epochs(pipeline("")).await, vec![listing.clone(), listing], "without shuffle, the listing's order");
+}

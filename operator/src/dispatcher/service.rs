@@ -158,6 +158,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 .into_iter()
                 .map(|h| HintSeen { at: h.at, fingerprint: h.fingerprint, complete: h.complete })
                 .collect(),
+            shuffle_seed: r.shuffle_seed,
         };
         let pipeline = registration.pipeline.clone();
         let address = registration.address.clone();

@@ -12,7 +12,7 @@ use stoker_api::{CacheMode, CacheStatus};
 
 use super::cache::{Caches, HintSeen};
 use super::inbox::{Inbox, JobWindows};
-use super::ledger::{Assignment, Job, JobSummary};
+use super::ledger::{Assignment, Job, JobSummary, Plan};
 use super::members::{Client, Members, Progress, Timeouts, Unknown, Worker};
 use crate::autocache::plan::{Directive, Measured};
 use crate::key::PipelineKey;
@@ -42,18 +42,22 @@ pub struct WorkerRegistration {
     pub cache_mode: CacheMode,
     /// Empty when the worker has no cache volume.
     pub cache_hints: Vec<HintSeen>,
+    /// With `shuffle`: each epoch's splits go out in the order of (this seed, epoch).
+    pub shuffle_seed: Option<u64>,
 }
 
 #[derive(Default)]
 struct Pipeline {
     /// (splits, digest) every worker of the pipeline must agree on; set by the first worker.
     plan: Option<(u64, String)>,
+    /// The seed of each epoch's hand-out order (None: plan order), from the newest worker.
+    shuffle_seed: Option<u64>,
     jobs: BTreeMap<String, Job>,
 }
 
 impl Pipeline {
-    fn splits(&self) -> u64 {
-        self.plan.as_ref().map_or(0, |(n, _)| *n)
+    fn ledger_plan(&self) -> Plan {
+        Plan { splits: self.plan.as_ref().map_or(0, |(n, _)| *n), order: self.shuffle_seed }
     }
 }
 
@@ -101,12 +105,14 @@ impl DispatcherState {
                     });
                 }
                 // Every worker of the old plan is gone: the source changed; start over.
-                *pipeline = Pipeline { plan: Some((r.splits, r.plan_digest.clone())), jobs: BTreeMap::new() };
+                *pipeline = Pipeline { plan: Some((r.splits, r.plan_digest.clone())), ..Pipeline::default() };
                 self.caches.forget(&r.pipeline);
             }
             Some(_) => {}
             None => pipeline.plan = Some((r.splits, r.plan_digest.clone())),
         }
+        // The newest worker's spec wins: epochs started from now on go out in its order.
+        pipeline.shuffle_seed = r.shuffle_seed;
         self.caches.register(&r.pipeline, r.cache_mode, &r.cache_hints, r.splits);
         let id = self.members.id("w", r.worker_id);
         let worker = Worker {
@@ -162,13 +168,13 @@ impl DispatcherState {
     ) -> Result<Assignment, DispatchError> {
         let key = self.members.seen_worker(worker_id, now)?.pipeline.clone();
         let pipeline = self.pipelines.get_mut(&key).expect("a registered worker's pipeline exists");
-        let splits = pipeline.plan.as_ref().expect("set by the first worker").0;
-        let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(epoch, splits));
+        let plan = pipeline.ledger_plan();
+        let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(epoch, &plan));
         let directive = self.caches.directive(&key);
-        if let Some((action, seconds)) = state.complete(completed, splits, now) {
+        if let Some((action, seconds)) = state.complete(completed, &plan, now) {
             self.caches.epoch(&key, action, seconds);
         }
-        Ok(state.hand_out(worker_id, splits, &directive, now))
+        Ok(state.hand_out(worker_id, &plan, &directive, now))
     }
 
     pub fn register_client(
@@ -200,8 +206,8 @@ impl DispatcherState {
             && let Some(pipeline) = self.pipelines.get_mut(&key)
             && let Some(state) = pipeline.jobs.get_mut(&job)
         {
-            let splits = pipeline.plan.as_ref().map_or(0, |(n, _)| *n);
-            if let Some((action, seconds)) = state.complete(completed, splits, now) {
+            let plan = Plan { splits: pipeline.plan.as_ref().map_or(0, |(n, _)| *n), order: pipeline.shuffle_seed };
+            if let Some((action, seconds)) = state.complete(completed, &plan, now) {
                 self.caches.epoch(&key, action, seconds);
             }
         }
@@ -248,7 +254,7 @@ impl DispatcherState {
 
     pub fn jobs(&self, pipeline: &PipelineKey) -> Vec<JobSummary> {
         let Some(p) = self.pipelines.get(pipeline) else { return Vec::new() };
-        p.jobs.iter().map(|(name, j)| j.summary(name, p.splits())).collect()
+        p.jobs.iter().map(|(name, j)| j.summary(name, p.ledger_plan().splits)).collect()
     }
 
     /// Every (pipeline, job) with live clients, with the windows reported since the last call.
@@ -319,6 +325,7 @@ mod tests {
             worker_id: None,
             cache_mode: CacheMode::Never,
             cache_hints: Vec::new(),
+            shuffle_seed: None,
         }
     }
 

@@ -128,15 +128,18 @@ impl Engine {
     pub async fn open(pipeline: WorkerPipeline, config: EngineConfig) -> Result<Engine, EngineError> {
         let source = DataSource::open(&pipeline.data_plane.source.uri)?;
         let shards = source.list().await?;
-        let (splits, labels) =
-            plan::plan(&source, pipeline.data_plane.source.format, shards.clone(), config.files_per_split);
+        let format = pipeline.data_plane.source.format;
+        let listing_order = plan::listing_order(format, pipeline.data_plane.shuffle_seed());
+        let (splits, labels) = plan::plan(&source, format, shards.clone(), config.files_per_split, listing_order);
         if splits.is_empty() {
             return Err(SourceError::NotFound { uri: pipeline.data_plane.source.uri.clone() }.into());
         }
         let cache = match &config.cache {
             Some(c) => {
-                let cache =
-                    Arc::new(EngineCache::new(c, &pipeline, &shards, splits.len() as u64).map_err(EngineError::Cache)?);
+                let cache = Arc::new(
+                    EngineCache::new(c, &pipeline, &shards, listing_order, splits.len() as u64)
+                        .map_err(EngineError::Cache)?,
+                );
                 let probing = cache.clone();
                 tokio::task::spawn_blocking(move || probing.probe());
                 Some(cache)
@@ -177,14 +180,19 @@ impl Engine {
     }
 
     /// Produces one epoch's batches from `splits` into `out`, blocking (run it on its own
-    /// thread). Returns early, without error, when the receiver is gone.
+    /// thread): with `shuffle`, in the epoch's seeded order of the splits, as the dispatcher
+    /// hands them out. Returns early, without error, when the receiver is gone.
     pub fn run_epoch(
         &self,
         epoch: u64,
         splits: &[Split],
         out: &std::sync::mpsc::SyncSender<Ready>,
     ) -> Result<(), EngineError> {
-        self.run_splits(epoch, splits.iter().cloned().map(|s| (s, SplitCache::Compute)), out).map(drop)
+        let mut splits = splits.to_vec();
+        if let Some(seed) = self.pipeline.data_plane.shuffle_seed() {
+            stoker_api::order::shuffle(&mut splits, seed, epoch, |s| s.id);
+        }
+        self.run_splits(epoch, splits.into_iter().map(|s| (s, SplitCache::Compute)), out).map(drop)
     }
 
     /// Like `run_epoch`, pulling splits one at a time (from the dispatcher) until `splits` ends,
@@ -200,7 +208,8 @@ impl Engine {
         let send = |ready: Ready| self.send(ready, out);
         let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.reserve_rows(0), send);
         for (split, cache, fetched) in Prefetch::new(self, splits.into_iter()) {
-            let (elements, plan) = self.elements(&split, &cache, fetched)?;
+            let (mut elements, plan) = self.elements(&split, &cache, fetched)?;
+            self.read_order(epoch, split.id, &mut elements);
             if !self.transform_split(epoch, split.id, elements, plan, &mut batcher)? {
                 return Ok(Vec::new());
             }

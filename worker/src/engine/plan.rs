@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use stoker_api::SourceFormat;
+use stoker_api::{SourceFormat, order};
 
 use crate::formats::image_folder;
 use crate::source::{DataSource, Shard};
@@ -21,20 +21,35 @@ pub(super) fn split_size(files: usize, most: usize) -> usize {
     files.div_ceil(64).max(8).min(most.max(1))
 }
 
-/// Splits for a listing: image folders group files (the label map comes from their folders);
-/// record formats take one shard file per split.
+/// The seed the listing is ordered by before it is cut into splits: with `shuffle`, an image
+/// folder's files (sorted by class on the store) are spread over the splits, so each split
+/// holds many classes; the order is fixed across epochs, so cache entries stay valid. Record
+/// formats take one file per split: there is nothing to spread. None: the listing's order.
+pub fn listing_order(format: SourceFormat, shuffle_seed: Option<u64>) -> Option<u64> {
+    match format {
+        SourceFormat::ImageFolder => shuffle_seed,
+        _ => None,
+    }
+}
+
+/// Splits for a listing: image folders group files (the label map comes from their folders),
+/// in the seeded order `listing_order` gives; record formats take one shard file per split.
 pub(super) fn plan(
     source: &DataSource,
     format: SourceFormat,
     shards: Vec<Shard>,
     files_per_split: usize,
+    listing_order: Option<u64>,
 ) -> (Vec<Split>, BTreeMap<String, i64>) {
     match format {
         SourceFormat::ImageFolder => {
-            let images: Vec<Shard> =
+            let mut images: Vec<Shard> =
                 shards.into_iter().filter(|s| image_folder::is_image(source.relative(s))).collect();
             let names: Vec<String> = images.iter().map(|s| source.relative(s).to_string()).collect();
             let labels = image_folder::label_map(&names);
+            if let Some(seed) = listing_order {
+                order::shuffle(&mut images, seed, order::EVERY_EPOCH, |s| order::name_id(source.relative(s)));
+            }
             let splits = images
                 .chunks(split_size(images.len(), files_per_split))
                 .enumerate()
@@ -85,7 +100,7 @@ mod tests {
     fn image_folder_splits_cover_every_image_once_in_order() {
         let names = images(1000);
         let listing = shards(&names);
-        let (splits, labels) = plan(&source(), SourceFormat::ImageFolder, listing.clone(), 256);
+        let (splits, labels) = plan(&source(), SourceFormat::ImageFolder, listing.clone(), 256, None);
         assert_eq!(splits.len(), 63, "1000 images in splits of 16");
         assert!(splits[..62].iter().all(|s| s.shards.len() == 16));
         assert_eq!(splits[62].shards.len(), 1000 - 62 * 16);
@@ -98,7 +113,7 @@ mod tests {
         let mut names = images(10);
         names.insert(3, "class0/README.txt".into());
         names.push("class1/.jpg".into());
-        let (splits, _) = plan(&source(), SourceFormat::ImageFolder, shards(&names), 4);
+        let (splits, _) = plan(&source(), SourceFormat::ImageFolder, shards(&names), 4, None);
         assert_eq!(splits.iter().map(|s| s.shards.len()).collect::<Vec<_>>(), [4, 4, 2]);
         assert_eq!(flattened(&splits), (shards(&images(10)), true));
     }
@@ -108,10 +123,35 @@ mod tests {
         let names: Vec<String> = (0..5).map(|i| format!("part-{i}.tfrecord")).collect();
         let listing = shards(&names);
         for format in [SourceFormat::Tfrecord, SourceFormat::Jsonl, SourceFormat::Webdataset] {
-            let (splits, labels) = plan(&source(), format, listing.clone(), 2);
+            let (splits, labels) = plan(&source(), format, listing.clone(), 2, listing_order(format, Some(7)));
             assert!(splits.iter().all(|s| s.shards.len() == 1), "{format:?}");
             assert_eq!(flattened(&splits), (listing.clone(), true), "{format:?}");
             assert!(labels.is_empty());
         }
+    }
+
+    #[test]
+    fn with_shuffle_an_image_folder_is_spread_over_the_splits_the_same_way_every_time() {
+        // 20 classes of 50 images, listed class by class as a store lists them.
+        let names: Vec<String> = (0..1000).map(|i| format!("class{:02}/{i:05}.jpg", i / 50)).collect();
+        let listing = shards(&names);
+        let order = listing_order(SourceFormat::ImageFolder, Some(7));
+        let (splits, labels) = plan(&source(), SourceFormat::ImageFolder, listing.clone(), 256, order);
+        let (again, _) = plan(&source(), SourceFormat::ImageFolder, listing.clone(), 256, order);
+        assert_eq!(splits, again, "fixed for a seed: cache entries stay valid");
+        let (mut all, numbered) = flattened(&splits);
+        assert!(numbered);
+        assert_ne!(all, listing, "not the listing's order");
+        all.sort_by(|a, b| a.path.cmp(&b.path));
+        assert_eq!(all, listing, "every image once");
+        let classes =
+            |s: &Split| s.shards.iter().map(|f| f.path[5..12].to_string()).collect::<std::collections::BTreeSet<_>>();
+        // In listing order a split of 16 holds one or two classes; spread, about 11 of 20.
+        let counts: Vec<usize> = splits.iter().map(|s| classes(s).len()).collect();
+        let mean = counts.iter().sum::<usize>() as f64 / counts.len() as f64;
+        assert!(mean > 9.0 && counts.iter().all(|&n| n >= 4), "classes per split: {counts:?}");
+        assert_eq!(labels.len(), 20, "labels still come from the sorted folder names");
+        let (other_seed, _) = plan(&source(), SourceFormat::ImageFolder, listing, 256, Some(8));
+        assert_ne!(splits, other_seed);
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
-use stoker_api::{OnError, SourceFormat};
+use stoker_api::{OnError, SourceFormat, order};
 
 use super::hints::SplitPlan;
 use super::{Engine, EngineError, Split};
@@ -135,6 +135,16 @@ impl Engine {
             _ => None,
         };
         Ok((elements, SplitPlan { from: 0, measure, put }))
+    }
+
+    /// With `shuffle`, a split's elements are taken in an order of their own each epoch, before
+    /// the shuffle buffer mixes them with other splits'. Ordered by their positions in the
+    /// split, so a split read back from the cache (where a filter may have dropped some) comes
+    /// out in the order computing it gives.
+    pub(super) fn read_order(&self, epoch: u64, split: u64, elements: &mut [(u64, Element)]) {
+        if let Some(seed) = self.pipeline.data_plane.shuffle_seed() {
+            order::shuffle(elements, seed, epoch, |(position, _)| (split << 32) | position);
+        }
     }
 
     /// Parses a split's records; corrupt ones are counted and skipped, or fatal.
