@@ -239,7 +239,7 @@ async fn standalone_epochs_take_splits_and_elements_in_a_seeded_order_of_their_o
             (0..2)
                 .map(|epoch| {
                     let (tx, rx) = sync_channel(64);
-                    engine.run_epoch(epoch, &engine.splits().to_vec(), &tx).unwrap();
+                    engine.run_epoch(epoch, engine.splits(), &tx).unwrap();
                     drop(tx);
                     collect(rx)
                         .iter()
