@@ -22,10 +22,12 @@ test: lint tools
 	STOKER_E2E_PROVIDER=kind $(CARGO) test -p stoker-e2e --test e2e
 
 # The Python client's tests (against the workers `cargo build` made), in a venv kept in the
-# cache; the package is reinstalled each run so edits are picked up.
+# cache; the package is reinstalled each run so edits are picked up. PyTorch (with its CUDA
+# wheels from PyPI, about 5 GB installed; a minute here the first time) is installed too, so
+# the PyTorch adaptor's tests run rather than skip.
 python:
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check ./client/python pytest
+	$(VENV)/bin/pip install -q --disable-pip-version-check './client/python[torch]' pytest
 	$(VENV)/bin/python -m pytest -q -rs client/python/tests
 
 # etcd, kube-apiserver, kube-controller-manager, kubectl, helm into ~/.cache/stoker/bin.
