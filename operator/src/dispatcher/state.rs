@@ -204,10 +204,11 @@ impl DispatcherState {
         self.inbox.push(client_id, window);
         if !completed.is_empty()
             && let Some(pipeline) = self.pipelines.get_mut(&key)
-            && let Some(state) = pipeline.jobs.get_mut(&job)
         {
-            let plan = Plan { splits: pipeline.plan.as_ref().map_or(0, |(n, _)| *n), order: pipeline.shuffle_seed };
-            if let Some((action, seconds)) = state.complete(completed, &plan, now) {
+            let plan = pipeline.ledger_plan();
+            if let Some(state) = pipeline.jobs.get_mut(&job)
+                && let Some((action, seconds)) = state.complete(completed, &plan, now)
+            {
                 self.caches.epoch(&key, action, seconds);
             }
         }
