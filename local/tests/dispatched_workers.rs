@@ -3,16 +3,14 @@
 //! epoch arrives; a worker killed mid-epoch loses nothing because its splits are handed out
 //! again.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use stoker_api::{Batch, WorkerPipeline};
 use stoker_client::{Client, ClientOptions};
-use stoker_local::workers::{LocalWorkerConfig, LocalWorkers, worker_binary};
 use stoker_operator::autoscaling::Scaler;
-use stoker_operator::dispatcher::{self, Dispatcher, Timeouts};
-use stoker_operator::key::PipelineKey;
 
 const SHARDS: i64 = 8;
 const LINES: i64 = 40;
@@ -36,40 +34,10 @@ fn ids(batch: &Batch) -> Vec<i64> {
     batch.tensors["id"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
-struct Setup {
-    dispatcher: Arc<Dispatcher>,
-    workers: LocalWorkers,
-    key: PipelineKey,
-    url: String,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
-}
-
-async fn setup(worker_timeout: Duration, rest: &str) -> Setup {
-    let (dir, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let pipeline = pipeline(dir.path(), rest);
-    let dispatcher = Dispatcher::new(
-        Timeouts { worker: worker_timeout, client: Duration::from_secs(30) },
-        Duration::from_millis(500),
-    );
-    dispatcher.spawn_expiry();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), std::future::pending()));
-    let binary = worker_binary();
-    assert!(binary.is_file(), "{} is missing: run `cargo build --workspace --bins` first", binary.display());
-    let workers = LocalWorkers::new(LocalWorkerConfig {
-        binary,
-        dispatcher_url: url.clone(),
-        threads: 1,
-        memory_budget: 64 << 20,
-        max_batch_rate: None,
-        // Not in the data directory: the logs would become shards of the source.
-        log_dir: Some(logs.path().to_path_buf()),
-        cache_dir: None,
-    });
-    let key = PipelineKey { namespace: "ns".into(), name: "lines".into() };
-    workers.add(pipeline, None);
-    Setup { dispatcher, workers, key, url, _dirs: (dir, logs) }
+/// The lines' pipeline under a dispatcher, and its data directory (kept while it runs).
+async fn setup(worker_timeout: Duration, rest: &str) -> (support::Dispatched, tempfile::TempDir) {
+    let data = tempfile::tempdir().unwrap();
+    (support::dispatched(pipeline(data.path(), rest), worker_timeout).await, data)
 }
 
 /// Reads until every id of `epoch` has arrived; returns how often each arrived. Batches of
@@ -114,7 +82,7 @@ async fn read_epoch(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_share_an_epoch_and_a_killed_one_loses_nothing() {
-    let s = setup(Duration::from_secs(3), "batchSize: 10\n").await;
+    let (s, _data) = setup(Duration::from_secs(3), "batchSize: 10\n").await;
     s.workers.scale(&s.key, 2).await.unwrap();
     let mut options = ClientOptions::new("ns", "lines");
     options.prefetch = 2;
@@ -161,7 +129,7 @@ async fn two_workers_share_an_epoch_and_a_killed_one_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_without_a_batch_reach_the_dispatcher_through_the_client() {
     let rest = "batchSize: 30\ndropRemainder: true\ntransforms: [{filter: {field: id, op: lt, value: '7000'}}]\n";
-    let s = setup(Duration::from_secs(10), rest).await;
+    let (s, _data) = setup(Duration::from_secs(10), rest).await;
     s.workers.scale(&s.key, 2).await.unwrap();
     let mut client = Client::from_dispatcher(&s.url, ClientOptions::new("ns", "lines")).await.unwrap();
     let mut seen: BTreeMap<u64, BTreeMap<i64, u32>> = BTreeMap::new();

@@ -4,15 +4,14 @@
 //! and the same seed with the same worker count repeats the order; without it, the listing's
 //! order reaches the trainer (a few classes at a time), as an evaluation pass wants.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use stoker_api::{Batch, WorkerPipeline};
 use stoker_client::{Client, ClientOptions};
-use stoker_local::workers::{LocalWorkerConfig, LocalWorkers, worker_binary};
 use stoker_operator::autoscaling::Scaler;
-use stoker_operator::dispatcher::{self, Dispatcher, Timeouts};
-use stoker_operator::key::PipelineKey;
 
 const CLASSES: i64 = 20;
 const PER_CLASS: i64 = 100;
@@ -37,7 +36,7 @@ fn labels(batch: &Batch) -> Vec<i64> {
 /// The labels of each batch of epochs 0 and 1, in arrival order, read through a dispatcher
 /// from one worker.
 async fn two_epochs(shuffle: &str) -> BTreeMap<u64, Vec<Vec<i64>>> {
-    let (data, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data = tempfile::tempdir().unwrap();
     class_sorted_folder(data.path());
     let manifest = format!(
         "source: {{uri: 'file://{}/', format: imageFolder}}\nbatchSize: {BATCH}\n\
@@ -45,26 +44,9 @@ async fn two_epochs(shuffle: &str) -> BTreeMap<u64, Vec<Vec<i64>>> {
         data.path().display()
     );
     let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
-    let dispatcher = Dispatcher::new(Timeouts::default(), Duration::from_millis(500));
-    dispatcher.spawn_expiry();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), std::future::pending()));
-    let binary = worker_binary();
-    assert!(binary.is_file(), "{} is missing: run `cargo build --workspace --bins` first", binary.display());
-    let workers = LocalWorkers::new(LocalWorkerConfig {
-        binary,
-        dispatcher_url: url.clone(),
-        threads: 1,
-        memory_budget: 64 << 20,
-        max_batch_rate: None,
-        log_dir: Some(logs.path().to_path_buf()),
-        cache_dir: None,
-    });
-    let key = PipelineKey::new("ns", "classes");
-    workers.add(WorkerPipeline::new("ns", "classes", &spec), None);
-    workers.scale(&key, 1).await.unwrap();
-    let mut client = Client::from_dispatcher(&url, ClientOptions::new("ns", "classes")).await.unwrap();
+    let s = support::dispatched(WorkerPipeline::new("ns", "classes", &spec), Duration::from_secs(10)).await;
+    s.workers.scale(&s.key, 1).await.unwrap();
+    let mut client = Client::from_dispatcher(&s.url, ClientOptions::new("ns", "classes")).await.unwrap();
     let mut epochs: BTreeMap<u64, Vec<Vec<i64>>> = BTreeMap::new();
     let all = (CLASSES * PER_CLASS) as usize;
     let complete = |epochs: &BTreeMap<u64, Vec<Vec<i64>>>, e| epochs.get(&e).is_some_and(|b| b.concat().len() == all);
@@ -76,7 +58,9 @@ async fn two_epochs(shuffle: &str) -> BTreeMap<u64, Vec<Vec<i64>>> {
     })
     .await
     .unwrap_or_else(|_| panic!("two epochs did not arrive within 60 s"));
-    workers.scale(&key, 0).await.unwrap();
+    let jobs = s.dispatcher.with_state(|st| st.jobs(&s.key));
+    assert_eq!((jobs[0].requeued, jobs[0].repeats), (0, 0), "no split handed out twice: {:?}", jobs[0]);
+    s.workers.scale(&s.key, 0).await.unwrap();
     epochs.retain(|e, _| *e < 2);
     epochs
 }
