@@ -30,6 +30,7 @@ pub fn header(batch: &Batch) -> BatchHeader {
         split: batch.split,
         sequence: batch.sequence,
         completes: batch.completes.clone(),
+        rows: batch.rows.clone(),
         tensors: batch
             .tensors
             .iter()
@@ -131,7 +132,7 @@ mod tests {
                 (format!("t{i}"), Tensor::new(DType::Uint8, vec![n], Bytes::from(data)).unwrap())
             })
             .collect::<BTreeMap<_, _>>();
-        Batch { tensors, epoch: 3, split: 5, sequence: 7, completes: vec![5] }
+        Batch { tensors, epoch: 3, split: 5, sequence: 7, completes: vec![5], rows: vec![5 << 32, 5 << 32 | 9] }
     }
 
     fn payload(b: &Batch) -> Vec<u8> {

@@ -56,8 +56,9 @@ pub struct DataPlaneSpec {
     pub transforms: Vec<Transform>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shuffle: Option<Shuffle>,
-    /// Elements per batch.
-    #[schemars(range(min = 1))]
+    /// Elements per batch. At most 65536: every batch's header names each row's origin (about
+    /// 8 bytes a row), and a header must fit in one message.
+    #[schemars(range(min = 1, max = 65536))]
     pub batch_size: u32,
     /// Drop the last batch of an epoch when it has fewer than batchSize elements.
     #[serde(default)]

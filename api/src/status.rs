@@ -18,6 +18,8 @@ pub struct DataPipelineStatus {
     pub autoscaler: Option<AutoscalerStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<DeliveryStatus>,
     /// Ready, Progressing and Degraded, each with a reason and a message.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -108,6 +110,24 @@ pub struct CacheStatus {
     /// Epoch times measured, the latest of each kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured: Option<EpochSeconds>,
+}
+
+/// How the pipeline's elements reached its training jobs, summed over jobs since the leading
+/// operator started (its dispatcher keeps no history across a leader change).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeliveryStatus {
+    /// Splits produced again because the worker holding them died.
+    pub splits_produced_again: u64,
+    /// Elements those splits left out because a client already had them: re-deliveries
+    /// avoided.
+    pub redeliveries_skipped: u64,
+    /// Splits reported done twice: some of their elements may have reached a job twice (a
+    /// client went silent holding them, or never acknowledged a dead worker's rows).
+    pub splits_repeated: u64,
+    /// Dead workers' splits produced again without waiting for a client's acknowledgement
+    /// (it never came within the client timeout).
+    pub recoveries_unacknowledged: u64,
 }
 
 /// Seconds per epoch computing everything, writing the cache, and reading it.

@@ -79,6 +79,20 @@ pub struct Batch {
     /// Splits whose last element is in this batch, or was dropped before it (under the
     /// dispatcher).
     pub completes: Vec<u64>,
+    /// Where each row came from, in row order: `split << 32 | position` (see [`row`]).
+    pub rows: Vec<u64>,
+}
+
+/// A row's provenance: its split and its position in the split's source order. Positions are
+/// the same whenever a split is produced, whatever the shuffle did, so a split produced again
+/// can skip what was delivered and a client can check what it got.
+pub fn row(split: u64, position: u64) -> u64 {
+    (split << 32) | position
+}
+
+/// The split and position of a row's provenance.
+pub fn row_origin(row: u64) -> (u64, u32) {
+    (row >> 32, row as u32)
 }
 
 impl Batch {

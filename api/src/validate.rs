@@ -59,6 +59,9 @@ fn validate_volumes(w: &Workers, err: &mut impl FnMut(&str, String)) {
 }
 
 /// All problems of a spec at once, so a user fixes them in one round.
+/// The largest batch: a batch's header lists each row's origin and must fit in one message.
+pub const MAX_BATCH_SIZE: u32 = 65536;
+
 pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
     let mut errors = Vec::new();
     let mut err = |field: &str, message: String| {
@@ -86,8 +89,8 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
 
     // Also enforced by the CRD schema; checked here for pipelines that never pass an API server
     // (standalone workers, `stoker check`).
-    if spec.data_plane.batch_size == 0 {
-        err("spec.batchSize", "must be at least 1".into());
+    if !(1..=MAX_BATCH_SIZE).contains(&spec.data_plane.batch_size) {
+        err("spec.batchSize", format!("must be between 1 and {MAX_BATCH_SIZE}"));
     }
     if spec.data_plane.shuffle.as_ref().is_some_and(|s| s.buffer_size == 0) {
         err("spec.shuffle.bufferSize", "must be at least 1".into());
@@ -290,6 +293,8 @@ mod tests {
 
     #[test]
     fn schema_ranges_are_checked_without_an_api_server() {
+        let huge = spec("source: {uri: 'file:///d', format: jsonl}\nbatchSize: 65537\n");
+        assert_eq!(validate(&huge).unwrap_err()[0].field, "spec.batchSize");
         let s = spec("source: {uri: 'file:///d', format: jsonl}\nbatchSize: 0\nshuffle: {bufferSize: 0}\n");
         let fields: Vec<_> = validate(&s).unwrap_err().into_iter().map(|e| e.field).collect();
         assert_eq!(fields, ["spec.batchSize", "spec.shuffle.bufferSize"]);

@@ -1,6 +1,7 @@
 //! The client: one stream per worker, all feeding one bounded prefetch queue.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -10,7 +11,8 @@ use stoker_api::Batch;
 use stoker_api::proto::BatchChunk;
 use tokio::sync::mpsc;
 
-use crate::dispatched::{self, Received, Registration};
+use crate::delivery::Delivery;
+use crate::dispatched::{self, Registration};
 use crate::error::Error;
 use crate::options::ClientOptions;
 use crate::stats::{Meter, WindowStats};
@@ -23,8 +25,10 @@ pub struct Client {
     tasks: Tasks,
     /// Shared with the window reporter in dispatcher mode.
     meter: Arc<Mutex<Meter>>,
-    /// Dispatcher mode: (epoch, split)s whose last batch was delivered, for the next report.
-    completed: Option<Received>,
+    /// Dispatcher mode: what was received, for the follower's acknowledgements.
+    delivery: Option<Delivery>,
+    /// Dispatcher mode: the job's open epoch, as the dispatcher last said.
+    open_epoch: Arc<AtomicU64>,
     /// Start of the `next()` call in progress, kept across polls.
     call_start: Option<Instant>,
 }
@@ -43,7 +47,7 @@ impl Client {
         for (worker, stream) in workers.into_iter().zip(streams) {
             tasks.spawn(pump_to_caller(worker, stream, tx.clone(), options.max_batch_bytes));
         }
-        Ok(Client { rx, tasks, meter: Arc::default(), completed: None, call_start: None })
+        Ok(Client { rx, tasks, meter: Arc::default(), delivery: None, open_epoch: Arc::default(), call_start: None })
     }
 
     /// Registers with the dispatcher at `url`, streams from the pipeline's workers as they come
@@ -55,10 +59,27 @@ impl Client {
         let (tx, rx) = mpsc::channel(options.prefetch);
         let tasks = Tasks::default();
         let meter: Arc<Mutex<Meter>> = Arc::default();
-        let completed = Received::default();
+        let delivery = Delivery::default();
+        let open_epoch: Arc<AtomicU64> = Arc::default();
         let link = Registration::register(url, &options).await?;
-        tasks.spawn(dispatched::follow(link, options, tx, meter.clone(), completed.clone(), tasks.clone()));
-        Ok(Client { rx, tasks, meter, completed: Some(completed), call_start: None })
+        let follower = dispatched::Follower {
+            link,
+            options,
+            tx,
+            meter: meter.clone(),
+            delivery: delivery.clone(),
+            open_epoch: open_epoch.clone(),
+            tasks: tasks.clone(),
+        };
+        tasks.spawn(follower.run());
+        Ok(Client { rx, tasks, meter, delivery: Some(delivery), open_epoch, call_start: None })
+    }
+
+    /// Under the dispatcher, the job's open epoch: every split of the epochs before it has
+    /// reached a consumer of the job. 0 until the dispatcher said otherwise (and in fixed-worker
+    /// mode).
+    pub fn open_epoch(&self) -> u64 {
+        self.open_epoch.load(Ordering::Relaxed)
     }
 
     /// The next batch from any worker; None once every worker's stream has ended. An error
@@ -89,8 +110,8 @@ impl Client {
         loop {
             let item = std::task::ready!(self.rx.poll_recv(cx));
             if let Some(Ok(batch)) = &item {
-                if let Some(completed) = &self.completed {
-                    completed.record(batch);
+                if let Some(delivery) = &self.delivery {
+                    delivery.taken(batch);
                 }
                 // Only completions: reported, not a batch the caller waited for.
                 if batch.is_completions() {
@@ -125,7 +146,7 @@ async fn pump_to_caller(
     tx: mpsc::Sender<Result<Batch, Error>>,
     max_batch_bytes: u64,
 ) {
-    if let Some(failure) = pump(worker, stream, &tx, max_batch_bytes, || {}).await {
+    if let Some(failure) = pump(worker, stream, &tx, max_batch_bytes, None, || {}).await {
         tracing::warn!(error = %failure, "worker stream failed");
         let _ = tx.send(Err(failure)).await;
     }

@@ -1,5 +1,7 @@
 //! Dispatcher mode: register as a consumer of a job, follow the pipeline's live worker list,
-//! and report a batch-time window every few seconds (the autoscaler's input).
+//! acknowledge what arrived (completed splits at once; when a worker leaves the list, the rows
+//! it delivered, so its split is produced again without them), and report a batch-time window
+//! every few seconds (the autoscaler's input).
 //!
 //! Failures here are the cluster's business, not the training loop's: the dispatcher being
 //! unreachable or changing leader is retried, and a worker that dies is dropped because the
@@ -7,7 +9,7 @@
 //! allowed, a failed pipeline) reaches the caller.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,10 +18,11 @@ use stoker_api::Batch;
 use stoker_api::proto::dispatcher_client::DispatcherClient;
 use stoker_api::proto::{self, PipelineRef};
 use tokio::sync::mpsc;
-use tokio::task::AbortHandle;
+use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
+use crate::delivery::{Delivery, Held, SplitId};
 use crate::error::Error;
 use crate::options::ClientOptions;
 use crate::stats::{Meter, WindowStats};
@@ -27,28 +30,6 @@ use crate::tasks::Tasks;
 use crate::worker_stream::{open, pump};
 
 const RETRY: Duration = Duration::from_millis(250);
-
-/// Splits whose last batch reached the training loop: reported to the dispatcher, which is what
-/// makes a split done (so data lost in transit is produced again).
-#[derive(Clone, Default)]
-pub(crate) struct Received(Arc<Mutex<Vec<(u64, u64)>>>);
-
-impl Received {
-    /// The splits `batch` completes, now that the training loop has it.
-    pub(crate) fn record(&self, batch: &Batch) {
-        self.0.lock().unwrap().extend(batch.completes.iter().map(|&split| (batch.epoch, split)));
-    }
-
-    /// Everything recorded since the last take, for a report.
-    fn take(&self) -> Vec<(u64, u64)> {
-        std::mem::take(&mut *self.0.lock().unwrap())
-    }
-
-    /// Splits a failed report carried: they go with the next one.
-    fn restore(&self, completed: Vec<(u64, u64)>) {
-        self.0.lock().unwrap().extend(completed);
-    }
-}
 
 pub(crate) struct Registration {
     url: String,
@@ -106,9 +87,8 @@ impl Registration {
         Ok(())
     }
 
-    async fn report(&mut self, stats: WindowStats, workers: usize, completed: &[(u64, u64)]) -> Result<(), Status> {
+    async fn report(&mut self, stats: WindowStats, workers: usize) -> Result<(), Status> {
         let report = proto::ReportWindowRequest {
-            completed: completed.iter().map(|&(epoch, split)| proto::SplitRef { epoch, split }).collect(),
             client_id: self.request.client_id.clone(),
             batches: stats.batches,
             median_seconds: stats.median.as_secs_f64(),
@@ -131,8 +111,31 @@ impl Registration {
         }
     }
 
+    /// Acknowledges completions, and list `version` with the rows held from workers that
+    /// left it; returns the job's open epoch.
+    async fn acknowledge(&mut self, completed: &[SplitId], version: u64, held: &[Held]) -> Result<u64, Status> {
+        let ack = proto::AcknowledgeRequest {
+            client_id: self.request.client_id.clone(),
+            completed: completed.iter().map(|&(epoch, split)| proto::SplitRef { epoch, split }).collect(),
+            list_version: version,
+            held: held
+                .iter()
+                .map(|h| proto::HeldRows { epoch: h.split.0, split: h.split.1, positions: h.positions.clone() })
+                .collect(),
+        };
+        let response = match self.client.acknowledge(self.request(ack.clone())).await {
+            Err(s) if s.code() == Code::NotFound => {
+                self.try_register().await?;
+                self.client.acknowledge(self.request(ack)).await
+            }
+            other => other,
+        };
+        Ok(response?.into_inner().epoch)
+    }
+
     async fn watch(&mut self) -> Result<tonic::Streaming<proto::WorkerList>, Status> {
-        let request = proto::WatchWorkersRequest { pipeline: self.request.pipeline.clone() };
+        let request =
+            proto::WatchWorkersRequest { pipeline: self.request.pipeline.clone(), job: self.request.job.clone() };
         Ok(self.client.watch_workers(self.request(request)).await?.into_inner())
     }
 }
@@ -154,79 +157,134 @@ fn fatal(e: &Error) -> bool {
     }
 }
 
-/// Follows the worker list and reports windows until the client is dropped.
-pub(crate) async fn follow(
-    mut link: Registration,
-    options: ClientOptions,
-    tx: mpsc::Sender<Result<Batch, Error>>,
-    meter: Arc<Mutex<Meter>>,
-    received: Received,
-    tasks: Tasks,
-) {
-    let mut listed: BTreeSet<String> = BTreeSet::new();
-    // Per worker: its stream, and whether a batch has come from it yet. Only workers that
-    // delivered count in the reported worker count: a worker that just started is listed
-    // before it produces, and windows from then would show the old count's speed as the new.
-    let mut streaming: HashMap<String, (AbortHandle, Arc<AtomicBool>)> = HashMap::new();
-    let (ended_tx, mut ended_rx) = mpsc::unbounded_channel::<String>();
-    let mut report = tokio::time::interval(link.window);
-    report.tick().await;
-    let mut watch = None;
-    loop {
-        if watch.is_none() {
-            match link.watch().await {
-                Ok(w) => watch = Some(w),
-                Err(s) => {
-                    tracing::debug!(status = %s, "watching workers: retrying");
-                    tokio::time::sleep(RETRY).await;
-                    continue;
-                }
-            }
-        }
-        let updates = watch.as_mut().expect("opened above");
-        tokio::select! {
-            update = updates.next() => match update {
-                Some(Ok(list)) => {
-                    listed = list.addresses.into_iter().collect();
-                    for address in &listed {
-                        if !streaming.contains_key(address) {
-                            let delivered = Arc::new(AtomicBool::new(false));
-                            let task = stream_from(address.clone(), options.clone(), tx.clone(), ended_tx.clone(), delivered.clone());
-                            streaming.insert(address.clone(), (tasks.spawn(task), delivered));
-                        }
+/// One worker's stream: its task, and whether a batch has come from it yet. Only workers that
+/// delivered count in the reported worker count: a worker that just started is listed before
+/// it produces, and windows from then would show the old count's speed as the new.
+struct Streaming {
+    task: JoinHandle<()>,
+    delivered: Arc<AtomicBool>,
+}
+
+/// Follows the worker list, acknowledges and reports windows until the client is dropped.
+pub(crate) struct Follower {
+    pub link: Registration,
+    pub options: ClientOptions,
+    pub tx: mpsc::Sender<Result<Batch, Error>>,
+    pub meter: Arc<Mutex<Meter>>,
+    pub delivery: Delivery,
+    pub open_epoch: Arc<AtomicU64>,
+    pub tasks: Tasks,
+}
+
+impl Follower {
+    pub(crate) async fn run(mut self) {
+        let mut listed: BTreeSet<String> = BTreeSet::new();
+        let mut version = 0;
+        let mut streaming: HashMap<String, Streaming> = HashMap::new();
+        let (ended_tx, mut ended_rx) = mpsc::unbounded_channel::<String>();
+        let mut report = tokio::time::interval(self.link.window);
+        report.tick().await;
+        let mut watch = None;
+        // Set when there is something to acknowledge that a failed attempt left behind.
+        let mut unacknowledged = false;
+        loop {
+            if watch.is_none() {
+                match self.link.watch().await {
+                    Ok(w) => watch = Some(w),
+                    Err(s) => {
+                        tracing::debug!(status = %s, "watching workers: retrying");
+                        tokio::time::sleep(RETRY).await;
+                        continue;
                     }
                 }
-                // The dispatcher went away (leader change): watch again.
-                _ => watch = None,
-            },
-            Some(address) = ended_rx.recv() => {
-                streaming.remove(&address);
-                if listed.contains(&address) {
-                    // Still alive as far as the dispatcher knows: reconnect after a pause.
-                    tokio::time::sleep(RETRY).await;
-                    let delivered = Arc::new(AtomicBool::new(false));
-                    let task = stream_from(address.clone(), options.clone(), tx.clone(), ended_tx.clone(), delivered.clone());
-                    streaming.insert(address, (tasks.spawn(task), delivered));
+            }
+            let updates = watch.as_mut().expect("opened above");
+            let retry = tokio::time::sleep(if unacknowledged { RETRY } else { Duration::from_secs(3600) });
+            tokio::select! {
+                update = updates.next() => match update {
+                    Some(Ok(list)) => {
+                        listed = list.addresses.into_iter().collect();
+                        version = list.version;
+                        self.open_epoch.store(list.epoch, Ordering::Relaxed);
+                        // Stop the streams of workers that left, and wait until they have
+                        // stopped: then every row they queued is recorded, and nothing more
+                        // comes from them.
+                        let gone: Vec<String> = streaming.keys().filter(|a| !listed.contains(*a)).cloned().collect();
+                        for address in gone {
+                            let stream = streaming.remove(&address).expect("listed above");
+                            stream.task.abort();
+                            let _ = stream.task.await;
+                        }
+                        for address in &listed {
+                            if !streaming.contains_key(address) {
+                                streaming.insert(address.clone(), self.stream(address, &ended_tx));
+                            }
+                        }
+                        unacknowledged = !self.acknowledge(&listed, version).await;
+                    }
+                    // The dispatcher went away (leader change): watch again.
+                    _ => watch = None,
+                },
+                Some(address) = ended_rx.recv() => {
+                    streaming.remove(&address);
+                    if listed.contains(&address) {
+                        // Still alive as far as the dispatcher knows: reconnect after a pause.
+                        tokio::time::sleep(RETRY).await;
+                        streaming.insert(address.clone(), self.stream(&address, &ended_tx));
+                    }
+                }
+                _ = self.delivery.completions.notified() => {
+                    unacknowledged = !self.acknowledge(&listed, version).await;
+                }
+                _ = retry => {
+                    unacknowledged = !self.acknowledge(&listed, version).await;
+                }
+                _ = report.tick() => {
+                    let stats = {
+                        let mut meter = self.meter.lock().unwrap();
+                        let stats = meter.window();
+                        meter.reset();
+                        stats
+                    };
+                    let delivering = streaming.values().filter(|s| s.delivered.load(Ordering::Relaxed)).count();
+                    if let Err(s) = self.link.report(stats, delivering).await {
+                        tracing::debug!(status = %s, "reporting a batch-time window failed");
+                    }
                 }
             }
-            _ = report.tick() => {
-                let stats = {
-                    let mut meter = meter.lock().unwrap();
-                    let stats = meter.window();
-                    meter.reset();
-                    stats
-                };
-                let completed = received.take();
-                let delivering = streaming.values().filter(|(_, d)| d.load(Ordering::Relaxed)).count();
-                if let Err(s) = link.report(stats, delivering, &completed).await {
-                    tracing::debug!(status = %s, "reporting a batch-time window failed");
-                    received.restore(completed);
-                }
+            if self.tx.is_closed() {
+                return;
             }
         }
-        if tx.is_closed() {
-            return;
+    }
+
+    /// Sends what there is to acknowledge; false when it failed (it is kept for the next try).
+    async fn acknowledge(&mut self, listed: &BTreeSet<String>, version: u64) -> bool {
+        let (completed, held) = self.delivery.take(listed);
+        match self.link.acknowledge(&completed, version, &held).await {
+            Ok(epoch) => {
+                self.open_epoch.store(epoch, Ordering::Relaxed);
+                true
+            }
+            Err(s) => {
+                tracing::debug!(status = %s, "acknowledging failed; retrying");
+                self.delivery.restore(completed, held);
+                false
+            }
         }
+    }
+
+    fn stream(&self, address: &str, ended: &mpsc::UnboundedSender<String>) -> Streaming {
+        let delivered = Arc::new(AtomicBool::new(false));
+        let stream = stream_from(
+            address.to_string(),
+            self.options.clone(),
+            self.tx.clone(),
+            ended.clone(),
+            delivered.clone(),
+            self.delivery.clone(),
+        );
+        Streaming { task: self.tasks.spawn_joinable(stream), delivered }
     }
 }
 
@@ -238,11 +296,12 @@ async fn stream_from(
     tx: mpsc::Sender<Result<Batch, Error>>,
     ended: mpsc::UnboundedSender<String>,
     delivered: Arc<AtomicBool>,
+    delivery: Delivery,
 ) {
     let failure = match open(&worker, &options).await {
         Ok(stream) => {
-            pump(worker.clone(), stream, &tx, options.max_batch_bytes, || delivered.store(true, Ordering::Relaxed))
-                .await
+            let on_batch = || delivered.store(true, Ordering::Relaxed);
+            pump(worker.clone(), stream, &tx, options.max_batch_bytes, Some(&delivery), on_batch).await
         }
         Err(e) => Some(e),
     };

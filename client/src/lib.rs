@@ -13,6 +13,7 @@
 //! ```
 
 mod client;
+mod delivery;
 mod dispatched;
 mod error;
 mod options;

@@ -23,6 +23,7 @@ struct Partial {
     split: u64,
     sequence: u64,
     completes: Vec<u64>,
+    rows: Vec<u64>,
     tensors: Vec<PartialTensor>,
     /// First tensor still missing bytes.
     current: usize,
@@ -162,6 +163,7 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
         split: header.split,
         sequence: header.sequence,
         completes: header.completes,
+        rows: header.rows,
         tensors,
         current: 0,
         declared,
@@ -200,6 +202,8 @@ impl Partial {
             let tensor = Tensor { dtype: t.dtype, shape: t.shape, data: t.data.into_bytes() };
             tensors.insert(t.name, tensor);
         }
-        Batch { tensors, epoch: self.epoch, split: self.split, sequence: self.sequence, completes: self.completes }
+        let (epoch, split, sequence, completes, rows) =
+            (self.epoch, self.split, self.sequence, self.completes, self.rows);
+        Batch { tensors, epoch, split, sequence, completes, rows }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::task::AbortHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 
 /// The client's background tasks, stopped when it is dropped. Cloned into the dispatcher
 /// follower so that the streams it starts stop with the client too.
@@ -16,6 +16,15 @@ impl Tasks {
         let mut tasks = self.0.lock().unwrap();
         tasks.retain(|t| !t.is_finished());
         tasks.push(handle.clone());
+        handle
+    }
+
+    /// Like `spawn`, for a task its spawner also waits for.
+    pub(crate) fn spawn_joinable(&self, task: impl Future<Output = ()> + Send + 'static) -> JoinHandle<()> {
+        let handle = tokio::spawn(task);
+        let mut tasks = self.0.lock().unwrap();
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(handle.abort_handle());
         handle
     }
 

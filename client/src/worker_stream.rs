@@ -7,6 +7,7 @@ use stoker_api::proto::{self, BatchChunk, PipelineRef, StreamRequest};
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::options::ClientOptions;
 use crate::reassemble::Reassembler;
@@ -50,12 +51,14 @@ pub(crate) async fn open(worker: &str, options: &ClientOptions) -> Result<tonic:
 
 /// Reads one worker's chunks into the shared queue. Waiting on the full queue stops reading the
 /// stream, which stops HTTP/2 window updates, which stops the worker: that is the backpressure.
+/// Under the dispatcher, `delivery` records each batch's rows as it enters the queue.
 /// Returns why the stream failed, or None when it ended or the client is gone.
 pub(crate) async fn pump(
     worker: String,
     mut stream: tonic::Streaming<BatchChunk>,
     tx: &mpsc::Sender<Result<Batch, Error>>,
     max_batch_bytes: u64,
+    delivery: Option<&Delivery>,
     mut on_batch: impl FnMut(),
 ) -> Option<Error> {
     let mut reassembler = Reassembler::new(max_batch_bytes);
@@ -66,8 +69,14 @@ pub(crate) async fn pump(
                     if !batch.is_completions() {
                         on_batch();
                     }
+                    // Undone if the stream is stopped (its worker left the list) before the
+                    // batch is in: only queued rows count as delivered.
+                    let recorded = delivery.map(|d| d.record(&worker, &batch));
                     if tx.send(Ok(batch)).await.is_err() {
                         return None; // the client is gone
+                    }
+                    if let Some(r) = recorded {
+                        r.keep();
                     }
                 }
                 Ok(None) => {}

@@ -1,7 +1,7 @@
 //! Dynamic sharding with real worker processes: a dispatcher, two `stoker-worker` processes
 //! pulling splits, and a client following the dispatcher's worker list. Every element of an
-//! epoch arrives; a worker killed mid-epoch loses nothing because its splits are handed out
-//! again.
+//! epoch arrives exactly once, also when a worker is killed mid-split: its split is produced
+//! again without the rows the client already had.
 
 mod support;
 
@@ -37,7 +37,7 @@ fn ids(batch: &Batch) -> Vec<i64> {
 /// The lines' pipeline under a dispatcher, and its data directory (kept while it runs).
 async fn setup(worker_timeout: Duration, rest: &str) -> (support::Dispatched, tempfile::TempDir) {
     let data = tempfile::tempdir().unwrap();
-    (support::dispatched(pipeline(data.path(), rest), worker_timeout).await, data)
+    (support::dispatched(pipeline(data.path(), rest), worker_timeout, None).await, data)
 }
 
 /// Reads until every id of `epoch` has arrived; returns how often each arrived. Batches of
@@ -81,7 +81,7 @@ async fn read_epoch(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workers_share_an_epoch_and_a_killed_one_loses_nothing() {
+async fn two_workers_share_an_epoch_and_a_killed_one_loses_and_repeats_nothing() {
     let (s, _data) = setup(Duration::from_secs(3), "batchSize: 10\n").await;
     s.workers.scale(&s.key, 2).await.unwrap();
     let mut options = ClientOptions::new("ns", "lines");
@@ -121,6 +121,8 @@ async fn two_workers_share_an_epoch_and_a_killed_one_loses_nothing() {
     eprintln!("after the kill: {repeats} elements arrived twice; dispatcher: {:?}", jobs[0]);
     assert!(jobs[0].requeued >= 1, "the dead worker's split went back to the queue: {:?}", jobs[0]);
     assert_eq!(jobs[0].repeats, 0, "a dead worker cannot report");
+    assert_eq!(repeats, 0, "exactly once: what the client had of the dead worker's split was skipped");
+    assert_eq!(jobs[0].unacknowledged, 0, "the client acknowledged the list without the dead worker");
 }
 
 /// Splits that complete with no batch to carry them (shard 7 is all filtered out; each worker's

@@ -44,7 +44,7 @@ async fn two_epochs(shuffle: &str) -> BTreeMap<u64, Vec<Vec<i64>>> {
         data.path().display()
     );
     let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
-    let s = support::dispatched(WorkerPipeline::new("ns", "classes", &spec), Duration::from_secs(10)).await;
+    let s = support::dispatched(WorkerPipeline::new("ns", "classes", &spec), Duration::from_secs(10), None).await;
     s.workers.scale(&s.key, 1).await.unwrap();
     let mut client = Client::from_dispatcher(&s.url, ClientOptions::new("ns", "classes")).await.unwrap();
     let mut epochs: BTreeMap<u64, Vec<Vec<i64>>> = BTreeMap::new();

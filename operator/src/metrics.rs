@@ -7,7 +7,7 @@ use prometheus::{
 };
 
 use crate::autoscaling::{Rescale, ScalingRecord};
-use stoker_api::{DataPipeline, Phase};
+use stoker_api::{DataPipeline, DeliveryStatus, Phase};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -23,6 +23,7 @@ pub struct Metrics {
     converged: IntGaugeVec,
     held_back: IntGaugeVec,
     rescales: IntCounterVec,
+    delivery: IntGaugeVec,
 }
 
 impl Default for Metrics {
@@ -72,7 +73,18 @@ impl Default for Metrics {
         let rescales =
             IntCounterVec::new(Opts::new("stoker_autoscaler_rescales_total", "Rescale decisions per pipeline"), labels)
                 .unwrap();
+        let delivery = IntGaugeVec::new(
+            Opts::new(
+                "stoker_dispatcher_delivery",
+                "Delivery counters per pipeline since this leader started: splits_produced_again (their \
+                 worker died), redeliveries_skipped (elements a client already had), splits_repeated, \
+                 recoveries_unacknowledged",
+            ),
+            &["namespace", "pipeline", "counter"],
+        )
+        .unwrap();
         let registry = Registry::new();
+        registry.register(Box::new(delivery.clone())).unwrap();
         registry.register(Box::new(workers.clone())).unwrap();
         registry.register(Box::new(batch_time.clone())).unwrap();
         registry.register(Box::new(wait.clone())).unwrap();
@@ -97,6 +109,7 @@ impl Default for Metrics {
             converged,
             held_back,
             rescales,
+            delivery,
         }
     }
 }
@@ -137,6 +150,21 @@ impl Metrics {
         }
         for r in rescales {
             self.rescales.with_label_values(&[r.pipeline.namespace.as_str(), r.pipeline.name.as_str()]).inc();
+        }
+    }
+
+    /// The dispatcher's delivery counters.
+    pub fn deliveries(&self, deliveries: &std::collections::BTreeMap<crate::key::PipelineKey, DeliveryStatus>) {
+        for (key, d) in deliveries {
+            for (counter, value) in [
+                ("splits_produced_again", d.splits_produced_again),
+                ("redeliveries_skipped", d.redeliveries_skipped),
+                ("splits_repeated", d.splits_repeated),
+                ("recoveries_unacknowledged", d.recoveries_unacknowledged),
+            ] {
+                let labels = [key.namespace.as_str(), key.name.as_str(), counter];
+                self.delivery.with_label_values(&labels).set(value as i64);
+            }
         }
     }
 

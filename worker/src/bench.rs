@@ -14,7 +14,7 @@ use stoker_api::{Autocache, CacheMode, Resize, Transform, WorkerPipeline};
 
 use crate::cached::{CacheConfig, SplitCache};
 use crate::corpus::resnet50_train;
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{Assigned, Engine, EngineConfig};
 
 #[derive(Debug)]
 pub struct PreprocessReport {
@@ -63,7 +63,11 @@ async fn timed_epoch(engine: &Arc<Engine>, epoch: u64, cache: SplitCache) -> any
     let producer = {
         let engine = engine.clone();
         tokio::task::spawn_blocking(move || {
-            let splits: Vec<_> = engine.splits().iter().map(|s| (s.clone(), cache.clone())).collect();
+            let splits: Vec<_> = engine
+                .splits()
+                .iter()
+                .map(|s| Assigned { cache: cache.clone(), ..Assigned::whole(s.clone()) })
+                .collect();
             engine.run_splits(epoch, splits, &tx).map(drop)
         })
     };

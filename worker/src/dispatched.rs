@@ -9,6 +9,7 @@
 //! answer makes the worker register again under the same id. Clients see a pause, not an error.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use crate::cached::{EngineCache, SplitCache};
-use crate::engine::{Engine, Ready, Split};
+use crate::engine::{Assigned, Engine, Ready, Split};
 use crate::stream::{BatchSource, Batches, Subscription};
 
 /// The worker's connection to the dispatcher, re-registering when the dispatcher forgot it.
@@ -30,8 +31,14 @@ pub struct Link {
     /// Whose entries' completeness goes into every (re-)registration.
     cache: Option<Arc<EngineCache>>,
     worker_id: Mutex<String>,
+    /// Grows each time the dispatcher forgot this worker (it restarted, or took the worker for
+    /// dead and handed its splits to others): work pulled before then is stale.
+    generation: AtomicU64,
     runtime: tokio::runtime::Handle,
 }
+
+/// A NextSplit answer: what to do, with the cache directive and the positions to skip.
+type Handed = (Next, SplitCache, Vec<u32>);
 
 /// How long to wait between attempts when the dispatcher is unreachable or not the leader.
 const RETRY: Duration = Duration::from_millis(250);
@@ -57,6 +64,7 @@ impl Link {
             registration,
             cache: engine.cache.clone(),
             worker_id: Mutex::new(String::new()),
+            generation: AtomicU64::new(0),
             runtime: tokio::runtime::Handle::current(),
         });
         link.reregister().await?;
@@ -87,6 +95,10 @@ impl Link {
         }
     }
 
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
     fn id(&self) -> String {
         self.worker_id.lock().unwrap().clone()
     }
@@ -100,7 +112,10 @@ impl Link {
         loop {
             match f(self.client.clone(), self.id()).await {
                 Ok(response) => return Ok(response.into_inner()),
-                Err(s) if s.code() == Code::NotFound => self.reregister().await?,
+                Err(s) if s.code() == Code::NotFound => {
+                    self.generation.fetch_add(1, Ordering::SeqCst);
+                    self.reregister().await?
+                }
                 Err(s) if s.code() == Code::InvalidArgument => anyhow::bail!("{what}: {}", s.message()),
                 Err(s) => {
                     tracing::debug!(status = %s, "{what}: retrying");
@@ -139,8 +154,8 @@ impl Link {
         });
     }
 
-    /// The job's next split, and what it does with the cache.
-    fn next_split(&self, job: &str, epoch: u64) -> anyhow::Result<(Next, SplitCache)> {
+    /// The job's next split, what it does with the cache, and the positions to skip.
+    fn next_split(&self, job: &str, epoch: u64) -> anyhow::Result<Handed> {
         let response = self.runtime.block_on(self.call("next split", |mut c, worker_id| {
             // Completions go to the client, behind the batches they follow (see `produce`).
             let request = proto::NextSplitRequest { worker_id, job: job.to_string(), completed: Vec::new(), epoch };
@@ -148,7 +163,9 @@ impl Link {
         }))?;
         let cache = SplitCache::from_directive(response.cache.as_ref());
         let next = response.next.ok_or_else(|| anyhow::anyhow!("the dispatcher answered NextSplit with nothing"))?;
-        Ok((next, cache))
+        let mut skip = response.skip;
+        skip.sort_unstable();
+        Ok((next, cache, skip))
     }
 }
 
@@ -190,8 +207,8 @@ pub fn plan_digest(splits: &[Split]) -> String {
 /// on this worker.
 type JobBatches = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<JobItem>>>;
 
-/// A batch, its epoch, and the splits it completes; or the job's failure.
-type JobItem = Result<(Batch, u64, Vec<u64>), Status>;
+/// A batch (naming the splits it completes), or the job's failure.
+type JobItem = Result<Batch, Status>;
 
 struct Job {
     batches: JobBatches,
@@ -267,7 +284,7 @@ impl BatchSource for DispatchedSource {
             }
             let next = job.batches.lock().await.recv().await?;
             // The batch names the splits it completes; the client that receives it reports them.
-            Some((next.map(|(batch, _, _)| batch), job))
+            Some((next, job))
         })
         .boxed())
     }
@@ -287,7 +304,7 @@ fn produce(engine: &Engine, link: &Link, job: &str, out: &tokio::sync::mpsc::Sen
     let mut next = link.next_split(job, epoch)?;
     loop {
         let first = match next {
-            (Next::Draining(d), _) => {
+            (Next::Draining(d), _, _) => {
                 epoch = d.epoch;
                 std::thread::sleep(Duration::from_millis(u64::from(d.retry_ms)));
                 if out.is_closed() {
@@ -296,20 +313,26 @@ fn produce(engine: &Engine, link: &Link, job: &str, out: &tokio::sync::mpsc::Sen
                 next = link.next_split(job, epoch)?;
                 continue;
             }
-            (Next::Split(s), cache) => {
+            (Next::Split(s), cache, skip) => {
                 epoch = s.epoch;
-                (split(s.split)?, cache)
+                Assigned { split: split(s.split)?, cache, skip }
             }
         };
-        // The epoch's splits, pulled as the engine asks; a split of another epoch ends this one.
-        let mut after: Option<(Next, SplitCache)> = None;
+        // The epoch's splits, pulled as the engine asks; a split of another epoch ends this one,
+        // and so does the dispatcher forgetting this worker: what it handed out before went to
+        // others, so the run's batches are stale and must not join fresh splits' in a batch.
+        let generation = link.generation();
+        let stale = || link.generation() != generation;
+        let mut after: Option<Handed> = None;
         let mut failed: Option<anyhow::Error> = None;
         let pulled = std::iter::once(first).chain(std::iter::from_fn(|| {
-            if after.is_some() || failed.is_some() {
+            if after.is_some() || failed.is_some() || stale() {
                 return None;
             }
             match link.next_split(job, epoch).and_then(|n| match n {
-                (Next::Split(s), cache) if s.epoch == epoch => split(s.split).map(|s| Some((s, cache))),
+                (Next::Split(s), cache, skip) if s.epoch == epoch && !stale() => {
+                    split(s.split).map(|split| Some(Assigned { split, cache, skip }))
+                }
                 other => {
                     after = Some(other);
                     Ok(None)
@@ -326,10 +349,12 @@ fn produce(engine: &Engine, link: &Link, job: &str, out: &tokio::sync::mpsc::Sen
         let leftover = std::thread::scope(|scope| {
             scope.spawn(|| {
                 for ready in ready_rx {
-                    let completes = ready.completes.clone();
-                    let mut batch = ready.into_batch();
-                    batch.completes = completes.clone();
-                    if out.blocking_send(Ok((batch, epoch, completes))).is_err() {
+                    if stale() {
+                        continue; // dropped: another worker produces these splits now
+                    }
+                    let mut batch = ready.batch;
+                    batch.completes = ready.completes;
+                    if out.blocking_send(Ok(batch)).is_err() {
                         break;
                     }
                 }
@@ -345,11 +370,8 @@ fn produce(engine: &Engine, link: &Link, job: &str, out: &tokio::sync::mpsc::Sen
         // as the remainder) go to the client in a batch without tensors, behind the batches
         // holding their elements: reported by the worker, they could be done while one of
         // those batches was still on its way, and lost with it if the worker died.
-        if !leftover.is_empty() {
-            let marker = Batch::completions(epoch, leftover.clone());
-            if out.blocking_send(Ok((marker, epoch, leftover))).is_err() {
-                return Ok(());
-            }
+        if !leftover.is_empty() && !stale() && out.blocking_send(Ok(Batch::completions(epoch, leftover))).is_err() {
+            return Ok(());
         }
         if out.is_closed() {
             return Ok(());

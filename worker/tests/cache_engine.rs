@@ -7,12 +7,13 @@ use std::sync::mpsc::sync_channel;
 use stoker_api::{Batch, WorkerPipeline};
 use stoker_worker::cached::{CacheConfig, SplitCache};
 use stoker_worker::corpus::{CorpusSpec, generate};
-use stoker_worker::engine::{Engine, EngineConfig};
+use stoker_worker::engine::{Assigned, Engine, EngineConfig};
 
 /// Every batch of one epoch, each split doing `cache`.
 fn run(engine: &Engine, epoch: u64, cache: &SplitCache) -> Vec<Batch> {
     let (tx, rx) = sync_channel(1024);
-    let splits: Vec<_> = engine.splits().iter().map(|s| (s.clone(), cache.clone())).collect();
+    let splits: Vec<_> =
+        engine.splits().iter().map(|s| Assigned { cache: cache.clone(), ..Assigned::whole(s.clone()) }).collect();
     engine.run_splits(epoch, splits, &tx).unwrap();
     drop(tx);
     rx.iter().map(|r| r.batch).collect()

@@ -5,9 +5,8 @@ use std::sync::mpsc::{Receiver, sync_channel};
 use std::time::Duration;
 
 use stoker_api::{Batch, DType, WorkerPipeline};
-use stoker_worker::cached::SplitCache;
 use stoker_worker::corpus::{CorpusSpec, generate, resnet50_train};
-use stoker_worker::engine::{Engine, EngineConfig, EngineError, Ready};
+use stoker_worker::engine::{Assigned, Engine, EngineConfig, EngineError, Ready};
 
 fn corpus(images: usize, classes: usize) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -37,7 +36,7 @@ async fn epoch(pipeline: WorkerPipeline, config: EngineConfig) -> Result<(Vec<Ba
 async fn run_dispatched(engine: Engine) -> (Vec<Ready>, Vec<u64>) {
     let (tx, rx) = sync_channel(64);
     let leftover = tokio::task::spawn_blocking(move || {
-        let splits: Vec<_> = engine.splits().iter().map(|s| (s.clone(), SplitCache::Compute)).collect();
+        let splits: Vec<_> = engine.splits().iter().cloned().map(Assigned::whole).collect();
         engine.run_splits(0, splits, &tx)
     })
     .await
@@ -274,4 +273,38 @@ async fn standalone_epochs_take_splits_and_elements_in_a_seeded_order_of_their_o
     assert_ne!(shuffled[0], shuffled[1], "each epoch its own order");
     assert_eq!(epochs(pipeline("shuffle: {bufferSize: 1, seed: 9}\n")).await, shuffled, "the seed repeats it");
     assert_eq!(epochs(pipeline("")).await, vec![listing.clone(), listing], "without shuffle, the listing's order");
+}
+
+/// A split produced again after its worker died leaves out what the first attempt delivered;
+/// every row says where it came from, through the shuffle.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_split_produced_again_leaves_out_the_positions_delivered_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines: String = (0..10).map(|i| format!("{{\"x\": {i}}}\n")).collect();
+    std::fs::write(dir.path().join("a.jsonl"), lines).unwrap();
+    let manifest = format!(
+        "source: {{uri: '{}', format: jsonl}}\nbatchSize: 4\nshuffle: {{bufferSize: 4, seed: 3}}\n",
+        uri(dir.path())
+    );
+    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
+    let engine = Engine::open(WorkerPipeline::new("ns", "again", &spec), config(1)).await.unwrap();
+    let (tx, rx) = sync_channel(64);
+    let engine = tokio::task::spawn_blocking(move || {
+        let again = Assigned { skip: vec![1, 4, 9], ..Assigned::whole(engine.splits()[0].clone()) };
+        engine.run_splits(0, [again], &tx).unwrap();
+        engine
+    })
+    .await
+    .unwrap();
+    let batches = collect(rx);
+    let mut produced = Vec::new();
+    for b in &batches {
+        let xs: Vec<i64> = b.tensors["x"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+        let origins: Vec<i64> = b.rows.iter().map(|&r| stoker_api::row_origin(r)).map(|(_, p)| p as i64).collect();
+        assert_eq!(xs, origins, "line i is position i of split 0, whatever the shuffle did");
+        produced.extend(xs);
+    }
+    produced.sort_unstable();
+    assert_eq!(produced, [0, 2, 3, 5, 6, 7, 8]);
+    assert_eq!(engine.stats.redelivery_skipped.load(std::sync::atomic::Ordering::Relaxed), 3);
 }

@@ -1,4 +1,5 @@
-"""Dispatcher mode: register as a consumer, follow the worker list, report windows."""
+"""Dispatcher mode: register as a consumer, follow the worker list, acknowledge what the client
+received, report windows."""
 
 import threading
 import time
@@ -14,6 +15,9 @@ DISPATCHER = "/stoker.v1alpha1.Dispatcher/"
 RETRY = 0.25
 RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED,
            grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.NOT_FOUND)
+# After an acknowledgement, completions gather this long before the next one: a split is done
+# only once acknowledged, so they go promptly, but not one request per batch.
+ACK_PAUSE = 0.02
 
 
 class Followed(Protocol):
@@ -21,6 +25,10 @@ class Followed(Protocol):
 
     metadata: Optional[Tuple[Tuple[str, str], ...]]
     """Sent with every call to the dispatcher (the bearer token)."""
+
+    wake: threading.Event
+    """Set when there is something to acknowledge: by the client when the caller takes a batch
+    that completes splits, by the follower when it applied a worker list."""
 
     def closed(self) -> bool: ...
 
@@ -33,29 +41,44 @@ class Followed(Protocol):
     def add_call(self, call) -> None:
         """Cancelled when the client closes."""
 
-    def stream_from(self, addresses: Iterable[str]) -> None:
-        """Opens a stream to each worker listed that the client does not stream from yet."""
+    def follow(self, addresses: Iterable[str]) -> List[_wire.Held]:
+        """Stops streaming from the workers not listed (waiting until what each queued is
+        recorded), opens a stream to each one listed that it does not stream from yet, and
+        returns (then forgets) the rows of unfinished splits it got from the workers left out."""
 
-    def take_report(self) -> Tuple[WindowStats, int, List[Tuple[int, int]]]:
-        """The batch-time window (restarting it), how many workers delivered, and the
-        (epoch, split)s completed since the last take."""
+    def take_report(self) -> Tuple[WindowStats, int]:
+        """The batch-time window (restarting it) and how many workers delivered."""
+
+    def take_completed(self) -> List[Tuple[int, int]]:
+        """The (epoch, split)s completed since the last take."""
 
     def restore_completed(self, completed: List[Tuple[int, int]]) -> None:
-        """Completions a failed report carried: they go with the next one."""
+        """Completions a failed acknowledgement carried: they go with the next one."""
+
+    def saw_epoch(self, epoch: int) -> None:
+        """The job's open epoch, as the dispatcher last said."""
 
 
 class Follower:
-    def __init__(self, client: Followed, target, namespace, pipeline, job, consumer_index, connect_timeout):
+    def __init__(self, client: Followed, channel: grpc.Channel, target: str, namespace, pipeline, job, consumer_index,
+                 connect_timeout):
         self.client = client
-        self.channel = grpc.insecure_channel(target)
-        unary = lambda name, decode: self.channel.unary_unary(
+        self.channel = channel
+        unary = lambda name, decode: channel.unary_unary(
             DISPATCHER + name, request_serializer=lambda r: r, response_deserializer=decode)
         self.register_rpc = unary("RegisterClient", _wire.decode_register_client)
         self.report_rpc = unary("ReportWindow", lambda m: m)
-        self.watch_rpc = self.channel.unary_stream(DISPATCHER + "WatchWorkers",
-                                                   request_serializer=lambda r: r, response_deserializer=_wire.decode_worker_list)
+        self.acknowledge_rpc = unary("Acknowledge", _wire.decode_acknowledge)
+        self.watch_rpc = channel.unary_stream(DISPATCHER + "WatchWorkers",
+                                              request_serializer=lambda r: r, response_deserializer=_wire.decode_worker_list)
         self.args = (namespace, pipeline, job, consumer_index)
         self.client_id, self.window = "", 1.0
+        # The newest list applied and the rows held from workers the lists dropped, not yet
+        # acknowledged: the watch thread adds, the acknowledging thread sends.
+        self.lock = threading.Lock()
+        self.version = 0
+        self.held: List[_wire.Held] = []
+        self.acknowledged = 0
         deadline = time.monotonic() + connect_timeout
         while True:
             try:
@@ -65,8 +88,9 @@ class Follower:
                 if e.code() not in RETRIED or time.monotonic() > deadline:
                     raise WorkerError(target, e.code(), e.details() or "") from None
                 time.sleep(RETRY)
-        client.add_channel(self.channel)
+        client.add_channel(channel)
         threading.Thread(target=self.watch, daemon=True, name="stoker-watch").start()
+        threading.Thread(target=self.acknowledge_loop, daemon=True, name="stoker-acknowledge").start()
         threading.Thread(target=self.report, daemon=True, name="stoker-report").start()
 
     def register(self):
@@ -76,37 +100,72 @@ class Follower:
         if window_ms:
             self.window = window_ms / 1000.0
 
+    def call(self, rpc, request):
+        """`rpc` with `request(client_id)`, registering again first if the dispatcher restarted."""
+        try:
+            return rpc(request(self.client_id), metadata=self.client.metadata)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+        self.register()  # the dispatcher restarted and forgot us: same id again
+        return rpc(request(self.client_id), metadata=self.client.metadata)
+
     def watch(self):
-        namespace, pipeline, _, _ = self.args
+        namespace, pipeline, job, _ = self.args
         while not self.client.closed():
             try:
-                call = self.watch_rpc(_wire.encode_watch_workers(namespace, pipeline), metadata=self.client.metadata)
+                call = self.watch_rpc(_wire.encode_watch_workers(namespace, pipeline, job), metadata=self.client.metadata)
                 self.client.add_call(call)
-                for addresses in call:
-                    self.client.stream_from(addresses)
-            except grpc.RpcError:
+                for workers in call:
+                    held = self.client.follow(workers.addresses)
+                    self.client.saw_epoch(workers.epoch)
+                    with self.lock:
+                        self.version = workers.version
+                        self.held.extend(held)
+                    # Acknowledged even with nothing held: the dispatcher waits for every
+                    # client before it hands a dead worker's splits out again.
+                    self.client.wake.set()
+            except (grpc.RpcError, ValueError):  # ValueError: the client closed the channel
                 pass
             time.sleep(RETRY)  # the dispatcher went away (leader change): watch again
 
+    def acknowledge_loop(self):
+        wake = self.client.wake
+        while not self.client.closed():
+            if not wake.wait(1.0):
+                continue
+            wake.clear()
+            if self.acknowledge():
+                self.client.wait_closed(ACK_PAUSE)
+            else:
+                wake.set()
+                self.client.wait_closed(RETRY)
+
+    def acknowledge(self) -> bool:
+        """Sends what there is to acknowledge; whether it went (or there was nothing)."""
+        with self.lock:
+            version, held = self.version, list(self.held)
+        completed = self.client.take_completed()
+        if not completed and not held and version == self.acknowledged:
+            return True
+        try:
+            epoch = self.call(self.acknowledge_rpc,
+                              lambda client_id: _wire.encode_acknowledge(client_id, completed, version, held))
+        except (grpc.RpcError, ValueError):  # ValueError: the client closed the channel meanwhile
+            self.client.restore_completed(completed)
+            return False
+        with self.lock:
+            del self.held[:len(held)]  # only the watch thread adds, at the end
+        self.acknowledged = version
+        self.client.saw_epoch(epoch)
+        return True
+
     def report(self):
         while not self.client.wait_closed(self.window):
-            # Completed: splits whose last batch arrived; the dispatcher marks them done.
-            w, workers, completed = self.client.take_report()
+            w, workers = self.client.take_report()
             mean = w.total_batch_time / w.batches if w.batches else 0.0
-            sent = False
-            for _ in range(2):
-                try:
-                    self.report_rpc(_wire.encode_report_window(self.client_id, w.batches, w.median, w.p90, w.wait_fraction,
-                                                               workers, mean, completed), metadata=self.client.metadata)
-                    sent = True
-                    break
-                except grpc.RpcError as e:
-                    if e.code() == grpc.StatusCode.NOT_FOUND:
-                        try:
-                            self.register()  # the dispatcher restarted: same id again
-                        except grpc.RpcError:
-                            break
-                    else:
-                        break
-            if not sent:
-                self.client.restore_completed(completed)
+            try:
+                self.call(self.report_rpc, lambda client_id: _wire.encode_report_window(
+                    client_id, w.batches, w.median, w.p90, w.wait_fraction, workers, mean))
+            except (grpc.RpcError, ValueError):
+                pass  # a lost window (or the client closed): the autoscaler decides from the next

@@ -109,6 +109,8 @@ class Header(NamedTuple):
     tensors: List[TensorMeta]
     # Splits whose last element is in this batch (reported to the dispatcher).
     completes: List[int] = []
+    # Where each row came from: split << 32 | position.
+    rows: List[int] = []
 
 
 class Chunk(NamedTuple):
@@ -135,7 +137,7 @@ def _tensor_meta(buf) -> TensorMeta:
 
 def _header(buf) -> Header:
     epoch = split = sequence = 0
-    tensors, completes = [], []
+    tensors, completes, rows = [], [], []
     for field, wire_type, value in _fields(buf):
         if wire_type == _VARINT and field in (1, 2, 3):
             if field == 1:
@@ -150,7 +152,11 @@ def _header(buf) -> Header:
             completes.extend(_packed(buf, value))
         elif field == 5 and wire_type == _VARINT:
             completes.append(value)
-    return Header(epoch, split, sequence, tensors, completes)
+        elif field == 6 and wire_type == _LEN:
+            rows.extend(_packed(buf, value))
+        elif field == 6 and wire_type == _VARINT:
+            rows.append(value)
+    return Header(epoch, split, sequence, tensors, completes, rows)
 
 
 def decode_chunk(message: bytes) -> Chunk:
@@ -192,13 +198,29 @@ def decode_register_client(message: bytes):
     return client_id, window_ms
 
 
-def encode_watch_workers(namespace: str, pipeline: str) -> bytes:
-    return _len_field(1, _pipeline_ref(namespace, pipeline))
+def encode_watch_workers(namespace: str, pipeline: str, job: str) -> bytes:
+    return _len_field(1, _pipeline_ref(namespace, pipeline)) + _len_field(2, job.encode())
 
 
-def decode_worker_list(message: bytes) -> List[str]:
+class WorkerList(NamedTuple):
+    addresses: List[str]
+    # Grows whenever the list changes; acknowledged once applied.
+    version: int
+    # The job's open epoch.
+    epoch: int
+
+
+def decode_worker_list(message: bytes) -> WorkerList:
     view = memoryview(message)
-    return [bytes(view[v[0]:v[1]]).decode() for f, t, v in _fields(view) if f == 1 and t == _LEN]
+    addresses, version, epoch = [], 0, 0
+    for field, wire_type, value in _fields(view):
+        if field == 1 and wire_type == _LEN:
+            addresses.append(bytes(view[value[0]:value[1]]).decode())
+        elif field == 2 and wire_type == _VARINT:
+            version = value
+        elif field == 3 and wire_type == _VARINT:
+            epoch = value
+    return WorkerList(addresses, version, epoch)
 
 
 def _double(field: int, value: float) -> bytes:
@@ -207,10 +229,42 @@ def _double(field: int, value: float) -> bytes:
 
 
 def encode_report_window(client_id: str, batches: int, median: float, p90: float, wait_fraction: float,
-                         workers: int, mean: float, completed=()) -> bytes:
+                         workers: int, mean: float) -> bytes:
     out = _len_field(1, client_id.encode()) + _key(2, _VARINT) + _varint(batches)
     out += _double(3, median) + _double(4, p90) + _double(5, wait_fraction)
-    out += _key(6, _VARINT) + _varint(workers) + _double(7, mean)
+    return out + _key(6, _VARINT) + _varint(workers) + _double(7, mean)
+
+
+class Held(NamedTuple):
+    """Rows of an unfinished split received from a worker that left the list (HeldRows)."""
+    epoch: int
+    split: int
+    positions: List[int]
+
+
+def _split_ref(field: int, epoch: int, split: int) -> bytes:
+    return _len_field(field, _key(1, _VARINT) + _varint(epoch) + _key(2, _VARINT) + _varint(split))
+
+
+def encode_acknowledge(client_id: str, completed, list_version: int, held) -> bytes:
+    """An AcknowledgeRequest: `completed` (epoch, split)s, `held` `Held`s."""
+    out = _len_field(1, client_id.encode())
     for epoch, split in completed:
-        out += _len_field(8, _key(1, _VARINT) + _varint(epoch) + _key(2, _VARINT) + _varint(split))
+        out += _split_ref(2, epoch, split)
+    if list_version:
+        out += _key(3, _VARINT) + _varint(list_version)
+    for epoch, split, positions in held:
+        rows = _key(1, _VARINT) + _varint(epoch) + _key(2, _VARINT) + _varint(split)
+        if positions:
+            rows += _len_field(3, b"".join(_varint(p) for p in positions))
+        out += _len_field(4, rows)
     return out
+
+
+def decode_acknowledge(message: bytes) -> int:
+    """The open epoch an AcknowledgeResponse reports."""
+    epoch = 0
+    for field, wire_type, value in _fields(memoryview(message)):
+        if field == 1 and wire_type == _VARINT:
+            epoch = value
+    return epoch

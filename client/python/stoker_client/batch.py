@@ -24,17 +24,24 @@ class Batch:
     """Named tensors (`dict[str, numpy.ndarray]`) and where they came from.
 
     Arrays are read-only views of the received message where a tensor arrived in one piece
-    (no copy); `.copy()` one to write to it."""
+    (no copy); `.copy()` one to write to it.
 
-    __slots__ = ("tensors", "epoch", "split", "sequence", "completes")
+    `rows` says where each row came from, in row order: a numpy uint64 array of
+    `split << 32 | position`, the position being the element's index in its split's source
+    order (record or file index) whatever the shuffle did. A split produced again after its
+    worker died yields the same positions, so `(epoch, row)` names a row whichever attempt
+    delivered it. Empty when the worker sends none."""
 
-    def __init__(self, tensors: Dict[str, np.ndarray], epoch: int, split: int, sequence: int, completes=()):
+    __slots__ = ("tensors", "epoch", "split", "sequence", "completes", "rows")
+
+    def __init__(self, tensors: Dict[str, np.ndarray], epoch: int, split: int, sequence: int, completes=(), rows=()):
         self.tensors = tensors
         self.epoch = epoch
         self.split = split
         self.sequence = sequence
         # Splits whose last element is in this batch (under the dispatcher).
         self.completes = list(completes)
+        self.rows = np.asarray(rows, dtype=np.uint64)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.tensors[name]
@@ -148,4 +155,4 @@ class Reassembler:
                 data = buf.view(dtype)
             tensors[t.name] = data.reshape(t.shape)
             offset = end
-        return Batch(tensors, header.epoch, header.split, header.sequence, header.completes)
+        return Batch(tensors, header.epoch, header.split, header.sequence, header.completes, header.rows)

@@ -3,7 +3,7 @@
 import queue
 import threading
 import time
-from typing import Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 import grpc
 
@@ -20,10 +20,31 @@ FATAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENI
 DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
 MIN_MAX_MESSAGE_BYTES = 64 << 10
 MAX_MAX_MESSAGE_BYTES = 256 << 20
+# How long dropping a worker the dispatcher no longer lists waits for its stream's thread.
+STOP_TIMEOUT = 10.0
 
 
 class _End:
     """A worker's stream ended."""
+
+
+class _Pump:
+    """A stream from a worker and the thread reading it into the queue."""
+
+    __slots__ = ("channel", "call", "thread", "stop")
+
+    def __init__(self, channel, call):
+        self.channel, self.call, self.thread = channel, call, None
+        # Set when the worker is dropped: what the thread has not queued yet is discarded.
+        self.stop = threading.Event()
+
+
+def _rows_by_split(batch: Batch) -> Dict[Tuple[int, int], List[int]]:
+    """The positions of a batch's rows by (epoch, split)."""
+    out: Dict[Tuple[int, int], List[int]] = {}
+    for row in batch.rows.tolist():
+        out.setdefault((batch.epoch, row >> 32), []).append(row & 0xFFFFFFFF)
+    return out
 
 
 def _target(worker: str) -> str:
@@ -36,6 +57,10 @@ class Client:
     >>> with Client(["127.0.0.1:50052"], "team-a", "imagenet") as client:
     ...     for batch in client:
     ...         images = batch["image"]   # numpy array, no copy
+
+    Under the dispatcher (`Client.from_dispatcher`), `open_epoch` is the job's open epoch as
+    the dispatcher last said: every split of the epochs before it is done. Informational; 0
+    until the dispatcher says, and always 0 with a fixed list of workers.
     """
 
     def __init__(
@@ -72,42 +97,57 @@ class Client:
         self._lock = threading.Lock()
         self._channels: List[grpc.Channel] = []
         self._calls = []
-        self._streaming = set()
+        self._pumps: Dict[str, _Pump] = {}
         # Workers a batch came from: the worker count reported to the autoscaler, since a
         # worker that just started is listed before it produces.
         self._delivering = set()
-        # Dispatcher mode: (epoch, split)s whose last batch reached the caller, to report.
-        self._completed = []
+        # Dispatcher mode: (epoch, split)s whose last batch reached the caller, to acknowledge,
+        # and wakes the acknowledging thread.
+        self._completed: List[Tuple[int, int]] = []
+        self._wake = threading.Event()
+        # Dispatcher mode: positions of the rows each worker delivered (queued for the caller)
+        # by (epoch, split), for unfinished splits: if the worker leaves the list, the
+        # dispatcher has them skipped when it hands the split out again.
+        self._held: Dict[str, Dict[Tuple[int, int], Set[int]]] = {}
+        # Dispatcher mode: the job's open epoch, as the dispatcher last said.
+        self.open_epoch = 0
         for worker in workers:
             self._open(worker)
 
-    def _open(self, worker: str) -> None:
+    def _connect(self, worker: str):
+        """(channel, call) of a stream from `worker`."""
         # Room for the chunk's own framing beyond the payload limit.
         options = [("grpc.max_receive_message_length", self._max_message_bytes + (1 << 20))]
         channel = grpc.insecure_channel(_target(worker), options=options)
         stream = channel.unary_stream(STREAM_METHOD, request_serializer=lambda r: r, response_deserializer=_wire.decode_chunk)
-        call = stream(self._request, metadata=self._metadata)
+        return channel, stream(self._request, metadata=self._metadata)
+
+    def _open(self, worker: str) -> None:
+        pump = _Pump(*self._connect(worker))
+        pump.thread = threading.Thread(target=self._pump, args=(worker, pump), daemon=True, name=f"stoker-{worker}")
         with self._lock:
-            self._channels.append(channel)
-            self._calls.append(call)
-            self._streaming.add(worker)
-        thread = threading.Thread(target=self._pump, args=(worker, call, self._max_batch_bytes), daemon=True, name=f"stoker-{worker}")
-        thread.start()
+            self._channels.append(pump.channel)
+            self._calls.append(pump.call)
+            self._pumps[worker] = pump
+        pump.thread.start()
 
     @classmethod
     def from_dispatcher(cls, url: str, namespace: str, pipeline: str, job: str = "default", consumer_index: int = 0,
                         connect_timeout: float = 10.0, **options) -> "Client":
         """Registers with the dispatcher at `url` (host:port), streams from the pipeline's
-        workers as they come and go, and reports a batch-time window every second for the
-        autoscaler. Raises `WorkerError` only if the dispatcher refuses or stays unreachable
-        for `connect_timeout`; afterwards a worker that goes away is dropped quietly."""
+        workers as they come and go, acknowledges what it received (every batch is delivered
+        once, even when a worker dies mid-split), and reports a batch-time window every second
+        for the autoscaler. Raises `WorkerError` only if the dispatcher refuses or stays
+        unreachable for `connect_timeout`; afterwards a worker that goes away is dropped quietly.
+        `client.open_epoch` follows the job's open epoch."""
         client = cls([], namespace, pipeline, job=job, consumer_index=consumer_index, _follow=True, **options)
-        client._follower = Follower(_Followed(client), _target(url), namespace, pipeline, job, consumer_index,
-                                    connect_timeout)
+        target = _target(url)
+        client._follower = Follower(_Followed(client), grpc.insecure_channel(target), target, namespace, pipeline, job,
+                                    consumer_index, connect_timeout)
         return client
 
-    def _put(self, item) -> bool:
-        while not self._closed.is_set():
+    def _put(self, item, stop: threading.Event) -> bool:
+        while not self._closed.is_set() and not stop.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
                 return True
@@ -115,34 +155,54 @@ class Client:
                 continue
         return False
 
-    def _pump(self, worker: str, call, max_batch_bytes: int) -> None:
-        reassembler = Reassembler(max_batch_bytes)
+    def _deliver(self, worker: str, batch: Batch, stop: threading.Event) -> bool:
+        """Queues a batch. Under the dispatcher its rows are recorded as held from `worker`
+        first, and forgotten again if it was not queued (closed, or the worker dropped), so
+        that what is recorded is exactly what the caller gets."""
+        if not self._follow:
+            return self._put(batch, stop)
+        rows = _rows_by_split(batch)
+        with self._lock:
+            held = self._held.setdefault(worker, {})
+            for key, positions in rows.items():
+                held.setdefault(key, set()).update(positions)
+        if self._put(batch, stop):
+            return True
+        with self._lock:
+            held = self._held.get(worker, {})
+            for key, positions in rows.items():
+                held.get(key, set()).difference_update(positions)
+        return False
+
+    def _pump(self, worker: str, pump: _Pump) -> None:
+        reassembler = Reassembler(self._max_batch_bytes)
         try:
-            for chunk in call:
+            for chunk in pump.call:
                 batch = reassembler.push(chunk)
                 if batch is None:
                     continue
                 if batch.tensors:
                     self._delivering.add(worker)
-                if not self._put(batch):
+                if not self._deliver(worker, batch, pump.stop):
                     return
             reassembler.finish()
         except grpc.RpcError as e:
-            if self._closed.is_set():
+            if self._closed.is_set() or pump.stop.is_set():
                 return
             if self._follow and e.code() not in FATAL_CODES:
                 # The dispatcher hands a lost worker's splits to the others.
                 return
-            self._put(WorkerError(worker, e.code(), e.details() or ""))
+            self._put(WorkerError(worker, e.code(), e.details() or ""), pump.stop)
         except (ProtocolError, _wire.WireError) as e:
-            call.cancel()
-            self._put(ProtocolError(f"worker {worker}: {e}"))
+            pump.call.cancel()
+            self._put(ProtocolError(f"worker {worker}: {e}"), pump.stop)
         finally:
             with self._lock:
-                self._streaming.discard(worker)
+                if self._pumps.get(worker) is pump:
+                    del self._pumps[worker]
                 self._delivering.discard(worker)
             if not self._follow:
-                self._put(_End())
+                self._put(_End(), pump.stop)
 
     def __iter__(self):
         return self
@@ -166,15 +226,24 @@ class Client:
                 self._call_start = None
                 raise item
             if self._follow and item.completes:
-                with self._lock:
-                    self._completed.extend((item.epoch, s) for s in item.completes)
+                self._complete([(item.epoch, s) for s in item.completes])
             if not item.tensors:
                 # Only completions (splits whose last elements were filtered or dropped as the
-                # remainder): reported, not a batch the caller waited for.
+                # remainder): acknowledged, not a batch the caller waited for.
                 continue
             start, self._call_start = self._call_start, None
             self._meter.delivered(start, time.perf_counter())
             return item
+
+    def _complete(self, done: List[Tuple[int, int]]) -> None:
+        """The caller took the last batch of these (epoch, split)s: acknowledged as done, and
+        their rows are no longer held from any worker."""
+        with self._lock:
+            self._completed.extend(done)
+            for held in self._held.values():
+                for key in done:
+                    held.pop(key, None)
+        self._wake.set()
 
     def window(self) -> WindowStats:
         """Batch-time statistics since the last reset: batches, median, p90 (seconds), wait fraction."""
@@ -201,11 +270,12 @@ class Client:
 
 class _Followed:
     """The client as its dispatcher follower sees it (`_dispatcher.Followed`): the follower
-    starts streams into the client and reports what the client measured and received."""
+    starts and stops streams into the client and reports what the client measured and received."""
 
     def __init__(self, client: Client):
         self._client = client
         self.metadata = client._metadata
+        self.wake = client._wake
 
     def closed(self) -> bool:
         return self._client._closed.is_set()
@@ -219,22 +289,48 @@ class _Followed:
     def add_call(self, call) -> None:
         self._client._calls.append(call)
 
-    def stream_from(self, addresses: Iterable[str]) -> None:
+    def follow(self, addresses: Iterable[str]) -> List[_wire.Held]:
         client = self._client
+        listed = dict.fromkeys(addresses)
         with client._lock:
-            new = [a for a in addresses if a not in client._streaming]
+            gone = [pump for worker, pump in client._pumps.items() if worker not in listed]
+        for pump in gone:
+            pump.stop.set()
+            pump.call.cancel()
+        # Once its thread is out, everything a dropped worker queued is recorded.
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for pump in gone:
+            pump.thread.join(max(0.0, deadline - time.monotonic()))
+            pump.channel.close()
+        held = []
+        with client._lock:
+            new = [a for a in listed if a not in client._pumps]
+            # Including workers whose stream had already ended on its own.
+            for worker in [w for w in client._held if w not in listed]:
+                for (epoch, split), positions in sorted(client._held.pop(worker).items()):
+                    if positions:
+                        held.append(_wire.Held(epoch, split, sorted(positions)))
         for address in new:
             client._open(address)
+        return held
 
-    def take_report(self) -> Tuple[WindowStats, int, List[Tuple[int, int]]]:
+    def take_report(self) -> Tuple[WindowStats, int]:
         client = self._client
         window = client._meter.window()
         client._meter.reset()
         with client._lock:
             workers = len(client._delivering)
+        return window, workers
+
+    def take_completed(self) -> List[Tuple[int, int]]:
+        client = self._client
+        with client._lock:
             completed, client._completed = client._completed, []
-        return window, workers, completed
+        return completed
 
     def restore_completed(self, completed: List[Tuple[int, int]]) -> None:
         with self._client._lock:
             self._client._completed.extend(completed)
+
+    def saw_epoch(self, epoch: int) -> None:
+        self._client.open_epoch = epoch

@@ -1,4 +1,7 @@
-"""Decoding and reassembly over hand-built messages: what a worker may send, and what it must not."""
+"""Decoding and reassembly over hand-built messages (what a worker may send, and what it must not),
+and the dispatcher messages the client encodes and decodes."""
+
+import struct
 
 import numpy as np
 import pytest
@@ -116,3 +119,97 @@ def test_the_request_encodes_every_field():
     fields = {f: v for f, _, v in _wire._fields(memoryview(request))}
     assert request[fields[2][0]:fields[2][1]] == b"job"
     assert (fields[3], fields[4], fields[5]) == (3, 7, 1 << 20)
+
+
+def rows_field(rows, packed=True):
+    if packed:
+        return field(6, b"".join(varint(r) for r in rows))
+    return b"".join(_wire._key(6, 0) + varint(r) for r in rows)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_rows_a_batch_came_from_are_read_packed_or_not(packed):
+    rows = [5 << 32 | 0, 5 << 32 | 17, 300 << 32 | 0xFFFFFFFF]
+    (batch,) = feed([chunk(HEAD + rows_field(rows, packed), [PAYLOAD], last=True)])
+    assert batch.rows.dtype == np.uint64
+    assert batch.rows.tolist() == rows
+    assert (batch.rows >> np.uint64(32)).tolist() == [5, 5, 300]
+    # Tensors are still views of the message.
+    np.testing.assert_array_equal(batch["image"], IMAGE)
+
+
+def test_a_batch_without_rows_has_an_empty_array():
+    (batch,) = feed([chunk(HEAD, [PAYLOAD], last=True)])
+    assert batch.rows.dtype == np.uint64 and batch.rows.shape == (0,)
+    # Completions only: no tensors, no rows.
+    (batch,) = feed([chunk(header(1, 2, 0, []) + field(5, varint(2)), [], last=True)])
+    assert batch.tensors == {} and batch.rows.shape == (0,) and batch.completes == [2]
+
+
+def test_the_worker_list_carries_version_and_epoch():
+    message = field(1, b"10.0.0.1:50052") + field(1, b"10.0.0.2:50052") + _wire._key(2, 0) + varint(7) + _wire._key(3, 0) + varint(2)
+    assert _wire.decode_worker_list(message) == (["10.0.0.1:50052", "10.0.0.2:50052"], 7, 2)
+    assert _wire.decode_worker_list(b"") == ([], 0, 0)
+
+
+def test_watching_names_the_job():
+    request = _wire.encode_watch_workers("ns", "p", "job")
+    fields = {f: v for f, _, v in _wire._fields(memoryview(request))}
+    assert request[fields[2][0]:fields[2][1]] == b"job"
+    ref = request[fields[1][0]:fields[1][1]]
+    assert [ref[s:e] for _, _, (s, e) in _wire._fields(memoryview(ref))] == [b"ns", b"p"]
+
+
+def decode_acknowledge_request(message: bytes) -> dict:
+    """An AcknowledgeRequest as a dict (the dispatcher's side, for the tests)."""
+    view = memoryview(message)
+    out = {"client_id": "", "completed": [], "list_version": 0, "held": []}
+
+    def numbers(span):
+        sub = view[span[0]:span[1]]
+        return sub, {f: v for f, t, v in _wire._fields(sub) if t == 0}
+
+    for f, t, v in _wire._fields(view):
+        if f == 1:
+            out["client_id"] = bytes(view[v[0]:v[1]]).decode()
+        elif f == 2:
+            _, n = numbers(v)
+            out["completed"].append((n.get(1, 0), n.get(2, 0)))
+        elif f == 3:
+            out["list_version"] = v
+        elif f == 4:
+            sub, n = numbers(v)
+            positions = []
+            for f2, t2, v2 in _wire._fields(sub):
+                if f2 == 3 and t2 == 2:
+                    positions.extend(_wire._packed(sub, v2))
+                elif f2 == 3:
+                    positions.append(v2)
+            out["held"].append((n.get(1, 0), n.get(2, 0), positions))
+    return out
+
+
+def test_an_acknowledgement_encodes_completions_version_and_held_rows():
+    held = [_wire.Held(3, 9, [0, 1, 200, 0xFFFFFFFF]), _wire.Held(4, 0, [])]
+    message = _wire.encode_acknowledge("c-1", [(3, 2), (4, 0)], 12, held)
+    assert decode_acknowledge_request(message) == {
+        "client_id": "c-1", "completed": [(3, 2), (4, 0)], "list_version": 12,
+        "held": [(3, 9, [0, 1, 200, 0xFFFFFFFF]), (4, 0, [])]}
+    # Positions are packed: one length-delimited field, not one key per position.
+    (rows,) = [v for f, _, v in _wire._fields(memoryview(message)) if f == 4][:1]
+    sub = memoryview(message)[rows[0]:rows[1]]
+    assert [f for f, _, _ in _wire._fields(sub)] == [1, 2, 3]
+    assert decode_acknowledge_request(_wire.encode_acknowledge("c", [], 0, [])) == {
+        "client_id": "c", "completed": [], "list_version": 0, "held": []}
+
+
+def test_the_acknowledge_response_carries_the_open_epoch():
+    assert _wire.decode_acknowledge(_wire._key(1, 0) + varint(5)) == 5
+    assert _wire.decode_acknowledge(b"") == 0
+
+
+def test_a_window_report_no_longer_carries_completions():
+    report = _wire.encode_report_window("c", 10, 0.1, 0.2, 0.3, 2, 0.15)
+    # _fields skips doubles: the mean, field 7, ends the message.
+    assert [f for f, _, _ in _wire._fields(memoryview(report))] == [1, 2, 6]
+    assert report.endswith(_wire._key(7, 1) + struct.pack("<d", 0.15))

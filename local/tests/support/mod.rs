@@ -18,8 +18,9 @@ pub struct Dispatched {
 }
 
 /// A dispatcher declaring workers dead after `worker_timeout`, and `pipeline`'s workers
-/// (one transform thread each, none started yet: scale them).
-pub async fn dispatched(pipeline: WorkerPipeline, worker_timeout: Duration) -> Dispatched {
+/// (one transform thread each, each sending at most `max_batch_rate` batches a second, none
+/// started yet: scale them).
+pub async fn dispatched(pipeline: WorkerPipeline, worker_timeout: Duration, max_batch_rate: Option<f64>) -> Dispatched {
     let dispatcher = Dispatcher::new(
         Timeouts { worker: worker_timeout, client: Duration::from_secs(30) },
         Duration::from_millis(500),
@@ -37,7 +38,7 @@ pub async fn dispatched(pipeline: WorkerPipeline, worker_timeout: Duration) -> D
         dispatcher_url: url.clone(),
         threads: 1,
         memory_budget: 64 << 20,
-        max_batch_rate: None,
+        max_batch_rate,
         log_dir: Some(logs.path().to_path_buf()),
         cache_dir: None,
     });

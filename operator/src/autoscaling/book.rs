@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use stoker_api::{CacheStatus, ScalingStep};
+use stoker_api::{CacheStatus, DeliveryStatus, ScalingStep};
 
 use super::policy::PolicyState;
 use crate::key::PipelineKey;
@@ -36,6 +36,8 @@ pub struct ScalingBook {
     /// Each pipeline's cache plan, as the dispatcher has it (kept apart from the records,
     /// which only pipelines in the autoscaler's scope have).
     caches: Mutex<BTreeMap<PipelineKey, CacheStatus>>,
+    /// Each pipeline's delivery counters, as the dispatcher has them.
+    deliveries: Mutex<BTreeMap<PipelineKey, DeliveryStatus>>,
 }
 
 impl ScalingBook {
@@ -70,13 +72,31 @@ impl ScalingBook {
 
     /// Replaces the cache plans; returns whether anything changed.
     pub fn set_caches(&self, caches: BTreeMap<PipelineKey, CacheStatus>) -> bool {
-        let mut current = self.caches.lock().unwrap();
-        let changed = *current != caches;
-        *current = caches;
-        changed
+        replace(&self.caches, caches)
+    }
+
+    pub fn delivery(&self, pipeline: &PipelineKey) -> Option<DeliveryStatus> {
+        self.deliveries.lock().unwrap().get(pipeline).cloned()
+    }
+
+    pub fn deliveries(&self) -> BTreeMap<PipelineKey, DeliveryStatus> {
+        self.deliveries.lock().unwrap().clone()
+    }
+
+    /// Replaces the delivery counters; returns whether anything changed.
+    pub fn set_deliveries(&self, deliveries: BTreeMap<PipelineKey, DeliveryStatus>) -> bool {
+        replace(&self.deliveries, deliveries)
     }
 
     pub fn remove(&self, pipeline: &PipelineKey) {
         self.records.lock().unwrap().remove(pipeline);
     }
+}
+
+/// Puts `value` in `slot`; returns whether it differed.
+fn replace<T: PartialEq>(slot: &Mutex<T>, value: T) -> bool {
+    let mut current = slot.lock().unwrap();
+    let changed = *current != value;
+    *current = value;
+    changed
 }

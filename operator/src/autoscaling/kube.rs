@@ -93,6 +93,7 @@ pub fn after_round(
     };
     move |rescales, changed| {
         metrics.scaling(&book.all(), rescales);
+        metrics.deliveries(&book.deliveries());
         if changed {
             let _ = reconcile.send(());
         }

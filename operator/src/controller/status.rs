@@ -3,7 +3,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use stoker_api::{
     AutoscalerStatus, AutoscalingMode, CacheDecision, CacheMode, CacheStatus, DataPipelineSpec, DataPipelineStatus,
-    Phase, ValidationError, WorkersStatus, condition, invalid_message,
+    DeliveryStatus, Phase, ValidationError, WorkersStatus, condition, invalid_message,
 };
 
 use crate::autoscaling::ScalingRecord;
@@ -20,15 +20,24 @@ pub enum Outcome {
     Failed(String),
 }
 
+/// What the operator knows about a pipeline beyond its object: the autoscaler's record and the
+/// dispatcher's cache plan and delivery counters (None: nothing yet, e.g. a new leader).
+#[derive(Clone, Copy, Default)]
+pub struct Observed<'a> {
+    pub scaling: Option<&'a ScalingRecord>,
+    pub cache: Option<&'a CacheStatus>,
+    pub delivery: Option<&'a DeliveryStatus>,
+}
+
 pub fn next(
     spec: &DataPipelineSpec,
     generation: Option<i64>,
     previous: Option<&DataPipelineStatus>,
     outcome: &Outcome,
-    scaling: Option<&ScalingRecord>,
-    cache: Option<&CacheStatus>,
+    observed: &Observed,
     now: &Time,
 ) -> DataPipelineStatus {
+    let Observed { scaling, cache, delivery } = *observed;
     let previous = previous.cloned().unwrap_or_default();
     let (phase, ready, progressing, degraded) = match outcome {
         Outcome::Invalid(errors) => {
@@ -113,6 +122,8 @@ pub fn next(
             (_, None, Some(cache)) if cache.decision != CacheDecision::Compute || cache.at.is_some() => cache,
             _ => CacheStatus::default(),
         }),
+        // A new leader's dispatcher has counted nothing yet: keep what the last one showed.
+        delivery: delivery.cloned().or(previous.delivery),
         conditions,
         observed_generation: generation,
     }
@@ -159,12 +170,20 @@ mod tests {
     #[test]
     fn pending_until_workers_are_ready_then_idle() {
         let s = spec("");
-        let pending = next(&s, Some(1), None, &Outcome::Applied { desired: 2, ready: 1 }, None, None, &at(10));
+        let pending =
+            next(&s, Some(1), None, &Outcome::Applied { desired: 2, ready: 1 }, &Observed::default(), &at(10));
         assert_eq!(pending.phase, Some(Phase::Pending));
         assert_eq!(pending.workers.as_ref().unwrap().summary, "1/2");
         assert_eq!(get(&pending, condition::READY).status, "False");
         assert_eq!(get(&pending, condition::PROGRESSING).status, "True");
-        let idle = next(&s, Some(1), Some(&pending), &Outcome::Applied { desired: 2, ready: 2 }, None, None, &at(20));
+        let idle = next(
+            &s,
+            Some(1),
+            Some(&pending),
+            &Outcome::Applied { desired: 2, ready: 2 },
+            &Observed::default(),
+            &at(20),
+        );
         assert_eq!(idle.phase, Some(Phase::Idle));
         assert_eq!(get(&idle, condition::READY).reason, "WorkersReady");
         assert_eq!(get(&idle, condition::READY).last_transition_time, at(20));
@@ -175,8 +194,9 @@ mod tests {
     #[test]
     fn same_input_gives_identical_status() {
         let s = spec("");
-        let first = next(&s, Some(3), None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
-        let again = next(&s, Some(3), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(99));
+        let first = next(&s, Some(3), None, &Outcome::Applied { desired: 1, ready: 0 }, &Observed::default(), &at(1));
+        let again =
+            next(&s, Some(3), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, &Observed::default(), &at(99));
         assert_eq!(first, again, "a resync must not produce a status write");
     }
 
@@ -186,7 +206,7 @@ mod tests {
             ValidationError { field: "spec.workers".into(), message: "min (5) is greater than max (2)".into() },
             ValidationError { field: "spec.source.uri".into(), message: "unknown scheme".into() },
         ];
-        let st = next(&spec(""), Some(2), None, &Outcome::Invalid(errors), None, None, &at(1));
+        let st = next(&spec(""), Some(2), None, &Outcome::Invalid(errors), &Observed::default(), &at(1));
         assert_eq!(st.phase, Some(Phase::Invalid));
         let ready = get(&st, condition::READY);
         assert_eq!(ready.reason, "InvalidSpec");
@@ -196,8 +216,9 @@ mod tests {
     #[test]
     fn apply_failure_is_degraded_and_keeps_worker_counts() {
         let s = spec("");
-        let ok = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 1 }, None, None, &at(1));
-        let failed = next(&s, Some(2), Some(&ok), &Outcome::Failed("quota exceeded".into()), None, None, &at(2));
+        let ok = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 1 }, &Observed::default(), &at(1));
+        let failed =
+            next(&s, Some(2), Some(&ok), &Outcome::Failed("quota exceeded".into()), &Observed::default(), &at(2));
         assert_eq!(failed.phase, Some(Phase::Degraded));
         assert_eq!(get(&failed, condition::DEGRADED).message, "quota exceeded");
         assert_eq!(failed.workers, ok.workers);
@@ -205,15 +226,14 @@ mod tests {
 
     #[test]
     fn cache_decision_reflects_the_mode() {
-        let off = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
+        let off = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, &Observed::default(), &at(1));
         assert_eq!(off.cache.unwrap().decision, CacheDecision::Compute);
         let auto = next(
             &spec("cache: {mode: Auto}\n"),
             None,
             None,
             &Outcome::Applied { desired: 1, ready: 0 },
-            None,
-            None,
+            &Observed::default(),
             &at(1),
         );
         assert_eq!(auto.cache.unwrap().decision, CacheDecision::Undecided);
@@ -222,9 +242,9 @@ mod tests {
     #[test]
     fn fixed_mode_is_converged_batch_time_is_not() {
         let fixed = spec("autoscaling: {mode: Fixed, replicas: 1}\n");
-        let st = next(&fixed, None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
+        let st = next(&fixed, None, None, &Outcome::Applied { desired: 1, ready: 0 }, &Observed::default(), &at(1));
         assert!(st.autoscaler.unwrap().converged);
-        let st = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
+        let st = next(&spec(""), None, None, &Outcome::Applied { desired: 1, ready: 0 }, &Observed::default(), &at(1));
         assert!(!st.autoscaler.unwrap().converged);
     }
 
@@ -232,10 +252,16 @@ mod tests {
     fn the_autoscalers_first_round_writes_no_new_status() {
         // A restart or a start must not cost a second write when no client is attached yet.
         let s = spec("");
-        let first = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 0 }, None, None, &at(1));
+        let first = next(&s, Some(1), None, &Outcome::Applied { desired: 1, ready: 0 }, &Observed::default(), &at(1));
         let idle = ScalingRecord { workers: 1, state: Some(PolicyState::Idle), ..Default::default() };
-        let after_round =
-            next(&s, Some(1), Some(&first), &Outcome::Applied { desired: 1, ready: 0 }, Some(&idle), None, &at(2));
+        let after_round = next(
+            &s,
+            Some(1),
+            Some(&first),
+            &Outcome::Applied { desired: 1, ready: 0 },
+            &Observed { scaling: Some(&idle), ..Observed::default() },
+            &at(2),
+        );
         assert_eq!(first, after_round);
     }
 }

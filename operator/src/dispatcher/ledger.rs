@@ -1,13 +1,20 @@
-//! The split ledger of one job: which splits of its epoch are waiting, held by a worker, or
-//! done, and the next epoch started early by workers with nothing left in this one.
+//! The split ledger of one job: which splits of its epoch are waiting, held by a worker,
+//! recovering from a dead one, or done, and the next epoch started early by workers with
+//! nothing left in this one.
 //!
 //! A split is done when a client reports receiving the batch holding its last element (or the
-//! batch without tensors that says a split produced nothing more). Delivery is at least once:
-//! a split held by a worker that dies, or in flight to a client that goes silent, goes back
-//! to the queue, so its elements may reach clients twice. Such repeats are counted.
+//! batch without tensors that says a split produced nothing more).
+//!
+//! A split held by a worker that dies is recovering: every live client of the job stops
+//! streaming from that worker and acknowledges with the rows of the split it received (their
+//! positions), and the split goes back to the queue to be produced again without those rows,
+//! so each element reaches the job once. A client that never acknowledges holds this up for
+//! at most the client timeout; the split then goes back with what is known, and rows may
+//! repeat. A client that goes silent takes the job's in-flight splits back to the queue whole
+//! (its unreported batches are lost with it): then too rows may repeat. Repeats are counted.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use stoker_api::{CacheDecision, order};
 
@@ -26,11 +33,20 @@ pub enum Assignment {
     Split {
         epoch: u64,
         split: u64,
+        /// Positions already delivered by an earlier attempt: not to be produced again.
+        skip: Vec<u32>,
     },
     /// Nothing to hand out in `epoch` until other workers finish theirs.
-    Draining {
-        epoch: u64,
-    },
+    Draining { epoch: u64 },
+}
+
+/// A split whose worker died, waiting for the clients that may hold some of its rows.
+struct Recovery {
+    /// The worker list without the dead worker: clients acknowledge this version or later.
+    version: u64,
+    /// Live clients of the job that have not acknowledged yet.
+    waiting: BTreeSet<String>,
+    since: Instant,
 }
 
 /// One pass over the pipeline's splits.
@@ -39,6 +55,9 @@ struct Pass {
     pending: VecDeque<u64>,
     /// Split -> the worker holding it.
     assigned: HashMap<u64, String>,
+    recovering: BTreeMap<u64, Recovery>,
+    /// Positions of unfinished splits already delivered, from the clients' acknowledgements.
+    delivered: HashMap<u64, BTreeSet<u32>>,
     done: BTreeSet<u64>,
     /// When its first split was handed out, and how many were computed, put and got.
     started: Option<Instant>,
@@ -74,10 +93,41 @@ impl Pass {
         lost.sort_unstable();
         for &split in lost.iter().rev() {
             self.assigned.remove(&split);
+            self.recovering.remove(&split);
             self.pending.push_front(split);
         }
         lost.len() as u64
     }
+
+    /// Requeues the recovering splits no client holds up any more (all acknowledged, or
+    /// waited for longer than `patience`); returns how many waited that long.
+    fn release(&mut self, now: Instant, patience: Duration) -> u64 {
+        let ready: Vec<(u64, bool)> = self
+            .recovering
+            .iter()
+            .filter_map(|(&split, r)| {
+                let late = now.saturating_duration_since(r.since) >= patience;
+                (r.waiting.is_empty() || late).then_some((split, !r.waiting.is_empty()))
+            })
+            .collect();
+        self.requeue(ready.iter().map(|(split, _)| *split));
+        ready.iter().filter(|(_, late)| *late).count() as u64
+    }
+
+    fn finish(&mut self, split: u64) -> bool {
+        self.assigned.remove(&split);
+        self.recovering.remove(&split);
+        self.delivered.remove(&split);
+        self.done.insert(split)
+    }
+}
+
+/// Rows of an unfinished split a client received from a worker that left the list.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Held {
+    pub epoch: u64,
+    pub split: u64,
+    pub positions: Vec<u32>,
 }
 
 /// A job's passes: the oldest unfinished epoch, and the one after it. Workers with nothing
@@ -92,6 +142,10 @@ pub struct Job {
     repeats: u64,
     /// Splits taken back from dead workers.
     requeued: u64,
+    /// Elements left out of splits produced again because they had been delivered.
+    skipped: u64,
+    /// Recoveries that gave up waiting for a client's acknowledgement.
+    unacknowledged: u64,
 }
 
 /// A job's delivery counters, for status and metrics.
@@ -106,6 +160,10 @@ pub struct JobSummary {
     pub holders: u64,
     pub repeats: u64,
     pub requeued: u64,
+    /// Splits waiting for the clients' acknowledgements after their worker died.
+    pub recovering: u64,
+    pub skipped: u64,
+    pub unacknowledged: u64,
 }
 
 impl Job {
@@ -130,6 +188,9 @@ impl Job {
         };
         match pass.pending.pop_front() {
             Some(split) => {
+                let skip: Vec<u32> =
+                    pass.delivered.get(&split).map(|d| d.iter().copied().collect()).unwrap_or_default();
+                self.skipped += skip.len() as u64;
                 pass.assigned.insert(split, worker.to_string());
                 pass.started.get_or_insert(now);
                 pass.actions[match directive {
@@ -137,10 +198,24 @@ impl Job {
                     Directive::Put(_) => 1,
                     Directive::Get(_) => 2,
                 }] += 1;
-                Assignment::Split { epoch, split }
+                Assignment::Split { epoch, split, skip }
             }
             None => Assignment::Draining { epoch: self.epoch },
         }
+    }
+
+    /// The pass of epoch `e`, if it is open.
+    fn pass_mut(&mut self, e: u64) -> Option<&mut Pass> {
+        match e.checked_sub(self.epoch) {
+            Some(0) => Some(&mut self.current),
+            Some(1) => self.next.as_mut(),
+            _ => None,
+        }
+    }
+
+    /// The open epoch: every split of the epochs before it is done.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Marks (epoch, split)s done, and moves on once the current epoch's all are; returns the
@@ -148,18 +223,12 @@ impl Job {
     pub fn complete(&mut self, completed: &[(u64, u64)], plan: &Plan, now: Instant) -> Option<(CacheDecision, f64)> {
         let splits = plan.splits;
         for &(e, split) in completed {
-            let pass = match e.checked_sub(self.epoch) {
-                Some(0) => Some(&mut self.current),
-                Some(1) => self.next.as_mut(),
-                _ => None,
-            };
-            let Some(pass) = pass.filter(|_| split < splits) else {
+            let Some(pass) = self.pass_mut(e).filter(|_| split < splits) else {
                 // A finished epoch's split: its epoch already advanced without it.
                 self.repeats += 1;
                 continue;
             };
-            pass.assigned.remove(&split);
-            if !pass.done.insert(split) {
+            if !pass.finish(split) {
                 self.repeats += 1;
             } else if let Some(i) = pass.pending.iter().position(|&s| s == split) {
                 // Done by a worker presumed dead whose split was queued again.
@@ -173,6 +242,61 @@ impl Job {
         let finished = std::mem::replace(&mut self.current, next);
         self.epoch += 1;
         finished.started.map(|t| (finished.action(), now.saturating_duration_since(t).as_secs_f64()))
+    }
+
+    /// The in-flight splits of a dead worker: produced again once `clients` (the job's live
+    /// ones) have acknowledged the worker list `version`, which no longer has the worker, with
+    /// the rows they got from it. With no client to wait for they go back at once.
+    pub fn recover(&mut self, dead: &str, version: u64, clients: &BTreeSet<String>, now: Instant) {
+        let mut requeued = 0;
+        for pass in self.passes_mut() {
+            let lost: Vec<u64> = pass.assigned.iter().filter(|(_, w)| *w == dead).map(|(s, _)| *s).collect();
+            requeued += lost.len() as u64;
+            for split in lost {
+                pass.assigned.remove(&split);
+                pass.recovering.insert(split, Recovery { version, waiting: clients.clone(), since: now });
+            }
+        }
+        self.requeued += requeued;
+        self.give_up_waiting(now, Duration::MAX);
+    }
+
+    /// A client's acknowledgement: it streams from no worker missing from list `version`, and
+    /// `held` is what it got from the ones that left.
+    pub fn acknowledge(&mut self, client: &str, version: u64, held: &[Held], now: Instant) {
+        for h in held {
+            if let Some(pass) = self.pass_mut(h.epoch)
+                && !pass.done.contains(&h.split)
+            {
+                pass.delivered.entry(h.split).or_default().extend(h.positions.iter().copied());
+            }
+        }
+        for pass in self.passes_mut() {
+            for recovery in pass.recovering.values_mut().filter(|r| r.version <= version) {
+                recovery.waiting.remove(client);
+            }
+        }
+        self.give_up_waiting(now, Duration::MAX);
+    }
+
+    /// A client that went silent is waited for no more.
+    pub fn forget_client(&mut self, client: &str, now: Instant) {
+        for pass in self.passes_mut() {
+            for recovery in pass.recovering.values_mut() {
+                recovery.waiting.remove(client);
+            }
+        }
+        self.give_up_waiting(now, Duration::MAX);
+    }
+
+    /// Requeues the recoveries every client acknowledged, and those that waited `patience`
+    /// for an acknowledgement that never came.
+    pub fn give_up_waiting(&mut self, now: Instant, patience: Duration) {
+        let mut late = 0;
+        for pass in self.passes_mut() {
+            late += pass.release(now, patience);
+        }
+        self.unacknowledged += late;
     }
 
     /// Hands out again the in-flight splits `holds` picks (their data may be lost with
@@ -196,6 +320,9 @@ impl Job {
             holders: self.passes().flat_map(|p| p.assigned.values()).collect::<BTreeSet<_>>().len() as u64,
             repeats: self.repeats,
             requeued: self.requeued,
+            recovering: self.passes().map(|p| p.recovering.len() as u64).sum(),
+            skipped: self.skipped,
+            unacknowledged: self.unacknowledged,
         }
     }
 }
@@ -205,7 +332,7 @@ mod tests {
     use super::*;
 
     fn split(epoch: u64, split: u64) -> Assignment {
-        Assignment::Split { epoch, split }
+        Assignment::Split { epoch, split, skip: Vec::new() }
     }
 
     fn plan(splits: u64) -> Plan {
@@ -279,7 +406,7 @@ mod tests {
         let epoch_order = |job: &mut Job, epoch: u64| -> Vec<u64> {
             let got: Vec<u64> = (0..32)
                 .map(|_| match job.hand_out("w", &seeded, &Directive::Compute, t) {
-                    Assignment::Split { epoch: e, split } if e == epoch => split,
+                    Assignment::Split { epoch: e, split, .. } if e == epoch => split,
                     other => panic!("{other:?}"),
                 })
                 .collect();
@@ -301,5 +428,21 @@ mod tests {
         assert_eq!(epoch_order(&mut again, 0), first);
         // A job first seen at epoch 1 (a restarted dispatcher) hands out epoch 1's order.
         assert_eq!(epoch_order(&mut Job::starting(1, &seeded), 1), second);
+    }
+
+    #[test]
+    fn a_dead_workers_split_with_no_client_to_ask_goes_back_at_once_and_keeps_what_was_delivered() {
+        let t = Instant::now();
+        let mut job = Job::starting(0, &plan(2));
+        assert_eq!(job.hand_out("a", &plan(2), &Directive::Compute, t), split(0, 0));
+        job.recover("a", 1, &BTreeSet::new(), t);
+        assert_eq!(job.hand_out("b", &plan(2), &Directive::Compute, t), split(0, 0));
+        // b dies too; the client that got rows from both acknowledges each time.
+        let clients = BTreeSet::from(["c".to_string()]);
+        job.acknowledge("c", 1, &[Held { epoch: 0, split: 0, positions: vec![0, 1] }], t);
+        job.recover("b", 2, &clients, t);
+        job.acknowledge("c", 2, &[Held { epoch: 0, split: 0, positions: vec![5] }], t);
+        let again = job.hand_out("d", &plan(2), &Directive::Compute, t);
+        assert_eq!(again, Assignment::Split { epoch: 0, split: 0, skip: vec![0, 1, 5] }, "both attempts' rows");
     }
 }

@@ -18,8 +18,9 @@ use stoker_api::window::Window;
 
 use super::cache::{CacheProgress, HintSeen};
 use super::ledger::Assignment;
+use super::ledger::Held;
 use super::members::{Progress, Timeouts};
-use super::state::{DispatchError, DispatcherState, WorkerRegistration};
+use super::state::{DispatchError, DispatcherState, Listing, WorkerRegistration};
 use crate::autocache::plan::Directive;
 use crate::key::PipelineKey;
 
@@ -31,7 +32,7 @@ const DRAINING_RETRY: Duration = Duration::from_millis(50);
 /// The dispatcher shared by the gRPC service, the autoscaler loop and status reporting.
 pub struct Dispatcher {
     state: Mutex<DispatcherState>,
-    worker_lists: Mutex<HashMap<PipelineKey, watch::Sender<Vec<String>>>>,
+    listings: Mutex<HashMap<PipelineKey, watch::Sender<Listing>>>,
     /// Whether this process may answer (the leader); others answer UNAVAILABLE so callers retry.
     serving: AtomicBool,
     window: Duration,
@@ -47,7 +48,7 @@ impl Dispatcher {
         );
         Arc::new(Dispatcher {
             state: Mutex::new(DispatcherState::new(instance, timeouts)),
-            worker_lists: Mutex::new(HashMap::new()),
+            listings: Mutex::new(HashMap::new()),
             serving: AtomicBool::new(true),
             window,
         })
@@ -57,26 +58,27 @@ impl Dispatcher {
         self.serving.store(serving, Ordering::SeqCst);
     }
 
-    /// Reads or changes the state; workers' list changes are published by the caller's
-    /// request handlers and the expiry timer.
+    /// Reads or changes the state; listing changes are published by the caller's request
+    /// handlers and the expiry timer.
     pub fn with_state<R>(&self, f: impl FnOnce(&mut DispatcherState) -> R) -> R {
         f(&mut self.state.lock().unwrap())
     }
 
+    /// Tells the pipeline's watching clients its workers and jobs' epochs, if they changed.
     fn publish(&self, pipeline: &PipelineKey) {
-        let addresses = self.with_state(|s| s.worker_addresses(pipeline));
-        let mut lists = self.worker_lists.lock().unwrap();
-        let sender = lists.entry(pipeline.clone()).or_insert_with(|| watch::channel(Vec::new()).0);
+        let listing = self.with_state(|s| s.listing(pipeline));
+        let mut listings = self.listings.lock().unwrap();
+        let sender = listings.entry(pipeline.clone()).or_insert_with(|| watch::channel(Listing::default()).0);
         sender.send_if_modified(|current| {
-            let changed = *current != addresses;
-            *current = addresses;
+            let changed = *current != listing;
+            *current = listing;
             changed
         });
     }
 
-    fn watch(&self, pipeline: &PipelineKey) -> watch::Receiver<Vec<String>> {
+    fn watch(&self, pipeline: &PipelineKey) -> watch::Receiver<Listing> {
         self.publish(pipeline);
-        self.worker_lists.lock().unwrap().get(pipeline).expect("published above").subscribe()
+        self.listings.lock().unwrap().get(pipeline).expect("published above").subscribe()
     }
 
     /// Expires silent workers and clients once a second until the dispatcher is dropped.
@@ -202,20 +204,27 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             return Err(Status::invalid_argument("job is required"));
         }
         let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
-        let (next, directive) = self
+        let (next, directive, pipeline) = self
             .0
             .with_state(|s| {
                 Ok((
                     s.next_split(&r.worker_id, &r.job, &completed, r.epoch, Instant::now())?,
                     s.cache_directive(&r.worker_id),
+                    s.pipeline_of(&r.worker_id),
                 ))
             })
             .map_err(status)?;
-        let next = match next {
-            Assignment::Split { epoch, split } => Next::Split(proto::SplitRef { epoch, split }),
-            Assignment::Draining { epoch } => {
-                Next::Draining(proto::EpochDraining { epoch, retry_ms: DRAINING_RETRY.as_millis() as u32 })
-            }
+        if !completed.is_empty()
+            && let Some(pipeline) = pipeline
+        {
+            self.0.publish(&pipeline);
+        }
+        let (next, skip) = match next {
+            Assignment::Split { epoch, split, skip } => (Next::Split(proto::SplitRef { epoch, split }), skip),
+            Assignment::Draining { epoch } => (
+                Next::Draining(proto::EpochDraining { epoch, retry_ms: DRAINING_RETRY.as_millis() as u32 }),
+                Vec::new(),
+            ),
         };
         use proto::cache_directive::Action;
         let cache = match directive {
@@ -227,7 +236,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 proto::CacheDirective { action: Action::Get.into(), at: h.at, fingerprint: h.fingerprint }
             }
         };
-        Ok(Response::new(proto::NextSplitResponse { next: Some(next), cache: Some(cache) }))
+        Ok(Response::new(proto::NextSplitResponse { next: Some(next), cache: Some(cache), skip }))
     }
 
     async fn register_client(
@@ -254,9 +263,15 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         request: Request<proto::WatchWorkersRequest>,
     ) -> Result<Response<Self::WatchWorkersStream>, Status> {
         self.0.check_serving()?;
-        let pipeline = pipeline_key(request.into_inner().pipeline)?;
+        let r = request.into_inner();
+        let pipeline = pipeline_key(r.pipeline)?;
         let updates = tokio_stream::wrappers::WatchStream::new(self.0.watch(&pipeline));
-        Ok(Response::new(updates.map(|addresses| Ok(proto::WorkerList { addresses })).boxed()))
+        let job = r.job;
+        let lists = updates.map(move |l| {
+            let epoch = l.epochs.get(&job).copied().unwrap_or_default();
+            Ok(proto::WorkerList { addresses: l.addresses, version: l.version, epoch })
+        });
+        Ok(Response::new(lists.boxed()))
     }
 
     async fn report_window(
@@ -266,9 +281,30 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         self.0.check_serving()?;
         let r = request.into_inner();
         let window = Window::from(&r);
-        let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
-        self.0.with_state(|s| s.report_window(&r.client_id, window, &completed, Instant::now())).map_err(status)?;
+        self.0.with_state(|s| s.report_window(&r.client_id, window, Instant::now())).map_err(status)?;
         Ok(Response::new(proto::ReportWindowResponse {}))
+    }
+
+    async fn acknowledge(
+        &self,
+        request: Request<proto::AcknowledgeRequest>,
+    ) -> Result<Response<proto::AcknowledgeResponse>, Status> {
+        self.0.check_serving()?;
+        let r = request.into_inner();
+        let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
+        let held: Vec<Held> =
+            r.held.into_iter().map(|h| Held { epoch: h.epoch, split: h.split, positions: h.positions }).collect();
+        let (epoch, pipeline) = self
+            .0
+            .with_state(|s| {
+                let epoch = s.acknowledge(&r.client_id, &completed, r.list_version, &held, Instant::now())?;
+                Ok((epoch, s.pipeline_of(&r.client_id)))
+            })
+            .map_err(status)?;
+        if let Some(pipeline) = pipeline {
+            self.0.publish(&pipeline);
+        }
+        Ok(Response::new(proto::AcknowledgeResponse { epoch }))
     }
 }
 

@@ -8,11 +8,11 @@ use std::time::Instant;
 
 use stoker_api::proto::HintBytes;
 use stoker_api::window::Window;
-use stoker_api::{CacheMode, CacheStatus};
+use stoker_api::{CacheMode, CacheStatus, DeliveryStatus};
 
 use super::cache::{Caches, HintSeen};
 use super::inbox::{Inbox, JobWindows};
-use super::ledger::{Assignment, Job, JobSummary, Plan};
+use super::ledger::{Assignment, Held, Job, JobSummary, Plan};
 use super::members::{Client, Members, Progress, Timeouts, Unknown, Worker};
 use crate::autocache::plan::{Directive, Measured};
 use crate::key::PipelineKey;
@@ -53,6 +53,18 @@ struct Pipeline {
     /// The seed of each epoch's hand-out order (None: plan order), from the newest worker.
     shuffle_seed: Option<u64>,
     jobs: BTreeMap<String, Job>,
+    /// The live workers' addresses as last published, and a version that grows when they
+    /// change (clients acknowledge it after dropping the workers that left).
+    listed: Vec<String>,
+    version: u64,
+}
+
+/// What a pipeline's clients are told: its live workers, and each job's open epoch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Listing {
+    pub addresses: Vec<String>,
+    pub version: u64,
+    pub epochs: BTreeMap<String, u64>,
 }
 
 impl Pipeline {
@@ -122,8 +134,48 @@ impl DispatcherState {
             last_seen: now,
             progress: Progress::default(),
         };
+        let key = worker.pipeline.clone();
         self.members.workers.insert(id.clone(), worker);
+        self.relist(&key);
         Ok(id)
+    }
+
+    /// Records the pipeline's live worker addresses, moving the version on if they changed;
+    /// returns the version.
+    fn relist(&mut self, key: &PipelineKey) -> u64 {
+        let addresses = self.worker_addresses(key);
+        let pipeline = self.pipelines.entry(key.clone()).or_default();
+        if pipeline.listed != addresses {
+            pipeline.listed = addresses;
+            pipeline.version += 1;
+        }
+        pipeline.version
+    }
+
+    /// The pipeline's workers, list version and jobs' open epochs, for its clients.
+    pub fn listing(&self, key: &PipelineKey) -> Listing {
+        let Some(p) = self.pipelines.get(key) else { return Listing::default() };
+        Listing {
+            addresses: p.listed.clone(),
+            version: p.version,
+            epochs: p.jobs.iter().map(|(name, job)| (name.clone(), job.epoch())).collect(),
+        }
+    }
+
+    /// The pipeline of a worker or client, by id.
+    pub fn pipeline_of(&self, id: &str) -> Option<PipelineKey> {
+        let worker = self.members.workers.get(id).map(|w| w.pipeline.clone());
+        worker.or_else(|| self.members.clients.get(id).map(|c| c.pipeline.clone()))
+    }
+
+    /// Live clients of a job, by id.
+    fn clients_of(&self, key: &PipelineKey, job: &str) -> BTreeSet<String> {
+        self.members
+            .clients
+            .iter()
+            .filter(|(_, c)| &c.pipeline == key && c.job == job)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     pub fn heartbeat(&mut self, worker_id: &str, progress: Progress, now: Instant) -> Result<(), DispatchError> {
@@ -190,52 +242,69 @@ impl DispatcherState {
         id
     }
 
-    /// A client's window, and the splits whose last batch it received (which makes them done).
-    pub fn report_window(
+    /// A client's batch-time window.
+    pub fn report_window(&mut self, client_id: &str, window: Window, now: Instant) -> Result<(), DispatchError> {
+        window.check().map_err(|e| DispatchError::Invalid(e.to_string()))?;
+        self.members.seen_client(client_id, now)?;
+        self.inbox.push(client_id, window);
+        Ok(())
+    }
+
+    /// A client's acknowledgement: the splits whose last batch it received (which makes them
+    /// done), and after a worker left the list, the rows it got from it. Returns the job's
+    /// open epoch.
+    pub fn acknowledge(
         &mut self,
         client_id: &str,
-        window: Window,
         completed: &[(u64, u64)],
+        version: u64,
+        held: &[Held],
         now: Instant,
-    ) -> Result<(), DispatchError> {
-        window.check().map_err(|e| DispatchError::Invalid(e.to_string()))?;
+    ) -> Result<u64, DispatchError> {
         let client = self.members.seen_client(client_id, now)?;
         let (key, job) = (client.pipeline.clone(), client.job.clone());
-        self.inbox.push(client_id, window);
-        if !completed.is_empty()
-            && let Some(pipeline) = self.pipelines.get_mut(&key)
-        {
-            let plan = pipeline.ledger_plan();
-            if let Some(state) = pipeline.jobs.get_mut(&job)
-                && let Some((action, seconds)) = state.complete(completed, &plan, now)
-            {
-                self.caches.epoch(&key, action, seconds);
-            }
+        let Some(pipeline) = self.pipelines.get_mut(&key) else { return Ok(0) };
+        let plan = pipeline.ledger_plan();
+        let Some(state) = pipeline.jobs.get_mut(&job) else { return Ok(0) };
+        state.acknowledge(client_id, version, held, now);
+        if let Some((action, seconds)) = state.complete(completed, &plan, now) {
+            self.caches.epoch(&key, action, seconds);
         }
-        Ok(())
+        Ok(state.epoch())
     }
 
     /// Drops workers and clients that went silent; returns the pipelines whose worker set changed.
     pub fn expire(&mut self, now: Instant) -> BTreeSet<PipelineKey> {
         let expired = self.members.expire(now, &self.timeouts);
         let mut changed = BTreeSet::new();
-        for (id, worker) in expired.workers {
-            tracing::warn!(worker = %id, address = %worker.address, pipeline = %worker.pipeline, "worker stopped heartbeating; handing its splits out again");
-            if let Some(pipeline) = self.pipelines.get_mut(&worker.pipeline) {
-                for job in pipeline.jobs.values_mut() {
-                    // Also splits whose last batch this worker sent but no client reported yet:
-                    // they may have died in its buffers.
-                    job.requeue(|holder| holder == id);
-                }
-            }
-            changed.insert(worker.pipeline);
-        }
         for (id, client) in expired.clients {
             self.inbox.forget(&id);
             // Batches it had received but not reported are gone with it: produce them again.
             if let Some(state) = self.pipelines.get_mut(&client.pipeline).and_then(|p| p.jobs.get_mut(&client.job)) {
                 tracing::warn!(pipeline = %client.pipeline, job = %client.job, "a client went silent; handing the job's in-flight splits out again");
+                state.forget_client(&id, now);
                 state.requeue(|_| true);
+            }
+        }
+        for (id, worker) in expired.workers {
+            tracing::warn!(worker = %id, address = %worker.address, pipeline = %worker.pipeline, "worker stopped heartbeating; its splits are produced again without what clients got");
+            let version = self.relist(&worker.pipeline);
+            let jobs: Vec<String> =
+                self.pipelines.get(&worker.pipeline).map(|p| p.jobs.keys().cloned().collect()).unwrap_or_default();
+            for job in jobs {
+                let clients = self.clients_of(&worker.pipeline, &job);
+                if let Some(state) = self.pipelines.get_mut(&worker.pipeline).and_then(|p| p.jobs.get_mut(&job)) {
+                    // Also splits whose last batch this worker sent but no client reported yet:
+                    // they may have died in its buffers.
+                    state.recover(&id, version, &clients, now);
+                }
+            }
+            changed.insert(worker.pipeline);
+        }
+        // A client that never acknowledges holds a recovery up for at most its own timeout.
+        for pipeline in self.pipelines.values_mut() {
+            for job in pipeline.jobs.values_mut() {
+                job.give_up_waiting(now, self.timeouts.client);
             }
         }
         changed
@@ -256,6 +325,23 @@ impl DispatcherState {
     pub fn jobs(&self, pipeline: &PipelineKey) -> Vec<JobSummary> {
         let Some(p) = self.pipelines.get(pipeline) else { return Vec::new() };
         p.jobs.iter().map(|(name, j)| j.summary(name, p.ledger_plan().splits)).collect()
+    }
+
+    /// Every pipeline's delivery counters, summed over its jobs.
+    pub fn delivery_statuses(&self) -> BTreeMap<PipelineKey, DeliveryStatus> {
+        self.pipelines
+            .keys()
+            .map(|key| {
+                let mut d = DeliveryStatus::default();
+                for job in self.jobs(key) {
+                    d.splits_produced_again += job.requeued;
+                    d.redeliveries_skipped += job.skipped;
+                    d.splits_repeated += job.repeats;
+                    d.recoveries_unacknowledged += job.unacknowledged;
+                }
+                (key.clone(), d)
+            })
+            .collect()
     }
 
     /// Every (pipeline, job) with live clients, with the windows reported since the last call.
@@ -312,6 +398,10 @@ mod tests {
 
     use super::*;
 
+    fn split(epoch: u64, split: u64) -> Assignment {
+        Assignment::Split { epoch, split, skip: Vec::new() }
+    }
+
     fn key() -> PipelineKey {
         PipelineKey::new("ns", "p")
     }
@@ -337,7 +427,7 @@ mod tests {
         let mut completed = Vec::new();
         loop {
             match state.next_split(worker, job, &completed, 0, now).unwrap() {
-                Assignment::Split { epoch: e, split } if e == epoch => {
+                Assignment::Split { epoch: e, split, .. } if e == epoch => {
                     got.push(split);
                     completed = vec![(e, split)];
                 }
@@ -353,7 +443,7 @@ mod tests {
         let w = s.register_worker(registration("a:1", 3), t).unwrap();
         let (got, next) = work(&mut s, &w, "job", 0, t);
         assert_eq!(got, vec![0, 1, 2]);
-        assert_eq!(next, Assignment::Split { epoch: 1, split: 0 });
+        assert_eq!(next, split(1, 0));
         assert_eq!(s.jobs(&key())[0].epoch, 1);
     }
 
@@ -363,17 +453,17 @@ mod tests {
         let mut s = DispatcherState::new("t", Timeouts::default());
         let a = s.register_worker(registration("a:1", 2), t).unwrap();
         let b = s.register_worker(registration("b:1", 2), t).unwrap();
-        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
-        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
-        assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), Assignment::Split { epoch: 1, split: 0 });
-        assert_eq!(s.next_split(&a, "j", &[(1, 0)], 0, t).unwrap(), Assignment::Split { epoch: 1, split: 1 });
+        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
+        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
+        assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), split(1, 0));
+        assert_eq!(s.next_split(&a, "j", &[(1, 0)], 0, t).unwrap(), split(1, 1));
         // b still holds epoch 0's split 1: a may not run two epochs ahead of it.
         assert_eq!(s.next_split(&a, "j", &[(1, 1)], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
         assert_eq!(s.jobs(&key())[0].epoch, 0);
         // b finishes: epoch 1 is already done too, so both move on to epoch 2.
-        assert_eq!(s.next_split(&b, "j", &[(0, 1)], 0, t).unwrap(), Assignment::Split { epoch: 2, split: 0 });
+        assert_eq!(s.next_split(&b, "j", &[(0, 1)], 0, t).unwrap(), split(2, 0));
         assert_eq!(s.jobs(&key())[0].epoch, 1);
-        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 2, split: 1 });
+        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(2, 1));
         assert_eq!(s.jobs(&key())[0].epoch, 2);
     }
 
@@ -384,15 +474,15 @@ mod tests {
             DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
         let a = s.register_worker(registration("a:1", 2), t).unwrap();
         let b = s.register_worker(registration("b:1", 2), t).unwrap();
-        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
-        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
-        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 1, split: 0 });
+        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
+        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
+        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(1, 0));
         let later = t + Duration::from_secs(6);
         s.heartbeat(&a, Progress::default(), later).unwrap();
         s.expire(later);
         assert_eq!(s.jobs(&key())[0].requeued, 2);
-        assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, later).unwrap(), Assignment::Split { epoch: 0, split: 1 });
-        assert_eq!(s.next_split(&a, "j", &[(0, 1)], 0, later).unwrap(), Assignment::Split { epoch: 1, split: 0 });
+        assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, later).unwrap(), split(0, 1));
+        assert_eq!(s.next_split(&a, "j", &[(0, 1)], 0, later).unwrap(), split(1, 0));
     }
 
     #[test]
@@ -411,8 +501,8 @@ mod tests {
             DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
         let a = s.register_worker(registration("a:1", 4), t).unwrap();
         let b = s.register_worker(registration("b:1", 4), t).unwrap();
-        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
-        assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
+        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
+        assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), split(0, 1));
         // a dies holding split 1; b keeps heartbeating.
         let later = t + Duration::from_secs(6);
         s.heartbeat(&b, Progress::default(), later).unwrap();
@@ -434,17 +524,17 @@ mod tests {
             DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
         let a = s.register_worker(registration("a:1", 2), t).unwrap();
         let b = s.register_worker(registration("b:1", 2), t).unwrap();
-        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
+        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
         let later = t + Duration::from_secs(6);
         s.heartbeat(&b, Progress::default(), later).unwrap();
         s.expire(later);
-        assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), Assignment::Split { epoch: 0, split: 0 });
+        assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), split(0, 0));
         // a was only slow: it comes back and reports split 0 as well.
         let a2 = s
             .register_worker(WorkerRegistration { worker_id: Some(a.clone()), ..registration("a:1", 2) }, later)
             .unwrap();
         assert_eq!(a2, a, "re-registration keeps the id");
-        assert_eq!(s.next_split(&b, "j", &[(0, 0)], 0, later).unwrap(), Assignment::Split { epoch: 0, split: 1 });
+        assert_eq!(s.next_split(&b, "j", &[(0, 0)], 0, later).unwrap(), split(0, 1));
         s.next_split(&a, "j", &[(0, 0)], 0, later).unwrap();
         assert_eq!(s.jobs(&key())[0].repeats, 1);
     }
@@ -457,7 +547,7 @@ mod tests {
             .register_worker(WorkerRegistration { worker_id: Some("w-t1-1".into()), ..registration("a:1", 2) }, t)
             .unwrap();
         assert_eq!(w, "w-t1-1");
-        assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), Assignment::Split { epoch: 7, split: 0 });
+        assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), split(7, 0));
     }
 
     #[test]
@@ -482,10 +572,10 @@ mod tests {
         let c0 = s.register_client(key(), "j".into(), 0, None, t);
         let c1 = s.register_client(key(), "j".into(), 1, None, t);
         let window = Window { batches: 10, median_s: 0.1, p90_s: 0.2, mean_s: 0.12, wait_fraction: 0.5, workers: 1 };
-        s.report_window(&c0, window.clone(), &[], t).unwrap();
-        s.report_window(&c1, window.clone(), &[], t).unwrap();
+        s.report_window(&c0, window.clone(), t).unwrap();
+        s.report_window(&c1, window.clone(), t).unwrap();
         let bad = Window { median_s: f64::NAN, ..window.clone() };
-        assert!(matches!(s.report_window(&c1, bad, &[], t), Err(DispatchError::Invalid(_))));
+        assert!(matches!(s.report_window(&c1, bad, t), Err(DispatchError::Invalid(_))));
         let taken = s.take_windows();
         assert_eq!(taken.len(), 1);
         assert_eq!((taken[0].consumers, taken[0].windows.len()), (2, 2));
@@ -500,19 +590,18 @@ mod tests {
             DispatcherState::new("t", Timeouts { worker: Duration::from_secs(60), client: Duration::from_secs(5) });
         let w = s.register_worker(registration("a:1", 2), t).unwrap();
         let c = s.register_client(key(), "j".into(), 0, None, t);
-        let window = Window { batches: 1, median_s: 0.1, p90_s: 0.1, mean_s: 0.1, wait_fraction: 0.0, workers: 1 };
-        assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0 });
-        assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
+        assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
+        assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
         // The worker has sent both; only the client's report makes them done.
         assert_eq!(s.jobs(&key())[0].in_flight, 2);
-        s.report_window(&c, window.clone(), &[(0, 0)], t).unwrap();
+        s.acknowledge(&c, &[(0, 0)], 0, &[], t).unwrap();
         assert_eq!(s.jobs(&key())[0].done, 1);
         // The client goes silent holding split 1's last batch: split 1 is produced again.
         s.expire(t + Duration::from_secs(6));
         assert_eq!(s.jobs(&key())[0].requeued, 1);
-        assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 1 });
+        assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
         let c2 = s.register_client(key(), "j".into(), 0, None, t + Duration::from_secs(6));
-        s.report_window(&c2, window, &[(0, 1)], t + Duration::from_secs(6)).unwrap();
+        s.acknowledge(&c2, &[(0, 1)], 0, &[], t + Duration::from_secs(6)).unwrap();
         assert_eq!(s.jobs(&key())[0].epoch, 1, "every split reported: the next epoch");
     }
 
@@ -524,10 +613,84 @@ mod tests {
         let c = s.register_client(key(), "j".into(), 0, None, t);
         assert_eq!(s.attached(), BTreeSet::from([key()]));
         let window = Window { batches: 0, median_s: 0.0, p90_s: 0.0, mean_s: 0.0, wait_fraction: 0.0, workers: 0 };
-        s.report_window(&c, window, &[], t + Duration::from_secs(4)).unwrap();
+        s.report_window(&c, window, t + Duration::from_secs(4)).unwrap();
         s.expire(t + Duration::from_secs(8));
         assert_eq!(s.attached(), BTreeSet::from([key()]), "reported at 4 s, alive until 9 s");
         s.expire(t + Duration::from_secs(10));
         assert!(s.attached().is_empty());
+    }
+
+    /// Workers a (holding split 0 of a 3-split job) and b, one client; a dies at 6 s.
+    fn a_dies_holding_split_0(client_timeout: u64) -> (DispatcherState, String, String, Instant) {
+        let t = Instant::now();
+        let timeouts = Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(client_timeout) };
+        let mut s = DispatcherState::new("t", timeouts);
+        let a = s.register_worker(registration("a:1", 3), t).unwrap();
+        let b = s.register_worker(registration("b:1", 3), t).unwrap();
+        let c = s.register_client(key(), "j".into(), 0, None, t);
+        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
+        let later = t + Duration::from_secs(6);
+        s.heartbeat(&b, Progress::default(), later).unwrap();
+        s.report_window(
+            &c,
+            Window { batches: 1, median_s: 0.1, p90_s: 0.1, mean_s: 0.1, wait_fraction: 0.0, workers: 1 },
+            later,
+        )
+        .unwrap();
+        assert_eq!(s.listing(&key()).version, 2, "two workers registered");
+        s.expire(later);
+        (s, b, c, later)
+    }
+
+    #[test]
+    fn a_dead_workers_split_waits_for_the_clients_rows_and_comes_back_without_them() {
+        let (mut s, b, c, t) = a_dies_holding_split_0(30);
+        let listing = s.listing(&key());
+        assert_eq!((listing.addresses, listing.version), (vec!["b:1".to_string()], 3));
+        let job = &s.jobs(&key())[0];
+        assert_eq!((job.in_flight, job.recovering, job.requeued), (0, 1, 1));
+        // Until the client has dropped a (acknowledged version 3), split 0 does not go out.
+        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
+        let held = Held { epoch: 0, split: 0, positions: vec![3, 1] };
+        s.acknowledge(&c, &[], 2, std::slice::from_ref(&held), t).unwrap();
+        assert_eq!(s.jobs(&key())[0].recovering, 1, "an acknowledgement of the old list does not count");
+        s.acknowledge(&c, &[], 3, &[], t).unwrap();
+        assert_eq!(
+            s.next_split(&b, "j", &[], 0, t).unwrap(),
+            Assignment::Split { epoch: 0, split: 0, skip: vec![1, 3] }
+        );
+        assert_eq!(s.jobs(&key())[0].skipped, 2);
+        // Done: the rows it delivered are forgotten with it.
+        let epoch = s.acknowledge(&c, &[(0, 0), (0, 1)], 3, &[], t).unwrap();
+        assert_eq!(epoch, 0);
+        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 2));
+        assert_eq!(s.acknowledge(&c, &[(0, 2)], 3, &[], t).unwrap(), 1, "the epoch closed");
+        assert_eq!(s.listing(&key()).epochs, BTreeMap::from([("j".to_string(), 1)]));
+    }
+
+    #[test]
+    fn a_recovery_waits_for_a_silent_client_no_longer_than_its_timeout() {
+        let (mut s, b, _c, t) = a_dies_holding_split_0(10);
+        assert_eq!(s.jobs(&key())[0].recovering, 1);
+        let later = t + Duration::from_secs(11);
+        s.heartbeat(&b, Progress::default(), later).unwrap();
+        s.expire(later);
+        let job = &s.jobs(&key())[0];
+        assert_eq!(job.recovering, 0, "the silent client expired: nothing to wait for");
+        assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), split(0, 0));
+    }
+
+    #[test]
+    fn a_client_that_never_acknowledges_holds_a_recovery_up_for_the_client_timeout() {
+        let (mut s, b, c, t) = a_dies_holding_split_0(10);
+        let window = Window { batches: 1, median_s: 0.1, p90_s: 0.1, mean_s: 0.1, wait_fraction: 0.0, workers: 1 };
+        let later = t + Duration::from_secs(11);
+        // The client stays alive (it reports windows) but never acknowledges the new list.
+        s.report_window(&c, window, later).unwrap();
+        s.heartbeat(&b, Progress::default(), later).unwrap();
+        s.expire(later);
+        let job = &s.jobs(&key())[0];
+        assert_eq!((job.recovering, job.unacknowledged), (0, 1));
+        assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), split(0, 0));
     }
 }

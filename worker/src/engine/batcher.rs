@@ -1,5 +1,5 @@
 //! Batching: transformed rows, through the shuffle buffer, into batches of the batch size,
-//! each naming the splits it completes. A split completes once it is read and its last row
+//! each naming the splits it completes and where each of its rows came from. A split completes once it is read and its last row
 //! has left the engine (in a batch, or dropped as the remainder), so the dispatcher hears a
 //! split is done only once all its data is on its way to a client.
 
@@ -22,11 +22,12 @@ pub(super) struct Batcher<S> {
     pad: Option<f64>,
     drop_remainder: bool,
     epoch: u64,
+    /// Rows with their provenance (`stoker_api::row`).
     shuffle: Option<ShuffleBuffer<(u64, Row)>>,
     queued: Option<Chunk>,
-    /// The rows of the batch being filled, and the split each came from.
+    /// The rows of the batch being filled, and the provenance of each.
     rows: Vec<Row>,
-    splits: Vec<u64>,
+    origins: Vec<u64>,
     track: SplitTracker,
     /// The budget share of every transformed row the batcher holds: queued, in the shuffle
     /// buffer and pending. Dropped rows (a remainder, an early return) release it with the
@@ -43,7 +44,8 @@ pub(super) struct Batcher<S> {
 /// A transformed chunk waiting to be batched.
 struct Chunk {
     split: u64,
-    rows: Vec<Row>,
+    /// Each row with its position in the split.
+    rows: Vec<(u64, Row)>,
     /// The last chunk of its split: the split is read once these rows are in.
     completes_split: bool,
 }
@@ -68,7 +70,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
                 .map(|s| ShuffleBuffer::new(s.buffer_size as usize, s.seed.unwrap_or(seed), epoch)),
             queued: None,
             rows: Vec::with_capacity(size),
-            splits: Vec::with_capacity(size),
+            origins: Vec::with_capacity(size),
             track: SplitTracker::default(),
             held,
             row_estimate: 0,
@@ -86,9 +88,9 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
 
     /// Queues a split's transformed chunk with its budget reservation, corrected to what its
     /// rows weigh. The chunk queued before must have been batched.
-    pub(super) fn queue(&mut self, split: u64, rows: Vec<Row>, mut reserved: Rows) {
+    pub(super) fn queue(&mut self, split: u64, rows: Vec<(u64, Row)>, mut reserved: Rows) {
         debug_assert!(self.queued.is_none(), "the queued chunk is batched before the next is queued");
-        let bytes: usize = rows.iter().map(row_bytes).sum();
+        let bytes: usize = rows.iter().map(|(_, row)| row_bytes(row)).sum();
         if !rows.is_empty() {
             self.row_estimate = bytes / rows.len();
         }
@@ -112,16 +114,17 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
     pub(super) fn batch_queued(&mut self) -> Result<bool, BatchError> {
         let Some(chunk) = self.queued.take() else { return Ok(true) };
         let last = chunk.rows.len();
-        for (i, row) in chunk.rows.into_iter().enumerate() {
+        for (i, (position, row)) in chunk.rows.into_iter().enumerate() {
             self.track.entered(chunk.split);
             // Read to the end before its last row can fill a batch, so that batch carries the
             // split's completion: the client reports the split only once it has the batch.
             if chunk.completes_split && i + 1 == last {
                 self.track.parsed(chunk.split);
             }
+            let origin = stoker_api::row(chunk.split, position);
             let row = match self.shuffle.as_mut() {
-                Some(buffer) => buffer.push((chunk.split, row)),
-                None => Some((chunk.split, row)),
+                Some(buffer) => buffer.push((origin, row)),
+                None => Some((origin, row)),
             };
             if let Some(row) = row {
                 self.push(row);
@@ -158,15 +161,16 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         Ok(std::mem::take(&mut self.track.completed))
     }
 
-    fn push(&mut self, (split, row): (u64, Row)) {
-        self.splits.push(split);
+    fn push(&mut self, (origin, row): (u64, Row)) {
+        self.origins.push(origin);
         self.rows.push(row);
     }
 
     /// Makes a batch of the pending rows and sends it; false when nobody listens.
     fn emit(&mut self, split: u64) -> Result<bool, BatchError> {
         let rows_bytes = self.rows.iter().map(row_bytes).sum();
-        let batch = stack::make_batch(&mut self.rows, self.pad, self.epoch, split, self.sequence)?;
+        let mut batch = stack::make_batch(&mut self.rows, self.pad, self.epoch, split, self.sequence)?;
+        batch.rows = self.origins.clone();
         self.drop_rows();
         let completes = std::mem::take(&mut self.track.completed);
         self.sequence += 1;
@@ -179,8 +183,8 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
     /// The pending rows are gone (batched or dropped): their splits may be complete now.
     fn drop_rows(&mut self) {
         self.rows.clear();
-        for split in self.splits.drain(..) {
-            self.track.left(split);
+        for origin in self.origins.drain(..) {
+            self.track.left(stoker_api::row_origin(origin).0);
         }
     }
 }
@@ -269,7 +273,8 @@ mod tests {
             if !batcher.batch_queued().unwrap() {
                 return false;
             }
-            batcher.queue(split, (next..next + n).map(|i| element(split, i)).collect(), budget.reserve_rows(0));
+            let rows = (next..next + n).map(|i| (i as u64, element(split, i))).collect();
+            batcher.queue(split, rows, budget.reserve_rows(0));
             next += n;
         }
         batcher.split_read(split);
@@ -299,6 +304,13 @@ mod tests {
         let completes: Vec<_> = ready.iter().map(|r| r.completes.clone()).collect();
         assert_eq!(completes, [vec![], vec![0], vec![1]]);
         assert!(leftover.is_empty());
+        let rows: Vec<Vec<(u64, u32)>> =
+            ready.iter().map(|r| r.batch.rows.iter().map(|&o| stoker_api::row_origin(o)).collect()).collect();
+        assert_eq!(
+            rows,
+            [vec![(0, 0), (0, 1), (0, 2)], vec![(0, 3), (1, 0), (1, 1)], vec![(1, 2)]],
+            "each row's origin"
+        );
     }
 
     #[test]
@@ -364,7 +376,7 @@ mod tests {
     fn rows_of_different_shapes_pad_with_the_pipelines_pad_value_or_fail() {
         let p = pipeline("batchSize: 2\npadValue: -1\n");
         let (mut b, rx, budget) = batcher(&p);
-        b.queue(0, vec![row(&[1]), row(&[2, 3])], budget.reserve_rows(0));
+        b.queue(0, vec![(0, row(&[1])), (1, row(&[2, 3]))], budget.reserve_rows(0));
         b.split_read(0);
         b.finish().unwrap();
         let ready = rx.try_recv().unwrap();
@@ -373,7 +385,7 @@ mod tests {
 
         let p = pipeline("batchSize: 2\n");
         let (mut b, _rx, budget) = batcher(&p);
-        b.queue(0, vec![row(&[1]), row(&[2, 3])], budget.reserve_rows(0));
+        b.queue(0, vec![(0, row(&[1])), (1, row(&[2, 3]))], budget.reserve_rows(0));
         b.split_read(0);
         assert!(matches!(b.finish(), Err(BatchError::ShapeMismatch { .. })));
     }
@@ -421,6 +433,17 @@ mod tests {
             assert_eq!(delivered.len(), if drop_remainder { 16 } else { 17 }, "{case}");
             all.retain(|v| delivered.contains(v));
             assert_eq!(delivered, all, "{case}: each row at most once");
+            // Provenance follows each row through the shuffle: value 100 * split + position.
+            for r in &ready {
+                let origins: Vec<i32> = r
+                    .batch
+                    .rows
+                    .iter()
+                    .map(|&o| stoker_api::row_origin(o))
+                    .map(|(s, p)| 100 * s as i32 + p as i32)
+                    .collect();
+                assert_eq!(origins, values(r), "{case}: provenance");
+            }
 
             let mut reported: Vec<u64> =
                 ready.iter().flat_map(|r| r.completes.clone()).chain(leftover.clone()).collect();

@@ -77,6 +77,8 @@ pub struct Stats {
     pub records: AtomicU64,
     pub elements: AtomicU64,
     pub filtered: AtomicU64,
+    /// Elements left out of a split produced again because an earlier attempt delivered them.
+    pub redelivery_skipped: AtomicU64,
     pub batches: AtomicU64,
     pub batch_bytes: AtomicU64,
     /// Skipped records and elements by reason.
@@ -98,6 +100,24 @@ impl Stats {
 /// A ready batch. Its tensors' bytes hold the batch's share of the memory budget: it is
 /// released once they are dropped (after the stream has sent the last chunk), wherever the
 /// batch travels meanwhile.
+/// A split to produce, as the dispatcher (or a standalone worker's own plan) assigned it.
+#[derive(Clone, Debug)]
+pub struct Assigned {
+    pub split: Split,
+    /// What it does with the cache.
+    pub cache: SplitCache,
+    /// Positions already delivered by an earlier attempt (whose worker died), sorted: every
+    /// other element is produced, not these.
+    pub skip: Vec<u32>,
+}
+
+impl Assigned {
+    /// The whole split, computed from the source.
+    pub fn whole(split: Split) -> Assigned {
+        Assigned { split, cache: SplitCache::Compute, skip: Vec::new() }
+    }
+}
+
 pub struct Ready {
     pub batch: Batch,
     /// Splits (of the batch's epoch) whose last element is in this batch or was dropped.
@@ -192,7 +212,7 @@ impl Engine {
         if let Some(seed) = self.pipeline.data_plane.shuffle_seed() {
             stoker_api::order::shuffle(&mut splits, seed, epoch, |s| s.id);
         }
-        self.run_splits(epoch, splits.into_iter().map(|s| (s, SplitCache::Compute)), out).map(drop)
+        self.run_splits(epoch, splits.into_iter().map(Assigned::whole), out).map(drop)
     }
 
     /// Like `run_epoch`, pulling splits one at a time (from the dispatcher) until `splits` ends,
@@ -202,14 +222,14 @@ impl Engine {
     pub fn run_splits(
         &self,
         epoch: u64,
-        splits: impl IntoIterator<Item = (Split, SplitCache)>,
+        splits: impl IntoIterator<Item = Assigned>,
         out: &std::sync::mpsc::SyncSender<Ready>,
     ) -> Result<Vec<u64>, EngineError> {
         let send = |ready: Ready| self.send(ready, out);
         let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.reserve_rows(0), send);
-        for (split, cache, fetched) in Prefetch::new(self, splits.into_iter()) {
+        for (Assigned { split, cache, skip }, fetched) in Prefetch::new(self, splits.into_iter()) {
             let (mut elements, plan) = self.elements(&split, &cache, fetched)?;
-            self.read_order(epoch, split.id, &mut elements);
+            self.read_order(epoch, split.id, &skip, &mut elements);
             if !self.transform_split(epoch, split.id, elements, plan, &mut batcher)? {
                 return Ok(Vec::new());
             }

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use stoker_api::{OnError, SourceFormat, order};
 
 use super::hints::SplitPlan;
-use super::{Engine, EngineError, Split};
+use super::{Assigned, Engine, EngineError, Split};
 use crate::cache::chunk;
 use crate::cache::store::LeaseKind;
 use crate::cached::SplitCache;
@@ -26,10 +26,10 @@ pub(super) enum Fetched {
 pub(super) struct Prefetch<'e, I> {
     engine: &'e Engine,
     splits: I,
-    next: Option<(tokio::task::JoinHandle<Fetched>, Split, SplitCache)>,
+    next: Option<(tokio::task::JoinHandle<Fetched>, Assigned)>,
 }
 
-impl<'e, I: Iterator<Item = (Split, SplitCache)>> Prefetch<'e, I> {
+impl<'e, I: Iterator<Item = Assigned>> Prefetch<'e, I> {
     /// Starts reading the first split.
     pub(super) fn new(engine: &'e Engine, splits: I) -> Self {
         let mut prefetch = Prefetch { engine, splits, next: None };
@@ -37,21 +37,21 @@ impl<'e, I: Iterator<Item = (Split, SplitCache)>> Prefetch<'e, I> {
         prefetch
     }
 
-    fn start(&mut self) -> Option<(tokio::task::JoinHandle<Fetched>, Split, SplitCache)> {
-        let (split, cache) = self.splits.next()?;
-        let cache = self.engine.usable(cache);
-        Some((self.engine.fetch(&split, &cache), split, cache))
+    fn start(&mut self) -> Option<(tokio::task::JoinHandle<Fetched>, Assigned)> {
+        let mut assigned = self.splits.next()?;
+        assigned.cache = self.engine.usable(assigned.cache);
+        Some((self.engine.fetch(&assigned.split, &assigned.cache), assigned))
     }
 }
 
-impl<I: Iterator<Item = (Split, SplitCache)>> Iterator for Prefetch<'_, I> {
-    type Item = (Split, SplitCache, Fetched);
+impl<I: Iterator<Item = Assigned>> Iterator for Prefetch<'_, I> {
+    type Item = (Assigned, Fetched);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (fetching, split, cache) = self.next.take()?;
+        let (fetching, assigned) = self.next.take()?;
         let fetched = self.engine.runtime.block_on(fetching).expect("the fetch task runs to completion");
         self.next = self.start();
-        Some((split, cache, fetched))
+        Some((assigned, fetched))
     }
 }
 
@@ -141,7 +141,15 @@ impl Engine {
     /// the shuffle buffer mixes them with other splits'. Ordered by their positions in the
     /// split, so a split read back from the cache (where a filter may have dropped some) comes
     /// out in the order computing it gives.
-    pub(super) fn read_order(&self, epoch: u64, split: u64, elements: &mut [(u64, Element)]) {
+    ///
+    /// Elements at `skip` (sorted positions already delivered by an earlier attempt at the
+    /// split) are left out first, before any transform spends time on them.
+    pub(super) fn read_order(&self, epoch: u64, split: u64, skip: &[u32], elements: &mut Vec<(u64, Element)>) {
+        if !skip.is_empty() {
+            let before = elements.len();
+            elements.retain(|(position, _)| skip.binary_search(&(*position as u32)).is_err());
+            self.stats.redelivery_skipped.fetch_add((before - elements.len()) as u64, Ordering::Relaxed);
+        }
         if let Some(seed) = self.pipeline.data_plane.shuffle_seed() {
             order::shuffle(elements, seed, epoch, |(position, _)| (split << 32) | position);
         }

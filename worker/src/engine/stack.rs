@@ -51,7 +51,7 @@ pub fn make_batch(
             };
         }
     }
-    Ok(Batch { tensors, epoch, split, sequence, completes: Vec::new() })
+    Ok(Batch { tensors, epoch, split, sequence, completes: Vec::new(), rows: Vec::new() })
 }
 
 fn stack(field: &str, rows: &mut [Row], pad: Option<f64>) -> Result<Tensor, BatchError> {

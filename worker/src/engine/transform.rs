@@ -63,7 +63,7 @@ impl Engine {
         split: u64,
         chunk: Vec<(u64, Element)>,
         plan: &SplitPlan,
-    ) -> Result<(Vec<Row>, AtHints), EngineError> {
+    ) -> Result<(Vec<(u64, Row)>, AtHints), EngineError> {
         let p = &self.pipeline;
         let seed = p.data_plane.seed.unwrap_or(0);
         let results: Vec<(u64, Transformed, Vec<Duration>, AtHints)> = self.pool.install(|| {
@@ -99,7 +99,7 @@ impl Engine {
             match result {
                 Ok(Some(element)) => {
                     self.stats.elements.fetch_add(1, Ordering::Relaxed);
-                    rows.push(to_row(element)?);
+                    rows.push((position, to_row(element)?));
                 }
                 Ok(None) => {
                     self.stats.filtered.fetch_add(1, Ordering::Relaxed);

@@ -62,13 +62,13 @@ impl SyntheticSource {
                 (name.clone(), Tensor { dtype: *dtype, shape: shape.clone(), data })
             })
             .collect();
-        Batch {
-            tensors,
-            epoch,
-            split: index / BATCHES_PER_SPLIT,
-            sequence: index % BATCHES_PER_SPLIT,
-            completes: Vec::new(),
-        }
+        // Provenance as the engine gives it, so benchmarks carry (and clients track) it too.
+        let (split, sequence) = (index / BATCHES_PER_SPLIT, index % BATCHES_PER_SPLIT);
+        // Rows are the first axis of a tensor of two or more; a flat payload has none.
+        let rows_per_batch =
+            self.tensors.first().filter(|(_, _, shape)| shape.len() >= 2).map_or(0, |(_, _, shape)| shape[0]) as u64;
+        let rows = (0..rows_per_batch).map(|r| stoker_api::row(split, sequence * rows_per_batch + r)).collect();
+        Batch { tensors, epoch, split, sequence, completes: Vec::new(), rows }
     }
 }
 

@@ -1,0 +1,169 @@
+//! What a client under the dispatcher has received, for its acknowledgements: the splits whose
+//! last batch reached the training loop (which makes them done), and the rows of unfinished
+//! splits by the worker they came from, so that when a worker leaves the list the rows it
+//! delivered are reported and its split is produced again without them.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+use stoker_api::{Batch, row_origin};
+use tokio::sync::Notify;
+
+/// (epoch, split)
+pub(crate) type SplitId = (u64, u64);
+
+/// Rows of an unfinished split a client received from a worker that left the list.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Held {
+    pub split: SplitId,
+    pub positions: Vec<u32>,
+}
+
+#[derive(Default)]
+struct Inner {
+    completed: Vec<SplitId>,
+    /// Positions received of each unfinished split, by worker address.
+    rows: HashMap<SplitId, HashMap<String, Vec<u32>>>,
+    /// Held rows a failed acknowledgement carried, for the next one.
+    held: Vec<Held>,
+}
+
+/// Shared by the worker streams (which record rows), the caller's side of the client (which
+/// records completions as batches are taken) and the follower (which acknowledges).
+#[derive(Clone, Default)]
+pub(crate) struct Delivery {
+    inner: Arc<Mutex<Inner>>,
+    /// Woken when there is a completion to acknowledge.
+    pub(crate) completions: Arc<Notify>,
+}
+
+/// Rows recorded for a batch on its way into the client's queue: undone when dropped before
+/// `keep` (the batch never got in, so it will not be yielded and must be produced again).
+pub(crate) struct Recorded<'d> {
+    delivery: &'d Delivery,
+    worker: String,
+    /// Each split the batch had rows of, and how many of its positions were recorded before.
+    before: Vec<(SplitId, usize)>,
+}
+
+impl Recorded<'_> {
+    pub(crate) fn keep(mut self) {
+        self.before.clear();
+    }
+}
+
+impl Drop for Recorded<'_> {
+    fn drop(&mut self) {
+        if self.before.is_empty() {
+            return;
+        }
+        let mut inner = self.delivery.inner.lock().unwrap();
+        for (split, len) in &self.before {
+            if let Some(positions) = inner.rows.get_mut(split).and_then(|w| w.get_mut(&self.worker)) {
+                positions.truncate(*len);
+            }
+        }
+    }
+}
+
+impl Delivery {
+    /// Records the rows of `batch` from `worker` before it enters the queue.
+    pub(crate) fn record<'d>(&'d self, worker: &str, batch: &Batch) -> Recorded<'d> {
+        let mut before: Vec<(SplitId, usize)> = Vec::new();
+        let mut inner = self.inner.lock().unwrap();
+        for &row in &batch.rows {
+            let (split, position) = row_origin(row);
+            let id = (batch.epoch, split);
+            let positions = inner.rows.entry(id).or_default().entry(worker.to_string()).or_default();
+            if !before.iter().any(|(s, _)| *s == id) {
+                before.push((id, positions.len()));
+            }
+            positions.push(position);
+        }
+        Recorded { delivery: self, worker: worker.to_string(), before }
+    }
+
+    /// The training loop has `batch`: the splits it completes are done, their rows forgotten.
+    pub(crate) fn taken(&self, batch: &Batch) {
+        if batch.completes.is_empty() {
+            return;
+        }
+        let mut inner = self.inner.lock().unwrap();
+        for &split in &batch.completes {
+            inner.rows.remove(&(batch.epoch, split));
+            inner.completed.push((batch.epoch, split));
+        }
+        drop(inner);
+        self.completions.notify_one();
+    }
+
+    /// What the next acknowledgement carries: the completions since the last, and the rows
+    /// received from workers not in `listed` (forgotten here: a split is reported once).
+    pub(crate) fn take(&self, listed: &BTreeSet<String>) -> (Vec<SplitId>, Vec<Held>) {
+        let mut inner = self.inner.lock().unwrap();
+        let mut held = std::mem::take(&mut inner.held);
+        for (split, by_worker) in inner.rows.iter_mut() {
+            let gone: Vec<String> = by_worker.keys().filter(|w| !listed.contains(*w)).cloned().collect();
+            let mut positions: Vec<u32> = gone.iter().flat_map(|w| by_worker.remove(w).unwrap_or_default()).collect();
+            if !positions.is_empty() {
+                positions.sort_unstable();
+                held.push(Held { split: *split, positions });
+            }
+        }
+        inner.rows.retain(|_, by_worker| !by_worker.is_empty());
+        (std::mem::take(&mut inner.completed), held)
+    }
+
+    /// What a failed acknowledgement carried: it goes with the next.
+    pub(crate) fn restore(&self, completed: Vec<SplitId>, held: Vec<Held>) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.completed.extend(completed);
+        inner.held.extend(held);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(epoch: u64, rows: &[(u64, u64)], completes: &[u64]) -> Batch {
+        let rows = rows.iter().map(|&(s, p)| stoker_api::row(s, p)).collect();
+        Batch { epoch, rows, completes: completes.to_vec(), ..Batch::default() }
+    }
+
+    fn listed(workers: &[&str]) -> BTreeSet<String> {
+        workers.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn rows_from_a_worker_that_left_are_reported_once_and_done_splits_not_at_all() {
+        let d = Delivery::default();
+        d.record("a", &batch(0, &[(1, 0), (2, 5), (1, 3)], &[])).keep();
+        d.record("b", &batch(0, &[(1, 1)], &[])).keep();
+        d.record("a", &batch(0, &[(2, 6)], &[2])).keep();
+        d.taken(&batch(0, &[(2, 6)], &[2]));
+        let (completed, held) = d.take(&listed(&["b"]));
+        assert_eq!(completed, [(0, 2)]);
+        assert_eq!(held, [Held { split: (0, 1), positions: vec![0, 3] }], "split 2 is done; b is still listed");
+        assert_eq!(d.take(&listed(&["b"])), (vec![], vec![]), "reported once");
+        assert_eq!(d.take(&listed(&[])).1, [Held { split: (0, 1), positions: vec![1] }]);
+    }
+
+    #[test]
+    fn a_batch_that_never_entered_the_queue_is_not_held() {
+        let d = Delivery::default();
+        d.record("a", &batch(3, &[(1, 0)], &[])).keep();
+        drop(d.record("a", &batch(3, &[(1, 1), (1, 2)], &[])));
+        assert_eq!(d.take(&listed(&[])).1, [Held { split: (3, 1), positions: vec![0] }]);
+    }
+
+    #[test]
+    fn a_failed_acknowledgement_goes_with_the_next() {
+        let d = Delivery::default();
+        d.record("a", &batch(0, &[(4, 2)], &[])).keep();
+        d.taken(&batch(0, &[], &[7]));
+        let (completed, held) = d.take(&listed(&[]));
+        d.restore(completed.clone(), held.clone());
+        assert_eq!(d.take(&listed(&[])), (completed, held));
+    }
+}
