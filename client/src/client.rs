@@ -1,4 +1,5 @@
-//! The client: one stream per worker, all feeding one bounded prefetch queue.
+//! The client: streams from workers feeding bounded prefetch queues; under the dispatcher one
+//! queue per epoch, so an epoch ends cleanly.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,28 +10,33 @@ use std::time::Instant;
 use futures::Stream;
 use stoker_api::Batch;
 use stoker_api::proto::BatchChunk;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::delivery::Delivery;
-use crate::dispatched::{self, Registration};
+use crate::epochs::{Epochs, Item};
 use crate::error::Error;
+use crate::follower::{Follower, Shared};
 use crate::options::ClientOptions;
+use crate::registration::Registration;
 use crate::stats::{Meter, WindowStats};
 use crate::tasks::Tasks;
 use crate::worker_stream::{open, pump};
 
 /// Streams batches from one or more workers. Dropping it stops the streams.
 pub struct Client {
-    rx: mpsc::Receiver<Result<Batch, Error>>,
+    source: Source,
     tasks: Tasks,
     /// Shared with the window reporter in dispatcher mode.
     meter: Arc<Mutex<Meter>>,
-    /// Dispatcher mode: what was received, for the follower's acknowledgements.
-    delivery: Option<Delivery>,
-    /// Dispatcher mode: the job's open epoch, as the dispatcher last said.
-    open_epoch: Arc<AtomicU64>,
     /// Start of the `next()` call in progress, kept across polls.
     call_start: Option<Instant>,
+}
+
+enum Source {
+    /// A fixed list of workers, all feeding one queue.
+    Fixed(mpsc::Receiver<Item>),
+    /// Under the dispatcher: the queue of the epoch being read, and what the follower shares.
+    Dispatched { queue: mpsc::Receiver<Item>, shared: Shared, leave: Option<oneshot::Sender<bool>> },
 }
 
 impl Client {
@@ -41,51 +47,84 @@ impl Client {
             return Err(Error::NoWorkers);
         }
         options.check()?;
-        let streams = futures::future::try_join_all(workers.iter().map(|w| open(w, &options))).await?;
+        let streams = futures::future::try_join_all(workers.iter().map(|w| open(w, &options, None))).await?;
         let (tx, rx) = mpsc::channel(options.prefetch);
         let tasks = Tasks::default();
         for (worker, stream) in workers.into_iter().zip(streams) {
             tasks.spawn(pump_to_caller(worker, stream, tx.clone(), options.max_batch_bytes));
         }
-        Ok(Client { rx, tasks, meter: Arc::default(), delivery: None, open_epoch: Arc::default(), call_start: None })
+        Ok(Client { source: Source::Fixed(rx), tasks, meter: Arc::default(), call_start: None })
     }
 
     /// Registers with the dispatcher at `url`, streams from the pipeline's workers as they come
-    /// and go, and reports batch-time windows for the autoscaler. Fails only when the
-    /// dispatcher refuses the registration; an unreachable dispatcher or a leader change is
-    /// retried, and a worker that dies is dropped (its splits go to the others).
+    /// and go, starting at the job's open epoch, and reports batch-time windows for the
+    /// autoscaler. Fails only when the dispatcher refuses the registration (or is unreachable
+    /// for the connect timeout); a leader change is retried, and a worker that dies is dropped
+    /// (its splits go to the others).
     pub async fn from_dispatcher(url: &str, options: ClientOptions) -> Result<Client, Error> {
         options.check()?;
-        let (tx, rx) = mpsc::channel(options.prefetch);
+        let deadline = tokio::time::Instant::now() + options.connect_timeout;
+        let mut link = Registration::register(url, &options).await?;
+        let (watch, first) = link
+            .first_list(deadline)
+            .await
+            .map_err(|status| Error::Dispatcher { url: url.to_string(), status: Box::new(status) })?;
+        let epochs = Arc::new(Epochs::new(options.prefetch));
+        let shared = Shared {
+            epochs: epochs.clone(),
+            delivery: Delivery::default(),
+            meter: Arc::default(),
+            open_epoch: Arc::new(AtomicU64::new(first.epoch)),
+            reading: Arc::new(AtomicU64::new(first.epoch)),
+            switched: Arc::new(Notify::new()),
+        };
+        link.reading = Some(shared.reading.clone());
+        let queue = epochs.take_receiver(first.epoch);
+        let (leave, leaving) = oneshot::channel();
         let tasks = Tasks::default();
-        let meter: Arc<Mutex<Meter>> = Arc::default();
-        let delivery = Delivery::default();
-        let open_epoch: Arc<AtomicU64> = Arc::default();
-        let link = Registration::register(url, &options).await?;
-        let follower = dispatched::Follower {
+        let follower = Follower {
             link,
             options,
-            tx,
-            meter: meter.clone(),
-            delivery: delivery.clone(),
-            open_epoch: open_epoch.clone(),
+            shared: shared.clone(),
             tasks: tasks.clone(),
+            watch: Some(watch),
+            first: Some(first),
+            leave: leaving,
         };
-        tasks.spawn(follower.run());
-        Ok(Client { rx, tasks, meter, delivery: Some(delivery), open_epoch, call_start: None })
+        // Not among the tasks aborted on drop: it says goodbye to the dispatcher first.
+        tokio::spawn(follower.run());
+        let meter = shared.meter.clone();
+        Ok(Client { source: Source::Dispatched { queue, shared, leave: Some(leave) }, tasks, meter, call_start: None })
+    }
+
+    /// The next batch from any worker, across epochs; None once every worker's stream has ended
+    /// (fixed workers). An error ends that worker's stream only: the others keep delivering.
+    pub async fn next(&mut self) -> Option<Result<Batch, Error>> {
+        std::future::poll_fn(|cx| self.poll_batch(cx, false)).await
+    }
+
+    /// Under the dispatcher, the next batch of the epoch being read; None at its end, after
+    /// which the next call reads the next epoch. Every element of the epoch this consumer gets
+    /// has come before the None. With fixed workers, like `next`.
+    pub async fn next_in_epoch(&mut self) -> Option<Result<Batch, Error>> {
+        std::future::poll_fn(|cx| self.poll_batch(cx, true)).await
+    }
+
+    /// Under the dispatcher, the epoch being read (0 with fixed workers).
+    pub fn epoch(&self) -> u64 {
+        match &self.source {
+            Source::Fixed(_) => 0,
+            Source::Dispatched { shared, .. } => shared.reading.load(Ordering::Relaxed),
+        }
     }
 
     /// Under the dispatcher, the job's open epoch: every split of the epochs before it has
-    /// reached a consumer of the job. 0 until the dispatcher said otherwise (and in fixed-worker
-    /// mode).
+    /// reached a consumer of the job. 0 with fixed workers.
     pub fn open_epoch(&self) -> u64 {
-        self.open_epoch.load(Ordering::Relaxed)
-    }
-
-    /// The next batch from any worker; None once every worker's stream has ended. An error
-    /// ends that worker's stream only: the others keep delivering.
-    pub async fn next(&mut self) -> Option<Result<Batch, Error>> {
-        std::future::poll_fn(|cx| self.poll_batch(cx)).await
+        match &self.source {
+            Source::Fixed(_) => 0,
+            Source::Dispatched { shared, .. } => shared.open_epoch.load(Ordering::Relaxed),
+        }
     }
 
     /// Batch-time statistics since the last reset.
@@ -98,7 +137,7 @@ impl Client {
         self.meter.lock().unwrap().reset();
     }
 
-    fn poll_batch(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Batch, Error>>> {
+    fn poll_batch(&mut self, cx: &mut Context<'_>, stop_at_epoch_end: bool) -> Poll<Option<Result<Batch, Error>>> {
         let start = match self.call_start {
             Some(start) => start,
             None => {
@@ -108,12 +147,30 @@ impl Client {
             }
         };
         loop {
-            let item = std::task::ready!(self.rx.poll_recv(cx));
+            let item = match &mut self.source {
+                Source::Fixed(rx) => std::task::ready!(rx.poll_recv(cx)),
+                Source::Dispatched { queue, shared, .. } => match std::task::ready!(queue.poll_recv(cx)) {
+                    Some(item) => {
+                        if let Ok(batch) = &item {
+                            shared.delivery.taken(batch);
+                        }
+                        Some(item)
+                    }
+                    None => {
+                        // The epoch is over: read the next one.
+                        let next = shared.reading.fetch_add(1, Ordering::Relaxed) + 1;
+                        *queue = shared.epochs.take_receiver(next);
+                        shared.switched.notify_one();
+                        if stop_at_epoch_end {
+                            self.call_start = None;
+                            return Poll::Ready(None);
+                        }
+                        continue;
+                    }
+                },
+            };
             if let Some(Ok(batch)) = &item {
-                if let Some(delivery) = &self.delivery {
-                    delivery.taken(batch);
-                }
-                // Only completions: reported, not a batch the caller waited for.
+                // Only completions: acknowledged, not a batch the caller waited for.
                 if batch.is_completions() {
                     continue;
                 }
@@ -129,13 +186,21 @@ impl Stream for Client {
     type Item = Result<Batch, Error>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.get_mut().poll_batch(cx)
+        self.get_mut().poll_batch(cx, false)
     }
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
         self.tasks.abort_all();
+        if let Source::Dispatched { queue, shared, leave } = &mut self.source {
+            // Batches received and never read are lost with the client: the dispatcher then
+            // produces the job's in-flight splits again.
+            let discarded = !queue.is_empty() || shared.epochs.any_queued();
+            if let Some(leave) = leave.take() {
+                let _ = leave.send(discarded);
+            }
+        }
     }
 }
 
@@ -143,7 +208,7 @@ impl Drop for Client {
 async fn pump_to_caller(
     worker: String,
     stream: tonic::Streaming<BatchChunk>,
-    tx: mpsc::Sender<Result<Batch, Error>>,
+    tx: mpsc::Sender<Item>,
     max_batch_bytes: u64,
 ) {
     if let Some(failure) = pump(worker, stream, &tx, max_batch_bytes, None, || {}).await {

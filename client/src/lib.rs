@@ -14,10 +14,12 @@
 
 mod client;
 mod delivery;
-mod dispatched;
+mod epochs;
 mod error;
+mod follower;
 mod options;
 pub mod reassemble;
+mod registration;
 pub mod stats;
 mod tasks;
 pub mod trainer;

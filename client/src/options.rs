@@ -14,8 +14,14 @@ pub struct ClientOptions {
     /// Consumers with the same job share one stream; different jobs each get whole epochs.
     pub job: String,
     pub consumer_index: u32,
-    /// None: wherever the job currently is.
+    /// Standalone workers: the epoch to start at (None: 0). Under the dispatcher a client
+    /// starts at the job's open epoch.
     pub start_epoch: Option<u64>,
+    /// Under the dispatcher: stream the next epoch while the training loop reads this one
+    /// (queued apart, at most `prefetch` batches), so an epoch's end costs no wait. Turn it off
+    /// for a client dropped at the end of each epoch, or what it read ahead is lost until
+    /// the job's in-flight splits are produced again.
+    pub prefetch_next_epoch: bool,
     /// Batches received ahead of the training loop, across all workers.
     pub prefetch: usize,
     /// Largest gRPC message accepted; workers cut batches to fit.
@@ -41,6 +47,7 @@ impl ClientOptions {
             job: "default".into(),
             consumer_index: 0,
             start_epoch: None,
+            prefetch_next_epoch: true,
             prefetch: 8,
             max_message_bytes: proto::DEFAULT_MAX_MESSAGE_BYTES,
             max_batch_bytes: 16 << 30,

@@ -17,7 +17,12 @@ fn uri(worker: &str) -> String {
     if worker.contains("://") { worker.to_string() } else { format!("http://{worker}") }
 }
 
-pub(crate) async fn open(worker: &str, options: &ClientOptions) -> Result<tonic::Streaming<BatchChunk>, Error> {
+/// Opens a worker's stream: of one `epoch` under the dispatcher, else from `start_epoch` on.
+pub(crate) async fn open(
+    worker: &str,
+    options: &ClientOptions,
+    epoch: Option<u64>,
+) -> Result<tonic::Streaming<BatchChunk>, Error> {
     let connect = |source| Error::Connect { worker: worker.to_string(), source };
     let channel: Channel = Endpoint::from_shared(uri(worker))
         .map_err(connect)?
@@ -38,6 +43,7 @@ pub(crate) async fn open(worker: &str, options: &ClientOptions) -> Result<tonic:
         consumer_index: options.consumer_index,
         start_epoch: options.start_epoch,
         max_message_bytes: options.max_message_bytes as u64,
+        epoch,
     });
     if let Some(token) = &options.token {
         let value = proto::bearer(token)

@@ -8,7 +8,7 @@
 //! The dispatcher may restart or move (leader change): every call retries, and an unknown-id
 //! answer makes the worker register again under the same id. Clients see a pause, not an error.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -203,69 +203,121 @@ pub fn plan_digest(splits: &[Split]) -> String {
     format!("{h:016x}")
 }
 
-/// One job's ready batches, each with the splits it completes, shared by the job's consumers
-/// on this worker.
-type JobBatches = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<JobItem>>>;
+/// One epoch of a job's ready batches, each naming the splits it completes, shared by the
+/// job's consumers on this worker.
+type EpochBatches = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<JobItem>>>;
 
 /// A batch (naming the splits it completes), or the job's failure.
 type JobItem = Result<Batch, Status>;
 
-struct Job {
-    batches: JobBatches,
-    /// When the next batch may go out, under `--max-batch-rate`.
-    next_send: tokio::sync::Mutex<tokio::time::Instant>,
+/// (job, epoch)
+type EpochKey = (String, u64);
+
+/// The epochs of each job this worker's producers are busy with: their last answer from the
+/// dispatcher was a split. A producer waits while an earlier epoch of its job is busy, so the
+/// next epoch is made with what the current one leaves idle (its last splits held elsewhere)
+/// and never takes a core from it.
+#[derive(Default)]
+struct Busy(Mutex<HashMap<String, BTreeSet<u64>>>);
+
+impl Busy {
+    fn set(&self, job: &str, epoch: u64, busy: bool) {
+        let mut jobs = self.0.lock().unwrap();
+        let epochs = jobs.entry(job.to_string()).or_default();
+        if busy {
+            epochs.insert(epoch);
+        } else {
+            epochs.remove(&epoch);
+        }
+    }
+
+    fn earlier(&self, job: &str, epoch: u64) -> bool {
+        self.0.lock().unwrap().get(job).is_some_and(|epochs| epochs.range(..epoch).next().is_some())
+    }
 }
 
-/// The engine as a batch source under the dispatcher: one producer per job, started by the
-/// job's first consumer.
+struct EpochJob {
+    batches: EpochBatches,
+    /// When the job's next batch may go out, under `--max-batch-rate`: shared by its epochs,
+    /// so reading the next epoch ahead does not double the rate.
+    next_send: Arc<tokio::sync::Mutex<tokio::time::Instant>>,
+}
+
+/// The engine as a batch source under the dispatcher: each epoch of each job has its own
+/// producer, started by its first consumer and ended when the dispatcher says the epoch is
+/// finished, so a job's next epoch never waits behind this one's stragglers, nor this one
+/// behind a consumer that is not reading the next yet.
 pub struct DispatchedSource {
     engine: Arc<Engine>,
     link: Arc<Link>,
     /// Least time between two batches of a job, from `--max-batch-rate`.
     min_interval: Option<Duration>,
-    jobs: Mutex<HashMap<String, Arc<Job>>>,
+    epochs: Arc<Mutex<HashMap<EpochKey, Arc<EpochJob>>>>,
+    busy: Arc<Busy>,
+    /// Per job: when its next batch may go out.
+    next_sends: Mutex<HashMap<String, Arc<tokio::sync::Mutex<tokio::time::Instant>>>>,
     /// The first fatal engine error, for heartbeats (and so the DataPipeline status).
     pub errors: Arc<Mutex<Option<String>>>,
 }
 
 impl DispatchedSource {
-    /// `max_batch_rate` caps the batches per second this worker sends per job.
+    /// `max_batch_rate` caps the batches per second this worker sends per job and epoch.
     pub fn new(engine: Arc<Engine>, link: Arc<Link>, max_batch_rate: Option<f64>) -> Self {
         let min_interval = max_batch_rate.filter(|r| *r > 0.0).map(|r| Duration::from_secs_f64(1.0 / r));
         DispatchedSource {
             engine,
             link,
             min_interval,
-            jobs: Mutex::new(HashMap::new()),
+            epochs: Arc::default(),
+            next_sends: Mutex::default(),
+            busy: Arc::default(),
             errors: Arc::new(Mutex::new(None)),
         }
     }
 
-    fn job(&self, name: &str) -> Arc<Job> {
-        let mut jobs = self.jobs.lock().unwrap();
-        jobs.entry(name.to_string())
+    fn epoch(&self, key: EpochKey) -> Arc<EpochJob> {
+        let next_send = self
+            .next_sends
+            .lock()
+            .unwrap()
+            .entry(key.0.clone())
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(tokio::time::Instant::now())))
+            .clone();
+        let mut epochs = self.epochs.lock().unwrap();
+        epochs
+            .entry(key.clone())
             .or_insert_with(|| {
                 let (tx, rx) = tokio::sync::mpsc::channel(1);
-                let job = Arc::new(Job {
-                    batches: Arc::new(tokio::sync::Mutex::new(rx)),
-                    next_send: tokio::sync::Mutex::new(tokio::time::Instant::now()),
-                });
-                let (engine, link, errors, name) =
-                    (self.engine.clone(), self.link.clone(), self.errors.clone(), name.to_string());
+                let epoch_job = Arc::new(EpochJob { batches: Arc::new(tokio::sync::Mutex::new(rx)), next_send });
+                let (engine, link, errors, epochs, busy) = (
+                    self.engine.clone(),
+                    self.link.clone(),
+                    self.errors.clone(),
+                    self.epochs.clone(),
+                    self.busy.clone(),
+                );
+                // Busy until its first answer: a later epoch's producer started at the same
+                // moment must not take the splits first.
+                busy.set(&key.0, key.1, true);
                 std::thread::Builder::new()
-                    .name(format!("stoker-job-{name}"))
+                    .name(format!("stoker-job-{}-{}", key.0, key.1))
                     .spawn(move || {
-                        if let Err(e) = produce(&engine, &link, &name, &tx) {
+                        let (job, epoch) = (&key.0, key.1);
+                        let result = produce(&engine, &link, &busy, job, epoch, &tx);
+                        busy.set(job, epoch, false);
+                        if let Err(e) = result {
                             let message = format!("{e:#}");
-                            tracing::error!(job = %name, error = %message, "the job's producer stopped");
+                            tracing::error!(%job, epoch, error = %message, "the job's producer stopped");
                             errors.lock().unwrap().get_or_insert(message.clone());
                             let _ = tx.blocking_send(Err(Status::failed_precondition(format!(
                                 "the pipeline failed: {message}"
                             ))));
                         }
+                        // Consumers arriving later start a producer that learns the epoch is over.
+                        epochs.lock().unwrap().remove(&key);
                     })
-                    .expect("spawning a job producer");
-                job
+                    .expect("spawning an epoch producer");
+                epoch_job
             })
             .clone()
     }
@@ -273,26 +325,43 @@ impl DispatchedSource {
 
 impl BatchSource for DispatchedSource {
     fn subscribe(&self, subscription: &Subscription) -> Result<Batches, Status> {
-        tracing::info!(job = %subscription.job, consumer = subscription.consumer_index, "consumer attached");
-        let job = self.job(&subscription.job);
+        let Some(epoch) = subscription.epoch else {
+            return Err(Status::invalid_argument(
+                "under the dispatcher a stream is of one epoch: set StreamRequest.epoch",
+            ));
+        };
+        tracing::info!(job = %subscription.job, epoch, consumer = subscription.consumer_index, "consumer attached");
+        let epoch_job = self.epoch((subscription.job.clone(), epoch));
         let min_interval = self.min_interval;
-        Ok(futures::stream::unfold(job, move |job| async move {
+        Ok(futures::stream::unfold(epoch_job, move |epoch_job| async move {
+            // None once the producer is done with the epoch: the stream ends.
+            let next = epoch_job.batches.lock().await.recv().await?;
+            // Rate-limited once a batch is in hand, so a stream waiting for its epoch's batches
+            // takes no turns from the job's other epoch.
             if let Some(interval) = min_interval {
-                let mut next_send = job.next_send.lock().await;
+                let mut next_send = epoch_job.next_send.lock().await;
                 tokio::time::sleep_until(*next_send).await;
                 *next_send = tokio::time::Instant::now().max(*next_send) + interval;
             }
-            let next = job.batches.lock().await.recv().await?;
             // The batch names the splits it completes; the client that receives it reports them.
-            Some((next, job))
+            Some((next, epoch_job))
         })
         .boxed())
     }
 }
 
-/// Pulls a job's splits and runs them through the engine, epoch after epoch, until no
-/// consumer listens any more.
-fn produce(engine: &Engine, link: &Link, job: &str, out: &tokio::sync::mpsc::Sender<JobItem>) -> anyhow::Result<()> {
+/// Pulls one epoch's splits of a job and runs them through the engine until the dispatcher
+/// says the epoch is finished. Each stretch of splits handed out without a pause is one engine
+/// run (one shuffle buffer); a pause (the epoch's last splits are held by other workers) ends
+/// the run, so no split's rows wait in the buffer while the epoch waits for its completion.
+fn produce(
+    engine: &Engine,
+    link: &Link,
+    busy: &Busy,
+    job: &str,
+    epoch: u64,
+    out: &tokio::sync::mpsc::Sender<JobItem>,
+) -> anyhow::Result<()> {
     let split = |id: u64| {
         engine
             .splits()
@@ -300,37 +369,46 @@ fn produce(engine: &Engine, link: &Link, job: &str, out: &tokio::sync::mpsc::Sen
             .cloned()
             .ok_or_else(|| anyhow::anyhow!("the dispatcher handed out split {id}, beyond this worker's plan"))
     };
-    let mut epoch = 0;
-    let mut next = link.next_split(job, epoch)?;
+    // Asks for the next split once no earlier epoch of the job keeps this worker busy.
+    let ask = || -> anyhow::Result<Handed> {
+        while busy.earlier(job, epoch) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let next = link.next_split(job, epoch)?;
+        busy.set(job, epoch, matches!(next.0, Next::Split(_)));
+        Ok(next)
+    };
+    let mut next = ask()?;
     loop {
         let first = match next {
+            (Next::Finished(_), _, _) => return Ok(()),
             (Next::Draining(d), _, _) => {
-                epoch = d.epoch;
                 std::thread::sleep(Duration::from_millis(u64::from(d.retry_ms)));
                 if out.is_closed() {
                     return Ok(());
                 }
-                next = link.next_split(job, epoch)?;
+                next = ask()?;
                 continue;
             }
             (Next::Split(s), cache, skip) => {
-                epoch = s.epoch;
+                anyhow::ensure!(s.epoch == epoch, "asked for a split of epoch {epoch}, got one of {}", s.epoch);
                 Assigned { split: split(s.split)?, cache, skip }
             }
         };
-        // The epoch's splits, pulled as the engine asks; a split of another epoch ends this one,
-        // and so does the dispatcher forgetting this worker: what it handed out before went to
-        // others, so the run's batches are stale and must not join fresh splits' in a batch.
+        // The epoch's splits, pulled as the engine asks, until a pause or the epoch's end; the
+        // dispatcher forgetting this worker ends the run too: what it handed out before went
+        // to others, so the run's batches are stale and must not join fresh splits' in a batch.
         let generation = link.generation();
         let stale = || link.generation() != generation;
         let mut after: Option<Handed> = None;
         let mut failed: Option<anyhow::Error> = None;
         let pulled = std::iter::once(first).chain(std::iter::from_fn(|| {
-            if after.is_some() || failed.is_some() || stale() {
+            // An earlier epoch busy again (a dead worker's split came back) ends the run too.
+            if after.is_some() || failed.is_some() || stale() || busy.earlier(job, epoch) {
                 return None;
             }
-            match link.next_split(job, epoch).and_then(|n| match n {
-                (Next::Split(s), cache, skip) if s.epoch == epoch && !stale() => {
+            match ask().and_then(|n| match n {
+                (Next::Split(s), cache, skip) if !stale() => {
                     split(s.split).map(|split| Some(Assigned { split, cache, skip }))
                 }
                 other => {
@@ -378,7 +456,7 @@ fn produce(engine: &Engine, link: &Link, job: &str, out: &tokio::sync::mpsc::Sen
         }
         next = match after {
             Some(n) => n,
-            None => link.next_split(job, epoch)?,
+            None => ask()?,
         };
     }
 }

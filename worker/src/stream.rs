@@ -38,6 +38,8 @@ pub struct Subscription {
     pub job: String,
     pub consumer_index: u32,
     pub start_epoch: Option<u64>,
+    /// Under the dispatcher: the one epoch to stream.
+    pub epoch: Option<u64>,
     pub caller: Caller,
 }
 
@@ -118,6 +120,7 @@ pub fn validate(request: StreamRequest, caller: Caller) -> Result<(Subscription,
         job: request.job,
         consumer_index: request.consumer_index,
         start_epoch: request.start_epoch,
+        epoch: request.epoch,
         caller,
     };
     Ok((subscription, limit as usize))

@@ -108,6 +108,7 @@ fn request(namespace: &str, name: &str, job: &str, max_message_bytes: u64) -> St
         consumer_index: 0,
         start_epoch: None,
         max_message_bytes,
+        epoch: None,
     }
 }
 
@@ -193,6 +194,7 @@ async fn the_authenticator_sees_the_token_and_can_refuse() {
             job: "train".into(),
             consumer_index: 1,
             start_epoch: None,
+            epoch: None,
             caller: Caller { token: Some("sa-token".into()) },
         }]
     );

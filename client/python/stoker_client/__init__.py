@@ -6,6 +6,13 @@
             images, labels = batch["image"], batch["label"]   # numpy arrays, no copies
         print(client.window())
 
+Under the dispatcher, epoch by epoch:
+
+    client = Client.from_dispatcher("stoker-dispatcher.stoker-system.svc:50051", "team-a", "imagenet-train")
+    for epoch in range(10):
+        for batch in client.iter_epoch():   # the batches of `client.epoch`, each row once
+            ...
+
 PyTorch: `stoker_client.torch.StokerIterableDataset`.
 """
 

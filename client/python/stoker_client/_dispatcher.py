@@ -18,6 +18,8 @@ RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode
 # After an acknowledgement, completions gather this long before the next one: a split is done
 # only once acknowledged, so they go promptly, but not one request per batch.
 ACK_PAUSE = 0.02
+# How long closing waits for the dispatcher to take the last acknowledgement.
+LEAVE_TIMEOUT = 1.0
 
 
 class Followed(Protocol):
@@ -41,9 +43,14 @@ class Followed(Protocol):
     def add_call(self, call) -> None:
         """Cancelled when the client closes."""
 
-    def follow(self, addresses: Iterable[str]) -> List[_wire.Held]:
-        """Stops streaming from the workers not listed (waiting until what each queued is
-        recorded), opens a stream to each one listed that it does not stream from yet, and
+    def on_close(self, leave) -> None:
+        """`leave(discarded)` is called when the client closes, after its streams stopped,
+        with whether it received batches it never handed to the caller."""
+
+    def follow(self, addresses: Iterable[str], epoch: int) -> List[_wire.Held]:
+        """Applies a worker list whose job's open epoch is `epoch`: stops streaming from the
+        workers not listed (waiting until what each buffered is recorded), opens the streams
+        missing to the ones listed (the first list also sets the epoch reading starts at), and
         returns (then forgets) the rows of unfinished splits it got from the workers left out."""
 
     def take_report(self) -> Tuple[WindowStats, int]:
@@ -89,6 +96,7 @@ class Follower:
                     raise WorkerError(target, e.code(), e.details() or "") from None
                 time.sleep(RETRY)
         client.add_channel(channel)
+        client.on_close(lambda discarded: self.leave(discarded, LEAVE_TIMEOUT))
         threading.Thread(target=self.watch, daemon=True, name="stoker-watch").start()
         threading.Thread(target=self.acknowledge_loop, daemon=True, name="stoker-acknowledge").start()
         threading.Thread(target=self.report, daemon=True, name="stoker-report").start()
@@ -117,8 +125,7 @@ class Follower:
                 call = self.watch_rpc(_wire.encode_watch_workers(namespace, pipeline, job), metadata=self.client.metadata)
                 self.client.add_call(call)
                 for workers in call:
-                    held = self.client.follow(workers.addresses)
-                    self.client.saw_epoch(workers.epoch)
+                    held = self.client.follow(workers.addresses, workers.epoch)
                     with self.lock:
                         self.version = workers.version
                         self.held.extend(held)
@@ -159,6 +166,21 @@ class Follower:
         self.acknowledged = version
         self.client.saw_epoch(epoch)
         return True
+
+    def leave(self, discarded: bool, timeout: float) -> None:
+        """The client is closing: a last acknowledgement, with `leaving` set, of what is left
+        to acknowledge, so that the dispatcher forgets the client at once instead of waiting
+        for it (and, if it `discarded` batches it never handed to the caller, hands the job's
+        in-flight splits out again). Best effort: a dispatcher that does not answer within
+        `timeout` seconds times the client out instead."""
+        with self.lock:
+            version, held = self.version, list(self.held)
+        completed = self.client.take_completed()
+        request = _wire.encode_acknowledge(self.client_id, completed, version, held, leaving=True, discarded=discarded)
+        try:
+            self.acknowledge_rpc(request, metadata=self.client.metadata, timeout=timeout)
+        except (grpc.RpcError, ValueError):
+            pass
 
     def report(self):
         while not self.client.wait_closed(self.window):

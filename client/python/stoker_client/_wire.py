@@ -75,7 +75,9 @@ def _fields(buf):
 
 
 def encode_stream_request(namespace: str, pipeline: str, job: str, consumer_index: int,
-                          start_epoch: Optional[int], max_message_bytes: int) -> bytes:
+                          start_epoch: Optional[int], max_message_bytes: int, epoch: Optional[int] = None) -> bytes:
+    """A StreamRequest. `start_epoch`: a standalone worker's first epoch; `epoch`: under the
+    dispatcher, the one epoch the stream carries (it ends once the worker finished it)."""
     ref = _len_field(1, namespace.encode()) + _len_field(2, pipeline.encode())
     out = _len_field(1, ref) + _len_field(2, job.encode())
     if consumer_index:
@@ -84,6 +86,8 @@ def encode_stream_request(namespace: str, pipeline: str, job: str, consumer_inde
         out += _key(4, _VARINT) + _varint(start_epoch)
     if max_message_bytes:
         out += _key(5, _VARINT) + _varint(max_message_bytes)
+    if epoch is not None:
+        out += _key(6, _VARINT) + _varint(epoch)
     return out
 
 
@@ -246,8 +250,11 @@ def _split_ref(field: int, epoch: int, split: int) -> bytes:
     return _len_field(field, _key(1, _VARINT) + _varint(epoch) + _key(2, _VARINT) + _varint(split))
 
 
-def encode_acknowledge(client_id: str, completed, list_version: int, held) -> bytes:
-    """An AcknowledgeRequest: `completed` (epoch, split)s, `held` `Held`s."""
+def encode_acknowledge(client_id: str, completed, list_version: int, held, leaving: bool = False,
+                       discarded: bool = False) -> bytes:
+    """An AcknowledgeRequest: `completed` (epoch, split)s, `held` `Held`s; `leaving`: the
+    client is closing (the dispatcher forgets it at once), `discarded`: with `leaving`, it
+    received batches it never handed to the caller."""
     out = _len_field(1, client_id.encode())
     for epoch, split in completed:
         out += _split_ref(2, epoch, split)
@@ -258,6 +265,10 @@ def encode_acknowledge(client_id: str, completed, list_version: int, held) -> by
         if positions:
             rows += _len_field(3, b"".join(_varint(p) for p in positions))
         out += _len_field(4, rows)
+    if leaving:
+        out += _key(5, _VARINT) + _varint(1)
+    if discarded:
+        out += _key(6, _VARINT) + _varint(1)
     return out
 
 

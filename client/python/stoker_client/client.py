@@ -1,9 +1,14 @@
-"""The client: one stream per worker, each read by a thread into one bounded prefetch queue."""
+"""The client: streams from workers, each read by a thread into a bounded prefetch buffer.
 
-import queue
+With a fixed list of workers (standalone workers), one stream per worker carries every epoch
+into one buffer. Under the dispatcher, each worker streams each epoch separately: a stream for
+the epoch the caller reads and, when prefetching, one for the next, each into that epoch's own
+buffer, so that the next epoch filling up never holds the current one back."""
+
+import collections
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Deque, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import grpc
 
@@ -20,22 +25,25 @@ FATAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENI
 DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
 MIN_MAX_MESSAGE_BYTES = 64 << 10
 MAX_MAX_MESSAGE_BYTES = 256 << 20
-# How long dropping a worker the dispatcher no longer lists waits for its stream's thread.
+# How long dropping a worker the dispatcher no longer lists waits for its streams' threads.
 STOP_TIMEOUT = 10.0
+# Under the dispatcher, how long a stream that failed waits before it is opened again.
+REOPEN_PAUSE = 0.25
 
-
-class _End:
-    """A worker's stream ended."""
+# What the caller's next item is when the epoch it read ended (dispatcher mode).
+_EPOCH_END = object()
 
 
 class _Pump:
-    """A stream from a worker and the thread reading it into the queue."""
+    """A worker's stream (of one epoch, under the dispatcher) and the thread reading it."""
 
-    __slots__ = ("channel", "call", "thread", "stop")
+    __slots__ = ("worker", "epoch", "channel", "call", "thread", "stop")
 
-    def __init__(self, channel, call):
-        self.channel, self.call, self.thread = channel, call, None
-        # Set when the worker is dropped: what the thread has not queued yet is discarded.
+    def __init__(self, worker: str, epoch: Optional[int]):
+        self.worker, self.epoch = worker, epoch
+        self.channel = self.call = self.thread = None
+        # Set when the worker is dropped or the client closes: what the thread has not
+        # buffered yet is discarded, and the stream is not opened again.
         self.stop = threading.Event()
 
 
@@ -58,9 +66,18 @@ class Client:
     ...     for batch in client:
     ...         images = batch["image"]   # numpy array, no copy
 
-    Under the dispatcher (`Client.from_dispatcher`), `open_epoch` is the job's open epoch as
-    the dispatcher last said: every split of the epochs before it is done. Informational; 0
-    until the dispatcher says, and always 0 with a fixed list of workers.
+    With a fixed list of workers, iteration ends when every worker's stream has ended.
+
+    Under the dispatcher (`Client.from_dispatcher`) iteration never runs dry: it reads one
+    epoch after the other. `client.epoch` is the epoch being read, and `client.iter_epoch()`
+    iterates just its batches, stopping at its end (the next call iterates the next epoch).
+    `open_epoch` is the job's open epoch as the dispatcher last said: every split of the
+    epochs before it is done. Always 0 with a fixed list of workers. An epoch ends for the
+    client once the job is past it, every listed worker's stream of it has ended and the
+    caller took all it received. A worker's stream that fails is opened again (it may be
+    restarting; if it died, the dispatcher drops it from the list), except after an error no
+    retry fixes (a refused request, a failed pipeline): that is raised once, and the epoch
+    then ends without that worker's stream.
     """
 
     def __init__(
@@ -76,6 +93,7 @@ class Client:
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         token: Optional[str] = None,
         _follow: bool = False,
+        _prefetch_next_epoch: bool = True,
     ):
         workers = list(workers)
         if not workers and not _follow:
@@ -84,20 +102,43 @@ class Client:
             raise ValueError("prefetch must be at least 1")
         if not MIN_MAX_MESSAGE_BYTES <= max_message_bytes <= MAX_MAX_MESSAGE_BYTES:
             raise ValueError(f"max_message_bytes {max_message_bytes} is outside [{MIN_MAX_MESSAGE_BYTES}, {MAX_MAX_MESSAGE_BYTES}]")
-        self._request = _wire.encode_stream_request(namespace, pipeline, job, consumer_index, start_epoch, max_message_bytes)
+        if start_epoch is not None and start_epoch < 0:
+            raise ValueError("start_epoch must not be negative")
+        self._names = (namespace, pipeline, job, consumer_index)
+        self._start_epoch = start_epoch
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._max_message_bytes, self._max_batch_bytes = max_message_bytes, max_batch_bytes
-        self._queue: "queue.Queue" = queue.Queue(maxsize=prefetch)
+        self._prefetch = prefetch
         self._meter = Meter()
         self._call_start: Optional[float] = None
         # Under the dispatcher the set of workers changes and iteration never runs dry.
         self._follow = _follow
-        self._live = len(workers)
+        self._prefetch_next_epoch = _prefetch_next_epoch
         self._closed = threading.Event()
         self._lock = threading.Lock()
+        # Signalled whenever a buffer, a stream or an epoch changes.
+        self._changed = threading.Condition(self._lock)
+        # Channels and calls that close() closes besides the streams' (the dispatcher's).
         self._channels: List[grpc.Channel] = []
         self._calls = []
-        self._pumps: Dict[str, _Pump] = {}
+        # Live streams by (worker, epoch); the epoch is None with a fixed list of workers.
+        self._pumps: Dict[Tuple[str, Optional[int]], _Pump] = {}
+        # Received batches (and errors, with a fixed list) not yet taken by the caller, by the
+        # epoch of the stream they came in (None with a fixed list).
+        self._buffers: Dict[Optional[int], Deque] = {}
+        # Fixed list: streams not ended yet.
+        self._live = len(workers)
+        self._last_epoch = start_epoch or 0
+        # Dispatcher mode: the workers listed, the epoch the caller reads (None until the
+        # first list), the last epoch streams may be open for, the workers whose stream of an
+        # epoch is over (ended normally, or failed with a fatal code), errors to raise.
+        self._listed: Dict[str, None] = {}
+        self._current: Optional[int] = None
+        self._open_through = -1
+        self._finished: Dict[int, Set[str]] = {}
+        self._errors: Deque[Exception] = collections.deque()
+        # Dispatcher mode: called by close() with whether batches were discarded.
+        self._on_close = None
         # Workers a batch came from: the worker count reported to the autoscaler, since a
         # worker that just started is listed before it produces.
         self._delivering = set()
@@ -105,123 +146,228 @@ class Client:
         # and wakes the acknowledging thread.
         self._completed: List[Tuple[int, int]] = []
         self._wake = threading.Event()
-        # Dispatcher mode: positions of the rows each worker delivered (queued for the caller)
-        # by (epoch, split), for unfinished splits: if the worker leaves the list, the
+        # Dispatcher mode: positions of the rows each worker delivered (buffered for the
+        # caller) by (epoch, split), for unfinished splits: if the worker leaves the list, the
         # dispatcher has them skipped when it hands the split out again.
         self._held: Dict[str, Dict[Tuple[int, int], Set[int]]] = {}
         # Dispatcher mode: the job's open epoch, as the dispatcher last said.
         self.open_epoch = 0
-        for worker in workers:
-            self._open(worker)
+        with self._lock:
+            for worker in workers:
+                self._start(worker, None)
 
-    def _connect(self, worker: str):
-        """(channel, call) of a stream from `worker`."""
+    @classmethod
+    def from_dispatcher(cls, url: str, namespace: str, pipeline: str, job: str = "default", consumer_index: int = 0,
+                        connect_timeout: float = 10.0, prefetch_next_epoch: bool = True,
+                        start_epoch: Optional[int] = None, **options) -> "Client":
+        """Registers with the dispatcher at `url` (host:port), streams from the pipeline's
+        workers as they come and go, acknowledges what it received (every batch is delivered
+        once, even when a worker dies mid-split), and reports a batch-time window every second
+        for the autoscaler. Raises `WorkerError` only if the dispatcher refuses, stays
+        unreachable or sends no worker list within `connect_timeout`; afterwards a worker that
+        goes away is dropped quietly.
+
+        Reading starts at the job's open epoch, or at `start_epoch` if that is later (the
+        epochs between are left to the job's other consumers). With `prefetch_next_epoch`
+        each worker's next epoch streams alongside the current one (up to `prefetch` batches
+        of it wait in the client); without, the next epoch's streams open once the caller
+        asks for its first batch. `client.open_epoch` follows the job's open epoch."""
+        client = cls([], namespace, pipeline, job=job, consumer_index=consumer_index, start_epoch=start_epoch,
+                     _follow=True, _prefetch_next_epoch=prefetch_next_epoch, **options)
+        target = _target(url)
+        Follower(_Followed(client), grpc.insecure_channel(target), target, namespace, pipeline, job,
+                 consumer_index, connect_timeout)
+        if not client._wait_for_list(connect_timeout):
+            client.close()
+            raise WorkerError(target, grpc.StatusCode.DEADLINE_EXCEEDED,
+                              f"no worker list from the dispatcher within {connect_timeout} s")
+        return client
+
+    def _wait_for_list(self, timeout: Optional[float]) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self._current is not None or self._closed.is_set(), timeout) \
+                and self._current is not None
+
+    # Streams.
+
+    def _connect(self, worker: str, epoch: Optional[int]):
+        """(channel, call) of a stream from `worker` (of `epoch`, under the dispatcher)."""
+        namespace, pipeline, job, index = self._names
+        if self._follow:
+            request = _wire.encode_stream_request(namespace, pipeline, job, index, None, self._max_message_bytes, epoch)
+        else:
+            request = _wire.encode_stream_request(namespace, pipeline, job, index, self._start_epoch,
+                                                  self._max_message_bytes)
         # Room for the chunk's own framing beyond the payload limit.
         options = [("grpc.max_receive_message_length", self._max_message_bytes + (1 << 20))]
         channel = grpc.insecure_channel(_target(worker), options=options)
         stream = channel.unary_stream(STREAM_METHOD, request_serializer=lambda r: r, response_deserializer=_wire.decode_chunk)
-        return channel, stream(self._request, metadata=self._metadata)
+        return channel, stream(request, metadata=self._metadata)
 
-    def _open(self, worker: str) -> None:
-        pump = _Pump(*self._connect(worker))
-        pump.thread = threading.Thread(target=self._pump, args=(worker, pump), daemon=True, name=f"stoker-{worker}")
-        with self._lock:
-            self._channels.append(pump.channel)
-            self._calls.append(pump.call)
-            self._pumps[worker] = pump
+    def _start(self, worker: str, epoch: Optional[int]) -> None:
+        """Opens a stream and starts its thread. Called with the lock held."""
+        pump = _Pump(worker, epoch)
+        pump.channel, pump.call = self._connect(worker, epoch)
+        pump.thread = threading.Thread(target=self._run, args=(pump,), daemon=True,
+                                       name=f"stoker-{worker}" + ("" if epoch is None else f"-e{epoch}"))
+        self._pumps[(worker, epoch)] = pump
         pump.thread.start()
 
-    @classmethod
-    def from_dispatcher(cls, url: str, namespace: str, pipeline: str, job: str = "default", consumer_index: int = 0,
-                        connect_timeout: float = 10.0, **options) -> "Client":
-        """Registers with the dispatcher at `url` (host:port), streams from the pipeline's
-        workers as they come and go, acknowledges what it received (every batch is delivered
-        once, even when a worker dies mid-split), and reports a batch-time window every second
-        for the autoscaler. Raises `WorkerError` only if the dispatcher refuses or stays
-        unreachable for `connect_timeout`; afterwards a worker that goes away is dropped quietly.
-        `client.open_epoch` follows the job's open epoch."""
-        client = cls([], namespace, pipeline, job=job, consumer_index=consumer_index, _follow=True, **options)
-        target = _target(url)
-        client._follower = Follower(_Followed(client), grpc.insecure_channel(target), target, namespace, pipeline, job,
-                                    consumer_index, connect_timeout)
-        return client
+    def _ensure_streams(self) -> None:
+        """Under the dispatcher, starts the streams missing for the epochs being read: every
+        listed worker's, unless its stream of that epoch is over. Called with the lock held."""
+        if not self._follow or self._current is None or self._closed.is_set():
+            return
+        for epoch in range(self._current, self._open_through + 1):
+            finished = self._finished.get(epoch, ())
+            for worker in self._listed:
+                if (worker, epoch) not in self._pumps and worker not in finished:
+                    self._start(worker, epoch)
 
-    def _put(self, item, stop: threading.Event) -> bool:
-        while not self._closed.is_set() and not stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def _run(self, pump: _Pump) -> None:
+        """A stream's thread: reads it into its buffer; under the dispatcher, opens it again
+        after a failure that is not fatal (the worker still has batches of the epoch)."""
+        outcome = "stopped"
+        try:
+            while True:
+                try:
+                    outcome = self._read(pump)
+                finally:
+                    pump.channel.close()
+                if outcome != "retry" or pump.stop.wait(REOPEN_PAUSE):
+                    break
+                with self._lock:
+                    if self._closed.is_set() or pump.stop.is_set():
+                        outcome = "stopped"
+                        break
+                    pump.channel, pump.call = self._connect(pump.worker, pump.epoch)
+        finally:
+            with self._changed:
+                if self._pumps.get((pump.worker, pump.epoch)) is pump:
+                    del self._pumps[(pump.worker, pump.epoch)]
+                if self._follow:
+                    if outcome in ("ended", "fatal"):
+                        self._finished.setdefault(pump.epoch, set()).add(pump.worker)
+                    if not any(w == pump.worker for w, _ in self._pumps):
+                        self._delivering.discard(pump.worker)
+                    # A worker dropped and listed again before this thread was out.
+                    self._ensure_streams()
+                else:
+                    self._live -= 1
+                    self._delivering.discard(pump.worker)
+                self._changed.notify_all()
 
-    def _deliver(self, worker: str, batch: Batch, stop: threading.Event) -> bool:
-        """Queues a batch. Under the dispatcher its rows are recorded as held from `worker`
-        first, and forgotten again if it was not queued (closed, or the worker dropped), so
-        that what is recorded is exactly what the caller gets."""
-        if not self._follow:
-            return self._put(batch, stop)
-        rows = _rows_by_split(batch)
-        with self._lock:
-            held = self._held.setdefault(worker, {})
-            for key, positions in rows.items():
-                held.setdefault(key, set()).update(positions)
-        if self._put(batch, stop):
-            return True
-        with self._lock:
-            held = self._held.get(worker, {})
-            for key, positions in rows.items():
-                held.get(key, set()).difference_update(positions)
-        return False
-
-    def _pump(self, worker: str, pump: _Pump) -> None:
+    def _read(self, pump: _Pump) -> str:
+        """Reads a stream to its end: "ended" (normally), "retry" (failed, may be opened
+        again), "fatal" (failed, the error goes to the caller) or "stopped"."""
         reassembler = Reassembler(self._max_batch_bytes)
+        worker = pump.worker
         try:
             for chunk in pump.call:
                 batch = reassembler.push(chunk)
-                if batch is None:
-                    continue
-                if batch.tensors:
-                    self._delivering.add(worker)
-                if not self._deliver(worker, batch, pump.stop):
-                    return
+                if batch is not None and not self._deliver(pump, batch):
+                    return "stopped"
             reassembler.finish()
+            return "ended"
         except grpc.RpcError as e:
             if self._closed.is_set() or pump.stop.is_set():
-                return
+                return "stopped"
             if self._follow and e.code() not in FATAL_CODES:
-                # The dispatcher hands a lost worker's splits to the others.
-                return
-            self._put(WorkerError(worker, e.code(), e.details() or ""), pump.stop)
+                # The worker may be restarting; if it died, the dispatcher drops it from the list.
+                return "retry"
+            self._fail(pump, WorkerError(worker, e.code(), e.details() or ""))
+            return "fatal"
         except (ProtocolError, _wire.WireError) as e:
             pump.call.cancel()
-            self._put(ProtocolError(f"worker {worker}: {e}"), pump.stop)
-        finally:
-            with self._lock:
-                if self._pumps.get(worker) is pump:
-                    del self._pumps[worker]
-                self._delivering.discard(worker)
-            if not self._follow:
-                self._put(_End(), pump.stop)
+            self._fail(pump, ProtocolError(f"worker {worker}: {e}"))
+            # Under the dispatcher the stream's epoch still needs the rest of its batches.
+            return "retry" if self._follow else "fatal"
 
-    def __iter__(self):
-        return self
+    def _wait_for_room(self, pump: _Pump) -> Optional[Deque]:
+        """The buffer of the pump's epoch once it has room, or None if the pump must stop.
+        Called with the lock held."""
+        while True:
+            if self._closed.is_set() or pump.stop.is_set():
+                return None
+            buffer = self._buffers.setdefault(pump.epoch, collections.deque())
+            if len(buffer) < self._prefetch:
+                return buffer
+            self._changed.wait(0.5)
 
-    def __next__(self) -> Batch:
-        """The next batch from any worker. An error ends that worker's stream only; it is
-        raised here once, and the other workers keep delivering."""
+    def _deliver(self, pump: _Pump, batch: Batch) -> bool:
+        """Buffers a batch for the caller, waiting for room; whether it was. Under the
+        dispatcher its rows are recorded as held from the worker at the same time, so that
+        what is recorded is exactly what the caller gets."""
+        rows = _rows_by_split(batch) if self._follow else None
+        with self._changed:
+            buffer = self._wait_for_room(pump)
+            if buffer is None:
+                return False
+            if rows:
+                held = self._held.setdefault(pump.worker, {})
+                for key, positions in rows.items():
+                    held.setdefault(key, set()).update(positions)
+            if batch.tensors:
+                self._delivering.add(pump.worker)
+            buffer.append(batch)
+            self._changed.notify_all()
+        return True
+
+    def _fail(self, pump: _Pump, error: Exception) -> None:
+        """Hands a stream's error to the caller: with a fixed list in order with the batches,
+        under the dispatcher ahead of them."""
+        with self._changed:
+            if self._follow:
+                self._errors.append(error)
+            else:
+                buffer = self._wait_for_room(pump)
+                if buffer is None:
+                    return
+                buffer.append(error)
+            self._changed.notify_all()
+
+    # Epochs (dispatcher mode).
+
+    def _over(self, epoch: int) -> bool:
+        """Whether this client has everything of `epoch`: the job is past it, every listed
+        worker's stream of it is over (a worker's that left the list was cut) and the caller
+        took all it buffered. Called with the lock held."""
+        if self.open_epoch <= epoch or self._buffers.get(epoch):
+            return False
+        finished = self._finished.get(epoch, ())
+        return all(worker in finished for worker in self._listed)
+
+    def _advance(self) -> None:
+        """The current epoch is over: read the next. Called with the lock held."""
+        done = self._current
+        self._buffers.pop(done, None)
+        self._finished.pop(done, None)
+        self._current = done + 1
+        if self._prefetch_next_epoch:
+            self._open_through = max(self._open_through, self._current + 1)
+        self._ensure_streams()
+        self._changed.notify_all()
+
+    @property
+    def epoch(self) -> int:
+        """Under the dispatcher, the epoch being read (the next `iter_epoch()` iterates it).
+        With a fixed list of workers, the epoch of the last batch returned (`start_epoch` or 0
+        before the first): standalone workers may interleave epochs."""
+        if not self._follow:
+            return self._last_epoch
+        self._wait_for_list(None)
+        return self._current if self._current is not None else 0
+
+    def _next_item(self):
+        """The next batch the caller gets, or `_EPOCH_END` when the epoch it read ended."""
         now = time.perf_counter()
         if self._call_start is None:
             self._meter.call_started(now)
             self._call_start = now
         while True:
-            if self._live == 0 and not self._follow:
-                self._call_start = None
-                raise StopIteration
-            item = self._queue.get()
-            if isinstance(item, _End):
-                self._live -= 1
-                continue
+            item = self._take()
+            if item is _EPOCH_END:
+                return item
             if isinstance(item, Exception):
                 self._call_start = None
                 raise item
@@ -231,9 +377,77 @@ class Client:
                 # Only completions (splits whose last elements were filtered or dropped as the
                 # remainder): acknowledged, not a batch the caller waited for.
                 continue
+            self._last_epoch = item.epoch
             start, self._call_start = self._call_start, None
             self._meter.delivered(start, time.perf_counter())
             return item
+
+    def _take(self):
+        """The next buffered item, waiting for one; `_EPOCH_END` (dispatcher mode) once the
+        current epoch is over. Raises StopIteration when there is nothing more."""
+        with self._changed:
+            while True:
+                if self._closed.is_set():
+                    self._call_start = None
+                    raise StopIteration
+                if not self._follow:
+                    buffer = self._buffers.get(None)
+                    if buffer:
+                        item = buffer.popleft()
+                        self._changed.notify_all()
+                        return item
+                    if self._live == 0:
+                        self._call_start = None
+                        raise StopIteration
+                elif self._errors:
+                    return self._errors.popleft()
+                elif self._current is not None:
+                    if self._open_through < self._current:
+                        # Without prefetching, an epoch's streams open when it is asked for.
+                        self._open_through = self._current
+                        self._ensure_streams()
+                    buffer = self._buffers.get(self._current)
+                    if buffer:
+                        item = buffer.popleft()
+                        self._changed.notify_all()
+                        return item
+                    if self._over(self._current):
+                        self._advance()
+                        return _EPOCH_END
+                self._changed.wait(1.0)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Batch:
+        """The next batch from any worker. An error ends that worker's stream only; it is
+        raised here once, and the other workers keep delivering. Under the dispatcher, the
+        end of an epoch just moves on to the next."""
+        while True:
+            item = self._next_item()
+            if item is not _EPOCH_END:
+                return item
+
+    def iter_epoch(self) -> Iterator[Batch]:
+        """The batches of the epoch being read (`client.epoch`), stopping at its end; the next
+        call iterates the next epoch. Needs the dispatcher (standalone workers interleave
+        epochs): raises TypeError with a fixed list of workers."""
+        if not self._follow:
+            raise TypeError("iter_epoch needs the dispatcher")
+
+        def batches():
+            while True:
+                try:
+                    item = self._next_item()
+                except StopIteration:  # closed (a generator must not let it through)
+                    return
+                if item is _EPOCH_END:
+                    # The time until the next epoch is asked for is not a batch's.
+                    self._call_start = None
+                    return
+                yield item
+
+        return batches()
 
     def _complete(self, done: List[Tuple[int, int]]) -> None:
         """The caller took the last batch of these (epoch, split)s: acknowledged as done, and
@@ -253,11 +467,29 @@ class Client:
         self._meter.reset()
 
     def close(self) -> None:
-        self._closed.set()
-        with self._lock:
+        """Stops every stream. Under the dispatcher, tells it the client is leaving (with
+        what is left to acknowledge, and whether batches were received that the caller never
+        took), so that it stops waiting for this client at once."""
+        with self._changed:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            pumps = list(self._pumps.values())
+            # Batches the caller never got, or streams cut with batches maybe on the way.
+            discarded = any(self._buffers.values()) or bool(pumps)
+            for pump in pumps:
+                pump.stop.set()
+                if pump.call is not None:
+                    pump.call.cancel()
             calls, channels = list(self._calls), list(self._channels)
+            self._changed.notify_all()
         for call in calls:
             call.cancel()
+        if self._on_close is not None:
+            self._on_close(discarded)
+        for pump in pumps:
+            if pump.channel is not None:
+                pump.channel.close()
         for channel in channels:
             channel.close()
 
@@ -284,34 +516,47 @@ class _Followed:
         return self._client._closed.wait(timeout)
 
     def add_channel(self, channel: grpc.Channel) -> None:
-        self._client._channels.append(channel)
+        with self._client._lock:
+            self._client._channels.append(channel)
 
     def add_call(self, call) -> None:
-        self._client._calls.append(call)
+        with self._client._lock:
+            self._client._calls.append(call)
 
-    def follow(self, addresses: Iterable[str]) -> List[_wire.Held]:
+    def on_close(self, leave) -> None:
+        self._client._on_close = leave
+
+    def follow(self, addresses: Iterable[str], epoch: int) -> List[_wire.Held]:
         client = self._client
         listed = dict.fromkeys(addresses)
-        with client._lock:
-            gone = [pump for worker, pump in client._pumps.items() if worker not in listed]
-        for pump in gone:
-            pump.stop.set()
-            pump.call.cancel()
-        # Once its thread is out, everything a dropped worker queued is recorded.
+        with client._changed:
+            client._listed = listed
+            gone = [pump for (worker, _), pump in client._pumps.items() if worker not in listed]
+            for pump in gone:
+                pump.stop.set()
+                if pump.call is not None:
+                    pump.call.cancel()
+            client._changed.notify_all()
+        # Once their threads are out, everything a dropped worker buffered is recorded.
         deadline = time.monotonic() + STOP_TIMEOUT
         for pump in gone:
             pump.thread.join(max(0.0, deadline - time.monotonic()))
-            pump.channel.close()
         held = []
-        with client._lock:
-            new = [a for a in listed if a not in client._pumps]
-            # Including workers whose stream had already ended on its own.
+        with client._changed:
+            # Including workers whose streams had already ended on their own.
             for worker in [w for w in client._held if w not in listed]:
-                for (epoch, split), positions in sorted(client._held.pop(worker).items()):
+                for (e, split), positions in sorted(client._held.pop(worker).items()):
                     if positions:
-                        held.append(_wire.Held(epoch, split, sorted(positions)))
-        for address in new:
-            client._open(address)
+                        held.append(_wire.Held(e, split, sorted(positions)))
+            for worker in [w for w in client._delivering if w not in listed]:
+                client._delivering.discard(worker)
+            client.open_epoch = max(client.open_epoch, epoch)
+            if client._current is None:
+                # The first list: reading starts at the job's open epoch.
+                client._current = max(epoch, client._start_epoch or 0)
+                client._open_through = client._current + (1 if client._prefetch_next_epoch else 0)
+            client._ensure_streams()
+            client._changed.notify_all()
         return held
 
     def take_report(self) -> Tuple[WindowStats, int]:
@@ -333,4 +578,8 @@ class _Followed:
             self._client._completed.extend(completed)
 
     def saw_epoch(self, epoch: int) -> None:
-        self._client.open_epoch = epoch
+        client = self._client
+        with client._changed:
+            if epoch > client.open_epoch:
+                client.open_epoch = epoch
+                client._changed.notify_all()

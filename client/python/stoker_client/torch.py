@@ -1,11 +1,38 @@
-"""PyTorch adaptor: an IterableDataset of dicts of tensors. Needs torch (`pip install torch`).
+"""PyTorch adaptor: an IterableDataset of dicts of tensors, read through the dispatcher, one
+epoch per pass. Needs torch (`pip install torch`).
 
-Use it with `DataLoader(dataset, batch_size=None)`: batches are already made by the workers.
-With `num_workers > 0`, DataLoader would run one copy of the dataset per loader process; each
-copy here connects as its own consumer (`consumer_index` + loader worker id) of the same job,
-so together they share the job's stream instead of each receiving every batch. Tensors are
-made with `torch.from_numpy` over the received bytes (no copy); they are read-only views, so
-clone one before writing to it in place.
+    dataset = StokerIterableDataset("stoker-dispatcher.stoker-system.svc:50051", "team-a", "imagenet-train")
+    loader = DataLoader(dataset, batch_size=None)     # batches are already made by the workers
+    for epoch in range(10):
+        for batch in loader:                           # one epoch of the job
+            images, labels = batch["image"], batch["label"]
+
+Epochs: each `iter(dataset)` (each pass over the DataLoader) yields one epoch of the job
+(`Client.iter_epoch`). The client is made on the first pass in a process and kept, so the next
+pass reads the next epoch. A pass left early (`break`) leaves the rest of its epoch to the next
+pass. Tensors are made with `torch.from_numpy` over the received bytes (no copy); they are
+read-only views, so clone one before writing to it in place.
+
+Ranks and loader processes: `rank` and `world_size` default to `torch.distributed`'s when it is
+initialised, else 0 and 1. Each copy of the dataset (one per rank, and per DataLoader worker
+process with `num_workers > 0`) connects as its own consumer of the job, consumer index
+`rank * num_workers + loader worker id`, so together they read each epoch once instead of each
+reading all of it. For now the ranks just share the job's stream: a rank may get more or fewer
+batches of an epoch than another (coming: one stream per rank with equal counts).
+
+Prefetching the next epoch: in the main process the next epoch streams in alongside the current
+one (`prefetch_next_epoch=True`). In a DataLoader worker process the default is False: without
+`persistent_workers=True` the process and its client are discarded after every epoch, and what
+it had fetched of the next epoch would be discarded with it (the dispatcher then produces the
+job's in-flight splits again, so rows may repeat). With `persistent_workers=True`, pass
+`prefetch_next_epoch=True`.
+
+Checkpoints: `state_dict()` is `{"epoch": the next epoch to read, "job": job}`;
+`load_state_dict(state)` makes the next pass start at that epoch, or at the job's open epoch if
+the job is already past it. Only whole epochs: resuming in the middle of one is not implemented
+yet. With `num_workers > 0` the passes run in the loader processes, so the main process's
+dataset does not see them: its `state_dict()` says only what was loaded (or None: wherever the
+job is); count epochs in the training loop and save that instead.
 """
 
 try:
@@ -14,25 +41,99 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without torch
     raise ImportError("stoker_client.torch needs PyTorch: pip install torch") from e
 
+import multiprocessing.util
+import os
 import warnings
 
 from .client import Client
 
 
+def _tensors(batch):
+    with warnings.catch_warnings():
+        # from_numpy warns on read-only arrays; ours are views of received bytes.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {name: torch.from_numpy(array) for name, array in batch.items()}
+
+
 class StokerIterableDataset(IterableDataset):
-    def __init__(self, workers, namespace, pipeline, job="default", consumer_index=0, **client_options):
+    """One epoch of a job per pass, through the dispatcher at `dispatcher` (host:port).
+    `client_options` go to `Client.from_dispatcher` (prefetch, max_message_bytes, token, ...)."""
+
+    def __init__(self, dispatcher, namespace, pipeline, job="default", rank=None, world_size=None,
+                 prefetch_next_epoch=None, **client_options):
         super().__init__()
-        self.workers = list(workers)
+        if not isinstance(dispatcher, str):
+            raise TypeError("StokerIterableDataset reads through the dispatcher: pass its address (host:port)")
+        if rank is not None and world_size is not None and not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world size {world_size}")
+        self.dispatcher = dispatcher
         self.namespace, self.pipeline, self.job = namespace, pipeline, job
-        self.consumer_index = consumer_index
+        self.rank, self.world_size = rank, world_size
+        self.prefetch_next_epoch = prefetch_next_epoch
         self.client_options = client_options
+        # Where the next client starts reading (load_state_dict); None: the job's open epoch.
+        self._start_epoch = None
+        # This process's client, made on the first pass.
+        self._client = None
+        self._pid = None
+
+    def __getstate__(self):
+        # Copies (DataLoader worker processes) make their own client.
+        state = self.__dict__.copy()
+        state["_client"] = state["_pid"] = None
+        return state
+
+    def _rank(self):
+        """(rank, world size)."""
+        rank, world_size = self.rank, self.world_size
+        distributed = torch.distributed
+        if (rank is None or world_size is None) and distributed.is_available() and distributed.is_initialized():
+            rank = distributed.get_rank() if rank is None else rank
+            world_size = distributed.get_world_size() if world_size is None else world_size
+        return (0 if rank is None else rank), (1 if world_size is None else world_size)
+
+    def client(self) -> Client:
+        """This process's client, made on first use."""
+        if self._client is not None and self._pid == os.getpid():
+            return self._client
+        info = get_worker_info()
+        loaders, loader = (info.num_workers, info.id) if info is not None else (1, 0)
+        rank, _ = self._rank()
+        prefetch = self.prefetch_next_epoch if self.prefetch_next_epoch is not None else info is None
+        client = Client.from_dispatcher(self.dispatcher, self.namespace, self.pipeline, job=self.job,
+                                        consumer_index=rank * loaders + loader, prefetch_next_epoch=prefetch,
+                                        start_epoch=self._start_epoch, **self.client_options)
+        # Tell the dispatcher when the process ends (a loader process too: atexit does not run
+        # there, multiprocessing's finalizers do), rather than leave it to time the client out.
+        multiprocessing.util.Finalize(None, client.close, exitpriority=10)
+        self._client, self._pid = client, os.getpid()
+        return client
 
     def __iter__(self):
-        info = get_worker_info()
-        index = self.consumer_index + (info.id if info is not None else 0)
-        client = Client(self.workers, self.namespace, self.pipeline, job=self.job, consumer_index=index, **self.client_options)
-        with client, warnings.catch_warnings():
-            # from_numpy warns on read-only arrays; ours are views of received bytes.
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            for batch in client:
-                yield {name: torch.from_numpy(array) for name, array in batch.items()}
+        for batch in self.client().iter_epoch():
+            yield _tensors(batch)
+
+    def state_dict(self):
+        """{"epoch": the next epoch this process reads (None: wherever the job is), "job": job}.
+        Whole epochs only: mid-epoch resume is not implemented yet."""
+        if self._client is not None and self._pid == os.getpid():
+            epoch = self._client.epoch
+        else:
+            epoch = self._start_epoch
+        return {"epoch": epoch, "job": self.job}
+
+    def load_state_dict(self, state):
+        """The next pass (in this process, and in loader processes started afterwards) reads
+        `state["epoch"]`, or the job's open epoch if the job is already past it."""
+        if state.get("job", self.job) != self.job:
+            raise ValueError(f"the state is of job {state['job']!r}, not {self.job!r}")
+        self._start_epoch = state.get("epoch")
+        if self._client is not None and self._pid == os.getpid():
+            self._client.close()
+        self._client = self._pid = None
+
+    def close(self):
+        """Closes this process's client (also done when the process ends)."""
+        if self._client is not None and self._pid == os.getpid():
+            self._client.close()
+        self._client = self._pid = None

@@ -2,8 +2,10 @@
 
 import os
 import pathlib
+import queue
 import re
 import subprocess
+import threading
 import time
 
 import pytest
@@ -39,6 +41,31 @@ def pipeline_file(directory: pathlib.Path, corpus: pathlib.Path, batch_size: int
         f"{extra}"
     )
     return path
+
+
+def images_in(corpus: pathlib.Path) -> int:
+    return sum(1 for p in corpus.rglob("*.jpg"))
+
+
+def within(seconds: float, fn, *args):
+    """fn(*args), failing the test if it takes longer than `seconds` (it goes on in the
+    background: a hung stream cannot hang the suite)."""
+    out = queue.Queue()
+
+    def run():
+        try:
+            out.put((True, fn(*args)))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test
+            out.put((False, e))
+
+    threading.Thread(target=run, daemon=True).start()
+    try:
+        ok, value = out.get(timeout=seconds)
+    except queue.Empty:
+        pytest.fail(f"{getattr(fn, '__name__', fn)} did not finish within {seconds} s")
+    if not ok:
+        raise value
+    return value
 
 
 class Worker:

@@ -1,14 +1,16 @@
-"""Dispatcher mode against `stoker local`: the client finds the workers through the dispatcher
-and its batch-time reports reach the autoscaler (the local view shows them)."""
+"""Dispatcher mode against `stoker local`: the client finds the workers through the dispatcher,
+reads whole epochs one after the other, and its batch-time reports reach the autoscaler (the
+local view shows them)."""
 
 import os
 import pathlib
 import re
 import subprocess
+import sys
 import threading
 import time
 
-from conftest import ROOT, pipeline_file, worker_binary
+from conftest import ROOT, images_in, pipeline_file, within, worker_binary
 
 from stoker_client import Client
 
@@ -69,3 +71,52 @@ def test_completions_without_a_batch_are_reported_and_never_yielded(tmp_path, co
             batch = next(client)
             assert batch["image"].shape == (5, 64, 64, 3), batch.completes
             epochs.add(batch.epoch)
+
+
+def read_epoch(client):
+    """(the epoch read, its batches) from `client.iter_epoch()`."""
+    epoch = client.epoch
+    return epoch, list(client.iter_epoch())
+
+
+def check_epoch(epoch, batches, images):
+    """Every image of the corpus exactly once, all of `epoch`."""
+    assert {b.epoch for b in batches} == {epoch}
+    assert sum(b["label"].shape[0] for b in batches) == images
+    rows = [r for b in batches for r in b.rows.tolist()]
+    assert len(rows) == len(set(rows)) == images, "every row once"
+
+
+def test_iter_epoch_gives_each_epoch_whole_and_once(tmp_path, corpus):
+    images = images_in(corpus)
+    with Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local, \
+            Client.from_dispatcher(local.address(), "test", "py") as client:
+        first, batches = within(60, read_epoch, client)
+        check_epoch(first, batches, images)
+        assert client.epoch == first + 1
+        second, batches = within(60, read_epoch, client)
+        check_epoch(second, batches, images)
+        assert second == first + 1 and client.epoch == first + 2
+
+
+def test_next_goes_on_across_epochs_without_prefetching(tmp_path, corpus):
+    images = images_in(corpus)
+    with Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local, \
+            Client.from_dispatcher(local.address(), "test", "py", prefetch_next_epoch=False) as client:
+        start = client.epoch
+        batches = within(60, lambda: [next(client) for _ in range(2 * images // 4)])
+        assert [b.epoch for b in batches] == sorted(b.epoch for b in batches), "epochs in order"
+        for epoch in (start, start + 1):
+            check_epoch(epoch, [b for b in batches if b.epoch == epoch], images)
+
+
+def test_the_example_reads_epochs_through_the_dispatcher(tmp_path, corpus):
+    example = ROOT / "examples" / "iterate_epochs.py"
+    with Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local:
+        out = subprocess.run([sys.executable, str(example), "--namespace", "test", "--pipeline", "py",
+                              "--dispatcher", local.address(), "--epochs", "2"],
+                             check=True, capture_output=True, text=True, timeout=120).stdout
+    images = images_in(corpus)
+    lines = [l for l in out.splitlines() if l.startswith("epoch")]
+    assert [l.split(" images in ")[0] for l in lines] == [f"epoch 0: {images}", f"epoch 1: {images}"], out
+    assert all(l.endswith("images/s") for l in lines), out

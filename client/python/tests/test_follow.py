@@ -1,14 +1,17 @@
 """Dispatcher mode against fakes (no network): the rows a client holds from a worker that left
-the list are acknowledged once, completed splits are not, and completions go promptly."""
+the list are acknowledged once, completed splits are not, and completions go promptly; each
+epoch streams separately and ends for the caller only once the client has all of it."""
 
 import queue
+import threading
 import time
 
 import grpc
 import numpy as np
+import pytest
 from test_wire import chunk, decode_acknowledge_request, field, header, tensor_meta, varint
 
-from stoker_client import Client, _wire
+from stoker_client import Client, WorkerError, _wire
 from stoker_client._dispatcher import Follower
 from stoker_client.client import _Followed
 
@@ -24,8 +27,11 @@ class FakeRpcError(grpc.RpcError):
         return ""
 
 
+END = object()
+
+
 class FakeCall:
-    """A server stream: yields what the test sends until it fails or is cancelled."""
+    """A server stream: yields what the test sends until it ends, fails or is cancelled."""
 
     def __init__(self, decode=lambda m: m):
         self.decode = decode
@@ -38,6 +44,10 @@ class FakeCall:
     def fail(self, code):
         self.items.put(FakeRpcError(code))
 
+    def end(self):
+        """Ends the stream normally (status OK)."""
+        self.items.put(END)
+
     def cancel(self):
         self.cancelled = True
         self.items.put(FakeRpcError(grpc.StatusCode.CANCELLED))
@@ -45,6 +55,8 @@ class FakeCall:
     def __iter__(self):
         while True:
             item = self.items.get()
+            if item is END:
+                return
             if isinstance(item, Exception):
                 raise item
             yield item
@@ -56,15 +68,17 @@ class FakeChannel:
 
 
 class FakeClient(Client):
-    """A client whose worker streams are `FakeCall`s, the latest per address in `streams`."""
+    """A client whose worker streams are `FakeCall`s, the latest per (address, epoch) in
+    `streams`, each one opened also in `opened`."""
 
-    def __init__(self, **options):
-        self.streams = {}
-        super().__init__([], "ns", "p", job="j", _follow=True, **options)
+    def __init__(self, prefetch_next_epoch=True, **options):
+        self.streams, self.opened = {}, []
+        super().__init__([], "ns", "p", job="j", _follow=True, _prefetch_next_epoch=prefetch_next_epoch, **options)
 
-    def _connect(self, worker):
-        self.streams[worker] = FakeCall(_wire.decode_chunk)
-        return FakeChannel(), self.streams[worker]
+    def _connect(self, worker, epoch):
+        self.streams[(worker, epoch)] = FakeCall(_wire.decode_chunk)
+        self.opened.append((worker, epoch))
+        return FakeChannel(), self.streams[(worker, epoch)]
 
 
 def batch(epoch, rows, completes=()):
@@ -91,48 +105,243 @@ def eventually(condition, timeout=5.0):
 def test_rows_of_a_dropped_workers_unfinished_splits_are_held_once():
     with FakeClient() as client:
         followed = _Followed(client)
-        assert followed.follow(["a"]) == []
-        a = client.streams["a"]
+        assert followed.follow(["a"], 0) == []
+        a = client.streams[("a", 0)]
         a.send(batch(0, [(1, 0), (1, 1), (2, 5)]))
         a.send(batch(0, [(1, 2), (2, 6)], completes=[1]))
         assert positions(next(client)) == [(1, 0), (1, 1), (2, 5)]
         assert positions(next(client)) == [(1, 2), (2, 6)]
         assert followed.take_completed() == [(0, 1)]
         # Split 1 is done: only split 2's rows are held.
-        assert followed.follow(["b"]) == [_wire.Held(0, 2, [5, 6])]
-        assert a.cancelled and "b" in client.streams
-        assert followed.follow(["b"]) == []
+        assert followed.follow(["b"], 0) == [_wire.Held(0, 2, [5, 6])]
+        assert a.cancelled and client.streams[("a", 1)].cancelled
+        assert ("b", 0) in client.streams and ("b", 1) in client.streams
+        assert followed.follow(["b"], 0) == []
 
 
-def test_queued_rows_are_held_and_a_batch_not_queued_is_neither_held_nor_yielded():
+def test_buffered_rows_are_held_and_a_batch_not_buffered_is_neither_held_nor_yielded():
     with FakeClient(prefetch=1) as client:
         followed = _Followed(client)
-        followed.follow(["a"])
-        a = client.streams["a"]
+        followed.follow(["a"], 0)
+        a = client.streams[("a", 0)]
         a.send(batch(0, [(3, 0), (3, 1)]))
         a.send(batch(0, [(3, 2)]))
-        # The second batch waits for room in the queue when the worker is dropped.
-        eventually(lambda: len(client._held.get("a", {}).get((0, 3), ())) == 3)
-        assert followed.follow([]) == [_wire.Held(0, 3, [0, 1])]
+        # The second batch waits for room in the buffer when the worker is dropped.
+        eventually(lambda: len(client._held.get("a", {}).get((0, 3), ())) == 2 and a.items.empty())
+        time.sleep(0.05)
+        assert followed.follow([], 0) == [_wire.Held(0, 3, [0, 1])]
         assert positions(next(client)) == [(3, 0), (3, 1)]
-        assert client._queue.empty()
+        assert not client._buffers.get(0)
 
 
-def test_a_stream_that_ended_keeps_its_rows_until_the_list_drops_the_worker():
+def test_a_failed_stream_is_opened_again_and_its_rows_stay_held_until_the_list_drops_the_worker():
     with FakeClient() as client:
         followed = _Followed(client)
-        followed.follow(["a"])
-        first = client.streams["a"]
+        followed.follow(["a"], 0)
+        first = client.streams[("a", 0)]
         first.send(batch(0, [(4, 0)]))
         next(client)
         first.fail(grpc.StatusCode.UNAVAILABLE)
-        eventually(lambda: "a" not in client._pumps)
-        # Still listed: opened again, its rows still held.
-        assert followed.follow(["a"]) == []
-        assert client.streams["a"] is not first
-        client.streams["a"].send(batch(0, [(5, 1)]))
+        # Still listed and the epoch not over: opened again for the same epoch after a pause.
+        eventually(lambda: client.streams[("a", 0)] is not first)
+        client.streams[("a", 0)].send(batch(0, [(5, 1)]))
         next(client)
-        assert followed.follow([]) == [_wire.Held(0, 4, [0]), _wire.Held(0, 5, [1])]
+        assert followed.follow([], 0) == [_wire.Held(0, 4, [0]), _wire.Held(0, 5, [1])]
+
+
+def test_a_stream_that_ended_normally_is_not_opened_again():
+    with FakeClient() as client:
+        followed = _Followed(client)
+        followed.follow(["a"], 0)
+        a = client.streams[("a", 0)]
+        a.send(batch(0, [(4, 0)]))
+        a.end()
+        next(client)
+        eventually(lambda: ("a", 0) not in client._pumps)
+        time.sleep(0.4)  # longer than the pause before a failed stream opens again
+        followed.follow(["a"], 0)  # nor by a new list
+        assert client.opened.count(("a", 0)) == 1
+        # Its rows are held still: split 4 is not complete.
+        assert followed.follow([], 0) == [_wire.Held(0, 4, [0])]
+
+
+def test_a_fatal_error_is_raised_and_the_stream_not_opened_again():
+    with FakeClient() as client:
+        followed = _Followed(client)
+        followed.follow(["a", "b"], 0)
+        client.streams[("a", 0)].fail(grpc.StatusCode.FAILED_PRECONDITION)
+        with pytest.raises(WorkerError, match="FAILED_PRECONDITION"):
+            next(client)
+        time.sleep(0.4)
+        assert client.opened.count(("a", 0)) == 1
+        # The other streams go on.
+        client.streams[("b", 0)].send(batch(0, [(1, 0)]))
+        assert positions(next(client)) == [(1, 0)]
+
+
+def over(client, epoch):
+    with client._lock:
+        return client._over(epoch)
+
+
+class Reader:
+    """Iterates `client.iter_epoch()` in a thread: batches, then "end", go to `items`."""
+
+    def __init__(self, client):
+        self.items = queue.Queue()
+        threading.Thread(target=self._read, args=(client.iter_epoch(),), daemon=True).start()
+
+    def _read(self, batches):
+        try:
+            for b in batches:
+                self.items.put(b)
+            self.items.put("end")
+        except Exception as e:  # noqa: BLE001 - the test sees it
+            self.items.put(e)
+
+    def get(self, timeout=5.0):
+        return self.items.get(timeout=timeout)
+
+    def nothing_for(self, seconds=0.3):
+        time.sleep(seconds)
+        assert self.items.empty(), self.items.get()
+
+
+def test_an_epoch_is_over_only_when_the_job_is_past_it_its_streams_ended_and_all_was_taken():
+    with FakeClient() as client:
+        followed = _Followed(client)
+        followed.follow(["a", "b"], 0)
+        assert client.epoch == 0
+        a0, b0 = client.streams[("a", 0)], client.streams[("b", 0)]
+        a0.send(batch(0, [(1, 0)], completes=[1]))
+        b0.send(batch(0, [(2, 0)], completes=[2]))
+        a0.end()
+        b0.end()
+        eventually(lambda: client._finished.get(0) == {"a", "b"})
+        assert len(client._buffers[0]) == 2
+        assert not over(client, 0), "the job is still at epoch 0, and two batches wait"
+        followed.saw_epoch(1)
+        assert not over(client, 0), "two batches wait"
+        batches = client.iter_epoch()
+        assert sorted(positions(next(batches)) + positions(next(batches))) == [(1, 0), (2, 0)]
+        assert over(client, 0)
+        with pytest.raises(StopIteration):
+            next(batches)
+        assert client.epoch == 1
+
+        # Epoch 1: the job is past it and nothing waits, but b's stream goes on.
+        followed.saw_epoch(2)
+        reader = Reader(client)
+        client.streams[("a", 1)].end()
+        reader.nothing_for()
+        assert not over(client, 1)
+        client.streams[("b", 1)].send(batch(1, [(7, 0)], completes=[7]))
+        assert positions(reader.get()) == [(7, 0)]
+        reader.nothing_for()
+        client.streams[("b", 1)].end()
+        assert reader.get() == "end"
+        assert client.epoch == 2
+
+        # Epoch 2: a worker that leaves the list no longer counts.
+        followed.saw_epoch(3)
+        reader = Reader(client)
+        client.streams[("a", 2)].end()
+        reader.nothing_for()
+        followed.follow(["a"], 3)
+        assert client.streams[("b", 2)].cancelled
+        assert reader.get() == "end"
+        assert client.epoch == 3
+
+
+def test_the_next_epochs_batches_wait_until_the_current_epoch_is_over():
+    with FakeClient(prefetch=1) as client:
+        followed = _Followed(client)
+        followed.follow(["a"], 0)
+        a0, a1 = client.streams[("a", 0)], client.streams[("a", 1)]
+        # The next epoch's buffer is full, and one more of its batches waits: the current
+        # epoch's batches still come.
+        a1.send(batch(1, [(1, 0)]))
+        a1.send(batch(1, [(1, 1)], completes=[1]))
+        eventually(lambda: len(client._buffers.get(1, ())) == 1 and a1.items.empty())
+        a0.send(batch(0, [(3, 0)], completes=[3]))
+        b = next(client)
+        assert (b.epoch, positions(b)) == (0, [(3, 0)])
+        # Epoch 0 is not over (a's stream goes on): epoch 1's batches are not yielded.
+        reader = Reader(client)
+        reader.nothing_for()
+        followed.saw_epoch(1)
+        reader.nothing_for()
+        a0.end()
+        assert reader.get() == "end"
+        assert client.epoch == 1
+        batches = client.iter_epoch()
+        assert [positions(next(batches)), positions(next(batches))] == [[(1, 0)], [(1, 1)]]
+
+
+def test_next_goes_on_across_epochs():
+    with FakeClient() as client:
+        followed = _Followed(client)
+        followed.follow(["a"], 0)
+        client.streams[("a", 1)].send(batch(1, [(2, 0)], completes=[2]))
+        client.streams[("a", 0)].send(batch(0, [(1, 0)], completes=[1]))
+        assert next(client).epoch == 0
+        followed.saw_epoch(1)
+        client.streams[("a", 0)].end()
+        b = next(client)
+        assert (b.epoch, client.epoch) == (1, 1)
+        # Streams of epoch 2 opened once epoch 1 is read.
+        assert ("a", 2) in client.streams
+
+
+def test_new_workers_stream_the_current_and_the_next_epoch_and_without_prefetching_only_the_current():
+    with FakeClient() as client:
+        followed = _Followed(client)
+        followed.follow(["a"], 4)
+        followed.follow(["a", "b"], 4)
+        assert sorted(client.opened) == [("a", 4), ("a", 5), ("b", 4), ("b", 5)]
+    with FakeClient(prefetch_next_epoch=False) as client:
+        followed = _Followed(client)
+        followed.follow(["a"], 0)
+        assert client.opened == [("a", 0)]
+        followed.saw_epoch(1)
+        client.streams[("a", 0)].send(batch(0, [(1, 0)], completes=[1]))
+        client.streams[("a", 0)].end()
+        assert len(list(client.iter_epoch())) == 1
+        time.sleep(0.1)
+        # The next epoch's stream opens when the caller asks for it.
+        assert client.opened == [("a", 0)]
+        reader = Reader(client)
+        eventually(lambda: ("a", 1) in client.streams)
+        client.streams[("a", 1)].send(batch(1, [(1, 0)]))
+        assert reader.get().epoch == 1
+
+
+def test_reading_starts_at_the_jobs_open_epoch_or_a_later_start_epoch():
+    with FakeClient(start_epoch=3) as client:
+        _Followed(client).follow(["a"], 2)
+        assert client.epoch == 3 and sorted(client.opened) == [("a", 3), ("a", 4)]
+    with FakeClient(start_epoch=1) as client:
+        _Followed(client).follow(["a"], 2)
+        assert client.epoch == 2
+
+
+def test_completions_alone_are_acknowledged_and_never_yielded():
+    with FakeClient() as client:
+        followed = _Followed(client)
+        followed.follow(["a"], 0)
+        a0 = client.streams[("a", 0)]
+        a0.send(batch(0, [(1, 0)]))
+        a0.send(batch(0, [], completes=[1]))
+        a0.end()
+        followed.saw_epoch(1)
+        assert [positions(b) for b in client.iter_epoch()] == [[(1, 0)]]
+        assert followed.take_completed() == [(0, 1)]
+
+
+def test_iter_epoch_needs_the_dispatcher():
+    client = Client(["127.0.0.1:1"], "ns", "p")
+    with client, pytest.raises(TypeError, match="needs the dispatcher"):
+        client.iter_epoch()
 
 
 class FakeDispatcher(FakeChannel):
@@ -151,7 +360,7 @@ class FakeDispatcher(FakeChannel):
 
     def unary_unary(self, name, request_serializer, response_deserializer):
         handler = getattr(self, name.rsplit("/", 1)[1])
-        return lambda request, metadata=None: response_deserializer(handler(request))
+        return lambda request, metadata=None, timeout=None: response_deserializer(handler(request))
 
     def unary_stream(self, name, request_serializer, response_deserializer):
         def watch(request, metadata=None):
@@ -182,8 +391,9 @@ def test_the_follower_acknowledges_versions_completions_and_held_rows():
         dispatcher.send_list(["a"], version=1, epoch=0)
         # A version is acknowledged even with nothing to say about it.
         assert dispatcher.acks.get(timeout=5) == {"client_id": "c-1", "completed": [], "list_version": 1, "held": []}
-        eventually(lambda: "a" in client.streams)
-        a = client.streams["a"]
+        eventually(lambda: ("a", 0) in client.streams)
+        assert client.epoch == 0
+        a = client.streams[("a", 0)]
         a.send(batch(0, [(1, 0), (2, 0)]))
         a.send(batch(0, [(1, 1)], completes=[1]))
         next(client), next(client)
@@ -198,9 +408,46 @@ def test_the_follower_acknowledges_versions_completions_and_held_rows():
         eventually(lambda: client.open_epoch == 1)
         time.sleep(0.2)
         assert dispatcher.acks.empty(), "nothing more to acknowledge"
+        # A completion not acknowledged yet when the client closes goes with the last one.
+        with client._lock:
+            client._completed.append((0, 3))
+
+    # Closing says so; b's streams were cut, with batches maybe on the way.
+    assert dispatcher.acks.get(timeout=5) == {"client_id": "c-1", "completed": [(0, 3)], "list_version": 2,
+                                              "held": [], "leaving": True, "discarded": True}
 
     request = dispatcher.watch_request
     fields = {f: v for f, _, v in _wire._fields(memoryview(request))}
     assert request[fields[2][0]:fields[2][1]] == b"j"
     assert dispatcher.reports, "a window every 50 ms"
     assert all(8 not in [f for f, _, _ in _wire._fields(memoryview(r))] for r in dispatcher.reports)
+
+
+def test_a_client_closing_after_its_epoch_discarded_nothing():
+    dispatcher = FakeDispatcher()
+    with FakeClient(prefetch_next_epoch=False) as client:
+        Follower(_Followed(client), dispatcher, "fake", "ns", "p", "j", 0, 1.0)
+        dispatcher.send_list(["a"], version=1, epoch=0)
+        assert dispatcher.acks.get(timeout=5)["list_version"] == 1
+        eventually(lambda: ("a", 0) in client.streams)
+        client.streams[("a", 0)].send(batch(0, [(1, 0)], completes=[1]))
+        client.streams[("a", 0)].end()
+        dispatcher.send_list(["a"], version=2, epoch=1)
+        assert [positions(b) for b in client.iter_epoch()] == [[(1, 0)]]
+        assert client.epoch == 1
+    acks = []
+    while not acks or not acks[-1].get("leaving"):
+        acks.append(dispatcher.acks.get(timeout=5))
+    assert "discarded" not in acks[-1]
+    assert [c for ack in acks for c in ack["completed"]] == [(0, 1)]
+
+
+def test_closing_ends_an_epochs_iteration():
+    client = FakeClient()
+    _Followed(client).follow(["a"], 0)
+    reader = Reader(client)
+    reader.nothing_for(0.1)
+    client.close()
+    assert reader.get() == "end"
+    with pytest.raises(StopIteration):
+        next(client)

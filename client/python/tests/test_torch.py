@@ -1,27 +1,132 @@
-"""The PyTorch adaptor, where torch is installed."""
+"""The PyTorch adaptor against `stoker local`: one epoch per pass, every image once per epoch,
+also across loader processes."""
 
 # `make python` installs torch: a missing torch is a setup error here, not a reason to skip.
+import pytest
 import torch
+from conftest import images_in, pipeline_file, within
+from test_dispatcher import Local
+from torch.utils.data import DataLoader
+
+from stoker_client.torch import StokerIterableDataset
 
 
-def test_the_dataset_yields_dicts_of_tensors(two_workers):
-    from torch.utils.data import DataLoader
-
-    from stoker_client.torch import StokerIterableDataset
-
-    loader = DataLoader(StokerIterableDataset(two_workers, "test", "py"), batch_size=None)
-    batches = list(loader)
-    assert sum(b["image"].shape[0] for b in batches) == 2 * 2 * 24
-    assert batches[0]["image"].dtype == torch.float32 and batches[0]["label"].dtype == torch.int64
+@pytest.fixture
+def local(tmp_path, corpus):
+    with Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local:
+        yield local
 
 
-def test_loader_processes_share_the_stream_as_consumers_of_one_job(two_workers):
-    from torch.utils.data import DataLoader
+class RowsDataset(StokerIterableDataset):
+    """Adds each batch's epoch and rows to its dict, to check them (across loader processes)."""
 
-    from stoker_client.torch import StokerIterableDataset
+    def __iter__(self):
+        for batch in self.client().iter_epoch():
+            out = {name: torch.from_numpy(array.copy()) for name, array in batch.items()}
+            out["epoch"] = torch.tensor(batch.epoch)
+            out["rows"] = torch.from_numpy(batch.rows.astype("int64"))
+            yield out
 
-    # Two loader processes, each its own consumer: every batch reaches exactly one of them.
-    loader = DataLoader(StokerIterableDataset(two_workers, "test", "py"), batch_size=None, num_workers=2)
-    batches = list(loader)
-    assert sum(b["label"].shape[0] for b in batches) == 2 * 2 * 24
-    assert all(b["image"].shape[1:] == batches[0]["image"].shape[1:] for b in batches)
+
+def check_passes(passes, images):
+    """Each pass one epoch, the next one each time, with every row of the corpus once; the
+    epochs."""
+    epochs = []
+    for batches in passes:
+        (epoch,) = {int(b["epoch"]) for b in batches}
+        rows = [r for b in batches for r in b["rows"].tolist()]
+        assert len(rows) == len(set(rows)) == images, f"epoch {epoch}: every row once"
+        assert sum(b["label"].shape[0] for b in batches) == images
+        epochs.append(epoch)
+    assert epochs == list(range(epochs[0], epochs[0] + len(passes)))
+    return epochs
+
+
+def test_each_pass_is_one_epoch_with_every_image_once(local, corpus):
+    images = images_in(corpus)
+    dataset = StokerIterableDataset(local.address(), "test", "py")
+    loader = DataLoader(dataset, batch_size=None)
+    for _ in range(2):
+        batches = within(90, list, loader)
+        assert all(set(b) == {"image", "label"} for b in batches)
+        assert batches[0]["image"].dtype == torch.float32 and batches[0]["label"].dtype == torch.int64
+        assert sum(b["label"].shape[0] for b in batches) == images
+    assert dataset.state_dict() == {"epoch": 2, "job": "default"}
+    dataset.close()
+
+    # The rows (the same dataset, adding them to the dicts), on another job of the pipeline.
+    dataset = RowsDataset(local.address(), "test", "py", job="rows")
+    loader = DataLoader(dataset, batch_size=None)
+    epochs = check_passes([within(90, list, loader) for _ in range(2)], images)
+    assert dataset.state_dict() == {"epoch": epochs[1] + 1, "job": "rows"}
+    dataset.close()
+
+
+def test_two_persistent_loader_processes_read_each_epoch_once_between_them(local, corpus):
+    images = images_in(corpus)
+    # Each loader process is its own consumer of the job; persistent, so it may prefetch.
+    dataset = RowsDataset(local.address(), "test", "py", prefetch_next_epoch=True)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+    check_passes([within(120, list, loader) for _ in range(2)], images)
+    del loader  # the loader processes end, and their clients leave the job
+
+
+def test_a_checkpoint_resumes_at_the_next_epoch(local, corpus):
+    images = images_in(corpus)
+    # Not prefetching: the first client has nothing of the next epoch when it closes.
+    dataset = RowsDataset(local.address(), "test", "py", job="resume", prefetch_next_epoch=False)
+    (first,) = check_passes([within(90, list, DataLoader(dataset, batch_size=None))], images)
+    state = dataset.state_dict()
+    dataset.close()
+    # A new process's dataset, from the checkpoint: the job is at the saved epoch.
+    resumed = RowsDataset(local.address(), "test", "py", job="resume")
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == {"epoch": first + 1, "job": "resume"}
+    (second,) = check_passes([within(90, list, DataLoader(resumed, batch_size=None))], images)
+    assert second == first + 1
+    resumed.close()
+
+
+def test_the_dataset_refuses_a_list_of_workers():
+    with pytest.raises(TypeError, match="dispatcher"):
+        StokerIterableDataset(["127.0.0.1:50052"], "test", "py")
+    with pytest.raises(ValueError, match="rank 2"):
+        StokerIterableDataset("127.0.0.1:50051", "test", "py", rank=2, world_size=2)
+
+
+class Recorded:
+    """Stands in for `Client.from_dispatcher`: records its arguments, serves no epoch."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, url, namespace, pipeline, **options):
+        self.calls.append(options)
+        return self
+
+    def iter_epoch(self):
+        return iter(())
+
+    def close(self):
+        pass
+
+
+def test_the_consumer_index_and_prefetching_default_from_rank_and_process(monkeypatch):
+    import stoker_client.torch as adaptor
+
+    recorded = Recorded()
+    monkeypatch.setattr(adaptor.Client, "from_dispatcher", recorded)
+    list(StokerIterableDataset("d:1", "test", "py"))
+    list(StokerIterableDataset("d:1", "test", "py", rank=3, prefetch=2))
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 5)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 8)
+    dataset = StokerIterableDataset("d:1", "test", "py")
+    list(dataset), list(dataset)
+    # A loader process: rank * loader processes + its id, no prefetching of the next epoch.
+    monkeypatch.setattr(adaptor, "get_worker_info", lambda: type("Info", (), {"num_workers": 4, "id": 1})())
+    list(StokerIterableDataset("d:1", "test", "py"))
+    calls = [(c["consumer_index"], c["prefetch_next_epoch"]) for c in recorded.calls]
+    assert calls == [(0, True), (3, True), (5, True), (21, False)], "one client per dataset and process"
+    assert recorded.calls[1]["prefetch"] == 2 and recorded.calls[0]["start_epoch"] is None

@@ -119,6 +119,16 @@ def test_the_request_encodes_every_field():
     fields = {f: v for f, _, v in _wire._fields(memoryview(request))}
     assert request[fields[2][0]:fields[2][1]] == b"job"
     assert (fields[3], fields[4], fields[5]) == (3, 7, 1 << 20)
+    assert 6 not in fields
+
+
+def test_a_stream_request_under_the_dispatcher_names_its_epoch():
+    request = _wire.encode_stream_request("ns", "p", "job", 0, None, 1 << 20, epoch=5)
+    fields = {f: v for f, _, v in _wire._fields(memoryview(request))}
+    assert fields[6] == 5 and 4 not in fields
+    # Epoch 0 is sent too: the field is optional, unset means a standalone stream.
+    request = _wire.encode_stream_request("ns", "p", "job", 0, None, 1 << 20, epoch=0)
+    assert request.endswith(_wire._key(6, 0) + varint(0))
 
 
 def rows_field(rows, packed=True):
@@ -161,7 +171,8 @@ def test_watching_names_the_job():
 
 
 def decode_acknowledge_request(message: bytes) -> dict:
-    """An AcknowledgeRequest as a dict (the dispatcher's side, for the tests)."""
+    """An AcknowledgeRequest as a dict (the dispatcher's side, for the tests); "leaving" and
+    "discarded" only when set."""
     view = memoryview(message)
     out = {"client_id": "", "completed": [], "list_version": 0, "held": []}
 
@@ -186,6 +197,10 @@ def decode_acknowledge_request(message: bytes) -> dict:
                 elif f2 == 3:
                     positions.append(v2)
             out["held"].append((n.get(1, 0), n.get(2, 0), positions))
+        elif f == 5 and v:
+            out["leaving"] = True
+        elif f == 6 and v:
+            out["discarded"] = True
     return out
 
 
@@ -201,6 +216,18 @@ def test_an_acknowledgement_encodes_completions_version_and_held_rows():
     assert [f for f, _, _ in _wire._fields(sub)] == [1, 2, 3]
     assert decode_acknowledge_request(_wire.encode_acknowledge("c", [], 0, [])) == {
         "client_id": "c", "completed": [], "list_version": 0, "held": []}
+
+
+def test_a_leaving_acknowledgement_says_so_and_whether_batches_were_discarded():
+    message = _wire.encode_acknowledge("c-1", [(1, 2)], 3, [], leaving=True)
+    assert decode_acknowledge_request(message) == {
+        "client_id": "c-1", "completed": [(1, 2)], "list_version": 3, "held": [], "leaving": True}
+    assert message.endswith(_wire._key(5, 0) + varint(1))
+    message = _wire.encode_acknowledge("c-1", [], 3, [], leaving=True, discarded=True)
+    assert decode_acknowledge_request(message)["discarded"] is True
+    assert message.endswith(_wire._key(5, 0) + varint(1) + _wire._key(6, 0) + varint(1))
+    # Not leaving: neither field is sent.
+    assert [f for f, _, _ in _wire._fields(memoryview(_wire.encode_acknowledge("c", [], 3, [])))] == [1, 3]
 
 
 def test_the_acknowledge_response_carries_the_open_epoch():

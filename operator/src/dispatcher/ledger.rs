@@ -36,8 +36,11 @@ pub enum Assignment {
         /// Positions already delivered by an earlier attempt: not to be produced again.
         skip: Vec<u32>,
     },
-    /// Nothing to hand out in `epoch` until other workers finish theirs.
+    /// Nothing to hand out in `epoch` now: other workers hold its last splits (one may come
+    /// back if its worker dies), or it is more than one ahead of the job.
     Draining { epoch: u64 },
+    /// Every split of `epoch` is done.
+    Finished { epoch: u64 },
 }
 
 /// A split whose worker died, waiting for the clients that may hold some of its rows.
@@ -180,11 +183,23 @@ impl Job {
         std::iter::once(&mut self.current).chain(self.next.as_mut())
     }
 
-    /// The next split to produce: the current epoch's first, then the next epoch's.
-    pub fn hand_out(&mut self, worker: &str, plan: &Plan, directive: &Directive, now: Instant) -> Assignment {
-        let (epoch, pass) = match self.current.pending.is_empty() {
-            false => (self.epoch, &mut self.current),
-            true => (self.epoch + 1, self.next.get_or_insert_with(|| Pass::full(plan, self.epoch + 1))),
+    /// The next split of `epoch` to produce. Workers produce each epoch on its own (clients
+    /// stream each on its own), the open one and the next: a worker with nothing left in the
+    /// open epoch starts the next instead of idling until the open one's last split reaches a
+    /// client, and no further, so nothing runs more than an epoch ahead.
+    pub fn hand_out(
+        &mut self,
+        epoch: u64,
+        worker: &str,
+        plan: &Plan,
+        directive: &Directive,
+        now: Instant,
+    ) -> Assignment {
+        let pass = match epoch.checked_sub(self.epoch) {
+            None => return Assignment::Finished { epoch },
+            Some(0) => &mut self.current,
+            Some(1) => self.next.get_or_insert_with(|| Pass::full(plan, epoch)),
+            Some(_) => return Assignment::Draining { epoch },
         };
         match pass.pending.pop_front() {
             Some(split) => {
@@ -200,7 +215,7 @@ impl Job {
                 }] += 1;
                 Assignment::Split { epoch, split, skip }
             }
-            None => Assignment::Draining { epoch: self.epoch },
+            None => Assignment::Draining { epoch },
         }
     }
 
@@ -343,7 +358,7 @@ mod tests {
     fn splits_go_out_in_order_and_an_epoch_ends_when_all_are_done() {
         let t = Instant::now();
         let mut job = Job::starting(0, &plan(3));
-        let got: Vec<Assignment> = (0..3).map(|_| job.hand_out("w", &plan(3), &Directive::Compute, t)).collect();
+        let got: Vec<Assignment> = (0..3).map(|_| job.hand_out(0, "w", &plan(3), &Directive::Compute, t)).collect();
         assert_eq!(got, vec![split(0, 0), split(0, 1), split(0, 2)]);
         assert_eq!(job.complete(&[(0, 0), (0, 2)], &plan(3), t), None);
         let s = job.summary("j", 3);
@@ -357,20 +372,24 @@ mod tests {
     fn an_epoch_runs_at_most_one_ahead() {
         let t = Instant::now();
         let mut job = Job::starting(4, &plan(1));
-        assert_eq!(job.hand_out("a", &plan(1), &Directive::Compute, t), split(4, 0));
-        assert_eq!(job.hand_out("a", &plan(1), &Directive::Compute, t), split(5, 0));
-        assert_eq!(job.hand_out("a", &plan(1), &Directive::Compute, t), Assignment::Draining { epoch: 4 });
+        assert_eq!(job.hand_out(4, "a", &plan(1), &Directive::Compute, t), split(4, 0));
+        assert_eq!(job.hand_out(4, "a", &plan(1), &Directive::Compute, t), Assignment::Draining { epoch: 4 });
+        assert_eq!(job.hand_out(5, "a", &plan(1), &Directive::Compute, t), split(5, 0));
+        assert_eq!(job.hand_out(6, "a", &plan(1), &Directive::Compute, t), Assignment::Draining { epoch: 6 });
+        assert_eq!(job.hand_out(3, "a", &plan(1), &Directive::Compute, t), Assignment::Finished { epoch: 3 });
+        job.complete(&[(4, 0)], &plan(1), t);
+        assert_eq!(job.hand_out(4, "a", &plan(1), &Directive::Compute, t), Assignment::Finished { epoch: 4 });
     }
 
     #[test]
     fn requeued_splits_come_back_first_and_a_second_completion_is_a_repeat() {
         let t = Instant::now();
         let mut job = Job::starting(0, &plan(3));
-        job.hand_out("a", &plan(3), &Directive::Compute, t);
-        job.hand_out("b", &plan(3), &Directive::Compute, t);
+        job.hand_out(0, "a", &plan(3), &Directive::Compute, t);
+        job.hand_out(0, "b", &plan(3), &Directive::Compute, t);
         job.requeue(|w| w == "a");
         assert_eq!(job.summary("j", 3).requeued, 1);
-        assert_eq!(job.hand_out("b", &plan(3), &Directive::Compute, t), split(0, 0), "the lost split first");
+        assert_eq!(job.hand_out(0, "b", &plan(3), &Directive::Compute, t), split(0, 0), "the lost split first");
         job.complete(&[(0, 0)], &plan(3), t);
         // a was only slow: its late report of the same split is a repeat.
         job.complete(&[(0, 0)], &plan(3), t);
@@ -381,7 +400,7 @@ mod tests {
     fn a_completion_from_a_finished_epoch_or_beyond_the_plan_is_a_repeat() {
         let t = Instant::now();
         let mut job = Job::starting(0, &plan(1));
-        job.hand_out("a", &plan(1), &Directive::Compute, t);
+        job.hand_out(0, "a", &plan(1), &Directive::Compute, t);
         assert!(job.complete(&[(0, 0)], &plan(1), t).is_some());
         job.complete(&[(0, 0), (1, 7)], &plan(1), t);
         assert_eq!(job.summary("j", 1).repeats, 2);
@@ -392,9 +411,9 @@ mod tests {
         let t = Instant::now();
         let hint = crate::autocache::plan::Hint { at: 1, fingerprint: "f".into() };
         let mut job = Job::starting(0, &plan(3));
-        job.hand_out("a", &plan(3), &Directive::Get(hint.clone()), t);
-        job.hand_out("a", &plan(3), &Directive::Get(hint), t);
-        job.hand_out("a", &plan(3), &Directive::Compute, t);
+        job.hand_out(0, "a", &plan(3), &Directive::Get(hint.clone()), t);
+        job.hand_out(0, "a", &plan(3), &Directive::Get(hint), t);
+        job.hand_out(0, "a", &plan(3), &Directive::Compute, t);
         let (action, _) = job.complete(&[(0, 0), (0, 1), (0, 2)], &plan(3), t).unwrap();
         assert_eq!(action, CacheDecision::Get);
     }
@@ -405,7 +424,7 @@ mod tests {
         let seeded = Plan { splits: 32, order: Some(7) };
         let epoch_order = |job: &mut Job, epoch: u64| -> Vec<u64> {
             let got: Vec<u64> = (0..32)
-                .map(|_| match job.hand_out("w", &seeded, &Directive::Compute, t) {
+                .map(|_| match job.hand_out(epoch, "w", &seeded, &Directive::Compute, t) {
                     Assignment::Split { epoch: e, split, .. } if e == epoch => split,
                     other => panic!("{other:?}"),
                 })
@@ -434,15 +453,15 @@ mod tests {
     fn a_dead_workers_split_with_no_client_to_ask_goes_back_at_once_and_keeps_what_was_delivered() {
         let t = Instant::now();
         let mut job = Job::starting(0, &plan(2));
-        assert_eq!(job.hand_out("a", &plan(2), &Directive::Compute, t), split(0, 0));
+        assert_eq!(job.hand_out(0, "a", &plan(2), &Directive::Compute, t), split(0, 0));
         job.recover("a", 1, &BTreeSet::new(), t);
-        assert_eq!(job.hand_out("b", &plan(2), &Directive::Compute, t), split(0, 0));
+        assert_eq!(job.hand_out(0, "b", &plan(2), &Directive::Compute, t), split(0, 0));
         // b dies too; the client that got rows from both acknowledges each time.
         let clients = BTreeSet::from(["c".to_string()]);
         job.acknowledge("c", 1, &[Held { epoch: 0, split: 0, positions: vec![0, 1] }], t);
         job.recover("b", 2, &clients, t);
         job.acknowledge("c", 2, &[Held { epoch: 0, split: 0, positions: vec![5] }], t);
-        let again = job.hand_out("d", &plan(2), &Directive::Compute, t);
+        let again = job.hand_out(0, "d", &plan(2), &Directive::Compute, t);
         assert_eq!(again, Assignment::Split { epoch: 0, split: 0, skip: vec![0, 1, 5] }, "both attempts' rows");
     }
 }

@@ -225,6 +225,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 Next::Draining(proto::EpochDraining { epoch, retry_ms: DRAINING_RETRY.as_millis() as u32 }),
                 Vec::new(),
             ),
+            Assignment::Finished { epoch } => (Next::Finished(proto::EpochFinished { epoch }), Vec::new()),
         };
         use proto::cache_directive::Action;
         let cache = match directive {
@@ -250,7 +251,14 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             return Err(Status::invalid_argument("job is required"));
         }
         let client_id = self.0.with_state(|s| {
-            s.register_client(pipeline.clone(), r.job.clone(), r.consumer_index, Some(r.client_id), Instant::now())
+            s.register_client(
+                pipeline.clone(),
+                r.job.clone(),
+                r.consumer_index,
+                Some(r.client_id),
+                r.epoch,
+                Instant::now(),
+            )
         });
         tracing::info!(%pipeline, job = %r.job, consumer = r.consumer_index, client = %client_id, "client registered");
         Ok(Response::new(proto::RegisterClientResponse { client_id, window_ms: self.0.window.as_millis() as u32 }))
@@ -297,8 +305,12 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let (epoch, pipeline) = self
             .0
             .with_state(|s| {
+                let pipeline = s.pipeline_of(&r.client_id);
                 let epoch = s.acknowledge(&r.client_id, &completed, r.list_version, &held, Instant::now())?;
-                Ok((epoch, s.pipeline_of(&r.client_id)))
+                if r.leaving {
+                    s.leave(&r.client_id, r.discarded, Instant::now());
+                }
+                Ok((epoch, pipeline))
             })
             .map_err(status)?;
         if let Some(pipeline) = pipeline {

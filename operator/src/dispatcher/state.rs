@@ -53,6 +53,9 @@ struct Pipeline {
     /// The seed of each epoch's hand-out order (None: plan order), from the newest worker.
     shuffle_seed: Option<u64>,
     jobs: BTreeMap<String, Job>,
+    /// Where a job not started yet starts, from its clients' registrations: its workers ask
+    /// for the epoch after it too (reading ahead), and whichever comes first must not decide.
+    starts: BTreeMap<String, u64>,
     /// The live workers' addresses as last published, and a version that grows when they
     /// change (clients acknowledge it after dropping the workers that left).
     listed: Vec<String>,
@@ -207,9 +210,8 @@ impl DispatcherState {
         self.caches.status(key, (bytes > 0).then_some(bytes as i64))
     }
 
-    /// Records `completed` and hands the worker its next split of `job`. `epoch` is where the
-    /// worker is; a job the dispatcher does not know yet (first use, or after a restart)
-    /// starts there.
+    /// Records `completed` and hands the worker its next split of `epoch` of `job`. A job the
+    /// dispatcher does not know yet (first use, or after a restart) starts at that epoch.
     pub fn next_split(
         &mut self,
         worker_id: &str,
@@ -221,12 +223,13 @@ impl DispatcherState {
         let key = self.members.seen_worker(worker_id, now)?.pipeline.clone();
         let pipeline = self.pipelines.get_mut(&key).expect("a registered worker's pipeline exists");
         let plan = pipeline.ledger_plan();
-        let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(epoch, &plan));
+        let start = pipeline.starts.get(job).copied().unwrap_or(epoch);
+        let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(start, &plan));
         let directive = self.caches.directive(&key);
         if let Some((action, seconds)) = state.complete(completed, &plan, now) {
             self.caches.epoch(&key, action, seconds);
         }
-        Ok(state.hand_out(worker_id, &plan, &directive, now))
+        Ok(state.hand_out(epoch, worker_id, &plan, &directive, now))
     }
 
     pub fn register_client(
@@ -235,8 +238,16 @@ impl DispatcherState {
         job: String,
         consumer_index: u32,
         client_id: Option<String>,
+        epoch: Option<u64>,
         now: Instant,
     ) -> String {
+        let pipeline_state = self.pipelines.entry(pipeline.clone()).or_default();
+        if !pipeline_state.jobs.contains_key(&job) {
+            let start = pipeline_state.starts.entry(job.clone()).or_insert(0);
+            if let Some(epoch) = epoch {
+                *start = epoch;
+            }
+        }
         let id = self.members.id("c", client_id);
         self.members.clients.insert(id.clone(), Client { pipeline, job, consumer_index, last_seen: now });
         id
@@ -273,6 +284,25 @@ impl DispatcherState {
         Ok(state.epoch())
     }
 
+    /// A client closed. If it `discarded` batches (never handed to its training loop), the
+    /// splits they completed may never be reported: as for a client that went silent, the
+    /// job's in-flight splits are produced again.
+    pub fn leave(&mut self, client_id: &str, discarded: bool, now: Instant) {
+        let Some(client) = self.members.clients.remove(client_id) else { return };
+        self.inbox.forget(client_id);
+        self.client_gone(client_id, &client, discarded, now);
+    }
+
+    fn client_gone(&mut self, id: &str, client: &Client, lost_batches: bool, now: Instant) {
+        if let Some(state) = self.pipelines.get_mut(&client.pipeline).and_then(|p| p.jobs.get_mut(&client.job)) {
+            state.forget_client(id, now);
+            if lost_batches {
+                tracing::warn!(pipeline = %client.pipeline, job = %client.job, "a client went away holding batches; handing the job's in-flight splits out again");
+                state.requeue(|_| true);
+            }
+        }
+    }
+
     /// Drops workers and clients that went silent; returns the pipelines whose worker set changed.
     pub fn expire(&mut self, now: Instant) -> BTreeSet<PipelineKey> {
         let expired = self.members.expire(now, &self.timeouts);
@@ -280,11 +310,7 @@ impl DispatcherState {
         for (id, client) in expired.clients {
             self.inbox.forget(&id);
             // Batches it had received but not reported are gone with it: produce them again.
-            if let Some(state) = self.pipelines.get_mut(&client.pipeline).and_then(|p| p.jobs.get_mut(&client.job)) {
-                tracing::warn!(pipeline = %client.pipeline, job = %client.job, "a client went silent; handing the job's in-flight splits out again");
-                state.forget_client(&id, now);
-                state.requeue(|_| true);
-            }
+            self.client_gone(&id, &client, true, now);
         }
         for (id, worker) in expired.workers {
             tracing::warn!(worker = %id, address = %worker.address, pipeline = %worker.pipeline, "worker stopped heartbeating; its splits are produced again without what clients got");
@@ -443,8 +469,9 @@ mod tests {
         let w = s.register_worker(registration("a:1", 3), t).unwrap();
         let (got, next) = work(&mut s, &w, "job", 0, t);
         assert_eq!(got, vec![0, 1, 2]);
-        assert_eq!(next, split(1, 0));
+        assert_eq!(next, Assignment::Finished { epoch: 0 });
         assert_eq!(s.jobs(&key())[0].epoch, 1);
+        assert_eq!(s.next_split(&w, "job", &[], 1, t).unwrap(), split(1, 0));
     }
 
     #[test]
@@ -455,15 +482,17 @@ mod tests {
         let b = s.register_worker(registration("b:1", 2), t).unwrap();
         assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
         assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
-        assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), split(1, 0));
-        assert_eq!(s.next_split(&a, "j", &[(1, 0)], 0, t).unwrap(), split(1, 1));
+        // Nothing left in epoch 0 for a (b holds the last split, and may die): a starts epoch 1.
+        assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
+        assert_eq!(s.next_split(&a, "j", &[], 1, t).unwrap(), split(1, 0));
+        assert_eq!(s.next_split(&a, "j", &[(1, 0)], 1, t).unwrap(), split(1, 1));
         // b still holds epoch 0's split 1: a may not run two epochs ahead of it.
-        assert_eq!(s.next_split(&a, "j", &[(1, 1)], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
+        assert_eq!(s.next_split(&a, "j", &[(1, 1)], 2, t).unwrap(), Assignment::Draining { epoch: 2 });
         assert_eq!(s.jobs(&key())[0].epoch, 0);
-        // b finishes: epoch 1 is already done too, so both move on to epoch 2.
-        assert_eq!(s.next_split(&b, "j", &[(0, 1)], 0, t).unwrap(), split(2, 0));
+        // b finishes epoch 0; epoch 1 is done too, and the job moves on to epoch 2.
+        assert_eq!(s.next_split(&b, "j", &[(0, 1)], 0, t).unwrap(), Assignment::Finished { epoch: 0 });
         assert_eq!(s.jobs(&key())[0].epoch, 1);
-        assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(2, 1));
+        assert_eq!(s.next_split(&a, "j", &[], 2, t).unwrap(), split(2, 0));
         assert_eq!(s.jobs(&key())[0].epoch, 2);
     }
 
@@ -476,13 +505,13 @@ mod tests {
         let b = s.register_worker(registration("b:1", 2), t).unwrap();
         assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
         assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
-        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(1, 0));
+        assert_eq!(s.next_split(&b, "j", &[], 1, t).unwrap(), split(1, 0));
         let later = t + Duration::from_secs(6);
         s.heartbeat(&a, Progress::default(), later).unwrap();
         s.expire(later);
         assert_eq!(s.jobs(&key())[0].requeued, 2);
         assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, later).unwrap(), split(0, 1));
-        assert_eq!(s.next_split(&a, "j", &[(0, 1)], 0, later).unwrap(), split(1, 0));
+        assert_eq!(s.next_split(&a, "j", &[(0, 1)], 1, later).unwrap(), split(1, 0));
     }
 
     #[test]
@@ -569,8 +598,8 @@ mod tests {
     fn windows_are_grouped_by_job_and_taken_once() {
         let t = Instant::now();
         let mut s = DispatcherState::new("t", Timeouts::default());
-        let c0 = s.register_client(key(), "j".into(), 0, None, t);
-        let c1 = s.register_client(key(), "j".into(), 1, None, t);
+        let c0 = s.register_client(key(), "j".into(), 0, None, None, t);
+        let c1 = s.register_client(key(), "j".into(), 1, None, None, t);
         let window = Window { batches: 10, median_s: 0.1, p90_s: 0.2, mean_s: 0.12, wait_fraction: 0.5, workers: 1 };
         s.report_window(&c0, window.clone(), t).unwrap();
         s.report_window(&c1, window.clone(), t).unwrap();
@@ -589,7 +618,7 @@ mod tests {
         let mut s =
             DispatcherState::new("t", Timeouts { worker: Duration::from_secs(60), client: Duration::from_secs(5) });
         let w = s.register_worker(registration("a:1", 2), t).unwrap();
-        let c = s.register_client(key(), "j".into(), 0, None, t);
+        let c = s.register_client(key(), "j".into(), 0, None, None, t);
         assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
         assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
         // The worker has sent both; only the client's report makes them done.
@@ -600,7 +629,7 @@ mod tests {
         s.expire(t + Duration::from_secs(6));
         assert_eq!(s.jobs(&key())[0].requeued, 1);
         assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
-        let c2 = s.register_client(key(), "j".into(), 0, None, t + Duration::from_secs(6));
+        let c2 = s.register_client(key(), "j".into(), 0, None, None, t + Duration::from_secs(6));
         s.acknowledge(&c2, &[(0, 1)], 0, &[], t + Duration::from_secs(6)).unwrap();
         assert_eq!(s.jobs(&key())[0].epoch, 1, "every split reported: the next epoch");
     }
@@ -610,7 +639,7 @@ mod tests {
         let t = Instant::now();
         let mut s =
             DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(5) });
-        let c = s.register_client(key(), "j".into(), 0, None, t);
+        let c = s.register_client(key(), "j".into(), 0, None, None, t);
         assert_eq!(s.attached(), BTreeSet::from([key()]));
         let window = Window { batches: 0, median_s: 0.0, p90_s: 0.0, mean_s: 0.0, wait_fraction: 0.0, workers: 0 };
         s.report_window(&c, window, t + Duration::from_secs(4)).unwrap();
@@ -627,7 +656,7 @@ mod tests {
         let mut s = DispatcherState::new("t", timeouts);
         let a = s.register_worker(registration("a:1", 3), t).unwrap();
         let b = s.register_worker(registration("b:1", 3), t).unwrap();
-        let c = s.register_client(key(), "j".into(), 0, None, t);
+        let c = s.register_client(key(), "j".into(), 0, None, None, t);
         assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
         let later = t + Duration::from_secs(6);
         s.heartbeat(&b, Progress::default(), later).unwrap();
@@ -692,5 +721,19 @@ mod tests {
         let job = &s.jobs(&key())[0];
         assert_eq!((job.recovering, job.unacknowledged), (0, 1));
         assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), split(0, 0));
+    }
+
+    #[test]
+    fn a_client_leaving_cleanly_is_forgotten_and_one_that_discarded_batches_has_the_splits_redone() {
+        let (mut s, b, c, t) = a_dies_holding_split_0(30);
+        // The recovery waits for c; c leaves having read everything: nothing to wait for.
+        s.leave(&c, false, t);
+        assert!(s.attached().is_empty());
+        assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 0));
+        assert_eq!(s.jobs(&key())[0].in_flight, 1, "a clean leave redoes nothing");
+        let c2 = s.register_client(key(), "j".into(), 0, None, None, t);
+        s.leave(&c2, true, t);
+        let job = &s.jobs(&key())[0];
+        assert_eq!((job.in_flight, job.requeued), (0, 2), "what it discarded may hold a split's last batch");
     }
 }

@@ -1,0 +1,280 @@
+//! Dispatcher mode's background loop: follow the pipeline's live worker list and stream the
+//! epoch the caller reads (and the next, read ahead) from every worker on it; acknowledge what
+//! arrived (completed splits at once; when a worker leaves the list, the rows it delivered, so
+//! its split is produced again without them); report a batch-time window every few seconds
+//! (the autoscaler's input).
+//!
+//! Failures here are the cluster's business, not the training loop's: the dispatcher being
+//! unreachable or changing leader is retried, and a worker that dies is dropped because the
+//! dispatcher hands its unfinished splits to the others. Only a refusal (bad request, not
+//! allowed, a failed pipeline) reaches the caller.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use stoker_api::proto;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tonic::Code;
+
+use crate::delivery::Delivery;
+use crate::epochs::{Epochs, Item};
+use crate::error::Error;
+use crate::options::ClientOptions;
+use crate::registration::{RETRY, Registration};
+use crate::stats::Meter;
+use crate::tasks::Tasks;
+use crate::worker_stream::{open, pump};
+
+/// A worker's address and an epoch: one stream.
+type StreamKey = (String, u64);
+
+/// One stream: its task, and whether a batch has come from its worker yet. Only workers that
+/// delivered count in the reported worker count: a worker that just started is listed before
+/// it produces, and windows from then would show the old count's speed as the new.
+struct Streaming {
+    task: JoinHandle<()>,
+    delivered: Arc<AtomicBool>,
+}
+
+/// How a stream ended: normally (its worker made all of the epoch it will), or not.
+struct Ended {
+    key: StreamKey,
+    finished: bool,
+}
+
+/// What the client and its follower share.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub epochs: Arc<Epochs>,
+    pub delivery: Delivery,
+    pub meter: Arc<Mutex<Meter>>,
+    /// The job's open epoch, as the dispatcher last said.
+    pub open_epoch: Arc<AtomicU64>,
+    /// The epoch the caller reads; `switched` wakes the follower when it moves on.
+    pub reading: Arc<AtomicU64>,
+    pub switched: Arc<Notify>,
+}
+
+pub(crate) struct Follower {
+    pub link: Registration,
+    pub options: ClientOptions,
+    pub shared: Shared,
+    pub tasks: Tasks,
+    /// The watch opened at registration, and its first list.
+    pub watch: Option<tonic::Streaming<proto::WorkerList>>,
+    pub first: Option<proto::WorkerList>,
+    /// The client is closing: acknowledge a last time (whether it discarded batches) and stop.
+    pub leave: oneshot::Receiver<bool>,
+}
+
+struct State {
+    listed: BTreeSet<String>,
+    version: u64,
+    streams: HashMap<StreamKey, Streaming>,
+    /// Streams that ended normally: their worker made all of that epoch it will.
+    finished: HashSet<StreamKey>,
+    ended: mpsc::UnboundedSender<Ended>,
+}
+
+impl Follower {
+    pub(crate) async fn run(mut self) {
+        let (ended_tx, mut ended_rx) = mpsc::unbounded_channel::<Ended>();
+        let mut state = State {
+            listed: BTreeSet::new(),
+            version: 0,
+            streams: HashMap::new(),
+            finished: HashSet::new(),
+            ended: ended_tx,
+        };
+        let mut report = tokio::time::interval(self.link.window);
+        report.tick().await;
+        let mut watch = self.watch.take();
+        if let Some(first) = self.first.take() {
+            self.apply(&mut state, first).await;
+        }
+        // Set when there is something to acknowledge that a failed attempt left behind.
+        let mut unacknowledged = false;
+        loop {
+            if watch.is_none() {
+                match self.link.watch().await {
+                    Ok(w) => watch = Some(w),
+                    Err(s) => {
+                        tracing::debug!(status = %s, "watching workers: retrying");
+                        tokio::time::sleep(RETRY).await;
+                        continue;
+                    }
+                }
+            }
+            let updates = watch.as_mut().expect("opened above");
+            let retry = tokio::time::sleep(if unacknowledged { RETRY } else { Duration::from_secs(3600) });
+            tokio::select! {
+                update = updates.next() => match update {
+                    Some(Ok(list)) => unacknowledged = !self.apply(&mut state, list).await,
+                    // The dispatcher went away (leader change): watch again.
+                    _ => watch = None,
+                },
+                Some(ended) = ended_rx.recv() => {
+                    state.streams.remove(&ended.key);
+                    if ended.finished {
+                        state.finished.insert(ended.key);
+                    } else if state.listed.contains(&ended.key.0) {
+                        // Still alive as far as the dispatcher knows: reconnect after a pause.
+                        tokio::time::sleep(RETRY).await;
+                        self.stream_all(&mut state);
+                    }
+                }
+                _ = self.shared.switched.notified() => {
+                    let reading = self.shared.reading.load(Ordering::Relaxed);
+                    state.finished.retain(|(_, epoch)| *epoch >= reading);
+                    self.stream_all(&mut state);
+                }
+                _ = self.shared.delivery.completions.notified() => {
+                    unacknowledged = !self.acknowledge(&state, None).await;
+                }
+                _ = retry => {
+                    unacknowledged = !self.acknowledge(&state, None).await;
+                }
+                _ = report.tick() => {
+                    let stats = {
+                        let mut meter = self.shared.meter.lock().unwrap();
+                        let stats = meter.window();
+                        meter.reset();
+                        stats
+                    };
+                    // Workers, not streams: a worker streams two epochs at once.
+                    let delivering: HashSet<&str> = state
+                        .streams
+                        .iter()
+                        .filter(|(_, s)| s.delivered.load(Ordering::Relaxed))
+                        .map(|((address, _), _)| address.as_str())
+                        .collect();
+                    let delivering = delivering.len();
+                    if let Err(s) = self.link.report(stats, delivering).await {
+                        tracing::debug!(status = %s, "reporting a batch-time window failed");
+                    }
+                }
+                discarded = &mut self.leave => {
+                    // Best effort: the dispatcher forgets this client after its timeout anyway.
+                    let discarded = discarded.unwrap_or(true);
+                    let _ = tokio::time::timeout(Duration::from_secs(1), self.acknowledge(&state, Some(discarded))).await;
+                    for (_, s) in state.streams.drain() {
+                        s.task.abort();
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A new worker list: stop streaming from the workers that left (waiting until they have
+    /// stopped, so every row they queued is recorded and nothing more comes from them), stream
+    /// from the new ones, and acknowledge. Returns whether the acknowledgement went.
+    async fn apply(&mut self, state: &mut State, list: proto::WorkerList) -> bool {
+        state.listed = list.addresses.into_iter().collect();
+        state.version = list.version;
+        self.saw_epoch(list.epoch);
+        let gone: Vec<StreamKey> = state.streams.keys().filter(|(a, _)| !state.listed.contains(a)).cloned().collect();
+        for key in gone {
+            let stream = state.streams.remove(&key).expect("listed above");
+            stream.task.abort();
+            let _ = stream.task.await;
+        }
+        self.stream_all(state);
+        self.acknowledge(state, None).await
+    }
+
+    fn saw_epoch(&self, open: u64) {
+        self.shared.open_epoch.fetch_max(open, Ordering::Relaxed);
+        self.shared.epochs.finish_before(open);
+    }
+
+    /// Opens the streams missing: every listed worker, for the epoch the caller reads and the
+    /// next (when reading ahead), unless that stream ended normally or the epoch is finished.
+    fn stream_all(&self, state: &mut State) {
+        let reading = self.shared.reading.load(Ordering::Relaxed);
+        let epochs = if self.options.prefetch_next_epoch { reading..=reading + 1 } else { reading..=reading };
+        for epoch in epochs {
+            for address in &state.listed {
+                let key = (address.clone(), epoch);
+                if state.streams.contains_key(&key) || state.finished.contains(&key) {
+                    continue;
+                }
+                let Some(tx) = self.shared.epochs.sender(epoch) else { continue };
+                let delivered = Arc::new(AtomicBool::new(false));
+                let stream = stream_from(
+                    key.clone(),
+                    self.options.clone(),
+                    tx,
+                    state.ended.clone(),
+                    delivered.clone(),
+                    self.shared.delivery.clone(),
+                );
+                state.streams.insert(key, Streaming { task: self.tasks.spawn_joinable(stream), delivered });
+            }
+        }
+    }
+
+    /// Sends what there is to acknowledge; false when it failed (it is kept for the next try).
+    async fn acknowledge(&mut self, state: &State, leaving: Option<bool>) -> bool {
+        let (completed, held) = self.shared.delivery.take(&state.listed);
+        match self.link.acknowledge(&completed, state.version, &held, leaving).await {
+            Ok(epoch) => {
+                self.saw_epoch(epoch);
+                true
+            }
+            Err(s) => {
+                tracing::debug!(dispatcher = %self.link.url(), status = %s, "acknowledging failed; retrying");
+                self.shared.delivery.restore(completed, held);
+                false
+            }
+        }
+    }
+}
+
+/// A worker's answer the training loop must see rather than have hidden by a reconnect.
+fn fatal(e: &Error) -> bool {
+    match e {
+        Error::Protocol { .. } => true,
+        Error::Status { status, .. } => matches!(
+            status.code(),
+            Code::InvalidArgument | Code::PermissionDenied | Code::Unauthenticated | Code::FailedPrecondition
+        ),
+        _ => false,
+    }
+}
+
+/// Streams one epoch of one worker's batches into the epoch's queue; tells `ended` when the
+/// stream stops for any reason but a fatal one, which goes to the caller instead.
+async fn stream_from(
+    key: StreamKey,
+    options: ClientOptions,
+    tx: mpsc::Sender<Item>,
+    ended: mpsc::UnboundedSender<Ended>,
+    delivered: Arc<AtomicBool>,
+    delivery: Delivery,
+) {
+    let worker = key.0.clone();
+    let failure = match open(&worker, &options, Some(key.1)).await {
+        Ok(stream) => {
+            let on_batch = || delivered.store(true, Ordering::Relaxed);
+            pump(worker.clone(), stream, &tx, options.max_batch_bytes, Some(&delivery), on_batch).await
+        }
+        Err(e) => Some(e),
+    };
+    match failure {
+        Some(e) if fatal(&e) => {
+            tracing::error!(error = %e, "worker refused the stream");
+            let _ = tx.send(Err(e)).await;
+        }
+        other => {
+            if let Some(e) = &other {
+                tracing::info!(error = %e, "worker stream ended; the dispatcher reassigns its splits");
+            }
+            let _ = ended.send(Ended { key, finished: other.is_none() });
+        }
+    }
+}

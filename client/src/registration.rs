@@ -1,0 +1,177 @@
+//! The client's side of the dispatcher's RPCs: registering as a consumer of a job (again, under
+//! the same id, when a restarted dispatcher forgot it), watching the worker list, reporting
+//! batch-time windows and acknowledging what arrived.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use stoker_api::proto::dispatcher_client::DispatcherClient;
+use stoker_api::proto::{self, PipelineRef};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::delivery::{Held, SplitId};
+use crate::error::Error;
+use crate::options::ClientOptions;
+use crate::stats::WindowStats;
+
+pub(crate) const RETRY: Duration = Duration::from_millis(250);
+
+pub(crate) struct Registration {
+    url: String,
+    client: DispatcherClient<Channel>,
+    request: proto::RegisterClientRequest,
+    token: Option<String>,
+    /// How often to report a batch-time window.
+    pub(crate) window: Duration,
+    /// The epoch the client reads: a re-registration tells a restarted dispatcher where the
+    /// job is.
+    pub(crate) reading: Option<Arc<AtomicU64>>,
+}
+
+impl Registration {
+    /// Registers, retrying an unreachable dispatcher for the options' connect timeout.
+    pub(crate) async fn register(url: &str, options: &ClientOptions) -> Result<Registration, Error> {
+        let dispatcher = |status: Status| Error::Dispatcher { url: url.to_string(), status: Box::new(status) };
+        let channel = Endpoint::from_shared(url.to_string())
+            .map_err(|e| Error::InvalidOptions(format!("dispatcher url {url:?}: {e}")))?
+            .connect_timeout(options.connect_timeout)
+            .connect_lazy();
+        let mut link = Registration {
+            url: url.to_string(),
+            client: DispatcherClient::new(channel),
+            request: proto::RegisterClientRequest {
+                pipeline: Some(PipelineRef { namespace: options.namespace.clone(), name: options.pipeline.clone() }),
+                job: options.job.clone(),
+                consumer_index: options.consumer_index,
+                client_id: String::new(),
+                epoch: None,
+            },
+            token: options.token.clone(),
+            window: Duration::from_secs(10),
+            reading: None,
+        };
+        let deadline = tokio::time::Instant::now() + options.connect_timeout;
+        loop {
+            match link.try_register().await {
+                Ok(()) => return Ok(link),
+                Err(s) if retryable(&s) && tokio::time::Instant::now() < deadline => tokio::time::sleep(RETRY).await,
+                Err(s) => return Err(dispatcher(s)),
+            }
+        }
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(value) = self.token.as_deref().and_then(|t| proto::bearer(t).parse().ok()) {
+            request.metadata_mut().insert(proto::AUTHORIZATION, value);
+        }
+        request
+    }
+
+    async fn try_register(&mut self) -> Result<(), Status> {
+        if !self.request.client_id.is_empty() {
+            self.request.epoch = self.reading.as_ref().map(|r| r.load(Ordering::Relaxed));
+        }
+        let response = self.client.register_client(self.request(self.request.clone())).await?.into_inner();
+        if response.window_ms > 0 {
+            self.window = Duration::from_millis(u64::from(response.window_ms));
+        }
+        tracing::info!(dispatcher = %self.url, client = %response.client_id, "registered with the dispatcher");
+        self.request.client_id = response.client_id;
+        Ok(())
+    }
+
+    pub(crate) async fn report(&mut self, stats: WindowStats, workers: usize) -> Result<(), Status> {
+        let report = proto::ReportWindowRequest {
+            client_id: self.request.client_id.clone(),
+            batches: stats.batches,
+            median_seconds: stats.median.as_secs_f64(),
+            mean_seconds: if stats.batches > 0 {
+                stats.total_batch_time.as_secs_f64() / stats.batches as f64
+            } else {
+                0.0
+            },
+            p90_seconds: stats.p90.as_secs_f64(),
+            wait_fraction: stats.wait_fraction,
+            workers: workers as u32,
+        };
+        match self.client.report_window(self.request(report.clone())).await {
+            // The dispatcher restarted and forgot us: register again under the same id.
+            Err(s) if s.code() == Code::NotFound => {
+                self.try_register().await?;
+                self.client.report_window(self.request(report)).await.map(drop)
+            }
+            other => other.map(drop),
+        }
+    }
+
+    /// Acknowledges completions, and list `version` with the rows held from workers that
+    /// left it; returns the job's open epoch. `leaving`: the client is closing, having
+    /// `discarded` batches or not.
+    pub(crate) async fn acknowledge(
+        &mut self,
+        completed: &[SplitId],
+        version: u64,
+        held: &[Held],
+        leaving: Option<bool>,
+    ) -> Result<u64, Status> {
+        let ack = proto::AcknowledgeRequest {
+            leaving: leaving.is_some(),
+            discarded: leaving.unwrap_or(false),
+            client_id: self.request.client_id.clone(),
+            completed: completed.iter().map(|&(epoch, split)| proto::SplitRef { epoch, split }).collect(),
+            list_version: version,
+            held: held
+                .iter()
+                .map(|h| proto::HeldRows { epoch: h.split.0, split: h.split.1, positions: h.positions.clone() })
+                .collect(),
+        };
+        let response = match self.client.acknowledge(self.request(ack.clone())).await {
+            Err(s) if s.code() == Code::NotFound => {
+                self.try_register().await?;
+                self.client.acknowledge(self.request(ack)).await
+            }
+            other => other,
+        };
+        Ok(response?.into_inner().epoch)
+    }
+
+    pub(crate) async fn watch(&mut self) -> Result<tonic::Streaming<proto::WorkerList>, Status> {
+        let request =
+            proto::WatchWorkersRequest { pipeline: self.request.pipeline.clone(), job: self.request.job.clone() };
+        Ok(self.client.watch_workers(self.request(request)).await?.into_inner())
+    }
+
+    /// The watch, and its first list (so the client knows the job's open epoch before it
+    /// reads), retrying an unreachable dispatcher until `deadline`.
+    pub(crate) async fn first_list(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<(tonic::Streaming<proto::WorkerList>, proto::WorkerList), Status> {
+        loop {
+            let attempt = async {
+                let mut watch = self.watch().await?;
+                match watch.message().await? {
+                    Some(list) => Ok((watch, list)),
+                    None => Err(Status::unavailable("the worker list ended before its first message")),
+                }
+            };
+            match attempt.await {
+                Ok(first) => return Ok(first),
+                Err(s) if retryable(&s) && tokio::time::Instant::now() < deadline => tokio::time::sleep(RETRY).await,
+                Err(s) => return Err(s),
+            }
+        }
+    }
+
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// Worth retrying: the dispatcher is starting, moving or briefly unreachable.
+pub(crate) fn retryable(s: &Status) -> bool {
+    matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded | Code::NotFound)
+}
