@@ -166,4 +166,38 @@ mod tests {
         d.restore(completed.clone(), held.clone());
         assert_eq!(d.take(&listed(&[])), (completed, held));
     }
+
+    /// What the accounting costs per batch, as the client does it: rows recorded as a batch is
+    /// queued, a split completed every 10 batches, an acknowledgement taken then. By hand:
+    /// `cargo test --release -p stoker-client --lib accounting -- --ignored --nocapture`
+    #[test]
+    #[ignore = "benchmark: run by hand in release"]
+    fn accounting_cost_per_batch() {
+        for rows in [14u64, 256] {
+            let batches: Vec<Batch> = (0..20_000u64)
+                .map(|i| {
+                    let split = i / 10;
+                    let origins: Vec<(u64, u64)> = (0..rows).map(|r| (split, (i % 10) * rows + r)).collect();
+                    let completes = if i % 10 == 9 { vec![split] } else { vec![] };
+                    batch(0, &origins, &completes)
+                })
+                .collect();
+            let d = Delivery::default();
+            let listed = listed(&["w"]);
+            let start = std::time::Instant::now();
+            for b in &batches {
+                d.record("w", b).keep();
+                d.taken(b);
+                if !b.completes.is_empty() {
+                    d.take(&listed);
+                }
+            }
+            let per_batch = start.elapsed().as_nanos() as f64 / batches.len() as f64;
+            println!(
+                "{rows} rows per batch: {:.0} ns per batch ({:.1} ns per row)",
+                per_batch,
+                per_batch / rows as f64
+            );
+        }
+    }
 }

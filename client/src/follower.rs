@@ -159,7 +159,8 @@ impl Follower {
                 }
                 discarded = &mut self.leave => {
                     // Best effort: the dispatcher forgets this client after its timeout anyway.
-                    let discarded = discarded.unwrap_or(true);
+                    // A stream still open may have had batches on the way (a completion too).
+                    let discarded = discarded.unwrap_or(true) || !state.streams.is_empty();
                     let _ = tokio::time::timeout(Duration::from_secs(1), self.acknowledge(&state, Some(discarded))).await;
                     for (_, s) in state.streams.drain() {
                         s.task.abort();

@@ -213,8 +213,8 @@ type JobItem = Result<Batch, Status>;
 /// (job, epoch)
 type EpochKey = (String, u64);
 
-/// The epochs of each job this worker's producers are busy with: their last answer from the
-/// dispatcher was a split. A producer waits while an earlier epoch of its job is busy, so the
+/// The epochs of each job this worker's producers are busy with: from the first split handed
+/// out until a run has ended and the dispatcher has nothing more of the epoch. A producer waits while an earlier epoch of its job is busy, so the
 /// next epoch is made with what the current one leaves idle (its last splits held elsewhere)
 /// and never takes a core from it.
 #[derive(Default)]
@@ -375,7 +375,9 @@ fn produce(
             std::thread::sleep(Duration::from_millis(20));
         }
         let next = link.next_split(job, epoch)?;
-        busy.set(job, epoch, matches!(next.0, Next::Split(_)));
+        if matches!(next.0, Next::Split(_)) {
+            busy.set(job, epoch, true);
+        }
         Ok(next)
     };
     let mut next = ask()?;
@@ -383,6 +385,9 @@ fn produce(
         let first = match next {
             (Next::Finished(_), _, _) => return Ok(()),
             (Next::Draining(d), _, _) => {
+                // Idle until the epoch's last splits are done elsewhere: the next epoch may
+                // use this worker meanwhile (busy again when a dead worker's split comes back).
+                busy.set(job, epoch, false);
                 std::thread::sleep(Duration::from_millis(u64::from(d.retry_ms)));
                 if out.is_closed() {
                     return Ok(());

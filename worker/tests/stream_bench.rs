@@ -14,16 +14,26 @@ use stream_support::{connect, options, start};
 
 /// 14 float16 HWC 224x224 images (4.02 MiB) and their labels: an ImageNet batch after normalize.
 fn ready_batches() -> SyntheticSource {
+    images(14, 224)
+}
+
+/// `n` float16 HWC images of `side` x `side` and their labels, each row naming its origin.
+fn images(n: usize, side: usize) -> SyntheticSource {
     SyntheticSource::new(vec![
-        ("image".into(), DType::Float16, vec![14, 224, 224, 3]),
-        ("label".into(), DType::Int64, vec![14]),
+        ("image".into(), DType::Float16, vec![n, side, side, 3]),
+        ("label".into(), DType::Int64, vec![n]),
     ])
     .shared_payload()
 }
 
-async fn measure(name: &str, opts: ClientOptions) {
-    let a = start(ready_batches()).await;
-    let b = start(ready_batches()).await;
+/// GB/s of tensor payload from two workers serving `source` to one client for 5 s.
+async fn measure(name: &str, opts: ClientOptions) -> f64 {
+    measure_source(name, opts, ready_batches).await
+}
+
+async fn measure_source(name: &str, opts: ClientOptions, source: impl Fn() -> SyntheticSource) -> f64 {
+    let a = start(source()).await;
+    let b = start(source()).await;
     let mut client = connect(&[&a, &b], opts).await;
     for _ in 0..50 {
         client.next().await.unwrap().unwrap();
@@ -37,13 +47,41 @@ async fn measure(name: &str, opts: ClientOptions) {
     }
     let secs = start.elapsed().as_secs_f64();
     let w = client.window();
+    let gbps = bytes as f64 / secs / 1e9;
     println!(
-        "{name}: {:.2} GB/s ({batches} batches, {:.0} batches/s), median batch time {:?}, wait fraction {:.2}",
-        bytes as f64 / secs / 1e9,
+        "{name}: {gbps:.2} GB/s ({batches} batches, {:.0} batches/s), median batch time {:?}, wait fraction {:.2}",
         batches as f64 / secs,
         w.median,
         w.wait_fraction
     );
+    gbps
+}
+
+/// What naming each row's origin costs the stream, alternating rounds in one run: ImageNet
+/// batches (14 rows of 301 KB) and small ones (256 rows of 3 KB, the most rows per byte a
+/// vision pipeline sends).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "benchmark: run by hand in release"]
+async fn provenance_overhead() {
+    for (shape, n, side) in [("14 x 224x224x3", 14, 224), ("256 x 32x32x3", 256, 32)] {
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for round in 0..3 {
+            without.push(
+                measure_source(&format!("{shape}, round {round}, no rows"), options(), || {
+                    images(n, side).without_rows()
+                })
+                .await,
+            );
+            with.push(measure_source(&format!("{shape}, round {round}, rows"), options(), || images(n, side)).await);
+        }
+        let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+        println!(
+            "{shape}: best of 3 without rows {:.2} GB/s, with rows {:.2} GB/s: {:+.1}%",
+            best(&without),
+            best(&with),
+            (best(&with) / best(&without) - 1.0) * 100.0
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -21,13 +21,15 @@ pub struct SyntheticSource {
     /// When set, every batch reuses these buffers (one per tensor): no per-batch generation
     /// cost, as when serving from a cache.
     shared: Option<Arc<Vec<Bytes>>>,
+    /// Whether batches name their rows' origins, as the engine's do (the default).
+    rows: bool,
     produced: Arc<AtomicU64>,
 }
 
 impl SyntheticSource {
     /// Endless batches of these tensors (name, dtype, shape).
     pub fn new(tensors: Vec<(String, DType, Vec<usize>)>) -> Self {
-        SyntheticSource { tensors, batches: None, shared: None, produced: Arc::default() }
+        SyntheticSource { tensors, batches: None, shared: None, rows: true, produced: Arc::default() }
     }
 
     /// Ends each consumer's stream after `n` batches.
@@ -40,6 +42,13 @@ impl SyntheticSource {
     pub fn shared_payload(mut self) -> Self {
         let data = self.tensors.iter().map(|(_, dtype, shape)| pattern(0, byte_len(*dtype, shape))).collect();
         self.shared = Some(Arc::new(data));
+        self
+    }
+
+    /// Batches without their rows' origins: the stream as it was before provenance, for
+    /// measuring what provenance costs.
+    pub fn without_rows(mut self) -> Self {
+        self.rows = false;
         self
     }
 
@@ -65,8 +74,11 @@ impl SyntheticSource {
         // Provenance as the engine gives it, so benchmarks carry (and clients track) it too.
         let (split, sequence) = (index / BATCHES_PER_SPLIT, index % BATCHES_PER_SPLIT);
         // Rows are the first axis of a tensor of two or more; a flat payload has none.
-        let rows_per_batch =
-            self.tensors.first().filter(|(_, _, shape)| shape.len() >= 2).map_or(0, |(_, _, shape)| shape[0]) as u64;
+        let rows_per_batch = self
+            .tensors
+            .first()
+            .filter(|(_, _, shape)| self.rows && shape.len() >= 2)
+            .map_or(0, |(_, _, shape)| shape[0]) as u64;
         let rows = (0..rows_per_batch).map(|r| stoker_api::row(split, sequence * rows_per_batch + r)).collect();
         Batch { tensors, epoch, split, sequence, completes: Vec::new(), rows }
     }
