@@ -1,0 +1,309 @@
+//! The dispatcher's bookkeeping driven by a moving clock: hand-out, failures, recoveries,
+//! windows and clients.
+
+use std::time::Duration;
+
+use super::*;
+
+fn split(epoch: u64, split: u64) -> Assignment {
+    Assignment::Split { epoch, split, skip: Vec::new() }
+}
+
+fn key() -> PipelineKey {
+    PipelineKey::new("ns", "p")
+}
+
+fn registration(address: &str, splits: u64) -> WorkerRegistration {
+    WorkerRegistration {
+        pipeline: key(),
+        address: address.into(),
+        threads: 2,
+        splits,
+        plan_digest: format!("d{splits}"),
+        worker_id: None,
+        cache_mode: CacheMode::Never,
+        cache_hints: Vec::new(),
+        shuffle_seed: None,
+    }
+}
+
+/// Takes and completes splits until the dispatcher answers with something else, which is
+/// returned beside the splits done.
+fn work(state: &mut DispatcherState, worker: &str, job: &str, epoch: u64, now: Instant) -> (Vec<u64>, Assignment) {
+    let mut got = Vec::new();
+    let mut completed = Vec::new();
+    loop {
+        match state.next_split(worker, job, &completed, 0, now).unwrap() {
+            Assignment::Split { epoch: e, split, .. } if e == epoch => {
+                got.push(split);
+                completed = vec![(e, split)];
+            }
+            other => return (got, other),
+        }
+    }
+}
+
+#[test]
+fn one_worker_gets_every_split_once_then_the_next_epoch() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    let w = s.register_worker(registration("a:1", 3), t).unwrap();
+    let (got, next) = work(&mut s, &w, "job", 0, t);
+    assert_eq!(got, vec![0, 1, 2]);
+    assert_eq!(next, Assignment::Finished { epoch: 0 });
+    assert_eq!(s.jobs(&key())[0].epoch, 1);
+    assert_eq!(s.next_split(&w, "job", &[], 1, t).unwrap(), split(1, 0));
+}
+
+#[test]
+fn a_worker_with_nothing_left_in_an_epoch_starts_the_next_but_not_the_one_after() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    let a = s.register_worker(registration("a:1", 2), t).unwrap();
+    let b = s.register_worker(registration("b:1", 2), t).unwrap();
+    assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
+    // Nothing left in epoch 0 for a (b holds the last split, and may die): a starts epoch 1.
+    assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
+    assert_eq!(s.next_split(&a, "j", &[], 1, t).unwrap(), split(1, 0));
+    assert_eq!(s.next_split(&a, "j", &[(1, 0)], 1, t).unwrap(), split(1, 1));
+    // b still holds epoch 0's split 1: a may not run two epochs ahead of it.
+    assert_eq!(s.next_split(&a, "j", &[(1, 1)], 2, t).unwrap(), Assignment::Draining { epoch: 2 });
+    assert_eq!(s.jobs(&key())[0].epoch, 0);
+    // b finishes epoch 0; epoch 1 is done too, and the job moves on to epoch 2.
+    assert_eq!(s.next_split(&b, "j", &[(0, 1)], 0, t).unwrap(), Assignment::Finished { epoch: 0 });
+    assert_eq!(s.jobs(&key())[0].epoch, 1);
+    assert_eq!(s.next_split(&a, "j", &[], 2, t).unwrap(), split(2, 0));
+    assert_eq!(s.jobs(&key())[0].epoch, 2);
+}
+
+#[test]
+fn a_dead_workers_splits_of_the_next_epoch_come_back_too() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+    let a = s.register_worker(registration("a:1", 2), t).unwrap();
+    let b = s.register_worker(registration("b:1", 2), t).unwrap();
+    assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
+    assert_eq!(s.next_split(&b, "j", &[], 1, t).unwrap(), split(1, 0));
+    let later = t + Duration::from_secs(6);
+    s.heartbeat(&a, Progress::default(), later).unwrap();
+    s.expire(later);
+    assert_eq!(s.jobs(&key())[0].requeued, 2);
+    assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, later).unwrap(), split(0, 1));
+    assert_eq!(s.next_split(&a, "j", &[(0, 1)], 1, later).unwrap(), split(1, 0));
+}
+
+#[test]
+fn jobs_each_get_whole_epochs() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    let w = s.register_worker(registration("a:1", 4), t).unwrap();
+    assert_eq!(work(&mut s, &w, "x", 0, t).0, vec![0, 1, 2, 3]);
+    assert_eq!(work(&mut s, &w, "y", 0, t).0, vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn a_dead_workers_unfinished_splits_go_to_the_others() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+    let a = s.register_worker(registration("a:1", 4), t).unwrap();
+    let b = s.register_worker(registration("b:1", 4), t).unwrap();
+    assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), split(0, 1));
+    // a dies holding split 1; b keeps heartbeating.
+    let later = t + Duration::from_secs(6);
+    s.heartbeat(&b, Progress::default(), later).unwrap();
+    assert_eq!(s.expire(later), BTreeSet::from([key()]));
+    assert_eq!(s.worker_addresses(&key()), vec!["b:1".to_string()]);
+    let (mut got, _) = work(&mut s, &b, "j", 0, later);
+    got.sort_unstable();
+    assert_eq!(got, vec![1, 2, 3], "split 0 was done by a before it died; 1 comes back");
+    let job = &s.jobs(&key())[0];
+    assert_eq!((job.epoch, job.requeued, job.repeats), (1, 1, 0));
+    // The dead worker's id is unknown now: it must register again.
+    assert!(matches!(s.next_split(&a, "j", &[], 0, later), Err(DispatchError::Unknown { .. })));
+}
+
+#[test]
+fn a_late_completion_of_a_requeued_split_counts_as_a_repeat() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+    let a = s.register_worker(registration("a:1", 2), t).unwrap();
+    let b = s.register_worker(registration("b:1", 2), t).unwrap();
+    assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
+    let later = t + Duration::from_secs(6);
+    s.heartbeat(&b, Progress::default(), later).unwrap();
+    s.expire(later);
+    assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), split(0, 0));
+    // a was only slow: it comes back and reports split 0 as well.
+    let a2 =
+        s.register_worker(WorkerRegistration { worker_id: Some(a.clone()), ..registration("a:1", 2) }, later).unwrap();
+    assert_eq!(a2, a, "re-registration keeps the id");
+    assert_eq!(s.next_split(&b, "j", &[(0, 0)], 0, later).unwrap(), split(0, 1));
+    s.next_split(&a, "j", &[(0, 0)], 0, later).unwrap();
+    assert_eq!(s.jobs(&key())[0].repeats, 1);
+}
+
+#[test]
+fn a_restarted_dispatcher_resumes_a_job_at_the_workers_epoch() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t2", Timeouts::default());
+    let w = s
+        .register_worker(WorkerRegistration { worker_id: Some("w-t1-1".into()), ..registration("a:1", 2) }, t)
+        .unwrap();
+    assert_eq!(w, "w-t1-1");
+    assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), split(7, 0));
+}
+
+#[test]
+fn workers_with_a_different_listing_are_refused_while_the_old_ones_live() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+    s.register_worker(registration("a:1", 2), t).unwrap();
+    let err = s.register_worker(registration("b:1", 3), t).unwrap_err();
+    assert!(err.to_string().contains("listing differs"), "{err}");
+    // Once the old workers are gone, the new listing wins.
+    let later = t + Duration::from_secs(6);
+    s.expire(later);
+    s.register_worker(registration("b:1", 3), later).unwrap();
+    assert_eq!(s.jobs(&key()), vec![]);
+}
+
+#[test]
+fn windows_are_grouped_by_job_and_taken_once() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    let c0 = s.register_client(key(), "j".into(), 0, None, None, t);
+    let c1 = s.register_client(key(), "j".into(), 1, None, None, t);
+    let window = Window { batches: 10, median_s: 0.1, p90_s: 0.2, mean_s: 0.12, wait_fraction: 0.5, workers: 1 };
+    s.report_window(&c0, window.clone(), t).unwrap();
+    s.report_window(&c1, window.clone(), t).unwrap();
+    let bad = Window { median_s: f64::NAN, ..window.clone() };
+    assert!(matches!(s.report_window(&c1, bad, t), Err(DispatchError::Invalid(_))));
+    let taken = s.take_windows();
+    assert_eq!(taken.len(), 1);
+    assert_eq!((taken[0].consumers, taken[0].windows.len()), (2, 2));
+    assert!(s.take_windows()[0].windows.is_empty());
+    assert_eq!(s.consumers(&key(), "j"), vec![0, 1]);
+}
+
+#[test]
+fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(60), client: Duration::from_secs(5) });
+    let w = s.register_worker(registration("a:1", 2), t).unwrap();
+    let c = s.register_client(key(), "j".into(), 0, None, None, t);
+    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
+    // The worker has sent both; only the client's report makes them done.
+    assert_eq!(s.jobs(&key())[0].in_flight, 2);
+    s.acknowledge(&c, &[(0, 0)], 0, &[], t).unwrap();
+    assert_eq!(s.jobs(&key())[0].done, 1);
+    // The client goes silent holding split 1's last batch: split 1 is produced again.
+    s.expire(t + Duration::from_secs(6));
+    assert_eq!(s.jobs(&key())[0].requeued, 1);
+    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
+    let c2 = s.register_client(key(), "j".into(), 0, None, None, t + Duration::from_secs(6));
+    s.acknowledge(&c2, &[(0, 1)], 0, &[], t + Duration::from_secs(6)).unwrap();
+    assert_eq!(s.jobs(&key())[0].epoch, 1, "every split reported: the next epoch");
+}
+
+#[test]
+fn silent_clients_detach() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(5) });
+    let c = s.register_client(key(), "j".into(), 0, None, None, t);
+    assert_eq!(s.attached(), BTreeSet::from([key()]));
+    let window = Window { batches: 0, median_s: 0.0, p90_s: 0.0, mean_s: 0.0, wait_fraction: 0.0, workers: 0 };
+    s.report_window(&c, window, t + Duration::from_secs(4)).unwrap();
+    s.expire(t + Duration::from_secs(8));
+    assert_eq!(s.attached(), BTreeSet::from([key()]), "reported at 4 s, alive until 9 s");
+    s.expire(t + Duration::from_secs(10));
+    assert!(s.attached().is_empty());
+}
+
+/// Workers a (holding split 0 of a 3-split job) and b, one client; a dies at 6 s.
+fn a_dies_holding_split_0(client_timeout: u64) -> (DispatcherState, String, String, Instant) {
+    let t = Instant::now();
+    let timeouts = Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(client_timeout) };
+    let mut s = DispatcherState::new("t", timeouts);
+    let a = s.register_worker(registration("a:1", 3), t).unwrap();
+    let b = s.register_worker(registration("b:1", 3), t).unwrap();
+    let c = s.register_client(key(), "j".into(), 0, None, None, t);
+    assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
+    let later = t + Duration::from_secs(6);
+    s.heartbeat(&b, Progress::default(), later).unwrap();
+    s.report_window(
+        &c,
+        Window { batches: 1, median_s: 0.1, p90_s: 0.1, mean_s: 0.1, wait_fraction: 0.0, workers: 1 },
+        later,
+    )
+    .unwrap();
+    assert_eq!(s.listing(&key()).version, 2, "two workers registered");
+    s.expire(later);
+    (s, b, c, later)
+}
+
+#[test]
+fn a_dead_workers_split_waits_for_the_clients_rows_and_comes_back_without_them() {
+    let (mut s, b, c, t) = a_dies_holding_split_0(30);
+    let listing = s.listing(&key());
+    assert_eq!((listing.addresses, listing.version), (vec!["b:1".to_string()], 3));
+    let job = &s.jobs(&key())[0];
+    assert_eq!((job.in_flight, job.recovering, job.requeued), (0, 1, 1));
+    // Until the client has dropped a (acknowledged version 3), split 0 does not go out.
+    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
+    let held = Held { epoch: 0, split: 0, positions: vec![3, 1] };
+    s.acknowledge(&c, &[], 2, std::slice::from_ref(&held), t).unwrap();
+    assert_eq!(s.jobs(&key())[0].recovering, 1, "an acknowledgement of the old list does not count");
+    s.acknowledge(&c, &[], 3, &[], t).unwrap();
+    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0, skip: vec![1, 3] });
+    assert_eq!(s.jobs(&key())[0].skipped, 2);
+    // Done: the rows it delivered are forgotten with it.
+    let epoch = s.acknowledge(&c, &[(0, 0), (0, 1)], 3, &[], t).unwrap();
+    assert_eq!(epoch, 0);
+    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 2));
+    assert_eq!(s.acknowledge(&c, &[(0, 2)], 3, &[], t).unwrap(), 1, "the epoch closed");
+    assert_eq!(s.listing(&key()).epochs, BTreeMap::from([("j".to_string(), 1)]));
+}
+
+#[test]
+fn a_recovery_waits_for_a_silent_client_no_longer_than_its_timeout() {
+    let (mut s, b, _c, t) = a_dies_holding_split_0(10);
+    assert_eq!(s.jobs(&key())[0].recovering, 1);
+    let later = t + Duration::from_secs(11);
+    s.heartbeat(&b, Progress::default(), later).unwrap();
+    s.expire(later);
+    let job = &s.jobs(&key())[0];
+    assert_eq!(job.recovering, 0, "the silent client expired: nothing to wait for");
+    assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), split(0, 0));
+}
+
+#[test]
+fn a_client_that_never_acknowledges_holds_a_recovery_up_for_the_client_timeout() {
+    let (mut s, b, c, t) = a_dies_holding_split_0(10);
+    let window = Window { batches: 1, median_s: 0.1, p90_s: 0.1, mean_s: 0.1, wait_fraction: 0.0, workers: 1 };
+    let later = t + Duration::from_secs(11);
+    // The client stays alive (it reports windows) but never acknowledges the new list.
+    s.report_window(&c, window, later).unwrap();
+    s.heartbeat(&b, Progress::default(), later).unwrap();
+    s.expire(later);
+    let job = &s.jobs(&key())[0];
+    assert_eq!((job.recovering, job.unacknowledged), (0, 1));
+    assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), split(0, 0));
+}
+
+#[test]
+fn a_client_leaving_cleanly_is_forgotten_and_one_that_discarded_batches_has_the_splits_redone() {
+    let (mut s, b, c, t) = a_dies_holding_split_0(30);
+    // The recovery waits for c; c leaves having read everything: nothing to wait for.
+    s.leave(&c, false, t);
+    assert!(s.attached().is_empty());
+    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.jobs(&key())[0].in_flight, 1, "a clean leave redoes nothing");
+    let c2 = s.register_client(key(), "j".into(), 0, None, None, t);
+    s.leave(&c2, true, t);
+    let job = &s.jobs(&key())[0];
+    assert_eq!((job.in_flight, job.requeued), (0, 2), "what it discarded may hold a split's last batch");
+}
