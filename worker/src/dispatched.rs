@@ -408,8 +408,10 @@ fn produce(
         let mut after: Option<Handed> = None;
         let mut failed: Option<anyhow::Error> = None;
         let pulled = std::iter::once(first).chain(std::iter::from_fn(|| {
-            // An earlier epoch busy again (a dead worker's split came back) ends the run too.
-            if after.is_some() || failed.is_some() || stale() || busy.earlier(job, epoch) {
+            // While an earlier epoch keeps this worker busy (at the start, or when a dead
+            // worker's split of it came back), `ask` waits: the run pauses, its rows held, and
+            // goes on afterwards without a partial batch.
+            if after.is_some() || failed.is_some() || stale() {
                 return None;
             }
             match ask().and_then(|n| match n {
