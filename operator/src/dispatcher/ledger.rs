@@ -198,6 +198,9 @@ impl Job {
         let pass = match epoch.checked_sub(self.epoch) {
             None => return Assignment::Finished { epoch },
             Some(0) => &mut self.current,
+            // Only once the open epoch has nothing left to hand out: until then its work comes
+            // first (and its epoch time is not stretched by a split taken early).
+            Some(1) if !self.current.pending.is_empty() => return Assignment::Draining { epoch },
             Some(1) => self.next.get_or_insert_with(|| Pass::full(plan, epoch)),
             Some(_) => return Assignment::Draining { epoch },
         };
@@ -372,6 +375,11 @@ mod tests {
     fn an_epoch_runs_at_most_one_ahead() {
         let t = Instant::now();
         let mut job = Job::starting(4, &plan(1));
+        assert_eq!(
+            job.hand_out(5, "a", &plan(1), &Directive::Compute, t),
+            Assignment::Draining { epoch: 5 },
+            "epoch 4 first"
+        );
         assert_eq!(job.hand_out(4, "a", &plan(1), &Directive::Compute, t), split(4, 0));
         assert_eq!(job.hand_out(4, "a", &plan(1), &Directive::Compute, t), Assignment::Draining { epoch: 4 });
         assert_eq!(job.hand_out(5, "a", &plan(1), &Directive::Compute, t), split(5, 0));
