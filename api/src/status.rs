@@ -128,6 +128,10 @@ pub struct DeliveryStatus {
     /// Dead workers' splits produced again without waiting for a client's acknowledgement
     /// (it never came within the client timeout).
     pub recoveries_unacknowledged: u64,
+    /// Rows jobs read by ranks received beyond an epoch's equal count per rank and dropped
+    /// (each rank yields the same number of batches; the remainder is not spread).
+    #[serde(default)]
+    pub rows_dropped_for_equal_ranks: u64,
 }
 
 /// Seconds per epoch computing everything, writing the cache, and reading it.

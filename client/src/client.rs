@@ -17,6 +17,7 @@ use crate::epochs::{Epochs, Item};
 use crate::error::Error;
 use crate::follower::{Follower, Shared};
 use crate::options::ClientOptions;
+use crate::ration::{Ration, Step};
 use crate::registration::Registration;
 use crate::stats::{Meter, WindowStats};
 use crate::tasks::Tasks;
@@ -35,8 +36,21 @@ pub struct Client {
 enum Source {
     /// A fixed list of workers, all feeding one queue.
     Fixed(mpsc::Receiver<Item>),
-    /// Under the dispatcher: the queue of the epoch being read, and what the follower shares.
-    Dispatched { queue: mpsc::Receiver<Item>, shared: Shared, leave: Option<oneshot::Sender<bool>> },
+    /// Under the dispatcher: the queue of the epoch being read, and what the follower shares;
+    /// for a job read by ranks, what the epoch's quota holds back.
+    Dispatched {
+        queue: mpsc::Receiver<Item>,
+        shared: Shared,
+        leave: Option<oneshot::Sender<bool>>,
+        ration: Option<Ration>,
+    },
+}
+
+/// What a rank's rationed queue gives.
+enum Rationed {
+    Batch(Batch),
+    Failed(Error),
+    EpochOver,
 }
 
 impl Client {
@@ -70,9 +84,13 @@ impl Client {
             .await
             .map_err(|status| Error::Dispatcher { url: url.to_string(), status: Box::new(status) })?;
         let epochs = Arc::new(Epochs::new(options.prefetch));
+        let ranked = options.consumers > 1;
         let shared = Shared {
             epochs: epochs.clone(),
-            delivery: Delivery::default(),
+            delivery: if ranked { Delivery::ranked() } else { Delivery::default() },
+            quotas: Arc::default(),
+            quota_changed: Arc::default(),
+            dropped_rows: Arc::default(),
             meter: Arc::default(),
             open_epoch: Arc::new(AtomicU64::new(first.epoch)),
             reading: Arc::new(AtomicU64::new(first.epoch)),
@@ -94,7 +112,9 @@ impl Client {
         // Not among the tasks aborted on drop: it says goodbye to the dispatcher first.
         tokio::spawn(follower.run());
         let meter = shared.meter.clone();
-        Ok(Client { source: Source::Dispatched { queue, shared, leave: Some(leave) }, tasks, meter, call_start: None })
+        let ration = ranked.then(Ration::default);
+        let source = Source::Dispatched { queue, shared, leave: Some(leave), ration };
+        Ok(Client { source, tasks, meter, call_start: None })
     }
 
     /// The next batch from any worker, across epochs; None once every worker's stream has ended
@@ -127,6 +147,15 @@ impl Client {
         }
     }
 
+    /// For a job read by ranks: rows this rank received beyond the epochs' equal counts and
+    /// dropped (never yielded). 0 otherwise.
+    pub fn dropped_rows(&self) -> u64 {
+        match &self.source {
+            Source::Dispatched { shared, .. } => shared.dropped_rows.load(Ordering::Relaxed),
+            Source::Fixed(_) => 0,
+        }
+    }
+
     /// Batch-time statistics since the last reset.
     /// In dispatcher mode the window restarts after each report to the dispatcher.
     pub fn window(&self) -> WindowStats {
@@ -149,25 +178,39 @@ impl Client {
         loop {
             let item = match &mut self.source {
                 Source::Fixed(rx) => std::task::ready!(rx.poll_recv(cx)),
-                Source::Dispatched { queue, shared, .. } => match std::task::ready!(queue.poll_recv(cx)) {
-                    Some(item) => {
-                        if let Ok(batch) = &item {
-                            shared.delivery.taken(batch);
+                Source::Dispatched { queue, shared, ration: None, .. } => {
+                    match std::task::ready!(queue.poll_recv(cx)) {
+                        Some(item) => {
+                            if let Ok(batch) = &item {
+                                shared.delivery.taken(batch);
+                            }
+                            Some(item)
                         }
-                        Some(item)
-                    }
-                    None => {
-                        // The epoch is over: read the next one.
-                        let next = shared.reading.fetch_add(1, Ordering::Relaxed) + 1;
-                        *queue = shared.epochs.take_receiver(next);
-                        shared.switched.notify_one();
-                        if stop_at_epoch_end {
-                            self.call_start = None;
-                            return Poll::Ready(None);
+                        None => {
+                            next_epoch(queue, shared);
+                            if stop_at_epoch_end {
+                                self.call_start = None;
+                                return Poll::Ready(None);
+                            }
+                            continue;
                         }
-                        continue;
                     }
-                },
+                }
+                Source::Dispatched { queue, shared, ration: Some(ration), .. } => {
+                    match std::task::ready!(poll_rationed(queue, shared, ration, cx)) {
+                        Rationed::Batch(batch) => Some(Ok(batch)),
+                        Rationed::Failed(e) => Some(Err(e)),
+                        Rationed::EpochOver => {
+                            *ration = Ration::default();
+                            next_epoch(queue, shared);
+                            if stop_at_epoch_end {
+                                self.call_start = None;
+                                return Poll::Ready(None);
+                            }
+                            continue;
+                        }
+                    }
+                }
             };
             if let Some(Ok(batch)) = &item {
                 // Only completions: acknowledged, not a batch the caller waited for.
@@ -193,13 +236,66 @@ impl Stream for Client {
 impl Drop for Client {
     fn drop(&mut self) {
         self.tasks.abort_all();
-        if let Source::Dispatched { queue, shared, leave } = &mut self.source {
+        if let Source::Dispatched { queue, shared, leave, ration } = &mut self.source {
             // Batches received and never read are lost with the client: the dispatcher then
             // produces the job's in-flight splits again.
-            let discarded = !queue.is_empty() || shared.epochs.any_queued();
+            let held = ration.as_ref().is_some_and(Ration::holds);
+            let discarded = held || !queue.is_empty() || shared.epochs.any_queued();
             if let Some(leave) = leave.take() {
                 let _ = leave.send(discarded);
             }
+        }
+    }
+}
+
+/// The epoch read is over: read the next one.
+fn next_epoch(queue: &mut mpsc::Receiver<Item>, shared: &Shared) {
+    let next = shared.reading.fetch_add(1, Ordering::Relaxed) + 1;
+    *queue = shared.epochs.take_receiver(next);
+    shared.switched.notify_one();
+}
+
+/// A rank's next batch of the epoch it reads, within the epoch's quota. Whatever arrives is
+/// acknowledged at once, not when the training loop takes it: its completions must reach the
+/// dispatcher for the epoch to end, and its end is what makes the quota final.
+fn poll_rationed(
+    queue: &mut mpsc::Receiver<Item>,
+    shared: &Shared,
+    ration: &mut Ration,
+    cx: &mut Context<'_>,
+) -> Poll<Rationed> {
+    let epoch = shared.reading.load(Ordering::Relaxed);
+    loop {
+        shared.quota_changed.register(cx.waker());
+        if let Some(&quota) = shared.quotas.lock().unwrap().get(&epoch) {
+            ration.set_quota(quota);
+        }
+        match ration.step() {
+            Step::Yield(batch) => return Poll::Ready(Rationed::Batch(batch)),
+            Step::Pass(_) => {}
+            Step::Drop(batch) => {
+                let rows = if batch.rows.is_empty() {
+                    batch.tensors.values().next().and_then(|t| t.shape.first().copied()).unwrap_or(0) as u64
+                } else {
+                    batch.rows.len() as u64
+                };
+                shared.dropped_rows.fetch_add(rows, Ordering::Relaxed);
+                shared.delivery.dropped(epoch, rows);
+            }
+            Step::Done => return Poll::Ready(Rationed::EpochOver),
+            // Waiting for a quota the follower's wake-up brings.
+            Step::Wait if ration.ended() => return Poll::Pending,
+            Step::Wait => match std::task::ready!(queue.poll_recv(cx)) {
+                Some(Ok(batch)) => {
+                    shared.delivery.taken(&batch);
+                    ration.push(batch);
+                }
+                Some(Err(e)) => return Poll::Ready(Rationed::Failed(e)),
+                None => {
+                    ration.end();
+                    shared.delivery.ended(epoch);
+                }
+            },
         }
     }
 }

@@ -3,7 +3,7 @@
 //! splits by the worker they came from, so that when a worker leaves the list the rows it
 //! delivered are reported and its split is produced again without them.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use stoker_api::{Batch, row_origin};
@@ -26,6 +26,19 @@ struct Inner {
     rows: HashMap<SplitId, HashMap<String, Vec<u32>>>,
     /// Held rows a failed acknowledgement carried, for the next one.
     held: Vec<Held>,
+    /// A job read by ranks: what this rank received of each recent epoch.
+    received: BTreeMap<u64, Received>,
+}
+
+/// What a rank received of an epoch (a job read by ranks), as the dispatcher hears it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Received {
+    /// Batches with tensors.
+    pub batches: u64,
+    /// Every stream of the epoch ended: `batches` is final.
+    pub ended: bool,
+    /// Rows beyond the epoch's final quota, dropped.
+    pub dropped_rows: u64,
 }
 
 /// Shared by the worker streams (which record rows), the caller's side of the client (which
@@ -33,8 +46,10 @@ struct Inner {
 #[derive(Clone, Default)]
 pub(crate) struct Delivery {
     inner: Arc<Mutex<Inner>>,
-    /// Woken when there is a completion to acknowledge.
-    pub(crate) completions: Arc<Notify>,
+    /// A job read by ranks.
+    ranked: bool,
+    /// Woken when there is something to acknowledge.
+    pub(crate) changed: Arc<Notify>,
 }
 
 /// Rows recorded for a batch on its way into the client's queue: undone when dropped before
@@ -83,18 +98,66 @@ impl Delivery {
         Recorded { delivery: self, worker: worker.to_string(), before }
     }
 
-    /// The training loop has `batch`: the splits it completes are done, their rows forgotten.
+    /// For a job read by ranks.
+    pub(crate) fn ranked() -> Self {
+        Delivery { ranked: true, ..Delivery::default() }
+    }
+
+    /// The training loop has `batch` (or it was dropped): the splits it completes are done, and
+    /// unless other ranks must report them too, their rows forgotten.
     pub(crate) fn taken(&self, batch: &Batch) {
         if batch.completes.is_empty() {
             return;
         }
         let mut inner = self.inner.lock().unwrap();
         for &split in &batch.completes {
-            inner.rows.remove(&(batch.epoch, split));
+            if !self.ranked {
+                inner.rows.remove(&(batch.epoch, split));
+            }
             inner.completed.push((batch.epoch, split));
         }
         drop(inner);
-        self.completions.notify_one();
+        self.changed.notify_one();
+    }
+
+    /// A job read by ranks: a batch with tensors of `epoch` entered the queue.
+    pub(crate) fn received(&self, epoch: u64) {
+        self.update(epoch, |r| r.batches += 1);
+    }
+
+    /// A job read by ranks: every batch of `epoch` this rank gets has arrived.
+    pub(crate) fn ended(&self, epoch: u64) {
+        self.update(epoch, |r| r.ended = true);
+    }
+
+    /// A job read by ranks: `rows` of `epoch` dropped beyond its final quota.
+    pub(crate) fn dropped(&self, epoch: u64, rows: u64) {
+        self.update(epoch, |r| r.dropped_rows += rows);
+    }
+
+    fn update(&self, epoch: u64, f: impl FnOnce(&mut Received)) {
+        if !self.ranked {
+            return;
+        }
+        f(self.inner.lock().unwrap().received.entry(epoch).or_default());
+        self.changed.notify_one();
+    }
+
+    /// Every epoch before `open` is finished: every rank reported each of its splits, so their
+    /// rows will not be asked for, and the dispatcher has this rank's last counts of them but the
+    /// last one (kept: another rank may need it for its final quota).
+    pub(crate) fn finished_before(&self, open: u64) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.rows.retain(|(epoch, _), _| *epoch >= open);
+        while inner.received.len() > 1 && inner.received.keys().next().is_some_and(|&e| e + 1 < open) {
+            inner.received.pop_first();
+        }
+    }
+
+    /// What this rank received of its recent epochs (all of them each time: a restarted
+    /// dispatcher learns them again from the next acknowledgement).
+    pub(crate) fn progress(&self) -> Vec<(u64, Received)> {
+        self.inner.lock().unwrap().received.iter().map(|(&e, &r)| (e, r)).collect()
     }
 
     /// What the next acknowledgement carries: the completions since the last, and the rows
@@ -165,6 +228,33 @@ mod tests {
         let (completed, held) = d.take(&listed(&[]));
         d.restore(completed.clone(), held.clone());
         assert_eq!(d.take(&listed(&[])), (completed, held));
+    }
+
+    #[test]
+    fn a_rank_keeps_a_completed_splits_rows_until_its_epoch_is_finished_and_counts_what_it_got() {
+        let d = Delivery::ranked();
+        d.record("a", &batch(0, &[(1, 0), (1, 1)], &[1])).keep();
+        d.taken(&batch(0, &[(1, 0), (1, 1)], &[1]));
+        d.received(0);
+        d.received(0);
+        d.dropped(0, 5);
+        d.ended(0);
+        d.received(1);
+        let (completed, held) = d.take(&listed(&[]));
+        assert_eq!(completed, [(0, 1)]);
+        assert_eq!(held, [Held { split: (0, 1), positions: vec![0, 1] }], "other ranks may not have reported it");
+        assert_eq!(
+            d.progress(),
+            [
+                (0, Received { batches: 2, ended: true, dropped_rows: 5 }),
+                (1, Received { batches: 1, ..Received::default() })
+            ]
+        );
+        d.record("a", &batch(0, &[(2, 0)], &[])).keep();
+        d.finished_before(1);
+        assert_eq!(d.take(&listed(&[])).1, [], "epoch 0 is finished");
+        d.finished_before(3);
+        assert_eq!(d.progress().len(), 1, "the last epoch's counts stay");
     }
 
     /// What the accounting costs per batch, as the client does it: rows recorded as a batch is

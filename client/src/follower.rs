@@ -9,12 +9,13 @@
 //! dispatcher hands its unfinished splits to the others. Only a refusal (bad request, not
 //! allowed, a failed pipeline) reaches the caller.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::task::AtomicWaker;
 use stoker_api::proto;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -24,6 +25,7 @@ use crate::delivery::Delivery;
 use crate::epochs::{Epochs, Item};
 use crate::error::Error;
 use crate::options::ClientOptions;
+use crate::ration::Quota;
 use crate::registration::{RETRY, Registration};
 use crate::stats::Meter;
 use crate::tasks::Tasks;
@@ -57,6 +59,11 @@ pub(crate) struct Shared {
     /// The epoch the caller reads; `switched` wakes the follower when it moves on.
     pub reading: Arc<AtomicU64>,
     pub switched: Arc<Notify>,
+    /// A job read by ranks: the dispatcher's quotas by epoch; `quota_changed` wakes the caller.
+    pub quotas: Arc<Mutex<BTreeMap<u64, Quota>>>,
+    pub quota_changed: Arc<AtomicWaker>,
+    /// Rows this rank dropped beyond the epochs' final quotas.
+    pub dropped_rows: Arc<AtomicU64>,
 }
 
 pub(crate) struct Follower {
@@ -132,7 +139,7 @@ impl Follower {
                     state.finished.retain(|(_, epoch)| *epoch >= reading);
                     self.stream_all(&mut state);
                 }
-                _ = self.shared.delivery.completions.notified() => {
+                _ = self.shared.delivery.changed.notified() => {
                     unacknowledged = !self.acknowledge(&state, None).await;
                 }
                 _ = retry => {
@@ -178,6 +185,18 @@ impl Follower {
         state.listed = list.addresses.into_iter().collect();
         state.version = list.version;
         self.saw_epoch(list.epoch);
+        if !list.quotas.is_empty() {
+            let mut quotas = self.shared.quotas.lock().unwrap();
+            for q in &list.quotas {
+                quotas.insert(q.epoch, Quota { batches: q.batches, complete: q.complete });
+            }
+            // Only the epochs read and read ahead matter; the dispatcher keeps a few more.
+            while quotas.len() > 4 {
+                quotas.pop_first();
+            }
+            drop(quotas);
+            self.shared.quota_changed.wake();
+        }
         let gone: Vec<StreamKey> = state.streams.keys().filter(|(a, _)| !state.listed.contains(a)).cloned().collect();
         for key in gone {
             let stream = state.streams.remove(&key).expect("listed above");
@@ -191,6 +210,7 @@ impl Follower {
     fn saw_epoch(&self, open: u64) {
         self.shared.open_epoch.fetch_max(open, Ordering::Relaxed);
         self.shared.epochs.finish_before(open);
+        self.shared.delivery.finished_before(open);
     }
 
     /// Opens the streams missing: every listed worker, for the epoch the caller reads and the
@@ -222,7 +242,8 @@ impl Follower {
     /// Sends what there is to acknowledge; false when it failed (it is kept for the next try).
     async fn acknowledge(&mut self, state: &State, leaving: Option<bool>) -> bool {
         let (completed, held) = self.shared.delivery.take(&state.listed);
-        match self.link.acknowledge(&completed, state.version, &held, leaving).await {
+        let received = self.shared.delivery.progress();
+        match self.link.acknowledge(&completed, state.version, &held, &received, leaving).await {
             Ok(epoch) => {
                 self.saw_epoch(epoch);
                 true

@@ -18,6 +18,7 @@ mod epochs;
 mod error;
 mod follower;
 mod options;
+mod ration;
 pub mod reassemble;
 mod registration;
 pub mod stats;

@@ -14,6 +14,11 @@ pub struct ClientOptions {
     /// Consumers with the same job share one stream; different jobs each get whole epochs.
     pub job: String,
     pub consumer_index: u32,
+    /// Under the dispatcher, a job read by ranks (e.g. the processes of a DDP job): how many,
+    /// `consumer_index` being this client's rank. Each rank's training loop then gets the same
+    /// number of batches every epoch (what a rank receives beyond it is dropped and counted).
+    /// 0 or 1: the job's consumers share its batches, first come, first served.
+    pub consumers: u32,
     /// Standalone workers: the epoch to start at (None: 0). Under the dispatcher a client
     /// starts at the job's open epoch.
     pub start_epoch: Option<u64>,
@@ -46,6 +51,7 @@ impl ClientOptions {
             pipeline: pipeline.into(),
             job: "default".into(),
             consumer_index: 0,
+            consumers: 0,
             start_epoch: None,
             prefetch_next_epoch: true,
             prefetch: 8,
@@ -60,6 +66,7 @@ impl ClientOptions {
 
     pub(crate) fn check(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::InvalidOptions(m));
+        proto::check_rank(self.consumer_index, self.consumers).map_err(Error::InvalidOptions)?;
         if self.prefetch == 0 {
             return bad("prefetch must be at least 1".into());
         }

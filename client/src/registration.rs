@@ -11,7 +11,7 @@ use stoker_api::proto::{self, PipelineRef};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::delivery::{Held, SplitId};
+use crate::delivery::{Held, Received, SplitId};
 use crate::error::Error;
 use crate::options::ClientOptions;
 use crate::stats::WindowStats;
@@ -45,6 +45,7 @@ impl Registration {
                 pipeline: Some(PipelineRef { namespace: options.namespace.clone(), name: options.pipeline.clone() }),
                 job: options.job.clone(),
                 consumer_index: options.consumer_index,
+                consumers: options.consumers,
                 client_id: String::new(),
                 epoch: None,
             },
@@ -107,14 +108,15 @@ impl Registration {
         }
     }
 
-    /// Acknowledges completions, and list `version` with the rows held from workers that
-    /// left it; returns the job's open epoch. `leaving`: the client is closing, having
-    /// `discarded` batches or not.
+    /// Acknowledges completions, list `version` with the rows held from workers that left it,
+    /// and what this rank `received` of its recent epochs; returns the job's open epoch.
+    /// `leaving`: the client is closing, having `discarded` batches or not.
     pub(crate) async fn acknowledge(
         &mut self,
         completed: &[SplitId],
         version: u64,
         held: &[Held],
+        received: &[(u64, Received)],
         leaving: Option<bool>,
     ) -> Result<u64, Status> {
         let ack = proto::AcknowledgeRequest {
@@ -126,6 +128,15 @@ impl Registration {
             held: held
                 .iter()
                 .map(|h| proto::HeldRows { epoch: h.split.0, split: h.split.1, positions: h.positions.clone() })
+                .collect(),
+            received: received
+                .iter()
+                .map(|&(epoch, r)| proto::RankProgress {
+                    epoch,
+                    batches: r.batches,
+                    ended: r.ended,
+                    dropped_rows: r.dropped_rows,
+                })
                 .collect(),
         };
         let response = match self.client.acknowledge(self.request(ack.clone())).await {

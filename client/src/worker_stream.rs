@@ -41,6 +41,7 @@ pub(crate) async fn open(
         pipeline: Some(PipelineRef { namespace: options.namespace.clone(), name: options.pipeline.clone() }),
         job: options.job.clone(),
         consumer_index: options.consumer_index,
+        consumers: options.consumers,
         start_epoch: options.start_epoch,
         max_message_bytes: options.max_message_bytes as u64,
         epoch,
@@ -72,7 +73,8 @@ pub(crate) async fn pump(
         match stream.message().await {
             Ok(Some(chunk)) => match reassembler.push(chunk) {
                 Ok(Some(batch)) => {
-                    if !batch.is_completions() {
+                    let data = (!batch.is_completions()).then_some(batch.epoch);
+                    if data.is_some() {
                         on_batch();
                     }
                     // Undone if the stream is stopped (its worker left the list) before the
@@ -83,6 +85,9 @@ pub(crate) async fn pump(
                     }
                     if let Some(r) = recorded {
                         r.keep();
+                    }
+                    if let (Some(d), Some(epoch)) = (delivery, data) {
+                        d.received(epoch);
                     }
                 }
                 Ok(None) => {}

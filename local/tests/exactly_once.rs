@@ -9,33 +9,11 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use stoker_api::{Batch, WorkerPipeline};
 use stoker_client::{Client, ClientOptions};
 use stoker_operator::autoscaling::Scaler;
 
 const FILES: i64 = 4;
 const LINES: i64 = 1000;
-
-fn pipeline(dir: &std::path::Path) -> WorkerPipeline {
-    // The padding makes a batch (~25 KB) a good part of the client's flow-control window, so a
-    // worker cannot run far ahead of what the client has read: killed, it still holds some of
-    // its split, and the client has the rest.
-    let pad = vec!["0.5"; 500].join(",");
-    for file in 0..FILES {
-        let lines: String =
-            (0..LINES).map(|i| format!("{{\"id\": {}, \"pad\": [{pad}]}}\n", file * LINES + i)).collect();
-        std::fs::write(dir.join(format!("{file}.jsonl")), lines).unwrap();
-    }
-    let manifest = format!(
-        "source: {{uri: 'file://{}/', format: jsonl}}\nbatchSize: 10\nshuffle: {{bufferSize: 64, seed: 1}}\n",
-        dir.display()
-    );
-    WorkerPipeline::new("ns", "records", &stoker_api::from_yaml(&manifest).unwrap())
-}
-
-fn ids(batch: &Batch) -> Vec<i64> {
-    batch.tensors["id"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
-}
 
 /// Reads one epoch to its end with `next_in_epoch`: how often each record arrived, checking
 /// every batch is of that epoch and its provenance matches its content. `each_batch` sees the
@@ -49,7 +27,7 @@ async fn read_epoch(client: &mut Client, mut each_batch: impl FnMut(usize)) -> B
             let batch = batch.expect("no error reaches the caller");
             assert_eq!(batch.epoch, epoch, "a batch of another epoch inside epoch {epoch}");
             // Record i of file f is position i of split f.
-            for (&row, id) in batch.rows.iter().zip(ids(&batch)) {
+            for (&row, id) in batch.rows.iter().zip(support::ids(&batch)) {
                 let (split, position) = stoker_api::row_origin(row);
                 assert_eq!(id, split as i64 * LINES + i64::from(position), "provenance of {id}");
                 *seen.entry(id).or_insert(0) += 1;
@@ -69,7 +47,8 @@ async fn epochs_end_cleanly_and_a_worker_killed_mid_split_costs_no_record_and_re
     let data = tempfile::tempdir().unwrap();
     // 40 batches a second each: an epoch lasts seconds, so both workers are mid-split when
     // their heartbeats (every second) show they delivered.
-    let s = support::dispatched(pipeline(data.path()), Duration::from_secs(3), Some(40.0)).await;
+    let s = support::dispatched(support::padded_records(data.path(), FILES, LINES), Duration::from_secs(3), Some(40.0))
+        .await;
     s.workers.scale(&s.key, 2).await.unwrap();
     let mut options = ClientOptions::new("ns", "records");
     options.prefetch = 2;

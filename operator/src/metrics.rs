@@ -78,7 +78,8 @@ impl Default for Metrics {
                 "stoker_dispatcher_delivery",
                 "Delivery counters per pipeline since this leader started: splits_produced_again (their \
                  worker died), redeliveries_skipped (elements a client already had), splits_repeated, \
-                 recoveries_unacknowledged",
+                 recoveries_unacknowledged, rows_dropped_for_equal_ranks (a job read by ranks: rows \
+                 beyond an epoch's equal count per rank)",
             ),
             &["namespace", "pipeline", "counter"],
         )
@@ -161,6 +162,7 @@ impl Metrics {
                 ("redeliveries_skipped", d.redeliveries_skipped),
                 ("splits_repeated", d.splits_repeated),
                 ("recoveries_unacknowledged", d.recoveries_unacknowledged),
+                ("rows_dropped_for_equal_ranks", d.rows_dropped_for_equal_ranks),
             ] {
                 let labels = [key.namespace.as_str(), key.name.as_str(), counter];
                 self.delivery.with_label_values(&labels).set(value as i64);

@@ -21,6 +21,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use crate::cached::{EngineCache, SplitCache};
+use crate::deal::{Deal, JobItem};
 use crate::engine::{Assigned, Engine, Ready, Split};
 use crate::stream::{BatchSource, Batches, Subscription};
 
@@ -186,29 +187,25 @@ fn progress(engine: &Engine, error: Option<String>) -> proto::WorkerProgress {
 
 /// A stable digest of the planned splits, so workers that listed different data are caught.
 pub fn plan_digest(splits: &[Split]) -> String {
-    // FNV-1a: stable across builds, unlike std's hasher.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    };
+    let mut bytes = Vec::new();
     for split in splits {
-        eat(&split.id.to_le_bytes());
+        bytes.extend_from_slice(&split.id.to_le_bytes());
         for shard in &split.shards {
-            eat(shard.path.as_bytes());
-            eat(&shard.size.to_le_bytes());
+            bytes.extend_from_slice(shard.path.as_bytes());
+            bytes.extend_from_slice(&shard.size.to_le_bytes());
         }
     }
-    format!("{h:016x}")
+    format!("{:016x}", fnv1a(&bytes))
 }
 
-/// One epoch of a job's ready batches, each naming the splits it completes, shared by the
-/// job's consumers on this worker.
-type EpochBatches = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<JobItem>>>;
+/// FNV-1a: stable across builds and machines, unlike std's hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
 
-/// A batch (naming the splits it completes), or the job's failure.
-type JobItem = Result<Batch, Status>;
+/// One epoch of a job's ready batches for one rank (or for all its consumers), each naming the
+/// splits it completes.
+type EpochBatches = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<JobItem>>>;
 
 /// (job, epoch)
 type EpochKey = (String, u64);
@@ -237,7 +234,10 @@ impl Busy {
 }
 
 struct EpochJob {
-    batches: EpochBatches,
+    /// By rank; one queue when the job's consumers share its batches.
+    batches: Vec<EpochBatches>,
+    /// The job's ranks, as its first consumer here declared (0: shared).
+    consumers: u32,
     /// When the job's next batch may go out, under `--max-batch-rate`: shared by its epochs,
     /// so reading the next epoch ahead does not double the rate.
     next_send: Arc<tokio::sync::Mutex<tokio::time::Instant>>,
@@ -275,7 +275,7 @@ impl DispatchedSource {
         }
     }
 
-    fn epoch(&self, key: EpochKey) -> Arc<EpochJob> {
+    fn epoch(&self, key: EpochKey, consumers: u32) -> Arc<EpochJob> {
         let next_send = self
             .next_sends
             .lock()
@@ -287,8 +287,11 @@ impl DispatchedSource {
         epochs
             .entry(key.clone())
             .or_insert_with(|| {
-                let (tx, rx) = tokio::sync::mpsc::channel(1);
-                let epoch_job = Arc::new(EpochJob { batches: Arc::new(tokio::sync::Mutex::new(rx)), next_send });
+                // Workers begin dealing at different ranks, and each epoch at another one.
+                let first = fnv1a(self.link.registration.address.as_bytes()).wrapping_add(key.1);
+                let (mut deal, hands) = Deal::new(consumers, 1, first);
+                let batches = hands.into_iter().map(|rx| Arc::new(tokio::sync::Mutex::new(rx))).collect();
+                let epoch_job = Arc::new(EpochJob { batches, consumers, next_send });
                 let (engine, link, errors, epochs, busy) = (
                     self.engine.clone(),
                     self.link.clone(),
@@ -303,15 +306,13 @@ impl DispatchedSource {
                     .name(format!("stoker-job-{}-{}", key.0, key.1))
                     .spawn(move || {
                         let (job, epoch) = (&key.0, key.1);
-                        let result = produce(&engine, &link, &busy, job, epoch, &tx);
+                        let result = produce(&engine, &link, &busy, job, epoch, &mut deal);
                         busy.set(job, epoch, false);
                         if let Err(e) = result {
                             let message = format!("{e:#}");
                             tracing::error!(%job, epoch, error = %message, "the job's producer stopped");
                             errors.lock().unwrap().get_or_insert(message.clone());
-                            let _ = tx.blocking_send(Err(Status::failed_precondition(format!(
-                                "the pipeline failed: {message}"
-                            ))));
+                            deal.fail(Status::failed_precondition(format!("the pipeline failed: {message}")));
                         }
                         // Consumers arriving later start a producer that learns the epoch is over.
                         epochs.lock().unwrap().remove(&key);
@@ -331,11 +332,18 @@ impl BatchSource for DispatchedSource {
             ));
         };
         tracing::info!(job = %subscription.job, epoch, consumer = subscription.consumer_index, "consumer attached");
-        let epoch_job = self.epoch((subscription.job.clone(), epoch));
+        let epoch_job = self.epoch((subscription.job.clone(), epoch), subscription.consumers);
+        if epoch_job.consumers.max(1) != subscription.consumers.max(1) {
+            return Err(Status::invalid_argument(format!(
+                "job {} is read by {} consumer(s) on this worker, but this stream declares {}: every consumer of a job must declare the same number",
+                subscription.job, epoch_job.consumers, subscription.consumers
+            )));
+        }
+        let rank = if subscription.consumers > 1 { subscription.consumer_index as usize } else { 0 };
         let min_interval = self.min_interval;
         Ok(futures::stream::unfold(epoch_job, move |epoch_job| async move {
             // None once the producer is done with the epoch: the stream ends.
-            let next = epoch_job.batches.lock().await.recv().await?;
+            let next = epoch_job.batches[rank].lock().await.recv().await?;
             // Rate-limited once a batch is in hand, so a stream waiting for its epoch's batches
             // takes no turns from the job's other epoch.
             if let Some(interval) = min_interval {
@@ -354,14 +362,7 @@ impl BatchSource for DispatchedSource {
 /// says the epoch is finished. Each stretch of splits handed out without a pause is one engine
 /// run (one shuffle buffer); a pause (the epoch's last splits are held by other workers) ends
 /// the run, so no split's rows wait in the buffer while the epoch waits for its completion.
-fn produce(
-    engine: &Engine,
-    link: &Link,
-    busy: &Busy,
-    job: &str,
-    epoch: u64,
-    out: &tokio::sync::mpsc::Sender<JobItem>,
-) -> anyhow::Result<()> {
+fn produce(engine: &Engine, link: &Link, busy: &Busy, job: &str, epoch: u64, out: &mut Deal) -> anyhow::Result<()> {
     let split = |id: u64| {
         engine
             .splits()
@@ -439,7 +440,7 @@ fn produce(
                     }
                     let mut batch = ready.batch;
                     batch.completes = ready.completes;
-                    if out.blocking_send(Ok(batch)).is_err() {
+                    if out.send(batch).is_err() {
                         break;
                     }
                 }
@@ -455,7 +456,7 @@ fn produce(
         // as the remainder) go to the client in a batch without tensors, behind the batches
         // holding their elements: reported by the worker, they could be done while one of
         // those batches was still on its way, and lost with it if the worker died.
-        if !leftover.is_empty() && !stale() && out.blocking_send(Ok(Batch::completions(epoch, leftover))).is_err() {
+        if !leftover.is_empty() && !stale() && out.send(Batch::completions(epoch, leftover)).is_err() {
             return Ok(());
         }
         if out.is_closed() {

@@ -8,6 +8,7 @@ pub mod budget;
 pub mod cache;
 pub mod cached;
 pub mod corpus;
+pub mod deal;
 pub mod dispatched;
 pub mod element;
 pub mod engine;

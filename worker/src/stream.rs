@@ -37,6 +37,9 @@ pub struct Subscription {
     pub pipeline: String,
     pub job: String,
     pub consumer_index: u32,
+    /// Under the dispatcher, a job read by ranks: how many (`consumer_index` is the rank);
+    /// 0 or 1: the job's consumers share its batches.
+    pub consumers: u32,
     pub start_epoch: Option<u64>,
     /// Under the dispatcher: the one epoch to stream.
     pub epoch: Option<u64>,
@@ -114,11 +117,15 @@ pub fn validate(request: StreamRequest, caller: Caller) -> Result<(Subscription,
     if !range.contains(&limit) {
         return invalid(format!("max_message_bytes {limit} is outside {range:?}"));
     }
+    if let Err(e) = proto::check_rank(request.consumer_index, request.consumers) {
+        return invalid(e);
+    }
     let subscription = Subscription {
         namespace: pipeline.namespace,
         pipeline: pipeline.name,
         job: request.job,
         consumer_index: request.consumer_index,
+        consumers: request.consumers,
         start_epoch: request.start_epoch,
         epoch: request.epoch,
         caller,

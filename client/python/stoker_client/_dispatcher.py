@@ -1,5 +1,5 @@
-"""Dispatcher mode: register as a consumer, follow the worker list, acknowledge what the client
-received, report windows."""
+"""Dispatcher mode: register as a consumer, follow the worker list (and, for a job read by
+ranks, its quotas), acknowledge what the client received, report windows."""
 
 import threading
 import time
@@ -30,7 +30,8 @@ class Followed(Protocol):
 
     wake: threading.Event
     """Set when there is something to acknowledge: by the client when the caller takes a batch
-    that completes splits, by the follower when it applied a worker list."""
+    that completes splits (for a job read by ranks: when it arrives, and whenever what the rank
+    received changed), by the follower when it applied a worker list."""
 
     def closed(self) -> bool: ...
 
@@ -65,10 +66,17 @@ class Followed(Protocol):
     def saw_epoch(self, epoch: int) -> None:
         """The job's open epoch, as the dispatcher last said."""
 
+    def set_quotas(self, quotas: List[_wire.EpochQuota]) -> None:
+        """A job read by ranks: the quotas of a worker list, each the latest of its epoch."""
+
+    def rank_progress(self) -> List[_wire.RankProgress]:
+        """A job read by ranks: what this rank received of each epoch it tracks, all of them
+        every time (a restarted dispatcher relearns them); empty otherwise."""
+
 
 class Follower:
     def __init__(self, client: Followed, channel: grpc.Channel, target: str, namespace, pipeline, job, consumer_index,
-                 connect_timeout):
+                 connect_timeout, consumers: int = 0):
         self.client = client
         self.channel = channel
         unary = lambda name, decode: channel.unary_unary(
@@ -79,6 +87,7 @@ class Follower:
         self.watch_rpc = channel.unary_stream(DISPATCHER + "WatchWorkers",
                                               request_serializer=lambda r: r, response_deserializer=_wire.decode_worker_list)
         self.args = (namespace, pipeline, job, consumer_index)
+        self.consumers = consumers
         self.client_id, self.window = "", 1.0
         # The newest list applied and the rows held from workers the lists dropped, not yet
         # acknowledged: the watch thread adds, the acknowledging thread sends.
@@ -86,6 +95,10 @@ class Follower:
         self.version = 0
         self.held: List[_wire.Held] = []
         self.acknowledged = 0
+        # Watch calls opened: a new one may be to a restarted dispatcher, which must hear the
+        # rank progress again. With the progress it last took (acknowledging thread only).
+        self.watches = 0
+        self.acknowledged_progress: Tuple[int, List[_wire.RankProgress]] = (0, [])
         deadline = time.monotonic() + connect_timeout
         while True:
             try:
@@ -104,7 +117,8 @@ class Follower:
     def register(self):
         namespace, pipeline, job, index = self.args
         self.client_id, window_ms = self.register_rpc(
-            _wire.encode_register_client(namespace, pipeline, job, index, self.client_id), metadata=self.client.metadata)
+            _wire.encode_register_client(namespace, pipeline, job, index, self.client_id, self.consumers),
+            metadata=self.client.metadata)
         if window_ms:
             self.window = window_ms / 1000.0
 
@@ -124,7 +138,10 @@ class Follower:
             try:
                 call = self.watch_rpc(_wire.encode_watch_workers(namespace, pipeline, job), metadata=self.client.metadata)
                 self.client.add_call(call)
+                with self.lock:
+                    self.watches += 1
                 for workers in call:
+                    self.client.set_quotas(workers.quotas)
                     held = self.client.follow(workers.addresses, workers.epoch)
                     with self.lock:
                         self.version = workers.version
@@ -151,19 +168,23 @@ class Follower:
     def acknowledge(self) -> bool:
         """Sends what there is to acknowledge; whether it went (or there was nothing)."""
         with self.lock:
-            version, held = self.version, list(self.held)
+            version, held, watches = self.version, list(self.held), self.watches
         completed = self.client.take_completed()
-        if not completed and not held and version == self.acknowledged:
+        received = self.client.rank_progress()
+        progress = (watches, received)
+        if not completed and not held and version == self.acknowledged \
+                and (not received or progress == self.acknowledged_progress):
             return True
         try:
-            epoch = self.call(self.acknowledge_rpc,
-                              lambda client_id: _wire.encode_acknowledge(client_id, completed, version, held))
+            epoch = self.call(self.acknowledge_rpc, lambda client_id: _wire.encode_acknowledge(
+                client_id, completed, version, held, received=received))
         except (grpc.RpcError, ValueError):  # ValueError: the client closed the channel meanwhile
             self.client.restore_completed(completed)
             return False
         with self.lock:
             del self.held[:len(held)]  # only the watch thread adds, at the end
         self.acknowledged = version
+        self.acknowledged_progress = progress
         self.client.saw_epoch(epoch)
         return True
 

@@ -75,9 +75,11 @@ def _fields(buf):
 
 
 def encode_stream_request(namespace: str, pipeline: str, job: str, consumer_index: int,
-                          start_epoch: Optional[int], max_message_bytes: int, epoch: Optional[int] = None) -> bytes:
+                          start_epoch: Optional[int], max_message_bytes: int, epoch: Optional[int] = None,
+                          consumers: int = 0) -> bytes:
     """A StreamRequest. `start_epoch`: a standalone worker's first epoch; `epoch`: under the
-    dispatcher, the one epoch the stream carries (it ends once the worker finished it)."""
+    dispatcher, the one epoch the stream carries (it ends once the worker finished it);
+    `consumers`: the ranks of a job read by ranks, `consumer_index` being this one's."""
     ref = _len_field(1, namespace.encode()) + _len_field(2, pipeline.encode())
     out = _len_field(1, ref) + _len_field(2, job.encode())
     if consumer_index:
@@ -88,6 +90,8 @@ def encode_stream_request(namespace: str, pipeline: str, job: str, consumer_inde
         out += _key(5, _VARINT) + _varint(max_message_bytes)
     if epoch is not None:
         out += _key(6, _VARINT) + _varint(epoch)
+    if consumers:
+        out += _key(7, _VARINT) + _varint(consumers)
     return out
 
 
@@ -181,12 +185,16 @@ def _pipeline_ref(namespace: str, pipeline: str) -> bytes:
     return _len_field(1, namespace.encode()) + _len_field(2, pipeline.encode())
 
 
-def encode_register_client(namespace: str, pipeline: str, job: str, consumer_index: int, client_id: str) -> bytes:
+def encode_register_client(namespace: str, pipeline: str, job: str, consumer_index: int, client_id: str,
+                           consumers: int = 0) -> bytes:
+    """A RegisterClientRequest; `consumers` as in `encode_stream_request`."""
     out = _len_field(1, _pipeline_ref(namespace, pipeline)) + _len_field(2, job.encode())
     if consumer_index:
         out += _key(3, _VARINT) + _varint(consumer_index)
     if client_id:
         out += _len_field(4, client_id.encode())
+    if consumers:
+        out += _key(6, _VARINT) + _varint(consumers)
     return out
 
 
@@ -206,17 +214,42 @@ def encode_watch_workers(namespace: str, pipeline: str, job: str) -> bytes:
     return _len_field(1, _pipeline_ref(namespace, pipeline)) + _len_field(2, job.encode())
 
 
+class EpochQuota(NamedTuple):
+    """Batches of `epoch` each rank of a job read by ranks may yield; `complete`: the epoch's
+    final count (every rank's streams of it ended), beyond which a rank drops what it got."""
+    epoch: int
+    batches: int
+    complete: bool
+
+
 class WorkerList(NamedTuple):
     addresses: List[str]
     # Grows whenever the list changes; acknowledged once applied.
     version: int
     # The job's open epoch.
     epoch: int
+    # A job read by ranks: the quotas of its recent epochs.
+    quotas: List[EpochQuota] = []
+
+
+def _epoch_quota(buf) -> EpochQuota:
+    epoch = batches = 0
+    complete = False
+    for field, wire_type, value in _fields(buf):
+        if wire_type != _VARINT:
+            continue
+        if field == 1:
+            epoch = value
+        elif field == 2:
+            batches = value
+        elif field == 3:
+            complete = bool(value)
+    return EpochQuota(epoch, batches, complete)
 
 
 def decode_worker_list(message: bytes) -> WorkerList:
     view = memoryview(message)
-    addresses, version, epoch = [], 0, 0
+    addresses, version, epoch, quotas = [], 0, 0, []
     for field, wire_type, value in _fields(view):
         if field == 1 and wire_type == _LEN:
             addresses.append(bytes(view[value[0]:value[1]]).decode())
@@ -224,7 +257,9 @@ def decode_worker_list(message: bytes) -> WorkerList:
             version = value
         elif field == 3 and wire_type == _VARINT:
             epoch = value
-    return WorkerList(addresses, version, epoch)
+        elif field == 4 and wire_type == _LEN:
+            quotas.append(_epoch_quota(view[value[0]:value[1]]))
+    return WorkerList(addresses, version, epoch, quotas)
 
 
 def _double(field: int, value: float) -> bytes:
@@ -246,15 +281,34 @@ class Held(NamedTuple):
     positions: List[int]
 
 
+class RankProgress(NamedTuple):
+    """What a rank of a job read by ranks has received of an epoch: data batches (with
+    tensors), whether every stream of the epoch ended (`batches` is final), and the rows it
+    dropped beyond the epoch's final quota so far."""
+    epoch: int
+    batches: int
+    ended: bool
+    dropped_rows: int
+
+
+def _rank_progress(progress: RankProgress) -> bytes:
+    out = _key(1, _VARINT) + _varint(progress.epoch) + _key(2, _VARINT) + _varint(progress.batches)
+    if progress.ended:
+        out += _key(3, _VARINT) + _varint(1)
+    if progress.dropped_rows:
+        out += _key(4, _VARINT) + _varint(progress.dropped_rows)
+    return _len_field(7, out)
+
+
 def _split_ref(field: int, epoch: int, split: int) -> bytes:
     return _len_field(field, _key(1, _VARINT) + _varint(epoch) + _key(2, _VARINT) + _varint(split))
 
 
 def encode_acknowledge(client_id: str, completed, list_version: int, held, leaving: bool = False,
-                       discarded: bool = False) -> bytes:
+                       discarded: bool = False, received=()) -> bytes:
     """An AcknowledgeRequest: `completed` (epoch, split)s, `held` `Held`s; `leaving`: the
     client is closing (the dispatcher forgets it at once), `discarded`: with `leaving`, it
-    received batches it never handed to the caller."""
+    received batches it never handed to the caller; `received`: a rank's `RankProgress`es."""
     out = _len_field(1, client_id.encode())
     for epoch, split in completed:
         out += _split_ref(2, epoch, split)
@@ -269,6 +323,8 @@ def encode_acknowledge(client_id: str, completed, list_version: int, held, leavi
         out += _key(5, _VARINT) + _varint(1)
     if discarded:
         out += _key(6, _VARINT) + _varint(1)
+    for progress in received:
+        out += _rank_progress(progress)
     return out
 
 

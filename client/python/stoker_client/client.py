@@ -14,6 +14,7 @@ import grpc
 
 from . import _wire
 from ._dispatcher import Follower
+from ._ration import Ration, Step, rows_in
 from .batch import DEFAULT_MAX_BATCH_BYTES, Batch, Reassembler
 from .errors import ProtocolError, WorkerError
 from .stats import Meter, WindowStats
@@ -78,6 +79,14 @@ class Client:
     restarting; if it died, the dispatcher drops it from the list), except after an error no
     retry fixes (a refused request, a failed pipeline): that is raised once, and the epoch
     then ends without that worker's stream.
+
+    A job read by ranks (`from_dispatcher(consumers=N)`, N > 1) hands every rank the same
+    number of batches per epoch: a rank yields no more than the dispatcher's quota (the fewest
+    any rank received), and once the quota is final drops what it received beyond it;
+    `dropped_rows` counts the rows dropped so, over all epochs. A rank acknowledges a batch's
+    completions as it arrives rather than when the caller takes it: the quota is final only
+    once the epoch ended, which needs every rank's completions, including those of batches
+    the quota holds back.
     """
 
     def __init__(
@@ -94,6 +103,7 @@ class Client:
         token: Optional[str] = None,
         _follow: bool = False,
         _prefetch_next_epoch: bool = True,
+        _consumers: int = 0,
     ):
         workers = list(workers)
         if not workers and not _follow:
@@ -152,6 +162,15 @@ class Client:
         self._held: Dict[str, Dict[Tuple[int, int], Set[int]]] = {}
         # Dispatcher mode: the job's open epoch, as the dispatcher last said.
         self.open_epoch = 0
+        # A job read by ranks (dispatcher mode, more than one consumer): each epoch's batches
+        # as this rank may hand them out (the one read, the one read ahead, and the one read
+        # last, until its final counts went to the dispatcher), and the dispatcher's latest
+        # quota by epoch, for rations made after it came.
+        self._consumers = _consumers
+        self._rations: Dict[int, Ration] = {}
+        self._quotas: Dict[int, _wire.EpochQuota] = {}
+        # Rows dropped to keep the ranks' counts equal, over all epochs.
+        self.dropped_rows = 0
         with self._lock:
             for worker in workers:
                 self._start(worker, None)
@@ -159,7 +178,7 @@ class Client:
     @classmethod
     def from_dispatcher(cls, url: str, namespace: str, pipeline: str, job: str = "default", consumer_index: int = 0,
                         connect_timeout: float = 10.0, prefetch_next_epoch: bool = True,
-                        start_epoch: Optional[int] = None, **options) -> "Client":
+                        start_epoch: Optional[int] = None, consumers: int = 0, **options) -> "Client":
         """Registers with the dispatcher at `url` (host:port), streams from the pipeline's
         workers as they come and go, acknowledges what it received (every batch is delivered
         once, even when a worker dies mid-split), and reports a batch-time window every second
@@ -171,12 +190,19 @@ class Client:
         epochs between are left to the job's other consumers). With `prefetch_next_epoch`
         each worker's next epoch streams alongside the current one (up to `prefetch` batches
         of it wait in the client); without, the next epoch's streams open once the caller
-        asks for its first batch. `client.open_epoch` follows the job's open epoch."""
+        asks for its first batch. `client.open_epoch` follows the job's open epoch.
+
+        `consumers` > 1: the job is read by that many ranks (e.g. a DDP job's processes, every
+        one saying the same), `consumer_index` being this one's; each epoch every rank gets
+        the same number of batches (see the class). 0 or 1: the job's consumers share its
+        batches first come, first served, in unequal counts."""
+        if consumers > 1 and not 0 <= consumer_index < consumers:
+            raise ValueError(f"consumer_index {consumer_index} is outside {consumers} consumers")
         client = cls([], namespace, pipeline, job=job, consumer_index=consumer_index, start_epoch=start_epoch,
-                     _follow=True, _prefetch_next_epoch=prefetch_next_epoch, **options)
+                     _follow=True, _prefetch_next_epoch=prefetch_next_epoch, _consumers=consumers, **options)
         target = _target(url)
         Follower(_Followed(client), grpc.insecure_channel(target), target, namespace, pipeline, job,
-                 consumer_index, connect_timeout)
+                 consumer_index, connect_timeout, consumers=consumers)
         if not client._wait_for_list(connect_timeout):
             client.close()
             raise WorkerError(target, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -194,7 +220,8 @@ class Client:
         """(channel, call) of a stream from `worker` (of `epoch`, under the dispatcher)."""
         namespace, pipeline, job, index = self._names
         if self._follow:
-            request = _wire.encode_stream_request(namespace, pipeline, job, index, None, self._max_message_bytes, epoch)
+            request = _wire.encode_stream_request(namespace, pipeline, job, index, None, self._max_message_bytes, epoch,
+                                                  self._consumers)
         else:
             request = _wire.encode_stream_request(namespace, pipeline, job, index, self._start_epoch,
                                                   self._max_message_bytes)
@@ -248,6 +275,7 @@ class Client:
                 if self._follow:
                     if outcome in ("ended", "fatal"):
                         self._finished.setdefault(pump.epoch, set()).add(pump.worker)
+                        self._progressed()
                     if not any(w == pump.worker for w, _ in self._pumps):
                         self._delivering.discard(pump.worker)
                     # A worker dropped and listed again before this thread was out.
@@ -309,6 +337,9 @@ class Client:
                     held.setdefault(key, set()).update(positions)
             if batch.tensors:
                 self._delivering.add(pump.worker)
+                if self._consumers > 1:
+                    self._ration(pump.epoch).received += 1
+                    self._progressed()
             buffer.append(batch)
             self._changed.notify_all()
         return True
@@ -328,20 +359,30 @@ class Client:
 
     # Epochs (dispatcher mode).
 
-    def _over(self, epoch: int) -> bool:
-        """Whether this client has everything of `epoch`: the job is past it, every listed
-        worker's stream of it is over (a worker's that left the list was cut) and the caller
-        took all it buffered. Called with the lock held."""
-        if self.open_epoch <= epoch or self._buffers.get(epoch):
+    def _ended(self, epoch: int) -> bool:
+        """Whether no more of `epoch` comes: the job is past it and every listed worker's
+        stream of it is over (a worker's that left the list was cut). Called with the lock held."""
+        if self.open_epoch <= epoch:
             return False
         finished = self._finished.get(epoch, ())
         return all(worker in finished for worker in self._listed)
+
+    def _over(self, epoch: int) -> bool:
+        """Whether this client has everything of `epoch`: it `_ended` and the caller took all
+        it buffered. Called with the lock held."""
+        return self._ended(epoch) and not self._buffers.get(epoch)
 
     def _advance(self) -> None:
         """The current epoch is over: read the next. Called with the lock held."""
         done = self._current
         self._buffers.pop(done, None)
         self._finished.pop(done, None)
+        # The epoch just read stays until the next advance: its final counts still go to the
+        # dispatcher with the next acknowledgements.
+        for epoch in [e for e in self._rations if e < done]:
+            del self._rations[epoch]
+        for epoch in [e for e in self._quotas if e < done]:
+            del self._quotas[epoch]
         self._current = done + 1
         if self._prefetch_next_epoch:
             self._open_through = max(self._open_through, self._current + 1)
@@ -371,7 +412,8 @@ class Client:
             if isinstance(item, Exception):
                 self._call_start = None
                 raise item
-            if self._follow and item.completes:
+            if self._follow and self._consumers <= 1 and item.completes:
+                # A rank acknowledged them as the batch arrived (`_take_rationed`).
                 self._complete([(item.epoch, s) for s in item.completes])
             if not item.tensors:
                 # Only completions (splits whose last elements were filtered or dropped as the
@@ -406,15 +448,68 @@ class Client:
                         # Without prefetching, an epoch's streams open when it is asked for.
                         self._open_through = self._current
                         self._ensure_streams()
-                    buffer = self._buffers.get(self._current)
-                    if buffer:
-                        item = buffer.popleft()
-                        self._changed.notify_all()
-                        return item
-                    if self._over(self._current):
-                        self._advance()
-                        return _EPOCH_END
+                    if self._consumers > 1:
+                        item = self._take_rationed(self._current)
+                        if item is not None:
+                            return item
+                    else:
+                        buffer = self._buffers.get(self._current)
+                        if buffer:
+                            item = buffer.popleft()
+                            self._changed.notify_all()
+                            return item
+                        if self._over(self._current):
+                            self._advance()
+                            return _EPOCH_END
                 self._changed.wait(1.0)
+
+    # A job read by ranks.
+
+    def _ration(self, epoch: int) -> Ration:
+        """The epoch's ration, made with the latest quota on first use. Called with the lock held."""
+        ration = self._rations.get(epoch)
+        if ration is None:
+            ration = self._rations[epoch] = Ration()
+            quota = self._quotas.get(epoch)
+            if quota is not None:
+                ration.set_quota(quota.batches, quota.complete)
+        return ration
+
+    def _take_rationed(self, epoch: int):
+        """The next item of `epoch` the caller may take (a data batch within the quota, or
+        completions only), `_EPOCH_END` once the epoch is over, or None to wait. Meanwhile
+        moves what arrived into the epoch's FIFO, so that the streams keep flowing while the
+        quota holds the caller back, acknowledging the completions of what it moves (the
+        epoch, and so the final quota, waits for them), and drops what is beyond the final
+        quota. Called with the lock held."""
+        ration = self._ration(epoch)
+        buffer = self._buffers.get(epoch)
+        while True:
+            step, batch = ration.step()
+            if step is Step.YIELD or step is Step.PASS:
+                return batch
+            if step is Step.DROP:
+                self.dropped_rows += rows_in(batch)
+                self._progressed()
+            elif step is Step.DONE:
+                self._advance()
+                return _EPOCH_END
+            elif buffer:
+                batch = buffer.popleft()
+                ration.push(batch)
+                self._record_completed([(batch.epoch, s) for s in batch.completes])
+                self._changed.notify_all()
+            elif not ration.ended and self._ended(epoch):
+                ration.end()
+                self._progressed()
+            else:
+                return None
+
+    def _progressed(self) -> None:
+        """For a job read by ranks, what this rank received (or dropped) may have changed:
+        the follower tells the dispatcher. Called with the lock held."""
+        if self._consumers > 1:
+            self._wake.set()
 
     def __iter__(self):
         return self
@@ -450,14 +545,37 @@ class Client:
         return batches()
 
     def _complete(self, done: List[Tuple[int, int]]) -> None:
-        """The caller took the last batch of these (epoch, split)s: acknowledged as done, and
-        their rows are no longer held from any worker."""
+        """The caller took the last batch of these (epoch, split)s."""
         with self._lock:
-            self._completed.extend(done)
+            self._record_completed(done)
+
+    def _record_completed(self, done: List[Tuple[int, int]]) -> None:
+        """These (epoch, split)s' last batches were taken (or, for a job read by ranks,
+        arrived): acknowledged as done, and their rows are no longer held from any worker.
+        Called with the lock held. A rank keeps holding them until the epoch is finished: the
+        split is done only once every rank acknowledged it, and if its worker dies before, it
+        is produced again without the rows any rank holds."""
+        if not done:
+            return
+        self._completed.extend(done)
+        if self._consumers <= 1:
             for held in self._held.values():
                 for key in done:
                     held.pop(key, None)
         self._wake.set()
+
+    def _saw_open_epoch(self, epoch: int) -> None:
+        """The job's open epoch is `epoch` (or later already). For a job read by ranks, the
+        rows held of the epochs before it go: all their splits are done. Called with the lock held."""
+        if epoch <= self.open_epoch:
+            return
+        self.open_epoch = epoch
+        if self._consumers > 1:
+            for held in self._held.values():
+                for key in [k for k in held if k[0] < epoch]:
+                    del held[key]
+            self._progressed()
+        self._changed.notify_all()
 
     def window(self) -> WindowStats:
         """Batch-time statistics since the last reset: batches, median, p90 (seconds), wait fraction."""
@@ -476,7 +594,7 @@ class Client:
             self._closed.set()
             pumps = list(self._pumps.values())
             # Batches the caller never got, or streams cut with batches maybe on the way.
-            discarded = any(self._buffers.values()) or bool(pumps)
+            discarded = any(self._buffers.values()) or any(r.held for r in self._rations.values()) or bool(pumps)
             for pump in pumps:
                 pump.stop.set()
                 if pump.call is not None:
@@ -550,7 +668,7 @@ class _Followed:
                         held.append(_wire.Held(e, split, sorted(positions)))
             for worker in [w for w in client._delivering if w not in listed]:
                 client._delivering.discard(worker)
-            client.open_epoch = max(client.open_epoch, epoch)
+            client._saw_open_epoch(epoch)
             if client._current is None:
                 # The first list: reading starts at the job's open epoch.
                 client._current = max(epoch, client._start_epoch or 0)
@@ -580,6 +698,33 @@ class _Followed:
     def saw_epoch(self, epoch: int) -> None:
         client = self._client
         with client._changed:
-            if epoch > client.open_epoch:
-                client.open_epoch = epoch
-                client._changed.notify_all()
+            client._saw_open_epoch(epoch)
+
+    def set_quotas(self, quotas: List[_wire.EpochQuota]) -> None:
+        client = self._client
+        if client._consumers <= 1 or not quotas:
+            return
+        with client._changed:
+            for quota in quotas:
+                client._quotas[quota.epoch] = quota
+                ration = client._rations.get(quota.epoch)
+                if ration is not None:
+                    ration.set_quota(quota.batches, quota.complete)
+            client._changed.notify_all()
+
+    def rank_progress(self) -> List[_wire.RankProgress]:
+        client = self._client
+        if client._consumers <= 1:
+            return []
+        with client._lock:
+            if client._current is None:
+                return []
+            current = client._current
+            epochs = sorted({e for e in client._rations if e < current} | set(range(current, client._open_through + 1)))
+            progress = []
+            for epoch in epochs:
+                ration = client._rations.get(epoch)
+                received, dropped = (ration.received, ration.dropped_rows) if ration is not None else (0, 0)
+                # An epoch before the one read is over.
+                progress.append(_wire.RankProgress(epoch, received, epoch < current or client._ended(epoch), dropped))
+            return progress

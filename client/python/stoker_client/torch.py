@@ -16,9 +16,11 @@ read-only views, so clone one before writing to it in place.
 Ranks and loader processes: `rank` and `world_size` default to `torch.distributed`'s when it is
 initialised, else 0 and 1. Each copy of the dataset (one per rank, and per DataLoader worker
 process with `num_workers > 0`) connects as its own consumer of the job, consumer index
-`rank * num_workers + loader worker id`, so together they read each epoch once instead of each
-reading all of it. For now the ranks just share the job's stream: a rank may get more or fewer
-batches of an epoch than another (coming: one stream per rank with equal counts).
+`rank * num_workers + loader worker id` of `world_size * num_workers`, so together they read
+each epoch once instead of each reading all of it. With more than one consumer, each gets the
+same number of batches per epoch (DDP's collectives would hang on a step only some ranks take):
+the rows a consumer received beyond the count all could reach are dropped, and
+`dataset.dropped_rows` counts those of this process's client (a loader process's are its own).
 
 Prefetching the next epoch: in the main process the next epoch streams in alongside the current
 one (`prefetch_next_epoch=True`). In a DataLoader worker process the default is False: without
@@ -98,11 +100,12 @@ class StokerIterableDataset(IterableDataset):
             return self._client
         info = get_worker_info()
         loaders, loader = (info.num_workers, info.id) if info is not None else (1, 0)
-        rank, _ = self._rank()
+        rank, world_size = self._rank()
         prefetch = self.prefetch_next_epoch if self.prefetch_next_epoch is not None else info is None
         client = Client.from_dispatcher(self.dispatcher, self.namespace, self.pipeline, job=self.job,
                                         consumer_index=rank * loaders + loader, prefetch_next_epoch=prefetch,
-                                        start_epoch=self._start_epoch, **self.client_options)
+                                        start_epoch=self._start_epoch, consumers=world_size * loaders,
+                                        **self.client_options)
         # Tell the dispatcher when the process ends (a loader process too: atexit does not run
         # there, multiprocessing's finalizers do), rather than leave it to time the client out.
         multiprocessing.util.Finalize(None, client.close, exitpriority=10)
@@ -112,6 +115,13 @@ class StokerIterableDataset(IterableDataset):
     def __iter__(self):
         for batch in self.client().iter_epoch():
             yield _tensors(batch)
+
+    @property
+    def dropped_rows(self):
+        """Rows this process's client dropped to keep the consumers' batch counts equal."""
+        if self._client is not None and self._pid == os.getpid():
+            return self._client.dropped_rows
+        return 0
 
     def state_dict(self):
         """{"epoch": the next epoch this process reads (None: wherever the job is), "job": job}.

@@ -16,13 +16,14 @@ from stoker_client import Client
 
 
 class Local:
-    """`stoker local` serving `pipeline`, its output lines collected; `url` is set once it listens."""
+    """`stoker local` serving `pipeline` (`args` added to its command line), its output lines
+    collected; `url` is set once it listens."""
 
-    def __init__(self, tmp_path, pipeline):
+    def __init__(self, tmp_path, pipeline, args=()):
         stoker = pathlib.Path(os.environ.get("STOKER_BIN", ROOT / "target" / "debug" / "stoker"))
         env = {**os.environ, "STOKER_WORKER_BIN": str(worker_binary()), "STOKER_CACHE": str(tmp_path / "cache")}
         self.process = subprocess.Popen([str(stoker), "local", "-f", str(pipeline), "--listen", "127.0.0.1:0",
-                                         "--window-seconds", "1", "--seconds", "60"],
+                                         "--window-seconds", "1", "--seconds", "60", *args],
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines = []
         self.url = threading.Event()

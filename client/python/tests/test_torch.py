@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import images_in, pipeline_file, within
 from test_dispatcher import Local
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 
 from stoker_client.torch import StokerIterableDataset
 
@@ -18,13 +18,16 @@ def local(tmp_path, corpus):
 
 
 class RowsDataset(StokerIterableDataset):
-    """Adds each batch's epoch and rows to its dict, to check them (across loader processes)."""
+    """Adds each batch's epoch, rows and loader process to its dict, to check them (across
+    loader processes)."""
 
     def __iter__(self):
+        info = get_worker_info()
         for batch in self.client().iter_epoch():
             out = {name: torch.from_numpy(array.copy()) for name, array in batch.items()}
             out["epoch"] = torch.tensor(batch.epoch)
             out["rows"] = torch.from_numpy(batch.rows.astype("int64"))
+            out["loader"] = torch.tensor(info.id if info is not None else 0)
             yield out
 
 
@@ -64,10 +67,20 @@ def test_each_pass_is_one_epoch_with_every_image_once(local, corpus):
 
 def test_two_persistent_loader_processes_read_each_epoch_once_between_them(local, corpus):
     images = images_in(corpus)
-    # Each loader process is its own consumer of the job; persistent, so it may prefetch.
+    # Each loader process is its own consumer of the job (one of two: they get equal batch
+    # counts); persistent, so it may prefetch.
     dataset = RowsDataset(local.address(), "test", "py", prefetch_next_epoch=True)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
-    check_passes([within(120, list, loader) for _ in range(2)], images)
+    epochs = []
+    for batches in [within(120, list, loader) for _ in range(2)]:
+        (epoch,) = {int(b["epoch"]) for b in batches}
+        loaders = [int(b["loader"]) for b in batches]
+        assert loaders.count(0) == loaders.count(1), f"epoch {epoch}: equal counts"
+        rows = [r for b in batches for r in b["rows"].tolist()]
+        # What a process received beyond the other's count was dropped (in the process).
+        assert len(rows) == len(set(rows)) <= images, f"epoch {epoch}: no row twice"
+        epochs.append(epoch)
+    assert epochs[1] == epochs[0] + 1
     del loader  # the loader processes end, and their clients leave the job
 
 
@@ -127,6 +140,7 @@ def test_the_consumer_index_and_prefetching_default_from_rank_and_process(monkey
     # A loader process: rank * loader processes + its id, no prefetching of the next epoch.
     monkeypatch.setattr(adaptor, "get_worker_info", lambda: type("Info", (), {"num_workers": 4, "id": 1})())
     list(StokerIterableDataset("d:1", "test", "py"))
-    calls = [(c["consumer_index"], c["prefetch_next_epoch"]) for c in recorded.calls]
-    assert calls == [(0, True), (3, True), (5, True), (21, False)], "one client per dataset and process"
+    calls = [(c["consumer_index"], c["consumers"], c["prefetch_next_epoch"]) for c in recorded.calls]
+    # Of world size * loader processes consumers: ranks read equal counts.
+    assert calls == [(0, 1, True), (3, 1, True), (5, 8, True), (21, 32, False)], "one client per dataset and process"
     assert recorded.calls[1]["prefetch"] == 2 and recorded.calls[0]["start_epoch"] is None

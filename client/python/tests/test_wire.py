@@ -131,6 +131,19 @@ def test_a_stream_request_under_the_dispatcher_names_its_epoch():
     assert request.endswith(_wire._key(6, 0) + varint(0))
 
 
+def test_a_rank_names_the_ranks_of_its_job_when_streaming_and_registering():
+    request = _wire.encode_stream_request("ns", "p", "job", 1, None, 1 << 20, epoch=2, consumers=4)
+    fields = {f: v for f, _, v in _wire._fields(memoryview(request))}
+    assert (fields[3], fields[6], fields[7]) == (1, 2, 4)
+    assert 7 not in {f for f, _, _ in _wire._fields(memoryview(_wire.encode_stream_request("ns", "p", "j", 0, None, 0)))}
+    register = _wire.encode_register_client("ns", "p", "job", 3, "c-1", consumers=4)
+    fields = {f: v for f, _, v in _wire._fields(memoryview(register))}
+    assert (fields[3], fields[6]) == (3, 4)
+    assert register[fields[4][0]:fields[4][1]] == b"c-1"
+    # Not read by ranks: the field is left out.
+    assert 6 not in {f for f, _, _ in _wire._fields(memoryview(_wire.encode_register_client("ns", "p", "j", 0, "")))}
+
+
 def rows_field(rows, packed=True):
     if packed:
         return field(6, b"".join(varint(r) for r in rows))
@@ -158,8 +171,22 @@ def test_a_batch_without_rows_has_an_empty_array():
 
 def test_the_worker_list_carries_version_and_epoch():
     message = field(1, b"10.0.0.1:50052") + field(1, b"10.0.0.2:50052") + _wire._key(2, 0) + varint(7) + _wire._key(3, 0) + varint(2)
-    assert _wire.decode_worker_list(message) == (["10.0.0.1:50052", "10.0.0.2:50052"], 7, 2)
-    assert _wire.decode_worker_list(b"") == ([], 0, 0)
+    assert _wire.decode_worker_list(message) == (["10.0.0.1:50052", "10.0.0.2:50052"], 7, 2, [])
+    assert _wire.decode_worker_list(b"") == ([], 0, 0, [])
+
+
+def epoch_quota(epoch, batches, complete):
+    out = _wire._key(1, 0) + varint(epoch) + _wire._key(2, 0) + varint(batches)
+    return field(4, out + (_wire._key(3, 0) + varint(1) if complete else b""))
+
+
+def test_the_worker_list_carries_the_quotas_of_a_job_read_by_ranks():
+    message = field(1, b"w:1") + _wire._key(2, 0) + varint(3) + epoch_quota(4, 17, True) + epoch_quota(5, 2, False)
+    workers = _wire.decode_worker_list(message)
+    assert (workers.addresses, workers.version, workers.epoch) == (["w:1"], 3, 0)
+    assert workers.quotas == [_wire.EpochQuota(4, 17, True), _wire.EpochQuota(5, 2, False)]
+    # Zeros are left out on the wire: a quota of nothing for epoch 0.
+    assert _wire.decode_worker_list(field(4, b"")).quotas == [(0, 0, False)]
 
 
 def test_watching_names_the_job():
@@ -171,8 +198,8 @@ def test_watching_names_the_job():
 
 
 def decode_acknowledge_request(message: bytes) -> dict:
-    """An AcknowledgeRequest as a dict (the dispatcher's side, for the tests); "leaving" and
-    "discarded" only when set."""
+    """An AcknowledgeRequest as a dict (the dispatcher's side, for the tests); "leaving",
+    "discarded" and "received" only when set."""
     view = memoryview(message)
     out = {"client_id": "", "completed": [], "list_version": 0, "held": []}
 
@@ -201,6 +228,10 @@ def decode_acknowledge_request(message: bytes) -> dict:
             out["leaving"] = True
         elif f == 6 and v:
             out["discarded"] = True
+        elif f == 7:
+            _, n = numbers(v)
+            out.setdefault("received", []).append(
+                _wire.RankProgress(n.get(1, 0), n.get(2, 0), bool(n.get(3, 0)), n.get(4, 0)))
     return out
 
 
@@ -228,6 +259,19 @@ def test_a_leaving_acknowledgement_says_so_and_whether_batches_were_discarded():
     assert message.endswith(_wire._key(5, 0) + varint(1) + _wire._key(6, 0) + varint(1))
     # Not leaving: neither field is sent.
     assert [f for f, _, _ in _wire._fields(memoryview(_wire.encode_acknowledge("c", [], 3, [])))] == [1, 3]
+
+
+def test_a_rank_acknowledges_what_it_received_of_each_epoch():
+    received = [_wire.RankProgress(3, 12, True, 40), _wire.RankProgress(4, 0, False, 0)]
+    message = _wire.encode_acknowledge("c-1", [(3, 2)], 5, [], received=received)
+    assert decode_acknowledge_request(message) == {
+        "client_id": "c-1", "completed": [(3, 2)], "list_version": 5, "held": [], "received": received}
+    # Each RankProgress a length-delimited field 7, after the others; false and 0 left out.
+    spans = [v for f, _, v in _wire._fields(memoryview(message)) if f == 7]
+    assert [bytes(message[s:e]) for s, e in spans] == [
+        _wire._key(1, 0) + varint(3) + _wire._key(2, 0) + varint(12) + _wire._key(3, 0) + varint(1) + _wire._key(4, 0) + varint(40),
+        _wire._key(1, 0) + varint(4) + _wire._key(2, 0) + varint(0)]
+    assert "received" not in decode_acknowledge_request(_wire.encode_acknowledge("c", [], 0, []))
 
 
 def test_the_acknowledge_response_carries_the_open_epoch():

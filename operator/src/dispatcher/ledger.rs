@@ -3,7 +3,9 @@
 //! nothing left in this one.
 //!
 //! A split is done when a client reports receiving the batch holding its last element (or the
-//! batch without tensors that says a split produced nothing more).
+//! batch without tensors that says a split produced nothing more). For a job read by ranks,
+//! every rank gets the split's completion behind its own batches of it, and the split is done
+//! once every rank has reported it.
 //!
 //! A split held by a worker that dies is recovering: every live client of the job stops
 //! streaming from that worker and acknowledges with the rows of the split it received (their
@@ -61,6 +63,8 @@ struct Pass {
     recovering: BTreeMap<u64, Recovery>,
     /// Positions of unfinished splits already delivered, from the clients' acknowledgements.
     delivered: HashMap<u64, BTreeSet<u32>>,
+    /// Ranks that reported an unfinished split complete (a job read by ranks).
+    completed_by: HashMap<u64, BTreeSet<u32>>,
     done: BTreeSet<u64>,
     /// When its first split was handed out, and how many were computed, put and got.
     started: Option<Instant>,
@@ -121,8 +125,17 @@ impl Pass {
         self.assigned.remove(&split);
         self.recovering.remove(&split);
         self.delivered.remove(&split);
+        self.completed_by.remove(&split);
         self.done.insert(split)
     }
+}
+
+/// Who reports completions: a worker, or a client, which for a job read by ranks is one rank
+/// of `consumers` (a split is done once each has reported it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Reporter {
+    Worker,
+    Client { rank: u32, consumers: u32 },
 }
 
 /// Rows of an unfinished split a client received from a worker that left the list.
@@ -236,9 +249,15 @@ impl Job {
         self.epoch
     }
 
-    /// Marks (epoch, split)s done, and moves on once the current epoch's all are; returns the
-    /// finished epoch's cache action and length.
-    pub fn complete(&mut self, completed: &[(u64, u64)], plan: &Plan, now: Instant) -> Option<(CacheDecision, f64)> {
+    /// Marks (epoch, split)s done (for ranks: once each rank reported them), and moves on once
+    /// the current epoch's all are; returns the finished epoch's cache action and length.
+    pub fn complete(
+        &mut self,
+        completed: &[(u64, u64)],
+        by: Reporter,
+        plan: &Plan,
+        now: Instant,
+    ) -> Option<(CacheDecision, f64)> {
         let splits = plan.splits;
         for &(e, split) in completed {
             let Some(pass) = self.pass_mut(e).filter(|_| split < splits) else {
@@ -246,6 +265,16 @@ impl Job {
                 self.repeats += 1;
                 continue;
             };
+            if let Reporter::Client { rank, consumers } = by
+                && consumers > 1
+                && !pass.done.contains(&split)
+            {
+                let ranks = pass.completed_by.entry(split).or_default();
+                ranks.insert(rank);
+                if (ranks.len() as u32) < consumers {
+                    continue;
+                }
+            }
             if !pass.finish(split) {
                 self.repeats += 1;
             } else if let Some(i) = pass.pending.iter().position(|&s| s == split) {
@@ -353,6 +382,8 @@ mod tests {
         Assignment::Split { epoch, split, skip: Vec::new() }
     }
 
+    const ONE: Reporter = Reporter::Client { rank: 0, consumers: 1 };
+
     fn plan(splits: u64) -> Plan {
         Plan { splits, order: None }
     }
@@ -363,10 +394,10 @@ mod tests {
         let mut job = Job::starting(0, &plan(3));
         let got: Vec<Assignment> = (0..3).map(|_| job.hand_out(0, "w", &plan(3), &Directive::Compute, t)).collect();
         assert_eq!(got, vec![split(0, 0), split(0, 1), split(0, 2)]);
-        assert_eq!(job.complete(&[(0, 0), (0, 2)], &plan(3), t), None);
+        assert_eq!(job.complete(&[(0, 0), (0, 2)], ONE, &plan(3), t), None);
         let s = job.summary("j", 3);
         assert_eq!((s.epoch, s.done, s.in_flight, s.holders), (0, 2, 1, 1));
-        let (action, _) = job.complete(&[(0, 1)], &plan(3), t).expect("the epoch is done");
+        let (action, _) = job.complete(&[(0, 1)], ONE, &plan(3), t).expect("the epoch is done");
         assert_eq!(action, CacheDecision::Compute);
         assert_eq!(job.summary("j", 3).epoch, 1);
     }
@@ -385,7 +416,7 @@ mod tests {
         assert_eq!(job.hand_out(5, "a", &plan(1), &Directive::Compute, t), split(5, 0));
         assert_eq!(job.hand_out(6, "a", &plan(1), &Directive::Compute, t), Assignment::Draining { epoch: 6 });
         assert_eq!(job.hand_out(3, "a", &plan(1), &Directive::Compute, t), Assignment::Finished { epoch: 3 });
-        job.complete(&[(4, 0)], &plan(1), t);
+        job.complete(&[(4, 0)], ONE, &plan(1), t);
         assert_eq!(job.hand_out(4, "a", &plan(1), &Directive::Compute, t), Assignment::Finished { epoch: 4 });
     }
 
@@ -398,9 +429,9 @@ mod tests {
         job.requeue(|w| w == "a");
         assert_eq!(job.summary("j", 3).requeued, 1);
         assert_eq!(job.hand_out(0, "b", &plan(3), &Directive::Compute, t), split(0, 0), "the lost split first");
-        job.complete(&[(0, 0)], &plan(3), t);
+        job.complete(&[(0, 0)], ONE, &plan(3), t);
         // a was only slow: its late report of the same split is a repeat.
-        job.complete(&[(0, 0)], &plan(3), t);
+        job.complete(&[(0, 0)], ONE, &plan(3), t);
         assert_eq!(job.summary("j", 3).repeats, 1);
     }
 
@@ -409,8 +440,8 @@ mod tests {
         let t = Instant::now();
         let mut job = Job::starting(0, &plan(1));
         job.hand_out(0, "a", &plan(1), &Directive::Compute, t);
-        assert!(job.complete(&[(0, 0)], &plan(1), t).is_some());
-        job.complete(&[(0, 0), (1, 7)], &plan(1), t);
+        assert!(job.complete(&[(0, 0)], ONE, &plan(1), t).is_some());
+        job.complete(&[(0, 0), (1, 7)], ONE, &plan(1), t);
         assert_eq!(job.summary("j", 1).repeats, 2);
     }
 
@@ -422,7 +453,7 @@ mod tests {
         job.hand_out(0, "a", &plan(3), &Directive::Get(hint.clone()), t);
         job.hand_out(0, "a", &plan(3), &Directive::Get(hint), t);
         job.hand_out(0, "a", &plan(3), &Directive::Compute, t);
-        let (action, _) = job.complete(&[(0, 0), (0, 1), (0, 2)], &plan(3), t).unwrap();
+        let (action, _) = job.complete(&[(0, 0), (0, 1), (0, 2)], ONE, &plan(3), t).unwrap();
         assert_eq!(action, CacheDecision::Get);
     }
 
@@ -438,7 +469,7 @@ mod tests {
                 })
                 .collect();
             let done: Vec<(u64, u64)> = got.iter().map(|&s| (epoch, s)).collect();
-            assert!(job.complete(&done, &seeded, t).is_some(), "epoch {epoch} done");
+            assert!(job.complete(&done, ONE, &seeded, t).is_some(), "epoch {epoch} done");
             got
         };
         let mut job = Job::starting(0, &seeded);
@@ -471,5 +502,19 @@ mod tests {
         job.acknowledge("c", 2, &[Held { epoch: 0, split: 0, positions: vec![5] }], t);
         let again = job.hand_out(0, "d", &plan(2), &Directive::Compute, t);
         assert_eq!(again, Assignment::Split { epoch: 0, split: 0, skip: vec![0, 1, 5] }, "both attempts' rows");
+    }
+
+    #[test]
+    fn a_job_read_by_ranks_finishes_a_split_once_every_rank_reported_it() {
+        let t = Instant::now();
+        let mut job = Job::starting(0, &plan(1));
+        job.hand_out(0, "a", &plan(1), &Directive::Compute, t);
+        let rank = |rank| Reporter::Client { rank, consumers: 3 };
+        assert_eq!(job.complete(&[(0, 0)], rank(1), &plan(1), t), None);
+        assert_eq!(job.complete(&[(0, 0)], rank(1), &plan(1), t), None, "the same rank twice is not two");
+        assert_eq!(job.complete(&[(0, 0)], rank(0), &plan(1), t), None);
+        assert!(job.complete(&[(0, 0)], rank(2), &plan(1), t).is_some(), "all three: the epoch is done");
+        let s = job.summary("j", 1);
+        assert_eq!((s.epoch, s.repeats), (1, 0));
     }
 }

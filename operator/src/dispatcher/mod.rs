@@ -3,19 +3,21 @@
 //!
 //! 1. [`service`]: the gRPC face, mapping requests onto the state;
 //! 2. [`state`]: the bookkeeping that answers each request, made of
-//!    [`members`] (who is alive), [`ledger`] (each job's splits per epoch), [`inbox`] (the
-//!    clients' windows until the scaling loop takes them) and [`cache`] (each pipeline's
-//!    cache plan).
+//!    [`members`] (who is alive), [`ledger`] (each job's splits per epoch), [`ranks`] (equal
+//!    batch counts for a job read by ranks), [`inbox`] (the clients' windows until the scaling
+//!    loop takes them) and [`cache`] (each pipeline's cache plan).
 
 pub mod cache;
 mod inbox;
 mod ledger;
 mod members;
+mod ranks;
 mod service;
 mod state;
 
 pub use inbox::JobWindows;
 pub use ledger::{Assignment, JobSummary};
 pub use members::{Progress, Timeouts};
+pub use ranks::{Quota, Received};
 pub use service::{Dispatcher, DispatcherService, HEARTBEAT_INTERVAL, serve};
 pub use state::{DispatchError, DispatcherState, WorkerRegistration};

@@ -20,6 +20,7 @@ use super::cache::{CacheProgress, HintSeen};
 use super::ledger::Assignment;
 use super::ledger::Held;
 use super::members::{Progress, Timeouts};
+use super::ranks::Received;
 use super::state::{DispatchError, DispatcherState, Listing, WorkerRegistration};
 use crate::autocache::plan::Directive;
 use crate::key::PipelineKey;
@@ -250,16 +251,20 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         if r.job.is_empty() {
             return Err(Status::invalid_argument("job is required"));
         }
-        let client_id = self.0.with_state(|s| {
-            s.register_client(
-                pipeline.clone(),
-                r.job.clone(),
-                r.consumer_index,
-                Some(r.client_id),
-                r.epoch,
-                Instant::now(),
-            )
-        });
+        let client_id = self
+            .0
+            .with_state(|s| {
+                s.register_client(
+                    pipeline.clone(),
+                    r.job.clone(),
+                    r.consumer_index,
+                    r.consumers,
+                    Some(r.client_id),
+                    r.epoch,
+                    Instant::now(),
+                )
+            })
+            .map_err(status)?;
         tracing::info!(%pipeline, job = %r.job, consumer = r.consumer_index, client = %client_id, "client registered");
         Ok(Response::new(proto::RegisterClientResponse { client_id, window_ms: self.0.window.as_millis() as u32 }))
     }
@@ -277,7 +282,13 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let job = r.job;
         let lists = updates.map(move |l| {
             let epoch = l.epochs.get(&job).copied().unwrap_or_default();
-            Ok(proto::WorkerList { addresses: l.addresses, version: l.version, epoch })
+            let quotas = l.quotas.get(&job).map_or_else(Vec::new, |quotas| {
+                quotas
+                    .iter()
+                    .map(|&(epoch, q)| proto::EpochQuota { epoch, batches: q.batches, complete: q.complete })
+                    .collect()
+            });
+            Ok(proto::WorkerList { addresses: l.addresses, version: l.version, epoch, quotas })
         });
         Ok(Response::new(lists.boxed()))
     }
@@ -302,11 +313,17 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
         let held: Vec<Held> =
             r.held.into_iter().map(|h| Held { epoch: h.epoch, split: h.split, positions: h.positions }).collect();
+        let received: Vec<(u64, Received)> = r
+            .received
+            .iter()
+            .map(|p| (p.epoch, Received { batches: p.batches, ended: p.ended, dropped_rows: p.dropped_rows }))
+            .collect();
         let (epoch, pipeline) = self
             .0
             .with_state(|s| {
                 let pipeline = s.pipeline_of(&r.client_id);
-                let epoch = s.acknowledge(&r.client_id, &completed, r.list_version, &held, Instant::now())?;
+                let epoch =
+                    s.acknowledge(&r.client_id, &completed, r.list_version, &held, &received, Instant::now())?;
                 if r.leaving {
                     s.leave(&r.client_id, r.discarded, Instant::now());
                 }

@@ -12,8 +12,9 @@ use stoker_api::{CacheMode, CacheStatus, DeliveryStatus};
 
 use super::cache::{Caches, HintSeen};
 use super::inbox::{Inbox, JobWindows};
-use super::ledger::{Assignment, Held, Job, JobSummary, Plan};
+use super::ledger::{Assignment, Held, Job, JobSummary, Plan, Reporter};
 use super::members::{Client, Members, Progress, Timeouts, Unknown, Worker};
+use super::ranks::{Quota, Ranks, Received};
 use crate::autocache::plan::{Directive, Measured};
 use crate::key::PipelineKey;
 
@@ -56,23 +57,32 @@ struct Pipeline {
     /// Where a job not started yet starts, from its clients' registrations: its workers ask
     /// for the epoch after it too (reading ahead), and whichever comes first must not decide.
     starts: BTreeMap<String, u64>,
+    /// Jobs read by ranks, from their clients' registrations.
+    ranks: BTreeMap<String, Ranks>,
     /// The live workers' addresses as last published, and a version that grows when they
     /// change (clients acknowledge it after dropping the workers that left).
     listed: Vec<String>,
     version: u64,
 }
 
-/// What a pipeline's clients are told: its live workers, and each job's open epoch.
+/// What a pipeline's clients are told: its live workers, each job's open epoch, and the
+/// quotas of the jobs read by ranks.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Listing {
     pub addresses: Vec<String>,
     pub version: u64,
     pub epochs: BTreeMap<String, u64>,
+    pub quotas: BTreeMap<String, Vec<(u64, Quota)>>,
 }
 
 impl Pipeline {
     fn ledger_plan(&self) -> Plan {
         Plan { splits: self.plan.as_ref().map_or(0, |(n, _)| *n), order: self.shuffle_seed }
+    }
+
+    /// Who a client of `job` at `rank` reports completions as.
+    fn reporter(&self, job: &str, rank: u32) -> Reporter {
+        Reporter::Client { rank, consumers: self.ranks.get(job).map_or(1, Ranks::consumers) }
     }
 }
 
@@ -162,6 +172,7 @@ impl DispatcherState {
             addresses: p.listed.clone(),
             version: p.version,
             epochs: p.jobs.iter().map(|(name, job)| (name.clone(), job.epoch())).collect(),
+            quotas: p.ranks.iter().map(|(name, ranks)| (name.clone(), ranks.quotas())).collect(),
         }
     }
 
@@ -226,22 +237,42 @@ impl DispatcherState {
         let start = pipeline.starts.get(job).copied().unwrap_or(epoch);
         let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(start, &plan));
         let directive = self.caches.directive(&key);
-        if let Some((action, seconds)) = state.complete(completed, &plan, now) {
+        if let Some((action, seconds)) = state.complete(completed, Reporter::Worker, &plan, now) {
             self.caches.epoch(&key, action, seconds);
         }
         Ok(state.hand_out(epoch, worker_id, &plan, &directive, now))
     }
 
+    /// Registers a consumer of `job`. `consumers` > 1 declares a job read by that many ranks,
+    /// `consumer_index` being this one's: every client of the job must declare the same, until
+    /// none is left (then a new run of the job may have another count).
+    #[allow(clippy::too_many_arguments)]
     pub fn register_client(
         &mut self,
         pipeline: PipelineKey,
         job: String,
         consumer_index: u32,
+        consumers: u32,
         client_id: Option<String>,
         epoch: Option<u64>,
         now: Instant,
-    ) -> String {
+    ) -> Result<String, DispatchError> {
+        stoker_api::proto::check_rank(consumer_index, consumers).map_err(DispatchError::Invalid)?;
+        let others = self.clients_of(&pipeline, &job).into_iter().filter(|id| client_id.as_ref() != Some(id)).count();
         let pipeline_state = self.pipelines.entry(pipeline.clone()).or_default();
+        let declared = pipeline_state.ranks.get(&job).map_or(1, Ranks::consumers);
+        if declared != consumers.max(1) {
+            if others > 0 {
+                return Err(DispatchError::Invalid(format!(
+                    "job {job} is read by {declared} consumer(s) but this client declares {consumers}: every client of a job must declare the same number"
+                )));
+            }
+            if consumers > 1 {
+                pipeline_state.ranks.insert(job.clone(), Ranks::new(consumers));
+            } else {
+                pipeline_state.ranks.remove(&job);
+            }
+        }
         if !pipeline_state.jobs.contains_key(&job) {
             let start = pipeline_state.starts.entry(job.clone()).or_insert(0);
             if let Some(epoch) = epoch {
@@ -250,7 +281,7 @@ impl DispatcherState {
         }
         let id = self.members.id("c", client_id);
         self.members.clients.insert(id.clone(), Client { pipeline, job, consumer_index, last_seen: now });
-        id
+        Ok(id)
     }
 
     /// A client's batch-time window.
@@ -262,23 +293,30 @@ impl DispatcherState {
     }
 
     /// A client's acknowledgement: the splits whose last batch it received (which makes them
-    /// done), and after a worker left the list, the rows it got from it. Returns the job's
-    /// open epoch.
+    /// done), after a worker left the list the rows it got from it, and for a job read by
+    /// ranks what this rank received of each epoch. Returns the job's open epoch.
     pub fn acknowledge(
         &mut self,
         client_id: &str,
         completed: &[(u64, u64)],
         version: u64,
         held: &[Held],
+        received: &[(u64, Received)],
         now: Instant,
     ) -> Result<u64, DispatchError> {
         let client = self.members.seen_client(client_id, now)?;
-        let (key, job) = (client.pipeline.clone(), client.job.clone());
+        let (key, job, rank) = (client.pipeline.clone(), client.job.clone(), client.consumer_index);
         let Some(pipeline) = self.pipelines.get_mut(&key) else { return Ok(0) };
+        if let Some(ranks) = pipeline.ranks.get_mut(&job) {
+            for &(epoch, r) in received {
+                ranks.report(rank, epoch, r);
+            }
+        }
         let plan = pipeline.ledger_plan();
+        let by = pipeline.reporter(&job, rank);
         let Some(state) = pipeline.jobs.get_mut(&job) else { return Ok(0) };
         state.acknowledge(client_id, version, held, now);
-        if let Some((action, seconds)) = state.complete(completed, &plan, now) {
+        if let Some((action, seconds)) = state.complete(completed, by, &plan, now) {
             self.caches.epoch(&key, action, seconds);
         }
         Ok(state.epoch())
@@ -358,7 +396,10 @@ impl DispatcherState {
         self.pipelines
             .keys()
             .map(|key| {
-                let mut d = DeliveryStatus::default();
+                let mut d = DeliveryStatus {
+                    rows_dropped_for_equal_ranks: self.pipelines[key].ranks.values().map(Ranks::dropped_rows).sum(),
+                    ..DeliveryStatus::default()
+                };
                 for job in self.jobs(key) {
                     d.splits_produced_again += job.requeued;
                     d.redeliveries_skipped += job.skipped;

@@ -174,8 +174,8 @@ fn workers_with_a_different_listing_are_refused_while_the_old_ones_live() {
 fn windows_are_grouped_by_job_and_taken_once() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts::default());
-    let c0 = s.register_client(key(), "j".into(), 0, None, None, t);
-    let c1 = s.register_client(key(), "j".into(), 1, None, None, t);
+    let c0 = s.register_client(key(), "j".into(), 0, 0, None, None, t).unwrap();
+    let c1 = s.register_client(key(), "j".into(), 1, 0, None, None, t).unwrap();
     let window = Window { batches: 10, median_s: 0.1, p90_s: 0.2, mean_s: 0.12, wait_fraction: 0.5, workers: 1 };
     s.report_window(&c0, window.clone(), t).unwrap();
     s.report_window(&c1, window.clone(), t).unwrap();
@@ -193,19 +193,19 @@ fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(60), client: Duration::from_secs(5) });
     let w = s.register_worker(registration("a:1", 2), t).unwrap();
-    let c = s.register_client(key(), "j".into(), 0, None, None, t);
+    let c = s.register_client(key(), "j".into(), 0, 0, None, None, t).unwrap();
     assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
     assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
     // The worker has sent both; only the client's report makes them done.
     assert_eq!(s.jobs(&key())[0].in_flight, 2);
-    s.acknowledge(&c, &[(0, 0)], 0, &[], t).unwrap();
+    s.acknowledge(&c, &[(0, 0)], 0, &[], &[], t).unwrap();
     assert_eq!(s.jobs(&key())[0].done, 1);
     // The client goes silent holding split 1's last batch: split 1 is produced again.
     s.expire(t + Duration::from_secs(6));
     assert_eq!(s.jobs(&key())[0].requeued, 1);
     assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
-    let c2 = s.register_client(key(), "j".into(), 0, None, None, t + Duration::from_secs(6));
-    s.acknowledge(&c2, &[(0, 1)], 0, &[], t + Duration::from_secs(6)).unwrap();
+    let c2 = s.register_client(key(), "j".into(), 0, 0, None, None, t + Duration::from_secs(6)).unwrap();
+    s.acknowledge(&c2, &[(0, 1)], 0, &[], &[], t + Duration::from_secs(6)).unwrap();
     assert_eq!(s.jobs(&key())[0].epoch, 1, "every split reported: the next epoch");
 }
 
@@ -213,7 +213,7 @@ fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
 fn silent_clients_detach() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(5) });
-    let c = s.register_client(key(), "j".into(), 0, None, None, t);
+    let c = s.register_client(key(), "j".into(), 0, 0, None, None, t).unwrap();
     assert_eq!(s.attached(), BTreeSet::from([key()]));
     let window = Window { batches: 0, median_s: 0.0, p90_s: 0.0, mean_s: 0.0, wait_fraction: 0.0, workers: 0 };
     s.report_window(&c, window, t + Duration::from_secs(4)).unwrap();
@@ -230,7 +230,7 @@ fn a_dies_holding_split_0(client_timeout: u64) -> (DispatcherState, String, Stri
     let mut s = DispatcherState::new("t", timeouts);
     let a = s.register_worker(registration("a:1", 3), t).unwrap();
     let b = s.register_worker(registration("b:1", 3), t).unwrap();
-    let c = s.register_client(key(), "j".into(), 0, None, None, t);
+    let c = s.register_client(key(), "j".into(), 0, 0, None, None, t).unwrap();
     assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
     let later = t + Duration::from_secs(6);
     s.heartbeat(&b, Progress::default(), later).unwrap();
@@ -255,16 +255,16 @@ fn a_dead_workers_split_waits_for_the_clients_rows_and_comes_back_without_them()
     // Until the client has dropped a (acknowledged version 3), split 0 does not go out.
     assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
     let held = Held { epoch: 0, split: 0, positions: vec![3, 1] };
-    s.acknowledge(&c, &[], 2, std::slice::from_ref(&held), t).unwrap();
+    s.acknowledge(&c, &[], 2, std::slice::from_ref(&held), &[], t).unwrap();
     assert_eq!(s.jobs(&key())[0].recovering, 1, "an acknowledgement of the old list does not count");
-    s.acknowledge(&c, &[], 3, &[], t).unwrap();
+    s.acknowledge(&c, &[], 3, &[], &[], t).unwrap();
     assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0, skip: vec![1, 3] });
     assert_eq!(s.jobs(&key())[0].skipped, 2);
     // Done: the rows it delivered are forgotten with it.
-    let epoch = s.acknowledge(&c, &[(0, 0), (0, 1)], 3, &[], t).unwrap();
+    let epoch = s.acknowledge(&c, &[(0, 0), (0, 1)], 3, &[], &[], t).unwrap();
     assert_eq!(epoch, 0);
     assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 2));
-    assert_eq!(s.acknowledge(&c, &[(0, 2)], 3, &[], t).unwrap(), 1, "the epoch closed");
+    assert_eq!(s.acknowledge(&c, &[(0, 2)], 3, &[], &[], t).unwrap(), 1, "the epoch closed");
     assert_eq!(s.listing(&key()).epochs, BTreeMap::from([("j".to_string(), 1)]));
 }
 
@@ -302,8 +302,39 @@ fn a_client_leaving_cleanly_is_forgotten_and_one_that_discarded_batches_has_the_
     assert!(s.attached().is_empty());
     assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 0));
     assert_eq!(s.jobs(&key())[0].in_flight, 1, "a clean leave redoes nothing");
-    let c2 = s.register_client(key(), "j".into(), 0, None, None, t);
+    let c2 = s.register_client(key(), "j".into(), 0, 0, None, None, t).unwrap();
     s.leave(&c2, true, t);
     let job = &s.jobs(&key())[0];
     assert_eq!((job.in_flight, job.requeued), (0, 2), "what it discarded may hold a split's last batch");
+}
+
+#[test]
+fn a_job_read_by_ranks_agrees_on_their_number_finishes_splits_with_all_and_publishes_quotas() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    let w = s.register_worker(registration("a:1", 1), t).unwrap();
+    let err = s.register_client(key(), "j".into(), 2, 2, None, None, t).unwrap_err();
+    assert!(err.to_string().contains("not a rank"), "{err}");
+    let r0 = s.register_client(key(), "j".into(), 0, 2, None, None, t).unwrap();
+    let err = s.register_client(key(), "j".into(), 1, 3, None, None, t).unwrap_err();
+    assert!(err.to_string().contains("every client of a job must declare the same"), "{err}");
+    let r1 = s.register_client(key(), "j".into(), 1, 2, None, None, t).unwrap();
+    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
+
+    let got = |batches, ended| Received { batches, ended, dropped_rows: 0 };
+    assert_eq!(s.acknowledge(&r0, &[(0, 0)], 0, &[], &[(0, got(3, true))], t).unwrap(), 0, "rank 1 has not");
+    assert_eq!(s.listing(&key()).quotas["j"], [], "rank 1 has not reported a count");
+    s.acknowledge(&r1, &[], 0, &[], &[(0, got(2, false))], t).unwrap();
+    assert_eq!(s.listing(&key()).quotas["j"], [(0, Quota { batches: 2, complete: false })]);
+    let epoch = s.acknowledge(&r1, &[(0, 0)], 0, &[], &[(0, got(2, true))], t).unwrap();
+    assert_eq!(epoch, 1, "both ranks reported the split");
+    assert_eq!(s.listing(&key()).quotas["j"], [(0, Quota { batches: 2, complete: true })]);
+    let dropped = Received { batches: 3, ended: true, dropped_rows: 7 };
+    s.acknowledge(&r0, &[], 0, &[], &[(0, dropped)], t).unwrap();
+    assert_eq!(s.delivery_statuses()[&key()].rows_dropped_for_equal_ranks, 7);
+
+    // Once the job's clients are gone, a new run of it may have another number of ranks.
+    s.leave(&r0, false, t);
+    s.leave(&r1, false, t);
+    s.register_client(key(), "j".into(), 2, 4, None, None, t).unwrap();
 }

@@ -1,0 +1,186 @@
+"""DDP from one job against `stoker local`: two ranks (gloo on CPU, each its own process) train
+through the dispatcher, and every step all-reduces the gradients, so a rank with a step more
+than the other would hang. Each epoch the ranks take equal steps, no row comes twice, and the
+rows yielded plus those the clients dropped (to keep the counts equal) are the corpus; also when
+a worker dies in the middle of the first epoch.
+
+Run as a script, this file is one rank (the tests start two)."""
+
+import datetime
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import pipeline_file, worker_binary
+from test_dispatcher import Local
+
+WORLD = 2
+EPOCHS = 2
+# More images than the session's corpus: several splits for each of two workers, so the
+# ranks receive unequal counts.
+IMAGES = 96
+# A rank waits this long in a collective before it fails (a rank with a step more hangs in
+# one); the test waits this long for both ranks to finish.
+COLLECTIVE_SECONDS = 30
+RUN_SECONDS = 60
+TWO_WORKERS = "  workers: {min: 2, max: 2}\n  autoscaling: {mode: Fixed, replicas: 2}\n"
+
+
+def run_rank(rank: int, port: int, dispatcher: str, job: str, out: pathlib.Path) -> None:
+    """Trains a linear model on the flattened images for EPOCHS epochs; writes, per epoch, the
+    epochs its batches were of, its steps, the rows it yielded and the rows its client dropped.
+    Touches `out`.started after its first step and `out`.first-epoch after its first epoch."""
+    import torch
+    import torch.distributed as dist
+    from test_torch import RowsDataset
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_SECONDS))
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(64 * 64 * 3, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    # Rank and world size from torch.distributed: two consumers of the job.
+    dataset = RowsDataset(dispatcher, "test", "py", job=job)
+    loader = DataLoader(dataset, batch_size=None)
+    record, dropped_before = [], 0
+    for index in range(EPOCHS):
+        epochs, steps, rows = set(), 0, []
+        for batch in loader:
+            loss = torch.nn.functional.cross_entropy(model(batch["image"].flatten(1)), batch["label"])
+            optimizer.zero_grad()
+            loss.backward()  # all-reduces the gradients with the other rank
+            optimizer.step()
+            steps += 1
+            epochs.add(int(batch["epoch"]))
+            rows.extend(batch["rows"].tolist())
+            if index == 0 and steps == 1:
+                pathlib.Path(f"{out}.started").touch()
+        record.append({"epochs": sorted(epochs), "steps": steps, "rows": rows,
+                       "dropped_rows": dataset.dropped_rows - dropped_before})
+        dropped_before = dataset.dropped_rows
+        if index == 0:
+            pathlib.Path(f"{out}.first-epoch").touch()
+    dataset.close()
+    dist.destroy_process_group()
+    out.write_text(json.dumps(record))
+
+
+
+@pytest.fixture(scope="module")
+def ddp_corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp-corpus")
+    subprocess.run([str(worker_binary()), "corpus", "--out", str(out), "--images", str(IMAGES), "--classes", "3"],
+                   check=True, capture_output=True)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Ranks:
+    """The WORLD rank processes of one job, their output in `tmp_path`."""
+
+    def __init__(self, tmp_path: pathlib.Path, dispatcher: str, job: str):
+        port = free_port()
+        # The ranks import what this process imports (the tests' directory, this client).
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        self.outs = [tmp_path / f"rank-{rank}.json" for rank in range(WORLD)]
+        self.logs = [tmp_path / f"rank-{rank}.log" for rank in range(WORLD)]
+        self.processes = []
+        for rank in range(WORLD):
+            with open(self.logs[rank], "w") as log:
+                self.processes.append(subprocess.Popen(
+                    [sys.executable, __file__, str(rank), str(port), dispatcher, job, str(self.outs[rank])],
+                    stdout=log, stderr=subprocess.STDOUT, env=env, cwd=pathlib.Path(__file__).parent))
+        self.deadline = time.monotonic() + RUN_SECONDS
+
+    def output(self) -> str:
+        return "\n".join(f"--- rank {rank}:\n{log.read_text()}" for rank, log in enumerate(self.logs))
+
+    def wait_for(self, path: pathlib.Path) -> None:
+        while not path.exists():
+            if time.monotonic() > self.deadline or any(p.poll() is not None for p in self.processes):
+                self.kill()
+                pytest.fail(f"{path.name} never appeared\n{self.output()}")
+            time.sleep(0.05)
+
+    def records(self):
+        """Each rank's record, once both finished; fails the test on a hang or a failed rank."""
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                pytest.fail(f"the ranks did not finish within {RUN_SECONDS} s (unequal steps hang)\n{self.output()}")
+        assert all(p.returncode == 0 for p in self.processes), self.output()
+        return [json.loads(out.read_text()) for out in self.outs]
+
+    def kill(self):
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def check(records):
+    """Per epoch: both ranks read the same one, with equal steps; no row twice across the
+    ranks; yielded rows plus dropped rows are the corpus."""
+    first = records[0][0]["epochs"]
+    assert len(first) == 1, records[0][0]["epochs"]
+    for index in range(EPOCHS):
+        epochs = [r[index] for r in records]
+        assert all(e["epochs"] == [first[0] + index] for e in epochs), [e["epochs"] for e in epochs]
+        assert len({e["steps"] for e in epochs}) == 1, f"epoch {index}: steps {[e['steps'] for e in epochs]}"
+        rows = [row for e in epochs for row in e["rows"]]
+        assert len(rows) == len(set(rows)), f"epoch {index}: a row yielded twice"
+        dropped = sum(e["dropped_rows"] for e in epochs)
+        assert len(rows) + dropped == IMAGES, f"epoch {index}: {len(rows)} rows yielded, {dropped} dropped"
+
+
+def test_two_ranks_take_equal_steps_and_read_each_row_once(tmp_path, ddp_corpus):
+    pipeline = pipeline_file(tmp_path, ddp_corpus, batch_size=4, extra=TWO_WORKERS)
+    with Local(tmp_path, pipeline) as local:
+        check(Ranks(tmp_path, local.address(), "ddp").records())
+
+
+def worker_pids(parent: int):
+    """The worker processes `stoker local` (pid `parent`) runs."""
+    pids = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if ppid == parent and b"--dispatcher" in command:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def test_equal_steps_and_every_row_once_when_a_worker_dies_mid_epoch(tmp_path, ddp_corpus):
+    pipeline = pipeline_file(tmp_path, ddp_corpus, batch_size=4, extra=TWO_WORKERS)
+    # Slow workers: an epoch lasts seconds, so the kill lands in the middle of the first.
+    with Local(tmp_path, pipeline, args=["--max-batch-rate", "4"]) as local:
+        ranks = Ranks(tmp_path, local.address(), "ddp-kill")
+        ranks.wait_for(pathlib.Path(f"{ranks.outs[0]}.started"))
+        pids = worker_pids(local.process.pid)
+        assert len(pids) == 2, pids
+        os.kill(pids[0], signal.SIGKILL)
+        assert not pathlib.Path(f"{ranks.outs[0]}.first-epoch").exists(), "the first epoch ended before the kill"
+        check(ranks.records())
+
+
+if __name__ == "__main__":
+    rank_, port_, dispatcher_, job_, out_ = sys.argv[1:]
+    run_rank(int(rank_), int(port_), dispatcher_, job_, pathlib.Path(out_))

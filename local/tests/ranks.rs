@@ -1,0 +1,112 @@
+//! A job read by ranks, with real processes: two `stoker-worker`s under a dispatcher and two
+//! clients declaring a job of two consumers (rank 0 and rank 1), each reading epoch by epoch
+//! on its own. Every epoch both ranks get the same number of batches, no record reaches the job
+//! twice, and every record either reached one rank or is counted as dropped to keep the ranks
+//! equal; also in the epoch in which a worker is killed mid-split.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use stoker_client::{Client, ClientOptions};
+use stoker_operator::autoscaling::Scaler;
+
+const FILES: i64 = 8;
+const LINES: i64 = 503;
+const EPOCHS: u64 = 3;
+
+/// What one rank got of one epoch: its batches, the records in them, and the rows it dropped.
+#[derive(Debug, Default)]
+struct Got {
+    batches: usize,
+    ids: Vec<i64>,
+    dropped_rows: u64,
+}
+
+/// Reads `EPOCHS` epochs as rank `rank` of 2, counting every batch in `read`.
+async fn rank(url: String, rank: u32, read: Arc<AtomicUsize>) -> Vec<Got> {
+    let mut options = ClientOptions::new("ns", "records");
+    options.job = "ddp".into();
+    options.consumers = 2;
+    options.consumer_index = rank;
+    options.prefetch = 2;
+    options.stream_window_bytes = 64 << 10;
+    let mut client = Client::from_dispatcher(&url, options).await.unwrap();
+    let mut epochs = Vec::new();
+    for epoch in 0..EPOCHS {
+        assert_eq!(client.epoch(), epoch);
+        let dropped_before = client.dropped_rows();
+        let mut got = Got::default();
+        let reading = async {
+            while let Some(batch) = client.next_in_epoch().await {
+                let batch = batch.expect("no error reaches the caller");
+                assert_eq!(batch.epoch, epoch);
+                got.ids.extend(support::ids(&batch));
+                got.batches += 1;
+                read.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(90), reading)
+            .await
+            .unwrap_or_else(|_| panic!("rank {rank}: epoch {epoch} did not end within 90 s"));
+        got.dropped_rows = client.dropped_rows() - dropped_before;
+        epochs.push(got);
+    }
+    epochs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_ranks_get_equal_batches_each_epoch_and_the_job_every_record_once_also_when_a_worker_dies() {
+    let data = tempfile::tempdir().unwrap();
+    let s = support::dispatched(support::padded_records(data.path(), FILES, LINES), Duration::from_secs(3), Some(40.0))
+        .await;
+    s.workers.scale(&s.key, 2).await.unwrap();
+    let read = Arc::new(AtomicUsize::new(0));
+    let ranks: Vec<_> = (0..2).map(|r| tokio::spawn(rank(s.url.clone(), r, read.clone()))).collect();
+
+    // Mid epoch 1 (each epoch is about 400 batches between the ranks, the last of each worker's
+    // run partial), once both workers delivered.
+    let per_epoch = (FILES * LINES / 10) as usize;
+    let killed = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let delivering =
+                s.dispatcher.with_state(|st| st.worker_progress(&s.key)).iter().filter(|w| w.2.batches > 0).count();
+            if read.load(Ordering::Relaxed) >= per_epoch + per_epoch / 4 && delivering == 2 {
+                return s.workers.kill_one(&s.key);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("epoch 1 never got a quarter through");
+    assert!(killed.is_some(), "no worker to kill");
+
+    let mut got = Vec::new();
+    for r in ranks {
+        got.push(r.await.expect("a rank failed"));
+    }
+    let all = (FILES * LINES) as usize;
+    for (epoch, (a, b)) in got[0].iter().zip(&got[1]).enumerate() {
+        assert_eq!(a.batches, b.batches, "epoch {epoch}: both ranks the same number of batches");
+        let mut seen: BTreeMap<i64, u32> = BTreeMap::new();
+        for id in a.ids.iter().chain(&b.ids) {
+            *seen.entry(*id).or_default() += 1;
+        }
+        assert!(seen.values().all(|&n| n == 1), "epoch {epoch}: a record reached the job twice");
+        assert!(seen.keys().all(|id| (0..all as i64).contains(id)));
+        let dropped = (a.dropped_rows + b.dropped_rows) as usize;
+        eprintln!("epoch {epoch}: {} batches per rank, {dropped} rows dropped to keep them equal", a.batches);
+        assert_eq!(seen.len() + dropped, all, "epoch {epoch}: every record reached a rank or was dropped, counted");
+        // The workers deal round-robin: the ranks' counts differ by about one batch per worker.
+        assert!(dropped <= 4 * 10, "epoch {epoch}: {dropped} rows dropped");
+    }
+    let jobs = s.dispatcher.with_state(|st| st.jobs(&s.key));
+    assert!(jobs[0].requeued >= 1, "the dead worker's split was produced again: {:?}", jobs[0]);
+    let delivery = s.dispatcher.with_state(|st| st.delivery_statuses()).remove(&s.key).unwrap();
+    let dropped: u64 = got.iter().flatten().map(|g| g.dropped_rows).sum();
+    assert_eq!(delivery.rows_dropped_for_equal_ranks, dropped, "status counts the dropped rows");
+    assert_eq!(delivery.splits_repeated, 0);
+}
