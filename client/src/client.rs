@@ -10,6 +10,7 @@ use std::time::Instant;
 use futures::Stream;
 use stoker_api::Batch;
 use stoker_api::proto::BatchChunk;
+use stoker_api::proto::ResumeState;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::delivery::Delivery;
@@ -19,6 +20,7 @@ use crate::follower::{Follower, Shared};
 use crate::options::ClientOptions;
 use crate::ration::{Ration, Step};
 use crate::registration::Registration;
+use crate::resume::Yielded;
 use crate::stats::{Meter, WindowStats};
 use crate::tasks::Tasks;
 use crate::worker_stream::{open, pump};
@@ -33,6 +35,14 @@ pub struct Client {
     call_start: Option<Instant>,
 }
 
+/// Under the dispatcher: who this consumer is, and what its loop has been handed of the epoch.
+struct Progress {
+    job: String,
+    consumers: u32,
+    consumer_index: u32,
+    yielded: Yielded,
+}
+
 enum Source {
     /// A fixed list of workers, all feeding one queue.
     Fixed(mpsc::Receiver<Item>),
@@ -42,7 +52,8 @@ enum Source {
         queue: mpsc::Receiver<Item>,
         shared: Shared,
         leave: Option<oneshot::Sender<bool>>,
-        ration: Option<Ration>,
+        ration: Option<Box<Ration>>,
+        progress: Box<Progress>,
     },
 }
 
@@ -75,10 +86,13 @@ impl Client {
     /// autoscaler. Fails only when the dispatcher refuses the registration (or is unreachable
     /// for the connect timeout); a leader change is retried, and a worker that dies is dropped
     /// (its splits go to the others).
-    pub async fn from_dispatcher(url: &str, options: ClientOptions) -> Result<Client, Error> {
+    pub async fn from_dispatcher(url: &str, mut options: ClientOptions) -> Result<Client, Error> {
         options.check()?;
         let deadline = tokio::time::Instant::now() + options.connect_timeout;
         let mut link = Registration::register(url, &options).await?;
+        let (job, resume) = (options.job.clone(), options.resume.take());
+        // Streams go to the run a resumed job goes on as.
+        options.job = link.job().to_string();
         let (watch, first) = link
             .first_list(deadline)
             .await
@@ -98,6 +112,12 @@ impl Client {
         };
         link.reading = Some(shared.reading.clone());
         let queue = epochs.take_receiver(first.epoch);
+        let progress = Progress {
+            job,
+            consumers: options.consumers,
+            consumer_index: options.consumer_index,
+            yielded: resume.as_ref().map_or_else(|| Yielded::new(first.epoch), Yielded::resumed),
+        };
         let (leave, leaving) = oneshot::channel();
         let tasks = Tasks::default();
         let follower = Follower {
@@ -112,8 +132,8 @@ impl Client {
         // Not among the tasks aborted on drop: it says goodbye to the dispatcher first.
         tokio::spawn(follower.run());
         let meter = shared.meter.clone();
-        let ration = ranked.then(Ration::default);
-        let source = Source::Dispatched { queue, shared, leave: Some(leave), ration };
+        let ration = ranked.then(Box::default);
+        let source = Source::Dispatched { queue, shared, leave: Some(leave), ration, progress: Box::new(progress) };
         Ok(Client { source, tasks, meter, call_start: None })
     }
 
@@ -144,6 +164,15 @@ impl Client {
         match &self.source {
             Source::Fixed(_) => 0,
             Source::Dispatched { shared, .. } => shared.open_epoch.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Under the dispatcher, this consumer's state after the last batch it returned: saved with
+    /// a checkpoint, `ClientOptions::resume` goes on from it. None with fixed workers.
+    pub fn state(&self) -> Option<ResumeState> {
+        match &self.source {
+            Source::Dispatched { progress: p, .. } => Some(p.yielded.state(&p.job, p.consumers, p.consumer_index)),
+            Source::Fixed(_) => None,
         }
     }
 
@@ -178,7 +207,7 @@ impl Client {
         loop {
             let item = match &mut self.source {
                 Source::Fixed(rx) => std::task::ready!(rx.poll_recv(cx)),
-                Source::Dispatched { queue, shared, ration: None, .. } => {
+                Source::Dispatched { queue, shared, ration: None, progress, .. } => {
                     match std::task::ready!(queue.poll_recv(cx)) {
                         Some(item) => {
                             if let Ok(batch) = &item {
@@ -187,7 +216,7 @@ impl Client {
                             Some(item)
                         }
                         None => {
-                            next_epoch(queue, shared);
+                            next_epoch(queue, shared, progress);
                             if stop_at_epoch_end {
                                 self.call_start = None;
                                 return Poll::Ready(None);
@@ -196,13 +225,13 @@ impl Client {
                         }
                     }
                 }
-                Source::Dispatched { queue, shared, ration: Some(ration), .. } => {
+                Source::Dispatched { queue, shared, ration: Some(ration), progress, .. } => {
                     match std::task::ready!(poll_rationed(queue, shared, ration, cx)) {
                         Rationed::Batch(batch) => Some(Ok(batch)),
                         Rationed::Failed(e) => Some(Err(e)),
                         Rationed::EpochOver => {
-                            *ration = Ration::default();
-                            next_epoch(queue, shared);
+                            **ration = Ration::default();
+                            next_epoch(queue, shared, progress);
                             if stop_at_epoch_end {
                                 self.call_start = None;
                                 return Poll::Ready(None);
@@ -216,6 +245,9 @@ impl Client {
                 // Only completions: acknowledged, not a batch the caller waited for.
                 if batch.is_completions() {
                     continue;
+                }
+                if let Source::Dispatched { progress, .. } = &mut self.source {
+                    progress.yielded.record(batch);
                 }
                 self.meter.lock().unwrap().delivered(start, Instant::now());
             }
@@ -236,10 +268,10 @@ impl Stream for Client {
 impl Drop for Client {
     fn drop(&mut self) {
         self.tasks.abort_all();
-        if let Source::Dispatched { queue, shared, leave, ration } = &mut self.source {
+        if let Source::Dispatched { queue, shared, leave, ration, .. } = &mut self.source {
             // Batches received and never read are lost with the client: the dispatcher then
             // produces the job's in-flight splits again.
-            let held = ration.as_ref().is_some_and(Ration::holds);
+            let held = ration.as_ref().is_some_and(|r| r.holds());
             let discarded = held || !queue.is_empty() || shared.epochs.any_queued();
             if let Some(leave) = leave.take() {
                 let _ = leave.send(discarded);
@@ -249,9 +281,10 @@ impl Drop for Client {
 }
 
 /// The epoch read is over: read the next one.
-fn next_epoch(queue: &mut mpsc::Receiver<Item>, shared: &Shared) {
+fn next_epoch(queue: &mut mpsc::Receiver<Item>, shared: &Shared, progress: &mut Progress) {
     let next = shared.reading.fetch_add(1, Ordering::Relaxed) + 1;
     *queue = shared.epochs.take_receiver(next);
+    progress.yielded.next_epoch(next);
     shared.switched.notify_one();
 }
 

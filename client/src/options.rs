@@ -19,6 +19,11 @@ pub struct ClientOptions {
     /// number of batches every epoch (what a rank receives beyond it is dropped and counted).
     /// 0 or 1: the job's consumers share its batches, first come, first served.
     pub consumers: u32,
+    /// Under the dispatcher: go on from a state `Client::state` gave (saved with a checkpoint),
+    /// on any dispatcher and with any number of workers. Every consumer of the job resumes from
+    /// its own state saved at the same step; the job produces the rest of that epoch without
+    /// what any of them had yielded, once all their states are in.
+    pub resume: Option<proto::ResumeState>,
     /// Standalone workers: the epoch to start at (None: 0). Under the dispatcher a client
     /// starts at the job's open epoch.
     pub start_epoch: Option<u64>,
@@ -52,6 +57,7 @@ impl ClientOptions {
             job: "default".into(),
             consumer_index: 0,
             consumers: 0,
+            resume: None,
             start_epoch: None,
             prefetch_next_epoch: true,
             prefetch: 8,
@@ -67,6 +73,17 @@ impl ClientOptions {
     pub(crate) fn check(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::InvalidOptions(m));
         proto::check_rank(self.consumer_index, self.consumers).map_err(Error::InvalidOptions)?;
+        if let Some(state) = &self.resume {
+            if state.job != self.job {
+                return bad(format!("the resume state is of job {:?}, not {:?}", state.job, self.job));
+            }
+            if (state.consumers.max(1), state.consumer_index) != (self.consumers.max(1), self.consumer_index) {
+                return bad(format!(
+                    "the resume state is of consumer {} of {}, not {} of {}",
+                    state.consumer_index, state.consumers, self.consumer_index, self.consumers
+                ));
+            }
+        }
         if self.prefetch == 0 {
             return bad("prefetch must be at least 1".into());
         }

@@ -48,6 +48,7 @@ impl Registration {
                 consumers: options.consumers,
                 client_id: String::new(),
                 epoch: None,
+                resume: options.resume.clone(),
             },
             token: options.token.clone(),
             window: Duration::from_secs(10),
@@ -79,9 +80,19 @@ impl Registration {
         if response.window_ms > 0 {
             self.window = Duration::from_millis(u64::from(response.window_ms));
         }
-        tracing::info!(dispatcher = %self.url, client = %response.client_id, "registered with the dispatcher");
+        tracing::info!(dispatcher = %self.url, client = %response.client_id, job = %response.job, "registered with the dispatcher");
         self.request.client_id = response.client_id;
+        // A resumed job streams as its run; again registering, it is that run's client.
+        if !response.job.is_empty() {
+            self.request.job = response.job;
+        }
+        self.request.resume = None;
         Ok(())
+    }
+
+    /// The job to stream and watch as: the job, or the run a resumed job goes on as.
+    pub(crate) fn job(&self) -> &str {
+        &self.request.job
     }
 
     pub(crate) async fn report(&mut self, stats: WindowStats, workers: usize) -> Result<(), Status> {

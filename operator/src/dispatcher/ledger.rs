@@ -188,6 +188,17 @@ impl Job {
         Job { epoch, current: Pass::full(plan, epoch), ..Job::default() }
     }
 
+    /// A job resumed at `epoch` from its consumers' saved states: the epoch's splits go out
+    /// without the rows they had yielded (a split all of whose rows were yielded produces
+    /// nothing and completes at once).
+    pub fn resuming(epoch: u64, plan: &Plan, yielded: &[Held]) -> Job {
+        let mut job = Job::starting(epoch, plan);
+        for h in yielded.iter().filter(|h| h.epoch == epoch && h.split < plan.splits) {
+            job.current.delivered.entry(h.split).or_default().extend(h.positions.iter().copied());
+        }
+        job
+    }
+
     fn passes(&self) -> impl Iterator<Item = &Pass> {
         std::iter::once(&self.current).chain(self.next.as_ref())
     }
@@ -516,5 +527,20 @@ mod tests {
         assert!(job.complete(&[(0, 0)], rank(2), &plan(1), t).is_some(), "all three: the epoch is done");
         let s = job.summary("j", 1);
         assert_eq!((s.epoch, s.repeats), (1, 0));
+    }
+
+    #[test]
+    fn a_resumed_job_hands_its_epoch_out_without_the_rows_yielded_before() {
+        let t = Instant::now();
+        let yielded = [
+            Held { epoch: 3, split: 1, positions: vec![4, 0] },
+            Held { epoch: 3, split: 1, positions: vec![2] },
+            Held { epoch: 2, split: 0, positions: vec![9] },
+        ];
+        let mut job = Job::resuming(3, &plan(2), &yielded);
+        assert_eq!(job.epoch(), 3);
+        assert_eq!(job.hand_out(3, "w", &plan(2), &Directive::Compute, t), split(3, 0), "another epoch's rows");
+        let resumed = job.hand_out(3, "w", &plan(2), &Directive::Compute, t);
+        assert_eq!(resumed, Assignment::Split { epoch: 3, split: 1, skip: vec![0, 2, 4] }, "both ranks' rows");
     }
 }

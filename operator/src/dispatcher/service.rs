@@ -21,7 +21,7 @@ use super::ledger::Assignment;
 use super::ledger::Held;
 use super::members::{Progress, Timeouts};
 use super::ranks::Received;
-use super::state::{DispatchError, DispatcherState, Listing, WorkerRegistration};
+use super::state::{ClientRegistration, DispatchError, DispatcherState, Listing, Resume, WorkerRegistration};
 use crate::autocache::plan::Directive;
 use crate::key::PipelineKey;
 
@@ -251,22 +251,33 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         if r.job.is_empty() {
             return Err(Status::invalid_argument("job is required"));
         }
-        let client_id = self
-            .0
-            .with_state(|s| {
-                s.register_client(
-                    pipeline.clone(),
-                    r.job.clone(),
-                    r.consumer_index,
-                    r.consumers,
-                    Some(r.client_id),
-                    r.epoch,
-                    Instant::now(),
-                )
-            })
-            .map_err(status)?;
-        tracing::info!(%pipeline, job = %r.job, consumer = r.consumer_index, client = %client_id, "client registered");
-        Ok(Response::new(proto::RegisterClientResponse { client_id, window_ms: self.0.window.as_millis() as u32 }))
+        let registration = ClientRegistration {
+            pipeline: pipeline.clone(),
+            job: r.job.clone(),
+            consumer_index: r.consumer_index,
+            consumers: r.consumers,
+            client_id: Some(r.client_id),
+            epoch: r.epoch,
+            resume: r.resume.map(|s| Resume {
+                job: s.job,
+                epoch: s.epoch,
+                batches: s.batches,
+                consumers: s.consumers,
+                consumer_index: s.consumer_index,
+                yielded: s
+                    .yielded
+                    .into_iter()
+                    .map(|h| Held { epoch: h.epoch, split: h.split, positions: h.positions })
+                    .collect(),
+            }),
+        };
+        let registered = self.0.with_state(|s| s.register_client(registration, Instant::now())).map_err(status)?;
+        tracing::info!(%pipeline, job = %registered.job, consumer = r.consumer_index, client = %registered.client_id, "client registered");
+        Ok(Response::new(proto::RegisterClientResponse {
+            client_id: registered.client_id,
+            window_ms: self.0.window.as_millis() as u32,
+            job: registered.job,
+        }))
     }
 
     type WatchWorkersStream = WorkerListStream;

@@ -47,6 +47,50 @@ pub struct WorkerRegistration {
     pub shuffle_seed: Option<u64>,
 }
 
+/// A client's registration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientRegistration {
+    pub pipeline: PipelineKey,
+    pub job: String,
+    pub consumer_index: u32,
+    /// A job read by ranks: how many (0 or 1: its consumers share its batches).
+    pub consumers: u32,
+    /// Kept when re-registering after a dispatcher restart.
+    pub client_id: Option<String>,
+    /// The epoch the client reads, when re-registering: a dispatcher that does not know the
+    /// job starts it there.
+    pub epoch: Option<u64>,
+    /// Resume the job from this consumer's saved state.
+    pub resume: Option<Resume>,
+}
+
+/// A consumer's saved state: the epoch it read, how many batches of it it had yielded (the
+/// step), and their rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Resume {
+    pub job: String,
+    pub epoch: u64,
+    pub batches: u64,
+    pub consumers: u32,
+    pub consumer_index: u32,
+    pub yielded: Vec<Held>,
+}
+
+/// A registered client: its id, and the job it streams as (a resumed job's run).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Registered {
+    pub client_id: String,
+    pub job: String,
+}
+
+/// The saved states of a resumed job's ranks, gathered until every rank's is in.
+struct Gathering {
+    /// (job, epoch, batches): the ranks saved at the same step.
+    step: (String, u64, u64),
+    consumers: u32,
+    yielded: BTreeMap<u32, Vec<Held>>,
+}
+
 #[derive(Default)]
 struct Pipeline {
     /// (splits, digest) every worker of the pipeline must agree on; set by the first worker.
@@ -59,6 +103,11 @@ struct Pipeline {
     starts: BTreeMap<String, u64>,
     /// Jobs read by ranks, from their clients' registrations.
     ranks: BTreeMap<String, Ranks>,
+    /// Runs of resumed jobs still gathering their ranks' states: nothing goes out before.
+    gathering: BTreeMap<String, Gathering>,
+    /// Runs whose states are all in, until their job is made (by a worker, knowing the plan):
+    /// the epoch and the rows to leave out.
+    resumed: BTreeMap<String, (u64, Vec<Held>)>,
     /// The live workers' addresses as last published, and a version that grows when they
     /// change (clients acknowledge it after dropping the workers that left).
     listed: Vec<String>,
@@ -168,10 +217,13 @@ impl DispatcherState {
     /// The pipeline's workers, list version and jobs' open epochs, for its clients.
     pub fn listing(&self, key: &PipelineKey) -> Listing {
         let Some(p) = self.pipelines.get(key) else { return Listing::default() };
+        // A job no worker has asked for yet starts where its clients said (a resumed one).
+        let mut epochs = p.starts.clone();
+        epochs.extend(p.jobs.iter().map(|(name, job)| (name.clone(), job.epoch())));
         Listing {
             addresses: p.listed.clone(),
             version: p.version,
-            epochs: p.jobs.iter().map(|(name, job)| (name.clone(), job.epoch())).collect(),
+            epochs,
             quotas: p.ranks.iter().map(|(name, ranks)| (name.clone(), ranks.quotas())).collect(),
         }
     }
@@ -234,8 +286,15 @@ impl DispatcherState {
         let key = self.members.seen_worker(worker_id, now)?.pipeline.clone();
         let pipeline = self.pipelines.get_mut(&key).expect("a registered worker's pipeline exists");
         let plan = pipeline.ledger_plan();
+        if pipeline.gathering.contains_key(job) {
+            return Ok(Assignment::Draining { epoch });
+        }
         let start = pipeline.starts.get(job).copied().unwrap_or(epoch);
-        let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(start, &plan));
+        let resumed = &mut pipeline.resumed;
+        let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| match resumed.remove(job) {
+            Some((epoch, yielded)) => Job::resuming(epoch, &plan, &yielded),
+            None => Job::starting(start, &plan),
+        });
         let directive = self.caches.directive(&key);
         if let Some((action, seconds)) = state.complete(completed, Reporter::Worker, &plan, now) {
             self.caches.epoch(&key, action, seconds);
@@ -243,21 +302,20 @@ impl DispatcherState {
         Ok(state.hand_out(epoch, worker_id, &plan, &directive, now))
     }
 
-    /// Registers a consumer of `job`. `consumers` > 1 declares a job read by that many ranks,
+    /// Registers a consumer of a job. `consumers` > 1 declares a job read by that many ranks,
     /// `consumer_index` being this one's: every client of the job must declare the same, until
-    /// none is left (then a new run of the job may have another count).
-    #[allow(clippy::too_many_arguments)]
-    pub fn register_client(
-        &mut self,
-        pipeline: PipelineKey,
-        job: String,
-        consumer_index: u32,
-        consumers: u32,
-        client_id: Option<String>,
-        epoch: Option<u64>,
-        now: Instant,
-    ) -> Result<String, DispatchError> {
+    /// none is left (then a new run of the job may have another count). With a saved state the
+    /// client joins the job's new run from that step (see [`Self::resume`]).
+    pub fn register_client(&mut self, r: ClientRegistration, now: Instant) -> Result<Registered, DispatchError> {
+        let ClientRegistration { pipeline, job, consumer_index, consumers, client_id, mut epoch, resume } = r;
         stoker_api::proto::check_rank(consumer_index, consumers).map_err(DispatchError::Invalid)?;
+        let job = match resume {
+            Some(resume) => {
+                epoch = Some(resume.epoch);
+                self.resume(&pipeline, &job, consumer_index, consumers, resume)?
+            }
+            None => job,
+        };
         let others = self.clients_of(&pipeline, &job).into_iter().filter(|id| client_id.as_ref() != Some(id)).count();
         let pipeline_state = self.pipelines.entry(pipeline.clone()).or_default();
         let declared = pipeline_state.ranks.get(&job).map_or(1, Ranks::consumers);
@@ -280,8 +338,53 @@ impl DispatcherState {
             }
         }
         let id = self.members.id("c", client_id);
-        self.members.clients.insert(id.clone(), Client { pipeline, job, consumer_index, last_seen: now });
-        Ok(id)
+        self.members.clients.insert(id.clone(), Client { pipeline, job: job.clone(), consumer_index, last_seen: now });
+        Ok(Registered { client_id: id, job })
+    }
+
+    /// The run a consumer resuming `job` from its saved state joins: the run gathering the
+    /// states saved at the same step (same epoch and batches: every rank has yielded as many),
+    /// or a new one. A run is a job of its own, named apart, so no batch made for the job
+    /// before (still in a worker's queues) reaches it. Once every rank's state is in, the run
+    /// produces the epoch without the rows any of them had yielded.
+    fn resume(
+        &mut self,
+        pipeline: &PipelineKey,
+        job: &str,
+        consumer_index: u32,
+        consumers: u32,
+        resume: Resume,
+    ) -> Result<String, DispatchError> {
+        let mismatch = if resume.job != job {
+            Some(format!("it is of job {:?}, not {job:?}", resume.job))
+        } else if resume.consumers.max(1) != consumers.max(1) {
+            Some(format!("it is of a job of {} consumer(s), not {}", resume.consumers, consumers))
+        } else if consumers > 1 && resume.consumer_index != consumer_index {
+            Some(format!("it is rank {}'s, not rank {consumer_index}'s", resume.consumer_index))
+        } else {
+            None
+        };
+        if let Some(why) = mismatch {
+            return Err(DispatchError::Invalid(format!("cannot resume from this state: {why}")));
+        }
+        let step = (job.to_string(), resume.epoch, resume.batches);
+        let existing = self.pipelines.get(pipeline).and_then(|p| p.gathering.iter().find(|(_, g)| g.step == step));
+        let run = match existing {
+            Some((run, _)) => run.clone(),
+            None => self.members.id(&format!("{job}~run"), None),
+        };
+        let p = self.pipelines.entry(pipeline.clone()).or_default();
+        let gathering =
+            p.gathering.entry(run.clone()).or_insert_with(|| Gathering { step, consumers, yielded: BTreeMap::new() });
+        gathering.yielded.insert(consumer_index, resume.yielded);
+        if gathering.yielded.len() as u32 == gathering.consumers.max(1) {
+            let gathered = p.gathering.remove(&run).expect("inserted above");
+            let yielded = gathered.yielded.into_values().flatten().collect();
+            tracing::info!(%pipeline, %job, %run, epoch = resume.epoch, "every rank's state is in: the job resumes");
+            p.resumed.insert(run.clone(), (resume.epoch, yielded));
+        }
+        p.starts.insert(run.clone(), resume.epoch);
+        Ok(run)
     }
 
     /// A client's batch-time window.

@@ -27,6 +27,18 @@ fn registration(address: &str, splits: u64) -> WorkerRegistration {
     }
 }
 
+fn client(job: &str, consumer_index: u32, consumers: u32) -> ClientRegistration {
+    ClientRegistration {
+        pipeline: key(),
+        job: job.into(),
+        consumer_index,
+        consumers,
+        client_id: None,
+        epoch: None,
+        resume: None,
+    }
+}
+
 /// Takes and completes splits until the dispatcher answers with something else, which is
 /// returned beside the splits done.
 fn work(state: &mut DispatcherState, worker: &str, job: &str, epoch: u64, now: Instant) -> (Vec<u64>, Assignment) {
@@ -174,8 +186,8 @@ fn workers_with_a_different_listing_are_refused_while_the_old_ones_live() {
 fn windows_are_grouped_by_job_and_taken_once() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts::default());
-    let c0 = s.register_client(key(), "j".into(), 0, 0, None, None, t).unwrap();
-    let c1 = s.register_client(key(), "j".into(), 1, 0, None, None, t).unwrap();
+    let c0 = s.register_client(client("j", 0, 0), t).unwrap().client_id;
+    let c1 = s.register_client(client("j", 1, 0), t).unwrap().client_id;
     let window = Window { batches: 10, median_s: 0.1, p90_s: 0.2, mean_s: 0.12, wait_fraction: 0.5, workers: 1 };
     s.report_window(&c0, window.clone(), t).unwrap();
     s.report_window(&c1, window.clone(), t).unwrap();
@@ -193,7 +205,7 @@ fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(60), client: Duration::from_secs(5) });
     let w = s.register_worker(registration("a:1", 2), t).unwrap();
-    let c = s.register_client(key(), "j".into(), 0, 0, None, None, t).unwrap();
+    let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
     assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
     // The worker has sent both; only the client's report makes them done.
@@ -204,7 +216,7 @@ fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
     s.expire(t + Duration::from_secs(6));
     assert_eq!(s.jobs(&key())[0].requeued, 1);
     assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
-    let c2 = s.register_client(key(), "j".into(), 0, 0, None, None, t + Duration::from_secs(6)).unwrap();
+    let c2 = s.register_client(client("j", 0, 0), t + Duration::from_secs(6)).unwrap().client_id;
     s.acknowledge(&c2, &[(0, 1)], 0, &[], &[], t + Duration::from_secs(6)).unwrap();
     assert_eq!(s.jobs(&key())[0].epoch, 1, "every split reported: the next epoch");
 }
@@ -213,7 +225,7 @@ fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
 fn silent_clients_detach() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(5) });
-    let c = s.register_client(key(), "j".into(), 0, 0, None, None, t).unwrap();
+    let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     assert_eq!(s.attached(), BTreeSet::from([key()]));
     let window = Window { batches: 0, median_s: 0.0, p90_s: 0.0, mean_s: 0.0, wait_fraction: 0.0, workers: 0 };
     s.report_window(&c, window, t + Duration::from_secs(4)).unwrap();
@@ -230,7 +242,7 @@ fn a_dies_holding_split_0(client_timeout: u64) -> (DispatcherState, String, Stri
     let mut s = DispatcherState::new("t", timeouts);
     let a = s.register_worker(registration("a:1", 3), t).unwrap();
     let b = s.register_worker(registration("b:1", 3), t).unwrap();
-    let c = s.register_client(key(), "j".into(), 0, 0, None, None, t).unwrap();
+    let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
     let later = t + Duration::from_secs(6);
     s.heartbeat(&b, Progress::default(), later).unwrap();
@@ -302,7 +314,7 @@ fn a_client_leaving_cleanly_is_forgotten_and_one_that_discarded_batches_has_the_
     assert!(s.attached().is_empty());
     assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 0));
     assert_eq!(s.jobs(&key())[0].in_flight, 1, "a clean leave redoes nothing");
-    let c2 = s.register_client(key(), "j".into(), 0, 0, None, None, t).unwrap();
+    let c2 = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     s.leave(&c2, true, t);
     let job = &s.jobs(&key())[0];
     assert_eq!((job.in_flight, job.requeued), (0, 2), "what it discarded may hold a split's last batch");
@@ -313,12 +325,12 @@ fn a_job_read_by_ranks_agrees_on_their_number_finishes_splits_with_all_and_publi
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts::default());
     let w = s.register_worker(registration("a:1", 1), t).unwrap();
-    let err = s.register_client(key(), "j".into(), 2, 2, None, None, t).unwrap_err();
+    let err = s.register_client(client("j", 2, 2), t).unwrap_err();
     assert!(err.to_string().contains("not a rank"), "{err}");
-    let r0 = s.register_client(key(), "j".into(), 0, 2, None, None, t).unwrap();
-    let err = s.register_client(key(), "j".into(), 1, 3, None, None, t).unwrap_err();
+    let r0 = s.register_client(client("j", 0, 2), t).unwrap().client_id;
+    let err = s.register_client(client("j", 1, 3), t).unwrap_err();
     assert!(err.to_string().contains("every client of a job must declare the same"), "{err}");
-    let r1 = s.register_client(key(), "j".into(), 1, 2, None, None, t).unwrap();
+    let r1 = s.register_client(client("j", 1, 2), t).unwrap().client_id;
     assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
 
     let got = |batches, ended| Received { batches, ended, dropped_rows: 0 };
@@ -336,5 +348,42 @@ fn a_job_read_by_ranks_agrees_on_their_number_finishes_splits_with_all_and_publi
     // Once the job's clients are gone, a new run of it may have another number of ranks.
     s.leave(&r0, false, t);
     s.leave(&r1, false, t);
-    s.register_client(key(), "j".into(), 2, 4, None, None, t).unwrap();
+    s.register_client(client("j", 2, 4), t).unwrap();
+}
+
+#[test]
+fn a_job_resumed_by_its_ranks_runs_anew_once_every_ranks_state_is_in_without_what_they_yielded() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    let w = s.register_worker(registration("a:1", 2), t).unwrap();
+    let state = |rank: u32, positions: Vec<u32>| Resume {
+        job: "j".into(),
+        epoch: 4,
+        batches: 7,
+        consumers: 2,
+        consumer_index: rank,
+        yielded: vec![Held { epoch: 4, split: 1, positions }],
+    };
+    let resuming =
+        |rank, positions| ClientRegistration { resume: Some(state(rank, positions)), ..client("j", rank, 2) };
+
+    let wrong = ClientRegistration { resume: Some(state(1, vec![])), ..client("j", 0, 2) };
+    assert!(s.register_client(wrong, t).unwrap_err().to_string().contains("rank 1's, not rank 0's"));
+    let r0 = s.register_client(resuming(0, vec![3, 1]), t).unwrap();
+    assert_ne!(r0.job, "j", "a run of its own: nothing made for the job before reaches it");
+    assert_eq!(
+        s.next_split(&w, &r0.job, &[], 4, t).unwrap(),
+        Assignment::Draining { epoch: 4 },
+        "rank 1's state is not in"
+    );
+    let r1 = s.register_client(resuming(1, vec![2]), t).unwrap();
+    assert_eq!(r1.job, r0.job, "saved at the same step: the same run");
+    assert_eq!(s.next_split(&w, &r0.job, &[], 4, t).unwrap(), split(4, 0));
+    let second = s.next_split(&w, &r0.job, &[], 4, t).unwrap();
+    assert_eq!(second, Assignment::Split { epoch: 4, split: 1, skip: vec![1, 2, 3] });
+    assert_eq!(s.listing(&key()).epochs[&r0.job], 4);
+
+    // Resumed again from the same step (the first run crashed): a fresh run.
+    let again = s.register_client(ClientRegistration { resume: Some(state(0, vec![])), ..client("j", 0, 2) }, t);
+    assert_ne!(again.unwrap().job, r0.job);
 }
