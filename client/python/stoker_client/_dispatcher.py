@@ -48,6 +48,10 @@ class Followed(Protocol):
         """`leave(discarded)` is called when the client closes, after its streams stopped,
         with whether it received batches it never handed to the caller."""
 
+    def stream_as(self, job: str) -> None:
+        """The job the client streams as: the job, or the run a resumed job goes on as.
+        Called before the first worker list."""
+
     def follow(self, addresses: Iterable[str], epoch: int) -> List[_wire.Held]:
         """Applies a worker list whose job's open epoch is `epoch`: stops streaming from the
         workers not listed (waiting until what each buffered is recorded), opens the streams
@@ -76,7 +80,7 @@ class Followed(Protocol):
 
 class Follower:
     def __init__(self, client: Followed, channel: grpc.Channel, target: str, namespace, pipeline, job, consumer_index,
-                 connect_timeout, consumers: int = 0):
+                 connect_timeout, consumers: int = 0, resume: Optional[dict] = None):
         self.client = client
         self.channel = channel
         unary = lambda name, decode: channel.unary_unary(
@@ -86,8 +90,11 @@ class Follower:
         self.acknowledge_rpc = unary("Acknowledge", _wire.decode_acknowledge)
         self.watch_rpc = channel.unary_stream(DISPATCHER + "WatchWorkers",
                                               request_serializer=lambda r: r, response_deserializer=_wire.decode_worker_list)
-        self.args = (namespace, pipeline, job, consumer_index)
+        self.args = (namespace, pipeline, consumer_index)
         self.consumers = consumers
+        # The job registered, watched and streamed as: once registered with `resume` (sent
+        # until then only), the run the resumed job goes on as.
+        self.job, self.resume = job, resume
         self.client_id, self.window = "", 1.0
         # The newest list applied and the rows held from workers the lists dropped, not yet
         # acknowledged: the watch thread adds, the acknowledging thread sends.
@@ -115,12 +122,18 @@ class Follower:
         threading.Thread(target=self.report, daemon=True, name="stoker-report").start()
 
     def register(self):
-        namespace, pipeline, job, index = self.args
-        self.client_id, window_ms = self.register_rpc(
-            _wire.encode_register_client(namespace, pipeline, job, index, self.client_id, self.consumers),
+        namespace, pipeline, index = self.args
+        self.client_id, window_ms, job = self.register_rpc(
+            _wire.encode_register_client(namespace, pipeline, self.job, index, self.client_id, self.consumers,
+                                         self.resume),
             metadata=self.client.metadata)
         if window_ms:
             self.window = window_ms / 1000.0
+        # Registering again (the dispatcher forgot the client) is as the run's client.
+        self.resume = None
+        if job:
+            self.job = job
+            self.client.stream_as(job)
 
     def call(self, rpc, request):
         """`rpc` with `request(client_id)`, registering again first if the dispatcher restarted."""
@@ -133,10 +146,11 @@ class Follower:
         return rpc(request(self.client_id), metadata=self.client.metadata)
 
     def watch(self):
-        namespace, pipeline, job, _ = self.args
+        namespace, pipeline, _ = self.args
         while not self.client.closed():
             try:
-                call = self.watch_rpc(_wire.encode_watch_workers(namespace, pipeline, job), metadata=self.client.metadata)
+                call = self.watch_rpc(_wire.encode_watch_workers(namespace, pipeline, self.job),
+                                      metadata=self.client.metadata)
                 self.client.add_call(call)
                 with self.lock:
                     self.watches += 1

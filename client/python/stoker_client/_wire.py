@@ -186,8 +186,9 @@ def _pipeline_ref(namespace: str, pipeline: str) -> bytes:
 
 
 def encode_register_client(namespace: str, pipeline: str, job: str, consumer_index: int, client_id: str,
-                           consumers: int = 0) -> bytes:
-    """A RegisterClientRequest; `consumers` as in `encode_stream_request`."""
+                           consumers: int = 0, resume: Optional[dict] = None) -> bytes:
+    """A RegisterClientRequest; `consumers` as in `encode_stream_request`; `resume`: a
+    consumer's saved state, as `Client.state()` gives it."""
     out = _len_field(1, _pipeline_ref(namespace, pipeline)) + _len_field(2, job.encode())
     if consumer_index:
         out += _key(3, _VARINT) + _varint(consumer_index)
@@ -195,19 +196,34 @@ def encode_register_client(namespace: str, pipeline: str, job: str, consumer_ind
         out += _len_field(4, client_id.encode())
     if consumers:
         out += _key(6, _VARINT) + _varint(consumers)
+    if resume is not None:
+        out += _len_field(7, _resume_state(resume))
+    return out
+
+
+def _resume_state(state: dict) -> bytes:
+    """A ResumeState; its rows are HeldRows of its epoch."""
+    out = _len_field(1, state["job"].encode())
+    for field, name in ((2, "epoch"), (3, "batches"), (4, "consumers"), (5, "consumer_index")):
+        if state[name]:
+            out += _key(field, _VARINT) + _varint(state[name])
+    for split, positions in state["yielded"]:
+        out += _held_rows(6, state["epoch"], split, positions)
     return out
 
 
 def decode_register_client(message: bytes):
-    """(client_id, window_ms)."""
+    """(client_id, window_ms, job): `job` is what to stream and watch as (empty: as named)."""
     view = memoryview(message)
-    client_id, window_ms = "", 0
+    client_id, window_ms, job = "", 0, ""
     for field, wire_type, value in _fields(view):
         if field == 1 and wire_type == _LEN:
             client_id = bytes(view[value[0]:value[1]]).decode()
         elif field == 2 and wire_type == _VARINT:
             window_ms = value
-    return client_id, window_ms
+        elif field == 3 and wire_type == _LEN:
+            job = bytes(view[value[0]:value[1]]).decode()
+    return client_id, window_ms, job
 
 
 def encode_watch_workers(namespace: str, pipeline: str, job: str) -> bytes:
@@ -300,6 +316,14 @@ def _rank_progress(progress: RankProgress) -> bytes:
     return _len_field(7, out)
 
 
+def _held_rows(field: int, epoch: int, split: int, positions) -> bytes:
+    """A HeldRows, its positions packed."""
+    rows = _key(1, _VARINT) + _varint(epoch) + _key(2, _VARINT) + _varint(split)
+    if positions:
+        rows += _len_field(3, b"".join(_varint(p) for p in positions))
+    return _len_field(field, rows)
+
+
 def _split_ref(field: int, epoch: int, split: int) -> bytes:
     return _len_field(field, _key(1, _VARINT) + _varint(epoch) + _key(2, _VARINT) + _varint(split))
 
@@ -315,10 +339,7 @@ def encode_acknowledge(client_id: str, completed, list_version: int, held, leavi
     if list_version:
         out += _key(3, _VARINT) + _varint(list_version)
     for epoch, split, positions in held:
-        rows = _key(1, _VARINT) + _varint(epoch) + _key(2, _VARINT) + _varint(split)
-        if positions:
-            rows += _len_field(3, b"".join(_varint(p) for p in positions))
-        out += _len_field(4, rows)
+        out += _held_rows(4, epoch, split, positions)
     if leaving:
         out += _key(5, _VARINT) + _varint(1)
     if discarded:

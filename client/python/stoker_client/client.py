@@ -14,7 +14,10 @@ import grpc
 
 from . import _wire
 from ._dispatcher import Follower
-from ._ration import Ration, Step, rows_in
+from ._following import EPOCH_END, Following, _Followed
+from ._ration import Ration
+from ._resume import Yielded
+from ._resume import check as check_resume
 from .batch import DEFAULT_MAX_BATCH_BYTES, Batch, Reassembler
 from .errors import ProtocolError, WorkerError
 from .stats import Meter, WindowStats
@@ -26,13 +29,8 @@ FATAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENI
 DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
 MIN_MAX_MESSAGE_BYTES = 64 << 10
 MAX_MAX_MESSAGE_BYTES = 256 << 20
-# How long dropping a worker the dispatcher no longer lists waits for its streams' threads.
-STOP_TIMEOUT = 10.0
 # Under the dispatcher, how long a stream that failed waits before it is opened again.
 REOPEN_PAUSE = 0.25
-
-# What the caller's next item is when the epoch it read ended (dispatcher mode).
-_EPOCH_END = object()
 
 
 class _Pump:
@@ -60,7 +58,7 @@ def _target(worker: str) -> str:
     return worker.split("://", 1)[1] if "://" in worker else worker
 
 
-class Client:
+class Client(Following):
     """Streams batches from one or more workers; iterate it for `Batch`es.
 
     >>> with Client(["127.0.0.1:50052"], "team-a", "imagenet") as client:
@@ -87,6 +85,9 @@ class Client:
     completions as it arrives rather than when the caller takes it: the quota is final only
     once the epoch ended, which needs every rank's completions, including those of batches
     the quota holds back.
+
+    Under the dispatcher `client.state()` says where the consumer is, after any batch: saved
+    with a checkpoint, `from_dispatcher(resume=state)` goes on from there mid-epoch.
     """
 
     def __init__(
@@ -104,6 +105,7 @@ class Client:
         _follow: bool = False,
         _prefetch_next_epoch: bool = True,
         _consumers: int = 0,
+        _resume: Optional[dict] = None,
     ):
         workers = list(workers)
         if not workers and not _follow:
@@ -171,6 +173,12 @@ class Client:
         self._quotas: Dict[int, _wire.EpochQuota] = {}
         # Rows dropped to keep the ranks' counts equal, over all epochs.
         self.dropped_rows = 0
+        # Dispatcher mode: the job streams go as (the job, or the run a resumed job goes on
+        # as), the state reading resumes from, and what the caller has been handed of the
+        # epoch it reads (for `state()`, from the first list on).
+        self._stream_job = job
+        self._resume = _resume
+        self._yielded: Optional[Yielded] = None
         with self._lock:
             for worker in workers:
                 self._start(worker, None)
@@ -178,7 +186,8 @@ class Client:
     @classmethod
     def from_dispatcher(cls, url: str, namespace: str, pipeline: str, job: str = "default", consumer_index: int = 0,
                         connect_timeout: float = 10.0, prefetch_next_epoch: bool = True,
-                        start_epoch: Optional[int] = None, consumers: int = 0, **options) -> "Client":
+                        start_epoch: Optional[int] = None, consumers: int = 0, resume: Optional[dict] = None,
+                        **options) -> "Client":
         """Registers with the dispatcher at `url` (host:port), streams from the pipeline's
         workers as they come and go, acknowledges what it received (every batch is delivered
         once, even when a worker dies mid-split), and reports a batch-time window every second
@@ -195,14 +204,27 @@ class Client:
         `consumers` > 1: the job is read by that many ranks (e.g. a DDP job's processes, every
         one saying the same), `consumer_index` being this one's; each epoch every rank gets
         the same number of batches (see the class). 0 or 1: the job's consumers share its
-        batches first come, first served, in unequal counts."""
+        batches first come, first served, in unequal counts.
+
+        `resume`: a state `client.state()` gave, of this consumer of the job (ValueError
+        otherwise). Every consumer of the job (all its ranks) resumes from the state it saved
+        at the same step: the job goes on as a new run, on any dispatcher and with any number
+        of workers, reading the rest of the state's epoch (without the rows any of them had
+        yielded) and the epochs after it; it hands out nothing until every rank's state is in.
+        `start_epoch` is then the state's epoch, and `state()` of that epoch covers both runs."""
         if consumers > 1 and not 0 <= consumer_index < consumers:
             raise ValueError(f"consumer_index {consumer_index} is outside {consumers} consumers")
+        if resume is not None:
+            check_resume(resume, job, consumers, consumer_index)
+            if start_epoch not in (None, resume["epoch"]):
+                raise ValueError(f"start_epoch {start_epoch} is not the resume state's epoch {resume['epoch']}")
+            start_epoch = resume["epoch"]
         client = cls([], namespace, pipeline, job=job, consumer_index=consumer_index, start_epoch=start_epoch,
-                     _follow=True, _prefetch_next_epoch=prefetch_next_epoch, _consumers=consumers, **options)
+                     _follow=True, _prefetch_next_epoch=prefetch_next_epoch, _consumers=consumers, _resume=resume,
+                     **options)
         target = _target(url)
         Follower(_Followed(client), grpc.insecure_channel(target), target, namespace, pipeline, job,
-                 consumer_index, connect_timeout, consumers=consumers)
+                 consumer_index, connect_timeout, consumers=consumers, resume=resume)
         if not client._wait_for_list(connect_timeout):
             client.close()
             raise WorkerError(target, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -220,8 +242,8 @@ class Client:
         """(channel, call) of a stream from `worker` (of `epoch`, under the dispatcher)."""
         namespace, pipeline, job, index = self._names
         if self._follow:
-            request = _wire.encode_stream_request(namespace, pipeline, job, index, None, self._max_message_bytes, epoch,
-                                                  self._consumers)
+            request = _wire.encode_stream_request(namespace, pipeline, self._stream_job, index, None,
+                                                  self._max_message_bytes, epoch, self._consumers)
         else:
             request = _wire.encode_stream_request(namespace, pipeline, job, index, self._start_epoch,
                                                   self._max_message_bytes)
@@ -239,17 +261,6 @@ class Client:
                                        name=f"stoker-{worker}" + ("" if epoch is None else f"-e{epoch}"))
         self._pumps[(worker, epoch)] = pump
         pump.thread.start()
-
-    def _ensure_streams(self) -> None:
-        """Under the dispatcher, starts the streams missing for the epochs being read: every
-        listed worker's, unless its stream of that epoch is over. Called with the lock held."""
-        if not self._follow or self._current is None or self._closed.is_set():
-            return
-        for epoch in range(self._current, self._open_through + 1):
-            finished = self._finished.get(epoch, ())
-            for worker in self._listed:
-                if (worker, epoch) not in self._pumps and worker not in finished:
-                    self._start(worker, epoch)
 
     def _run(self, pump: _Pump) -> None:
         """A stream's thread: reads it into its buffer; under the dispatcher, opens it again
@@ -357,38 +368,6 @@ class Client:
                 buffer.append(error)
             self._changed.notify_all()
 
-    # Epochs (dispatcher mode).
-
-    def _ended(self, epoch: int) -> bool:
-        """Whether no more of `epoch` comes: the job is past it and every listed worker's
-        stream of it is over (a worker's that left the list was cut). Called with the lock held."""
-        if self.open_epoch <= epoch:
-            return False
-        finished = self._finished.get(epoch, ())
-        return all(worker in finished for worker in self._listed)
-
-    def _over(self, epoch: int) -> bool:
-        """Whether this client has everything of `epoch`: it `_ended` and the caller took all
-        it buffered. Called with the lock held."""
-        return self._ended(epoch) and not self._buffers.get(epoch)
-
-    def _advance(self) -> None:
-        """The current epoch is over: read the next. Called with the lock held."""
-        done = self._current
-        self._buffers.pop(done, None)
-        self._finished.pop(done, None)
-        # The epoch just read stays until the next advance: its final counts still go to the
-        # dispatcher with the next acknowledgements.
-        for epoch in [e for e in self._rations if e < done]:
-            del self._rations[epoch]
-        for epoch in [e for e in self._quotas if e < done]:
-            del self._quotas[epoch]
-        self._current = done + 1
-        if self._prefetch_next_epoch:
-            self._open_through = max(self._open_through, self._current + 1)
-        self._ensure_streams()
-        self._changed.notify_all()
-
     @property
     def epoch(self) -> int:
         """Under the dispatcher, the epoch being read (the next `iter_epoch()` iterates it).
@@ -400,14 +379,14 @@ class Client:
         return self._current if self._current is not None else 0
 
     def _next_item(self):
-        """The next batch the caller gets, or `_EPOCH_END` when the epoch it read ended."""
+        """The next batch the caller gets, or `EPOCH_END` when the epoch it read ended."""
         now = time.perf_counter()
         if self._call_start is None:
             self._meter.call_started(now)
             self._call_start = now
         while True:
             item = self._take()
-            if item is _EPOCH_END:
+            if item is EPOCH_END:
                 return item
             if isinstance(item, Exception):
                 self._call_start = None
@@ -419,13 +398,16 @@ class Client:
                 # Only completions (splits whose last elements were filtered or dropped as the
                 # remainder): acknowledged, not a batch the caller waited for.
                 continue
+            if self._follow:
+                with self._lock:
+                    self._yielded.record(item.rows)
             self._last_epoch = item.epoch
             start, self._call_start = self._call_start, None
             self._meter.delivered(start, time.perf_counter())
             return item
 
     def _take(self):
-        """The next buffered item, waiting for one; `_EPOCH_END` (dispatcher mode) once the
+        """The next buffered item, waiting for one; `EPOCH_END` (dispatcher mode) once the
         current epoch is over. Raises StopIteration when there is nothing more."""
         with self._changed:
             while True:
@@ -444,72 +426,10 @@ class Client:
                 elif self._errors:
                     return self._errors.popleft()
                 elif self._current is not None:
-                    if self._open_through < self._current:
-                        # Without prefetching, an epoch's streams open when it is asked for.
-                        self._open_through = self._current
-                        self._ensure_streams()
-                    if self._consumers > 1:
-                        item = self._take_rationed(self._current)
-                        if item is not None:
-                            return item
-                    else:
-                        buffer = self._buffers.get(self._current)
-                        if buffer:
-                            item = buffer.popleft()
-                            self._changed.notify_all()
-                            return item
-                        if self._over(self._current):
-                            self._advance()
-                            return _EPOCH_END
+                    item = self._take_current()
+                    if item is not None:
+                        return item
                 self._changed.wait(1.0)
-
-    # A job read by ranks.
-
-    def _ration(self, epoch: int) -> Ration:
-        """The epoch's ration, made with the latest quota on first use. Called with the lock held."""
-        ration = self._rations.get(epoch)
-        if ration is None:
-            ration = self._rations[epoch] = Ration()
-            quota = self._quotas.get(epoch)
-            if quota is not None:
-                ration.set_quota(quota.batches, quota.complete)
-        return ration
-
-    def _take_rationed(self, epoch: int):
-        """The next item of `epoch` the caller may take (a data batch within the quota, or
-        completions only), `_EPOCH_END` once the epoch is over, or None to wait. Meanwhile
-        moves what arrived into the epoch's FIFO, so that the streams keep flowing while the
-        quota holds the caller back, acknowledging the completions of what it moves (the
-        epoch, and so the final quota, waits for them), and drops what is beyond the final
-        quota. Called with the lock held."""
-        ration = self._ration(epoch)
-        buffer = self._buffers.get(epoch)
-        while True:
-            step, batch = ration.step()
-            if step is Step.YIELD or step is Step.PASS:
-                return batch
-            if step is Step.DROP:
-                self.dropped_rows += rows_in(batch)
-                self._progressed()
-            elif step is Step.DONE:
-                self._advance()
-                return _EPOCH_END
-            elif buffer:
-                batch = buffer.popleft()
-                ration.push(batch)
-                self._record_completed([(batch.epoch, s) for s in batch.completes])
-                self._changed.notify_all()
-            elif not ration.ended and self._ended(epoch):
-                ration.end()
-                self._progressed()
-            else:
-                return None
-
-    def _progressed(self) -> None:
-        """For a job read by ranks, what this rank received (or dropped) may have changed:
-        the follower tells the dispatcher. Called with the lock held."""
-        if self._consumers > 1:
-            self._wake.set()
 
     def __iter__(self):
         return self
@@ -520,7 +440,7 @@ class Client:
         end of an epoch just moves on to the next."""
         while True:
             item = self._next_item()
-            if item is not _EPOCH_END:
+            if item is not EPOCH_END:
                 return item
 
     def iter_epoch(self) -> Iterator[Batch]:
@@ -536,7 +456,7 @@ class Client:
                     item = self._next_item()
                 except StopIteration:  # closed (a generator must not let it through)
                     return
-                if item is _EPOCH_END:
+                if item is EPOCH_END:
                     # The time until the next epoch is asked for is not a batch's.
                     self._call_start = None
                     return
@@ -544,38 +464,18 @@ class Client:
 
         return batches()
 
-    def _complete(self, done: List[Tuple[int, int]]) -> None:
-        """The caller took the last batch of these (epoch, split)s."""
+    def state(self) -> dict:
+        """Under the dispatcher, where this consumer is after the last batch returned: the
+        epoch it reads, how many data batches of it the caller got and their rows by split,
+        as a dict that survives JSON (see `_resume`). Every rank saves it at the same step;
+        `from_dispatcher(resume=state)` goes on from there. Raises TypeError with a fixed
+        list of workers (standalone workers know no job to resume)."""
+        if not self._follow:
+            raise TypeError("state needs the dispatcher")
+        self._wait_for_list(None)
+        _, _, job, index = self._names
         with self._lock:
-            self._record_completed(done)
-
-    def _record_completed(self, done: List[Tuple[int, int]]) -> None:
-        """These (epoch, split)s' last batches were taken (or, for a job read by ranks,
-        arrived): acknowledged as done, and their rows are no longer held from any worker.
-        Called with the lock held. A rank keeps holding them until the epoch is finished: the
-        split is done only once every rank acknowledged it, and if its worker dies before, it
-        is produced again without the rows any rank holds."""
-        if not done:
-            return
-        self._completed.extend(done)
-        if self._consumers <= 1:
-            for held in self._held.values():
-                for key in done:
-                    held.pop(key, None)
-        self._wake.set()
-
-    def _saw_open_epoch(self, epoch: int) -> None:
-        """The job's open epoch is `epoch` (or later already). For a job read by ranks, the
-        rows held of the epochs before it go: all their splits are done. Called with the lock held."""
-        if epoch <= self.open_epoch:
-            return
-        self.open_epoch = epoch
-        if self._consumers > 1:
-            for held in self._held.values():
-                for key in [k for k in held if k[0] < epoch]:
-                    del held[key]
-            self._progressed()
-        self._changed.notify_all()
+            return self._yielded.state(job, self._consumers, index)
 
     def window(self) -> WindowStats:
         """Batch-time statistics since the last reset: batches, median, p90 (seconds), wait fraction."""
@@ -617,114 +517,3 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
-
-class _Followed:
-    """The client as its dispatcher follower sees it (`_dispatcher.Followed`): the follower
-    starts and stops streams into the client and reports what the client measured and received."""
-
-    def __init__(self, client: Client):
-        self._client = client
-        self.metadata = client._metadata
-        self.wake = client._wake
-
-    def closed(self) -> bool:
-        return self._client._closed.is_set()
-
-    def wait_closed(self, timeout: float) -> bool:
-        return self._client._closed.wait(timeout)
-
-    def add_channel(self, channel: grpc.Channel) -> None:
-        with self._client._lock:
-            self._client._channels.append(channel)
-
-    def add_call(self, call) -> None:
-        with self._client._lock:
-            self._client._calls.append(call)
-
-    def on_close(self, leave) -> None:
-        self._client._on_close = leave
-
-    def follow(self, addresses: Iterable[str], epoch: int) -> List[_wire.Held]:
-        client = self._client
-        listed = dict.fromkeys(addresses)
-        with client._changed:
-            client._listed = listed
-            gone = [pump for (worker, _), pump in client._pumps.items() if worker not in listed]
-            for pump in gone:
-                pump.stop.set()
-                if pump.call is not None:
-                    pump.call.cancel()
-            client._changed.notify_all()
-        # Once their threads are out, everything a dropped worker buffered is recorded.
-        deadline = time.monotonic() + STOP_TIMEOUT
-        for pump in gone:
-            pump.thread.join(max(0.0, deadline - time.monotonic()))
-        held = []
-        with client._changed:
-            # Including workers whose streams had already ended on their own.
-            for worker in [w for w in client._held if w not in listed]:
-                for (e, split), positions in sorted(client._held.pop(worker).items()):
-                    if positions:
-                        held.append(_wire.Held(e, split, sorted(positions)))
-            for worker in [w for w in client._delivering if w not in listed]:
-                client._delivering.discard(worker)
-            client._saw_open_epoch(epoch)
-            if client._current is None:
-                # The first list: reading starts at the job's open epoch.
-                client._current = max(epoch, client._start_epoch or 0)
-                client._open_through = client._current + (1 if client._prefetch_next_epoch else 0)
-            client._ensure_streams()
-            client._changed.notify_all()
-        return held
-
-    def take_report(self) -> Tuple[WindowStats, int]:
-        client = self._client
-        window = client._meter.window()
-        client._meter.reset()
-        with client._lock:
-            workers = len(client._delivering)
-        return window, workers
-
-    def take_completed(self) -> List[Tuple[int, int]]:
-        client = self._client
-        with client._lock:
-            completed, client._completed = client._completed, []
-        return completed
-
-    def restore_completed(self, completed: List[Tuple[int, int]]) -> None:
-        with self._client._lock:
-            self._client._completed.extend(completed)
-
-    def saw_epoch(self, epoch: int) -> None:
-        client = self._client
-        with client._changed:
-            client._saw_open_epoch(epoch)
-
-    def set_quotas(self, quotas: List[_wire.EpochQuota]) -> None:
-        client = self._client
-        if client._consumers <= 1 or not quotas:
-            return
-        with client._changed:
-            for quota in quotas:
-                client._quotas[quota.epoch] = quota
-                ration = client._rations.get(quota.epoch)
-                if ration is not None:
-                    ration.set_quota(quota.batches, quota.complete)
-            client._changed.notify_all()
-
-    def rank_progress(self) -> List[_wire.RankProgress]:
-        client = self._client
-        if client._consumers <= 1:
-            return []
-        with client._lock:
-            if client._current is None:
-                return []
-            current = client._current
-            epochs = sorted({e for e in client._rations if e < current} | set(range(current, client._open_through + 1)))
-            progress = []
-            for epoch in epochs:
-                ration = client._rations.get(epoch)
-                received, dropped = (ration.received, ration.dropped_rows) if ration is not None else (0, 0)
-                # An epoch before the one read is over.
-                progress.append(_wire.RankProgress(epoch, received, epoch < current or client._ended(epoch), dropped))
-            return progress

@@ -29,12 +29,16 @@ it had fetched of the next epoch would be discarded with it (the dispatcher then
 job's in-flight splits again, so rows may repeat). With `persistent_workers=True`, pass
 `prefetch_next_epoch=True`.
 
-Checkpoints: `state_dict()` is `{"epoch": the next epoch to read, "job": job}`;
-`load_state_dict(state)` makes the next pass start at that epoch, or at the job's open epoch if
-the job is already past it. Only whole epochs: resuming in the middle of one is not implemented
-yet. With `num_workers > 0` the passes run in the loader processes, so the main process's
-dataset does not see them: its `state_dict()` says only what was loaded (or None: wherever the
-job is); count epochs in the training loop and save that instead.
+Checkpoints: `state_dict()` is `{"epoch": the epoch the next pass reads, "job": job}`, and in
+the middle of an epoch also `"resume"`: the client's state (`Client.state()`: the batches and
+rows of the epoch handed out so far). `load_state_dict(state)` makes the next client go on from
+there: with "resume", the rest of that epoch (every rank loads the state it saved at the same
+step; the job goes on as a new run, with any number of workers, after an operator restart
+too); without, the epoch, or the job's open epoch if the job is already past it. With
+`DataLoader(num_workers=0)` the main process reads, and its dataset holds the state. With loader
+processes each one's dataset holds its own (it is its own consumer): torchdata's
+`StatefulDataLoader` collects and restores them through these same two methods; the main
+process's dataset sees no pass and says only what was loaded into it.
 """
 
 try:
@@ -73,8 +77,10 @@ class StokerIterableDataset(IterableDataset):
         self.rank, self.world_size = rank, world_size
         self.prefetch_next_epoch = prefetch_next_epoch
         self.client_options = client_options
-        # Where the next client starts reading (load_state_dict); None: the job's open epoch.
+        # Where the next client starts reading (load_state_dict): the epoch (None: the job's
+        # open epoch), or mid-epoch, the client state to resume from (once).
         self._start_epoch = None
+        self._resume = None
         # This process's client, made on the first pass.
         self._client = None
         self._pid = None
@@ -105,7 +111,9 @@ class StokerIterableDataset(IterableDataset):
         client = Client.from_dispatcher(self.dispatcher, self.namespace, self.pipeline, job=self.job,
                                         consumer_index=rank * loaders + loader, prefetch_next_epoch=prefetch,
                                         start_epoch=self._start_epoch, consumers=world_size * loaders,
-                                        **self.client_options)
+                                        resume=self._resume, **self.client_options)
+        # The state is spent: a later client (after close()) reads the job as named, from its epoch.
+        self._resume = None
         # Tell the dispatcher when the process ends (a loader process too: atexit does not run
         # there, multiprocessing's finalizers do), rather than leave it to time the client out.
         multiprocessing.util.Finalize(None, client.close, exitpriority=10)
@@ -124,20 +132,30 @@ class StokerIterableDataset(IterableDataset):
         return 0
 
     def state_dict(self):
-        """{"epoch": the next epoch this process reads (None: wherever the job is), "job": job}.
-        Whole epochs only: mid-epoch resume is not implemented yet."""
+        """{"epoch": the epoch this process's next pass reads (None: wherever the job is),
+        "job": job}, with "resume": its client's state (JSON-serialisable) when the caller got
+        batches of that epoch. Only the process that reads knows: with loader processes,
+        torchdata's `StatefulDataLoader` calls this in each."""
         if self._client is not None and self._pid == os.getpid():
-            epoch = self._client.epoch
-        else:
-            epoch = self._start_epoch
-        return {"epoch": epoch, "job": self.job}
+            state = {"epoch": self._client.epoch, "job": self.job}
+            resume = self._client.state()
+            if resume["batches"]:
+                state["resume"] = resume
+            return state
+        state = {"epoch": self._start_epoch, "job": self.job}
+        if self._resume is not None:
+            state["resume"] = self._resume
+        return state
 
     def load_state_dict(self, state):
-        """The next pass (in this process, and in loader processes started afterwards) reads
-        `state["epoch"]`, or the job's open epoch if the job is already past it."""
+        """The next client made (in this process, or in loader processes started afterwards)
+        goes on from `state["resume"]` if there is one (the rest of its epoch; it must be this
+        consumer's: the same rank of as many), else reads `state["epoch"]`, or the job's open
+        epoch if the job is already past it."""
         if state.get("job", self.job) != self.job:
             raise ValueError(f"the state is of job {state['job']!r}, not {self.job!r}")
         self._start_epoch = state.get("epoch")
+        self._resume = state.get("resume")
         if self._client is not None and self._pid == os.getpid():
             self._client.close()
         self._client = self._pid = None

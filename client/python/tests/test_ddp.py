@@ -2,7 +2,8 @@
 through the dispatcher, and every step all-reduces the gradients, so a rank with a step more
 than the other would hang. Each epoch the ranks take equal steps, no row comes twice, and the
 rows yielded plus those the clients dropped (to keep the counts equal) are the corpus; also when
-a worker dies in the middle of the first epoch.
+a worker dies in the middle of the first epoch, and when the ranks stop in the middle of an
+epoch and resume from their saved states on another operator with another worker count.
 
 Run as a script, this file is one rank (the tests start two)."""
 
@@ -30,12 +31,15 @@ IMAGES = 96
 COLLECTIVE_SECONDS = 30
 RUN_SECONDS = 60
 TWO_WORKERS = "  workers: {min: 2, max: 2}\n  autoscaling: {mode: Fixed, replicas: 2}\n"
+ONE_WORKER = "  workers: {min: 1, max: 1}\n  autoscaling: {mode: Fixed, replicas: 1}\n"
 
 
-def run_rank(rank: int, port: int, dispatcher: str, job: str, out: pathlib.Path) -> None:
-    """Trains a linear model on the flattened images for EPOCHS epochs; writes, per epoch, the
-    epochs its batches were of, its steps, the rows it yielded and the rows its client dropped.
-    Touches `out`.started after its first step and `out`.first-epoch after its first epoch."""
+def run_rank(rank: int, port: int, dispatcher: str, job: str, out: pathlib.Path, plan: dict) -> None:
+    """Trains a linear model on the flattened images for EPOCHS passes (one epoch each); writes,
+    per pass, the epochs its batches were of, its steps, the rows it yielded and the rows its
+    client dropped. Touches `out`.started after its first step and `out`.first-epoch after its
+    first pass. `plan`: "steps", the last pass stops after that many; "load" and "save", the
+    path ({rank} filled in) of the dataset state loaded before the first pass, saved after the last."""
     import torch
     import torch.distributed as dist
     from test_torch import RowsDataset
@@ -49,6 +53,8 @@ def run_rank(rank: int, port: int, dispatcher: str, job: str, out: pathlib.Path)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     # Rank and world size from torch.distributed: two consumers of the job.
     dataset = RowsDataset(dispatcher, "test", "py", job=job)
+    if "load" in plan:
+        dataset.load_state_dict(json.loads(pathlib.Path(plan["load"].format(rank=rank)).read_text()))
     loader = DataLoader(dataset, batch_size=None)
     record, dropped_before = [], 0
     for index in range(EPOCHS):
@@ -63,11 +69,15 @@ def run_rank(rank: int, port: int, dispatcher: str, job: str, out: pathlib.Path)
             rows.extend(batch["rows"].tolist())
             if index == 0 and steps == 1:
                 pathlib.Path(f"{out}.started").touch()
+            if index == EPOCHS - 1 and steps == plan.get("steps"):
+                break
         record.append({"epochs": sorted(epochs), "steps": steps, "rows": rows,
                        "dropped_rows": dataset.dropped_rows - dropped_before})
         dropped_before = dataset.dropped_rows
         if index == 0:
             pathlib.Path(f"{out}.first-epoch").touch()
+    if "save" in plan:
+        pathlib.Path(plan["save"].format(rank=rank)).write_text(json.dumps(dataset.state_dict()))
     dataset.close()
     dist.destroy_process_group()
     out.write_text(json.dumps(record))
@@ -89,9 +99,9 @@ def free_port() -> int:
 
 
 class Ranks:
-    """The WORLD rank processes of one job, their output in `tmp_path`."""
+    """The WORLD rank processes of one job, their output in `tmp_path`; `plan` as in `run_rank`."""
 
-    def __init__(self, tmp_path: pathlib.Path, dispatcher: str, job: str):
+    def __init__(self, tmp_path: pathlib.Path, dispatcher: str, job: str, plan=None):
         port = free_port()
         # The ranks import what this process imports (the tests' directory, this client).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -101,7 +111,8 @@ class Ranks:
         for rank in range(WORLD):
             with open(self.logs[rank], "w") as log:
                 self.processes.append(subprocess.Popen(
-                    [sys.executable, __file__, str(rank), str(port), dispatcher, job, str(self.outs[rank])],
+                    [sys.executable, __file__, str(rank), str(port), dispatcher, job, str(self.outs[rank]),
+                     json.dumps(plan or {})],
                     stdout=log, stderr=subprocess.STDOUT, env=env, cwd=pathlib.Path(__file__).parent))
         self.deadline = time.monotonic() + RUN_SECONDS
 
@@ -138,14 +149,26 @@ def check(records):
     ranks; yielded rows plus dropped rows are the corpus."""
     first = records[0][0]["epochs"]
     assert len(first) == 1, records[0][0]["epochs"]
+    check_steps(records, first[0])
+    for index in range(EPOCHS):
+        check_whole(f"epoch {index}", [r[index] for r in records])
+
+
+def check_steps(records, first: int) -> None:
+    """Each pass of a run: every rank read epoch `first` + its index, with equal steps."""
     for index in range(EPOCHS):
         epochs = [r[index] for r in records]
-        assert all(e["epochs"] == [first[0] + index] for e in epochs), [e["epochs"] for e in epochs]
-        assert len({e["steps"] for e in epochs}) == 1, f"epoch {index}: steps {[e['steps'] for e in epochs]}"
-        rows = [row for e in epochs for row in e["rows"]]
-        assert len(rows) == len(set(rows)), f"epoch {index}: a row yielded twice"
-        dropped = sum(e["dropped_rows"] for e in epochs)
-        assert len(rows) + dropped == IMAGES, f"epoch {index}: {len(rows)} rows yielded, {dropped} dropped"
+        assert all(e["epochs"] == [first + index] for e in epochs), [e["epochs"] for e in epochs]
+        assert len({e["steps"] for e in epochs}) == 1, f"pass {index}: steps {[e['steps'] for e in epochs]}"
+
+
+def check_whole(label: str, epochs) -> None:
+    """`epochs`: the ranks' records of one epoch, of one run or of two (resumed): no row twice
+    among them; yielded rows plus dropped rows are the corpus."""
+    rows = [row for e in epochs for row in e["rows"]]
+    assert len(rows) == len(set(rows)), f"{label}: a row yielded twice"
+    dropped = sum(e["dropped_rows"] for e in epochs)
+    assert len(rows) + dropped == IMAGES, f"{label}: {len(rows)} rows yielded, {dropped} dropped"
 
 
 def test_two_ranks_take_equal_steps_and_read_each_row_once(tmp_path, ddp_corpus):
@@ -181,6 +204,26 @@ def test_equal_steps_and_every_row_once_when_a_worker_dies_mid_epoch(tmp_path, d
         check(ranks.records())
 
 
+def test_ranks_resume_mid_epoch_on_a_new_operator_with_another_worker_count(tmp_path, ddp_corpus):
+    states = str(tmp_path / "state-{rank}.json")
+    runs = [tmp_path / "first", tmp_path / "second"]
+    for run in runs:
+        run.mkdir()
+    # Epoch 0 whole and 3 steps of epoch 1; the ranks save their states and exit, and the
+    # operator (its dispatcher is in-process) stops.
+    with Local(tmp_path, pipeline_file(tmp_path, ddp_corpus, batch_size=4, extra=TWO_WORKERS)) as local:
+        first = Ranks(runs[0], local.address(), "ddp-resume", {"steps": 3, "save": states}).records()
+    # Another operator with one worker: the ranks read the rest of epoch 1, then epoch 2.
+    with Local(tmp_path, pipeline_file(tmp_path, ddp_corpus, batch_size=4, extra=ONE_WORKER)) as local:
+        second = Ranks(runs[1], local.address(), "ddp-resume", {"load": states}).records()
+    check_steps(first, 0)
+    assert [r[1]["steps"] for r in first] == [3] * WORLD
+    check_steps(second, 1)
+    check_whole("epoch 0", [r[0] for r in first])
+    check_whole("epoch 1", [r[1] for r in first] + [r[0] for r in second])
+    check_whole("epoch 2", [r[1] for r in second])
+
+
 if __name__ == "__main__":
-    rank_, port_, dispatcher_, job_, out_ = sys.argv[1:]
-    run_rank(int(rank_), int(port_), dispatcher_, job_, pathlib.Path(out_))
+    rank_, port_, dispatcher_, job_, out_, plan_ = sys.argv[1:]
+    run_rank(int(rank_), int(port_), dispatcher_, job_, pathlib.Path(out_), json.loads(plan_))

@@ -13,7 +13,7 @@ from test_wire import chunk, decode_acknowledge_request, field, header, tensor_m
 
 from stoker_client import Client, WorkerError, _wire
 from stoker_client._dispatcher import Follower
-from stoker_client.client import _Followed
+from stoker_client._following import _Followed
 
 
 class FakeRpcError(grpc.RpcError):

@@ -12,7 +12,7 @@ from test_wire import field, varint
 
 from stoker_client import _wire
 from stoker_client._dispatcher import Follower
-from stoker_client.client import _Followed
+from stoker_client._following import _Followed
 
 
 def progress(epoch, batches, ended=False, dropped_rows=0):

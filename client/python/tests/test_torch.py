@@ -144,3 +144,19 @@ def test_the_consumer_index_and_prefetching_default_from_rank_and_process(monkey
     # Of world size * loader processes consumers: ranks read equal counts.
     assert calls == [(0, 1, True), (3, 1, True), (5, 8, True), (21, 32, False)], "one client per dataset and process"
     assert recorded.calls[1]["prefetch"] == 2 and recorded.calls[0]["start_epoch"] is None
+
+
+def test_a_loaded_mid_epoch_state_goes_to_the_next_client_only(monkeypatch):
+    import stoker_client.torch as adaptor
+
+    recorded = Recorded()
+    monkeypatch.setattr(adaptor.Client, "from_dispatcher", recorded)
+    resume = {"job": "j", "epoch": 4, "batches": 3, "consumers": 1, "consumer_index": 0, "yielded": [[2, [0, 1]]]}
+    dataset = StokerIterableDataset("d:1", "test", "py", job="j")
+    dataset.load_state_dict({"epoch": 4, "job": "j", "resume": resume})
+    # Before a client reads, the state is what was loaded.
+    assert dataset.state_dict() == {"epoch": 4, "job": "j", "resume": resume}
+    list(dataset)
+    dataset.close()
+    list(dataset)
+    assert [(c["start_epoch"], c["resume"]) for c in recorded.calls] == [(4, resume), (4, None)]

@@ -284,3 +284,62 @@ def test_a_window_report_no_longer_carries_completions():
     # _fields skips doubles: the mean, field 7, ends the message.
     assert [f for f, _, _ in _wire._fields(memoryview(report))] == [1, 2, 6]
     assert report.endswith(_wire._key(7, 1) + struct.pack("<d", 0.15))
+
+
+def decode_register_request(message: bytes) -> dict:
+    """A RegisterClientRequest as a dict (the dispatcher's side, for the tests): its job,
+    client_id and, when set, "resume" as `Client.state()` gives it."""
+    view = memoryview(message)
+    out = {"job": "", "client_id": ""}
+    text = lambda span: bytes(view[span[0]:span[1]]).decode()
+    for f, t, v in _wire._fields(view):
+        if f == 2:
+            out["job"] = text(v)
+        elif f == 4:
+            out["client_id"] = text(v)
+        elif f == 7:
+            out["resume"] = decode_resume_state(view[v[0]:v[1]])
+    return out
+
+
+def decode_resume_state(view) -> dict:
+    """A ResumeState; checks that its rows are of its epoch."""
+    state = {"job": "", "epoch": 0, "batches": 0, "consumers": 0, "consumer_index": 0, "yielded": []}
+    names = {2: "epoch", 3: "batches", 4: "consumers", 5: "consumer_index"}
+    for f, t, v in _wire._fields(view):
+        if f == 1:
+            state["job"] = bytes(view[v[0]:v[1]]).decode()
+        elif f in names and t == 0:
+            state[names[f]] = v
+        elif f == 6:
+            sub = view[v[0]:v[1]]
+            rows = {f2: v2 for f2, t2, v2 in _wire._fields(sub)}
+            assert rows.get(1, 0) == state["epoch"], "HeldRows of the state's epoch (after it on the wire)"
+            state["yielded"].append([rows.get(2, 0), list(_wire._packed(sub, rows[3])) if 3 in rows else []])
+    return state
+
+
+def test_a_resuming_client_registers_with_its_state():
+    state = {"job": "job", "epoch": 3, "batches": 7, "consumers": 2, "consumer_index": 1,
+             "yielded": [[0, [1, 2]], [9, [0, 300, 0xFFFFFFFF]]]}
+    message = _wire.encode_register_client("ns", "p", "job", 1, "", consumers=2, resume=state)
+    assert decode_register_request(message) == {"job": "job", "client_id": "", "resume": state}
+    # The state comes last, as field 7, its rows HeldRows (field 6) with packed positions.
+    fields = list(_wire._fields(memoryview(message)))
+    assert fields[-1][0] == 7
+    start, end = fields[-1][2]
+    resume = memoryview(message)[start:end]
+    start, end = next(v for f, _, v in _wire._fields(resume) if f == 6)
+    assert [f for f, _, _ in _wire._fields(resume[start:end])] == [1, 2, 3]
+    # Zeros are left out; no state, no field 7.
+    empty = {"job": "j", "epoch": 0, "batches": 0, "consumers": 0, "consumer_index": 0, "yielded": []}
+    message = _wire.encode_register_client("ns", "p", "j", 0, "", resume=empty)
+    assert message.endswith(field(7, field(1, b"j")))
+    assert 7 not in {f for f, _, _ in _wire._fields(memoryview(_wire.encode_register_client("ns", "p", "j", 0, "c")))}
+
+
+def test_the_registration_response_names_the_job_to_stream_as():
+    assert _wire.decode_register_client(field(1, b"c-1") + _wire._key(2, 0) + varint(500) + field(3, b"job~run-1")) \
+        == ("c-1", 500, "job~run-1")
+    # A dispatcher that says nothing: the job as named.
+    assert _wire.decode_register_client(field(1, b"c-1")) == ("c-1", 0, "")
