@@ -93,12 +93,20 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
     tick.tick().await;
     let (mut seen, mut last_elements, mut last) = (0, local.elements(), Instant::now());
     let mut shown_cache: Option<String> = None;
-    let deadline = async {
-        match seconds {
-            Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
-            None => {
-                let _ = tokio::signal::ctrl_c().await;
+    // The run ends after `seconds`, on Ctrl-C, or on SIGTERM from whatever started it (a test,
+    // a supervisor): either way the workers are stopped below, not left behind.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let deadline = async move {
+        let run_for = async {
+            match seconds {
+                Some(s) => tokio::time::sleep(Duration::from_secs(s)).await,
+                None => std::future::pending().await,
             }
+        };
+        tokio::select! {
+            () = run_for => {}
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
         }
     };
     tokio::pin!(deadline);

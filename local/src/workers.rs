@@ -104,6 +104,14 @@ impl LocalWorkers {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .kill_on_drop(true);
+        // A worker dies with `stoker local` even when it is killed outright (no drop runs).
+        // SAFETY: prctl is async-signal-safe and touches nothing of the parent's.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         if let Some(dir) = &c.log_dir {
             let path = dir.join(format!("{}-{}.log", pipeline.name, n));
             command.stderr(std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?);
