@@ -81,6 +81,12 @@ impl LocalWorkers {
         running.children.len()
     }
 
+    /// Process ids of a pipeline's running workers.
+    pub fn pids(&self, pipeline: &PipelineKey) -> Vec<u32> {
+        let pipelines = self.pipelines.lock().unwrap();
+        pipelines.get(pipeline).map(|r| r.children.iter().filter_map(|c| c.id()).collect()).unwrap_or_default()
+    }
+
     /// Kills one worker abruptly (SIGKILL), as a crash would: for failure tests.
     pub fn kill_one(&self, pipeline: &PipelineKey) -> Option<u32> {
         let mut pipelines = self.pipelines.lock().unwrap();

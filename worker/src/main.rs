@@ -59,6 +59,10 @@ struct RunArgs {
     /// worker whose rate is known, for demos and autoscaler tests on small machines.
     #[arg(long, env = "STOKER_MAX_BATCH_RATE")]
     max_batch_rate: Option<f64>,
+    /// Under the dispatcher: an epoch of a job that no client has read for this long stops
+    /// being produced here (its clients left; the dispatcher took its splits back).
+    #[arg(long, env = "STOKER_ABANDONED_AFTER_SECONDS", default_value_t = stoker_worker::dispatched::ABANDONED_AFTER.as_secs())]
+    abandoned_after_seconds: u64,
     /// host:port clients reach this worker at; default: POD_IP (or 127.0.0.1) and the bound port.
     #[arg(long, env = "STOKER_ADVERTISE")]
     advertise: Option<String>,
@@ -172,7 +176,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             let engine = Arc::new(engine);
             let address = args.advertise.unwrap_or_else(|| advertised(bound));
             let link = Link::register(&url, &engine, address).await?;
-            let source = DispatchedSource::new(engine.clone(), link.clone(), args.max_batch_rate);
+            let abandoned_after = std::time::Duration::from_secs(args.abandoned_after_seconds);
+            let source = DispatchedSource::new(engine.clone(), link.clone(), args.max_batch_rate, abandoned_after);
             link.spawn_heartbeats(engine, source.errors.clone(), HEARTBEAT_INTERVAL);
             tokio::select! {
                 served = stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, shutdown) => served?,

@@ -368,6 +368,16 @@ impl Job {
         self.requeued += requeued;
     }
 
+    /// Splits of `epoch` that `worker` took and will not deliver (its producer stopped: nobody
+    /// read the epoch): back to the queue, those it still holds.
+    pub fn give_back(&mut self, worker: &str, epoch: u64, splits: &[u64]) {
+        if let Some(pass) = self.pass_mut(epoch) {
+            let held: Vec<u64> =
+                splits.iter().copied().filter(|s| pass.assigned.get(s).is_some_and(|w| w == worker)).collect();
+            pass.requeue(held);
+        }
+    }
+
     pub fn summary(&self, job: &str, splits: u64) -> JobSummary {
         JobSummary {
             job: job.to_string(),

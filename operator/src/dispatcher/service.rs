@@ -241,6 +241,17 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         Ok(Response::new(proto::NextSplitResponse { next: Some(next), cache: Some(cache), skip }))
     }
 
+    async fn return_splits(
+        &self,
+        request: Request<proto::ReturnSplitsRequest>,
+    ) -> Result<Response<proto::ReturnSplitsResponse>, Status> {
+        self.0.check_serving()?;
+        let r = request.into_inner();
+        self.0.with_state(|s| s.give_back(&r.worker_id, &r.job, r.epoch, &r.splits, Instant::now())).map_err(status)?;
+        tracing::info!(worker = %r.worker_id, job = %r.job, epoch = r.epoch, splits = ?r.splits, "splits returned by a stopped producer");
+        Ok(Response::new(proto::ReturnSplitsResponse {}))
+    }
+
     async fn register_client(
         &self,
         request: Request<proto::RegisterClientRequest>,

@@ -253,6 +253,23 @@ impl DispatcherState {
         Ok(())
     }
 
+    /// Splits of `epoch` of `job` the worker took and will not deliver: its producer stopped
+    /// because no client read the epoch.
+    pub fn give_back(
+        &mut self,
+        worker_id: &str,
+        job: &str,
+        epoch: u64,
+        splits: &[u64],
+        now: Instant,
+    ) -> Result<(), DispatchError> {
+        let key = self.members.seen_worker(worker_id, now)?.pipeline.clone();
+        if let Some(state) = self.pipelines.get_mut(&key).and_then(|p| p.jobs.get_mut(job)) {
+            state.give_back(worker_id, epoch, splits);
+        }
+        Ok(())
+    }
+
     /// Where the worker's next split gets its elements up to an autocache hint.
     pub fn cache_directive(&self, worker_id: &str) -> Directive {
         self.members.workers.get(worker_id).map_or(Directive::Compute, |w| self.caches.directive(&w.pipeline))

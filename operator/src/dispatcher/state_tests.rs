@@ -387,3 +387,24 @@ fn a_job_resumed_by_its_ranks_runs_anew_once_every_ranks_state_is_in_without_wha
     let again = s.register_client(ClientRegistration { resume: Some(state(0, vec![])), ..client("j", 0, 2) }, t);
     assert_ne!(again.unwrap().job, r0.job);
 }
+
+#[test]
+fn splits_a_stopped_producer_returns_go_back_to_the_queue() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    let w = s.register_worker(registration("a:1", 3), t).unwrap();
+    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
+    // The worker's producer stopped (nobody read the epoch) and returns what it held, and a
+    // split it never had, which stays where it is.
+    s.give_back(&w, "j", 0, &[0, 1, 2], t).unwrap();
+    assert_eq!(s.jobs(&key())[0].in_flight, 0);
+    let mut again: Vec<u64> = (0..3)
+        .map(|_| match s.next_split(&w, "j", &[], 0, t).unwrap() {
+            Assignment::Split { split, .. } => split,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    again.sort_unstable();
+    assert_eq!(again, [0, 1, 2], "the returned splits come back with the rest");
+}

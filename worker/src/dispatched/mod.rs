@@ -1,5 +1,6 @@
-//! Running under the dispatcher: the worker registers, heartbeats its progress, and for each
-//! job with a consumer attached pulls splits one at a time (dynamic sharding). Each batch names
+//! Running under the dispatcher: the worker registers, heartbeats its progress (`link`), and
+//! for each job with a consumer attached pulls splits one at a time (dynamic sharding), one
+//! producer per epoch, which stops when nobody has read its epoch for a while. Each batch names
 //! the splits whose last element it holds; the client that receives it tells the dispatcher,
 //! so a split is done only once its data has arrived (what a dying worker had sent but the
 //! client never got is produced again). The worker itself reports only splits that produced
@@ -8,200 +9,22 @@
 //! The dispatcher may restart or move (leader change): every call retries, and an unknown-id
 //! answer makes the worker register again under the same id. Clients see a pause, not an error.
 
+mod link;
+
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use stoker_api::Batch;
-use stoker_api::proto::dispatcher_client::DispatcherClient;
-use stoker_api::proto::{self, next_split_response::Next};
-use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Status};
+use stoker_api::proto::next_split_response::Next;
+use tonic::Status;
 
-use crate::cached::{EngineCache, SplitCache};
 use crate::deal::{Deal, JobItem};
-use crate::engine::{Assigned, Engine, Ready, Split};
+use crate::engine::{Assigned, Engine, Ready};
 use crate::stream::{BatchSource, Batches, Subscription};
-
-/// The worker's connection to the dispatcher, re-registering when the dispatcher forgot it.
-pub struct Link {
-    client: DispatcherClient<Channel>,
-    registration: proto::RegisterWorkerRequest,
-    /// Whose entries' completeness goes into every (re-)registration.
-    cache: Option<Arc<EngineCache>>,
-    worker_id: Mutex<String>,
-    /// Grows each time the dispatcher forgot this worker (it restarted, or took the worker for
-    /// dead and handed its splits to others): work pulled before then is stale.
-    generation: AtomicU64,
-    runtime: tokio::runtime::Handle,
-}
-
-/// A NextSplit answer: what to do, with the cache directive and the positions to skip.
-type Handed = (Next, SplitCache, Vec<u32>);
-
-/// How long to wait between attempts when the dispatcher is unreachable or not the leader.
-const RETRY: Duration = Duration::from_millis(250);
-
-impl Link {
-    /// Connects lazily and registers, retrying until the dispatcher answers.
-    pub async fn register(url: &str, engine: &Engine, address: String) -> anyhow::Result<Arc<Link>> {
-        let channel = Endpoint::from_shared(url.to_string())?.connect_timeout(Duration::from_secs(5)).connect_lazy();
-        let pipeline = engine.pipeline();
-        let registration = proto::RegisterWorkerRequest {
-            pipeline: Some(proto::PipelineRef { namespace: pipeline.namespace.clone(), name: pipeline.name.clone() }),
-            address,
-            threads: engine.threads() as u32,
-            splits: engine.splits().len() as u64,
-            plan_digest: plan_digest(engine.splits()),
-            worker_id: String::new(),
-            cache_hints: Vec::new(),
-            cache_mode: format!("{:?}", pipeline.cache_mode),
-            shuffle_seed: pipeline.data_plane.shuffle_seed(),
-        };
-        let link = Arc::new(Link {
-            client: DispatcherClient::new(channel),
-            registration,
-            cache: engine.cache.clone(),
-            worker_id: Mutex::new(String::new()),
-            generation: AtomicU64::new(0),
-            runtime: tokio::runtime::Handle::current(),
-        });
-        link.reregister().await?;
-        Ok(link)
-    }
-
-    async fn reregister(&self) -> anyhow::Result<()> {
-        let mut request = self.registration.clone();
-        request.worker_id = self.worker_id.lock().unwrap().clone();
-        request.cache_hints = self.cache.as_ref().map(|c| c.seen()).unwrap_or_default();
-        loop {
-            match self.client.clone().register_worker(request.clone()).await {
-                Ok(response) => {
-                    let id = response.into_inner().worker_id;
-                    tracing::info!(worker = %id, address = %request.address, "registered with the dispatcher");
-                    *self.worker_id.lock().unwrap() = id;
-                    return Ok(());
-                }
-                // A different listing or a bad request will not fix itself.
-                Err(s) if matches!(s.code(), Code::FailedPrecondition | Code::InvalidArgument) => {
-                    anyhow::bail!("the dispatcher refused this worker: {}", s.message())
-                }
-                Err(s) => {
-                    tracing::debug!(status = %s, "dispatcher not reachable yet");
-                    tokio::time::sleep(RETRY).await;
-                }
-            }
-        }
-    }
-
-    fn generation(&self) -> u64 {
-        self.generation.load(Ordering::SeqCst)
-    }
-
-    fn id(&self) -> String {
-        self.worker_id.lock().unwrap().clone()
-    }
-
-    /// Calls the dispatcher until it answers, registering again when it forgot this worker.
-    async fn call<T, F, Fut>(&self, what: &str, mut f: F) -> anyhow::Result<T>
-    where
-        F: FnMut(DispatcherClient<Channel>, String) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
-    {
-        loop {
-            match f(self.client.clone(), self.id()).await {
-                Ok(response) => return Ok(response.into_inner()),
-                Err(s) if s.code() == Code::NotFound => {
-                    self.generation.fetch_add(1, Ordering::SeqCst);
-                    self.reregister().await?
-                }
-                Err(s) if s.code() == Code::InvalidArgument => anyhow::bail!("{what}: {}", s.message()),
-                Err(s) => {
-                    tracing::debug!(status = %s, "{what}: retrying");
-                    tokio::time::sleep(RETRY).await;
-                }
-            }
-        }
-    }
-
-    /// Sends the engine's counters every `interval` until the process ends.
-    pub fn spawn_heartbeats(
-        self: &Arc<Self>,
-        engine: Arc<Engine>,
-        errors: Arc<Mutex<Option<String>>>,
-        interval: Duration,
-    ) {
-        let link = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            loop {
-                tick.tick().await;
-                let progress = progress(&engine, errors.lock().unwrap().clone());
-                let result = link
-                    .call("heartbeat", |mut c, worker_id| {
-                        let progress = progress.clone();
-                        async move {
-                            c.worker_heartbeat(proto::WorkerHeartbeatRequest { worker_id, progress: Some(progress) })
-                                .await
-                        }
-                    })
-                    .await;
-                if let Err(e) = result {
-                    tracing::error!(error = %e, "heartbeat failed");
-                }
-            }
-        });
-    }
-
-    /// The job's next split, what it does with the cache, and the positions to skip.
-    fn next_split(&self, job: &str, epoch: u64) -> anyhow::Result<Handed> {
-        let response = self.runtime.block_on(self.call("next split", |mut c, worker_id| {
-            // Completions go to the client, behind the batches they follow (see `produce`).
-            let request = proto::NextSplitRequest { worker_id, job: job.to_string(), completed: Vec::new(), epoch };
-            async move { c.next_split(request).await }
-        }))?;
-        let cache = SplitCache::from_directive(response.cache.as_ref());
-        let next = response.next.ok_or_else(|| anyhow::anyhow!("the dispatcher answered NextSplit with nothing"))?;
-        let mut skip = response.skip;
-        skip.sort_unstable();
-        Ok((next, cache, skip))
-    }
-}
-
-fn progress(engine: &Engine, error: Option<String>) -> proto::WorkerProgress {
-    use std::sync::atomic::Ordering::Relaxed;
-    let stats = &engine.stats;
-    proto::WorkerProgress {
-        records: stats.records.load(Relaxed),
-        elements: stats.elements.load(Relaxed),
-        batches: stats.batches.load(Relaxed),
-        batch_bytes: stats.batch_bytes.load(Relaxed),
-        skipped: stats.skipped().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-        op_seconds: stats.op_time.lock().unwrap().iter().map(Duration::as_secs_f64).collect(),
-        error: error.unwrap_or_default(),
-        cache: engine.cache.as_ref().map(|c| c.progress()),
-    }
-}
-
-/// A stable digest of the planned splits, so workers that listed different data are caught.
-pub fn plan_digest(splits: &[Split]) -> String {
-    let mut bytes = Vec::new();
-    for split in splits {
-        bytes.extend_from_slice(&split.id.to_le_bytes());
-        for shard in &split.shards {
-            bytes.extend_from_slice(shard.path.as_bytes());
-            bytes.extend_from_slice(&shard.size.to_le_bytes());
-        }
-    }
-    format!("{:016x}", fnv1a(&bytes))
-}
-
-/// FNV-1a: stable across builds and machines, unlike std's hasher.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
-}
+use link::{Handed, fnv1a};
+pub use link::{Link, plan_digest};
 
 /// One epoch of a job's ready batches for one rank (or for all its consumers), each naming the
 /// splits it completes.
@@ -241,6 +64,46 @@ struct EpochJob {
     /// When the job's next batch may go out, under `--max-batch-rate`: shared by its epochs,
     /// so reading the next epoch ahead does not double the rate.
     next_send: Arc<tokio::sync::Mutex<tokio::time::Instant>>,
+    /// Streams reading the epoch now, and since when none has (None while one does).
+    attached: Mutex<(usize, Option<std::time::Instant>)>,
+}
+
+impl EpochJob {
+    /// How long no stream has read the epoch; None while one does.
+    fn unread_for(&self) -> Option<Duration> {
+        self.attached.lock().unwrap().1.map(|since| since.elapsed())
+    }
+
+    /// Ends the epoch's queues: its producer's sends fail, its run ends, and so does it.
+    fn close(&self) {
+        for rx in &self.batches {
+            rx.blocking_lock().close();
+        }
+    }
+}
+
+/// A stream reading an epoch; the epoch counts it until it is dropped.
+struct Attached(Arc<EpochJob>);
+
+impl Attached {
+    fn new(epoch_job: Arc<EpochJob>) -> Self {
+        {
+            let mut attached = epoch_job.attached.lock().unwrap();
+            attached.0 += 1;
+            attached.1 = None;
+        }
+        Attached(epoch_job)
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let mut attached = self.0.attached.lock().unwrap();
+        attached.0 -= 1;
+        if attached.0 == 0 {
+            attached.1 = Some(std::time::Instant::now());
+        }
+    }
 }
 
 /// The engine as a batch source under the dispatcher: each epoch of each job has its own
@@ -260,15 +123,46 @@ pub struct DispatchedSource {
     pub errors: Arc<Mutex<Option<String>>>,
 }
 
+/// How long an epoch's producer goes on with no stream reading it before it stops, returning
+/// the splits it held to the dispatcher's queue: longer than the dispatcher's client timeout
+/// (30 s by default), so a client that reconnects within it finds its epoch where it was. A job whose clients left would otherwise keep a blocked
+/// producer, its memory reservations and a thread on every worker for good.
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(60);
+
 impl DispatchedSource {
-    /// `max_batch_rate` caps the batches per second this worker sends per job and epoch.
-    pub fn new(engine: Arc<Engine>, link: Arc<Link>, max_batch_rate: Option<f64>) -> Self {
+    /// `max_batch_rate` caps the batches per second this worker sends per job and epoch; an
+    /// epoch no stream has read for `abandoned_after` stops.
+    pub fn new(engine: Arc<Engine>, link: Arc<Link>, max_batch_rate: Option<f64>, abandoned_after: Duration) -> Self {
         let min_interval = max_batch_rate.filter(|r| *r > 0.0).map(|r| Duration::from_secs_f64(1.0 / r));
+        let epochs: Arc<Mutex<HashMap<EpochKey, Arc<EpochJob>>>> = Arc::default();
+        let watched = Arc::downgrade(&epochs);
+        std::thread::Builder::new()
+            .name("stoker-abandoned".into())
+            .spawn(move || {
+                while let Some(epochs) = watched.upgrade() {
+                    let abandoned: Vec<(EpochKey, Arc<EpochJob>)> = {
+                        let mut epochs = epochs.lock().unwrap();
+                        let keys: Vec<EpochKey> = epochs
+                            .iter()
+                            .filter(|(_, e)| e.unread_for().is_some_and(|d| d >= abandoned_after))
+                            .map(|(k, _)| k.clone())
+                            .collect();
+                        keys.into_iter().filter_map(|k| epochs.remove(&k).map(|e| (k, e))).collect()
+                    };
+                    drop(epochs);
+                    for ((job, epoch), epoch_job) in abandoned {
+                        tracing::info!(%job, epoch, "no consumer read the epoch for {abandoned_after:?}: its producer stops");
+                        epoch_job.close();
+                    }
+                    std::thread::sleep((abandoned_after / 4).clamp(Duration::from_millis(100), Duration::from_secs(5)));
+                }
+            })
+            .expect("spawning the abandoned-epoch watcher");
         DispatchedSource {
             engine,
             link,
             min_interval,
-            epochs: Arc::default(),
+            epochs,
             next_sends: Mutex::default(),
             busy: Arc::default(),
             errors: Arc::new(Mutex::new(None)),
@@ -291,7 +185,13 @@ impl DispatchedSource {
                 let first = fnv1a(self.link.registration.address.as_bytes()).wrapping_add(key.1);
                 let (mut deal, hands) = Deal::new(consumers, 1, first);
                 let batches = hands.into_iter().map(|rx| Arc::new(tokio::sync::Mutex::new(rx))).collect();
-                let epoch_job = Arc::new(EpochJob { batches, consumers, next_send });
+                let epoch_job = Arc::new(EpochJob {
+                    batches,
+                    consumers,
+                    next_send,
+                    attached: Mutex::new((0, Some(std::time::Instant::now()))),
+                });
+                let this = Arc::downgrade(&epoch_job);
                 let (engine, link, errors, epochs, busy) = (
                     self.engine.clone(),
                     self.link.clone(),
@@ -306,16 +206,28 @@ impl DispatchedSource {
                     .name(format!("stoker-job-{}-{}", key.0, key.1))
                     .spawn(move || {
                         let (job, epoch) = (&key.0, key.1);
-                        let result = produce(&engine, &link, &busy, job, epoch, &mut deal);
+                        let taken = Mutex::new(BTreeSet::new());
+                        let result = produce(&engine, &link, &busy, job, epoch, &mut deal, &taken);
                         busy.set(job, epoch, false);
+                        let undelivered: Vec<u64> = taken.into_inner().unwrap().into_iter().collect();
+                        if deal.is_closed() && !undelivered.is_empty() {
+                            // Stopped as abandoned: the splits it held go back to the queue.
+                            if let Err(e) = link.return_splits(job, epoch, undelivered) {
+                                tracing::warn!(%job, epoch, error = %e, "returning the splits of a stopped producer failed");
+                            }
+                        }
                         if let Err(e) = result {
                             let message = format!("{e:#}");
                             tracing::error!(%job, epoch, error = %message, "the job's producer stopped");
                             errors.lock().unwrap().get_or_insert(message.clone());
                             deal.fail(Status::failed_precondition(format!("the pipeline failed: {message}")));
                         }
-                        // Consumers arriving later start a producer that learns the epoch is over.
-                        epochs.lock().unwrap().remove(&key);
+                        // Consumers arriving later start a producer that learns the epoch is over
+                        // (unless this one was stopped as abandoned and another runs already).
+                        let mut epochs = epochs.lock().unwrap();
+                        if epochs.get(&key).is_some_and(|e| std::ptr::eq(Arc::as_ptr(e), this.as_ptr())) {
+                            epochs.remove(&key);
+                        }
                     })
                     .expect("spawning an epoch producer");
                 epoch_job
@@ -341,13 +253,13 @@ impl BatchSource for DispatchedSource {
         }
         let rank = if subscription.consumers > 1 { subscription.consumer_index as usize } else { 0 };
         let min_interval = self.min_interval;
-        Ok(futures::stream::unfold(epoch_job, move |epoch_job| async move {
+        Ok(futures::stream::unfold(Attached::new(epoch_job), move |epoch_job| async move {
             // None once the producer is done with the epoch: the stream ends.
-            let next = epoch_job.batches[rank].lock().await.recv().await?;
+            let next = epoch_job.0.batches[rank].lock().await.recv().await?;
             // Rate-limited once a batch is in hand, so a stream waiting for its epoch's batches
             // takes no turns from the job's other epoch.
             if let Some(interval) = min_interval {
-                let mut next_send = epoch_job.next_send.lock().await;
+                let mut next_send = epoch_job.0.next_send.lock().await;
                 tokio::time::sleep_until(*next_send).await;
                 *next_send = tokio::time::Instant::now().max(*next_send) + interval;
             }
@@ -362,7 +274,16 @@ impl BatchSource for DispatchedSource {
 /// says the epoch is finished. Each stretch of splits handed out without a pause is one engine
 /// run (one shuffle buffer); a pause (the epoch's last splits are held by other workers) ends
 /// the run, so no split's rows wait in the buffer while the epoch waits for its completion.
-fn produce(engine: &Engine, link: &Link, busy: &Busy, job: &str, epoch: u64, out: &mut Deal) -> anyhow::Result<()> {
+/// `taken` holds the splits handed out whose completion has not gone to a consumer yet.
+fn produce(
+    engine: &Engine,
+    link: &Link,
+    busy: &Busy,
+    job: &str,
+    epoch: u64,
+    out: &mut Deal,
+    taken: &Mutex<BTreeSet<u64>>,
+) -> anyhow::Result<()> {
     let split = |id: u64| {
         engine
             .splits()
@@ -376,8 +297,9 @@ fn produce(engine: &Engine, link: &Link, busy: &Busy, job: &str, epoch: u64, out
             std::thread::sleep(Duration::from_millis(20));
         }
         let next = link.next_split(job, epoch)?;
-        if matches!(next.0, Next::Split(_)) {
+        if let Next::Split(s) = &next.0 {
             busy.set(job, epoch, true);
+            taken.lock().unwrap().insert(s.split);
         }
         Ok(next)
     };
@@ -439,9 +361,14 @@ fn produce(engine: &Engine, link: &Link, busy: &Busy, job: &str, epoch: u64, out
                         continue; // dropped: another worker produces these splits now
                     }
                     let mut batch = ready.batch;
+                    let completes = ready.completes.clone();
                     batch.completes = ready.completes;
                     if out.send(batch).is_err() {
                         break;
+                    }
+                    let mut taken = taken.lock().unwrap();
+                    for split in completes {
+                        taken.remove(&split);
                     }
                 }
             });
@@ -456,8 +383,14 @@ fn produce(engine: &Engine, link: &Link, busy: &Busy, job: &str, epoch: u64, out
         // as the remainder) go to the client in a batch without tensors, behind the batches
         // holding their elements: reported by the worker, they could be done while one of
         // those batches was still on its way, and lost with it if the worker died.
-        if !leftover.is_empty() && !stale() && out.send(Batch::completions(epoch, leftover)).is_err() {
-            return Ok(());
+        if !leftover.is_empty() && !stale() {
+            if out.send(Batch::completions(epoch, leftover.clone())).is_err() {
+                return Ok(());
+            }
+            let mut taken = taken.lock().unwrap();
+            for split in leftover {
+                taken.remove(&split);
+            }
         }
         if out.is_closed() {
             return Ok(());

@@ -1,0 +1,202 @@
+//! The worker's connection to the dispatcher: registering (again, under the same id, when the
+//! dispatcher forgot it), heartbeats, asking for splits and returning the ones a stopped
+//! producer held. Every call retries while the dispatcher is unreachable or not the leader.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stoker_api::proto::dispatcher_client::DispatcherClient;
+use stoker_api::proto::{self, next_split_response::Next};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::cached::{EngineCache, SplitCache};
+use crate::engine::{Engine, Split};
+
+/// The worker's connection to the dispatcher, re-registering when the dispatcher forgot it.
+pub struct Link {
+    client: DispatcherClient<Channel>,
+    pub(super) registration: proto::RegisterWorkerRequest,
+    /// Whose entries' completeness goes into every (re-)registration.
+    cache: Option<Arc<EngineCache>>,
+    worker_id: Mutex<String>,
+    /// Grows each time the dispatcher forgot this worker (it restarted, or took the worker for
+    /// dead and handed its splits to others): work pulled before then is stale.
+    generation: AtomicU64,
+    runtime: tokio::runtime::Handle,
+}
+
+/// A NextSplit answer: what to do, with the cache directive and the positions to skip.
+pub(super) type Handed = (Next, SplitCache, Vec<u32>);
+
+/// How long to wait between attempts when the dispatcher is unreachable or not the leader.
+const RETRY: Duration = Duration::from_millis(250);
+
+impl Link {
+    /// Connects lazily and registers, retrying until the dispatcher answers.
+    pub async fn register(url: &str, engine: &Engine, address: String) -> anyhow::Result<Arc<Link>> {
+        let channel = Endpoint::from_shared(url.to_string())?.connect_timeout(Duration::from_secs(5)).connect_lazy();
+        let pipeline = engine.pipeline();
+        let registration = proto::RegisterWorkerRequest {
+            pipeline: Some(proto::PipelineRef { namespace: pipeline.namespace.clone(), name: pipeline.name.clone() }),
+            address,
+            threads: engine.threads() as u32,
+            splits: engine.splits().len() as u64,
+            plan_digest: plan_digest(engine.splits()),
+            worker_id: String::new(),
+            cache_hints: Vec::new(),
+            cache_mode: format!("{:?}", pipeline.cache_mode),
+            shuffle_seed: pipeline.data_plane.shuffle_seed(),
+        };
+        let link = Arc::new(Link {
+            client: DispatcherClient::new(channel),
+            registration,
+            cache: engine.cache.clone(),
+            worker_id: Mutex::new(String::new()),
+            generation: AtomicU64::new(0),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        link.reregister().await?;
+        Ok(link)
+    }
+
+    async fn reregister(&self) -> anyhow::Result<()> {
+        let mut request = self.registration.clone();
+        request.worker_id = self.worker_id.lock().unwrap().clone();
+        request.cache_hints = self.cache.as_ref().map(|c| c.seen()).unwrap_or_default();
+        loop {
+            match self.client.clone().register_worker(request.clone()).await {
+                Ok(response) => {
+                    let id = response.into_inner().worker_id;
+                    tracing::info!(worker = %id, address = %request.address, "registered with the dispatcher");
+                    *self.worker_id.lock().unwrap() = id;
+                    return Ok(());
+                }
+                // A different listing or a bad request will not fix itself.
+                Err(s) if matches!(s.code(), Code::FailedPrecondition | Code::InvalidArgument) => {
+                    anyhow::bail!("the dispatcher refused this worker: {}", s.message())
+                }
+                Err(s) => {
+                    tracing::debug!(status = %s, "dispatcher not reachable yet");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        }
+    }
+
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    fn id(&self) -> String {
+        self.worker_id.lock().unwrap().clone()
+    }
+
+    /// Calls the dispatcher until it answers, registering again when it forgot this worker.
+    async fn call<T, F, Fut>(&self, what: &str, mut f: F) -> anyhow::Result<T>
+    where
+        F: FnMut(DispatcherClient<Channel>, String) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        loop {
+            match f(self.client.clone(), self.id()).await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(s) if s.code() == Code::NotFound => {
+                    self.generation.fetch_add(1, Ordering::SeqCst);
+                    self.reregister().await?
+                }
+                Err(s) if s.code() == Code::InvalidArgument => anyhow::bail!("{what}: {}", s.message()),
+                Err(s) => {
+                    tracing::debug!(status = %s, "{what}: retrying");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        }
+    }
+
+    /// Sends the engine's counters every `interval` until the process ends.
+    pub fn spawn_heartbeats(
+        self: &Arc<Self>,
+        engine: Arc<Engine>,
+        errors: Arc<Mutex<Option<String>>>,
+        interval: Duration,
+    ) {
+        let link = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tick.tick().await;
+                let progress = progress(&engine, errors.lock().unwrap().clone());
+                let result = link
+                    .call("heartbeat", |mut c, worker_id| {
+                        let progress = progress.clone();
+                        async move {
+                            c.worker_heartbeat(proto::WorkerHeartbeatRequest { worker_id, progress: Some(progress) })
+                                .await
+                        }
+                    })
+                    .await;
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "heartbeat failed");
+                }
+            }
+        });
+    }
+
+    /// The job's next split, what it does with the cache, and the positions to skip.
+    pub(super) fn next_split(&self, job: &str, epoch: u64) -> anyhow::Result<Handed> {
+        let response = self.runtime.block_on(self.call("next split", |mut c, worker_id| {
+            // Completions go to the client, behind the batches they follow (see `produce`).
+            let request = proto::NextSplitRequest { worker_id, job: job.to_string(), completed: Vec::new(), epoch };
+            async move { c.next_split(request).await }
+        }))?;
+        let cache = SplitCache::from_directive(response.cache.as_ref());
+        let next = response.next.ok_or_else(|| anyhow::anyhow!("the dispatcher answered NextSplit with nothing"))?;
+        let mut skip = response.skip;
+        skip.sort_unstable();
+        Ok((next, cache, skip))
+    }
+
+    /// Splits of `epoch` of `job` this worker took and will not deliver (nobody reads them).
+    pub(super) fn return_splits(&self, job: &str, epoch: u64, splits: Vec<u64>) -> anyhow::Result<()> {
+        self.runtime.block_on(self.call("return splits", |mut c, worker_id| {
+            let request = proto::ReturnSplitsRequest { worker_id, job: job.to_string(), epoch, splits: splits.clone() };
+            async move { c.return_splits(request).await }
+        }))?;
+        Ok(())
+    }
+}
+
+fn progress(engine: &Engine, error: Option<String>) -> proto::WorkerProgress {
+    use std::sync::atomic::Ordering::Relaxed;
+    let stats = &engine.stats;
+    proto::WorkerProgress {
+        records: stats.records.load(Relaxed),
+        elements: stats.elements.load(Relaxed),
+        batches: stats.batches.load(Relaxed),
+        batch_bytes: stats.batch_bytes.load(Relaxed),
+        skipped: stats.skipped().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        op_seconds: stats.op_time.lock().unwrap().iter().map(Duration::as_secs_f64).collect(),
+        error: error.unwrap_or_default(),
+        cache: engine.cache.as_ref().map(|c| c.progress()),
+    }
+}
+
+/// A stable digest of the planned splits, so workers that listed different data are caught.
+pub fn plan_digest(splits: &[Split]) -> String {
+    let mut bytes = Vec::new();
+    for split in splits {
+        bytes.extend_from_slice(&split.id.to_le_bytes());
+        for shard in &split.shards {
+            bytes.extend_from_slice(shard.path.as_bytes());
+            bytes.extend_from_slice(&shard.size.to_le_bytes());
+        }
+    }
+    format!("{:016x}", fnv1a(&bytes))
+}
+
+/// FNV-1a: stable across builds and machines, unlike std's hasher.
+pub(super) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
