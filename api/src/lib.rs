@@ -5,6 +5,7 @@ pub mod chunk;
 pub mod fingerprint;
 pub mod order;
 pub mod proto;
+pub mod ranks;
 mod spec;
 mod status;
 mod tensor;

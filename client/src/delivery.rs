@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
+use stoker_api::ranks::Received;
 use stoker_api::{Batch, row_origin};
 use tokio::sync::Notify;
 
@@ -28,17 +29,6 @@ struct Inner {
     held: Vec<Held>,
     /// A job read by ranks: what this rank received of each recent epoch.
     received: BTreeMap<u64, Received>,
-}
-
-/// What a rank received of an epoch (a job read by ranks), as the dispatcher hears it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Received {
-    /// Batches with tensors.
-    pub batches: u64,
-    /// Every stream of the epoch ended: `batches` is final.
-    pub ended: bool,
-    /// Rows beyond the epoch's final quota, dropped.
-    pub dropped_rows: u64,
 }
 
 /// Shared by the worker streams (which record rows), the caller's side of the client (which

@@ -17,6 +17,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::task::AtomicWaker;
 use stoker_api::proto;
+use stoker_api::ranks::Quota;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::Code;
@@ -25,7 +26,6 @@ use crate::delivery::Delivery;
 use crate::epochs::{Epochs, Item};
 use crate::error::Error;
 use crate::options::ClientOptions;
-use crate::ration::Quota;
 use crate::registration::{RETRY, Registration};
 use crate::stats::Meter;
 use crate::tasks::Tasks;
@@ -187,9 +187,7 @@ impl Follower {
         self.saw_epoch(list.epoch);
         if !list.quotas.is_empty() {
             let mut quotas = self.shared.quotas.lock().unwrap();
-            for q in &list.quotas {
-                quotas.insert(q.epoch, Quota { batches: q.batches, complete: q.complete });
-            }
+            quotas.extend(list.quotas.iter().map(Quota::from_proto));
             // Only the epochs read and read ahead matter; the dispatcher keeps a few more.
             while quotas.len() > 4 {
                 quotas.pop_first();

@@ -8,13 +8,7 @@
 use std::collections::VecDeque;
 
 use stoker_api::Batch;
-
-/// Batches of an epoch every rank may yield; `complete` once it is the final count.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Quota {
-    pub batches: u64,
-    pub complete: bool,
-}
+use stoker_api::ranks::Quota;
 
 /// What to do with the next batch of the epoch.
 #[derive(Debug, PartialEq)]

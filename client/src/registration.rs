@@ -11,10 +11,11 @@ use stoker_api::proto::{self, PipelineRef};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::delivery::{Held, Received, SplitId};
+use crate::delivery::{Held, SplitId};
 use crate::error::Error;
 use crate::options::ClientOptions;
 use crate::stats::WindowStats;
+use stoker_api::ranks::Received;
 
 pub(crate) const RETRY: Duration = Duration::from_millis(250);
 
@@ -140,15 +141,7 @@ impl Registration {
                 .iter()
                 .map(|h| proto::HeldRows { epoch: h.split.0, split: h.split.1, positions: h.positions.clone() })
                 .collect(),
-            received: received
-                .iter()
-                .map(|&(epoch, r)| proto::RankProgress {
-                    epoch,
-                    batches: r.batches,
-                    ended: r.ended,
-                    dropped_rows: r.dropped_rows,
-                })
-                .collect(),
+            received: received.iter().map(|&(epoch, r)| r.to_proto(epoch)).collect(),
         };
         let response = match self.client.acknowledge(self.request(ack.clone())).await {
             Err(s) if s.code() == Code::NotFound => {

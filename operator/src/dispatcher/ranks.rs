@@ -8,27 +8,11 @@
 
 use std::collections::BTreeMap;
 
+pub use stoker_api::ranks::{Quota, Received};
+
 /// How many epochs of counts a job keeps: the one its ranks read, the one read ahead, and two
 /// before for a rank that has not seen its final quota yet.
 const KEPT_EPOCHS: usize = 4;
-
-/// What a rank has received of an epoch, as it last said.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Received {
-    /// Batches with tensors.
-    pub batches: u64,
-    /// Every stream of the epoch ended: `batches` is final.
-    pub ended: bool,
-    /// Rows it received beyond the final quota and dropped.
-    pub dropped_rows: u64,
-}
-
-/// Batches of an epoch every rank may yield; `complete` once it is the epoch's final count.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Quota {
-    pub batches: u64,
-    pub complete: bool,
-}
 
 /// The ranks of one job and what each received of its recent epochs.
 #[derive(Clone, Debug, PartialEq)]

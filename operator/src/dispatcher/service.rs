@@ -304,12 +304,10 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let job = r.job;
         let lists = updates.map(move |l| {
             let epoch = l.epochs.get(&job).copied().unwrap_or_default();
-            let quotas = l.quotas.get(&job).map_or_else(Vec::new, |quotas| {
-                quotas
-                    .iter()
-                    .map(|&(epoch, q)| proto::EpochQuota { epoch, batches: q.batches, complete: q.complete })
-                    .collect()
-            });
+            let quotas = l
+                .quotas
+                .get(&job)
+                .map_or_else(Vec::new, |quotas| quotas.iter().map(|&(epoch, q)| q.to_proto(epoch)).collect());
             Ok(proto::WorkerList { addresses: l.addresses, version: l.version, epoch, quotas })
         });
         Ok(Response::new(lists.boxed()))
@@ -335,11 +333,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
         let held: Vec<Held> =
             r.held.into_iter().map(|h| Held { epoch: h.epoch, split: h.split, positions: h.positions }).collect();
-        let received: Vec<(u64, Received)> = r
-            .received
-            .iter()
-            .map(|p| (p.epoch, Received { batches: p.batches, ended: p.ended, dropped_rows: p.dropped_rows }))
-            .collect();
+        let received: Vec<(u64, Received)> = r.received.iter().map(Received::from_proto).collect();
         let (epoch, pipeline) = self
             .0
             .with_state(|s| {
