@@ -31,6 +31,7 @@ pub fn header(batch: &Batch) -> BatchHeader {
         sequence: batch.sequence,
         completes: batch.completes.clone(),
         rows: batch.rows.clone(),
+        incarnation: batch.incarnation,
         tensors: batch
             .tensors
             .iter()
@@ -132,7 +133,15 @@ mod tests {
                 (format!("t{i}"), Tensor::new(DType::Uint8, vec![n], Bytes::from(data)).unwrap())
             })
             .collect::<BTreeMap<_, _>>();
-        Batch { tensors, epoch: 3, split: 5, sequence: 7, completes: vec![5], rows: vec![5 << 32, 5 << 32 | 9] }
+        Batch {
+            tensors,
+            epoch: 3,
+            split: 5,
+            sequence: 7,
+            completes: vec![5],
+            rows: vec![5 << 32, 5 << 32 | 9],
+            incarnation: 11,
+        }
     }
 
     fn payload(b: &Batch) -> Vec<u8> {

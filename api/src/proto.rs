@@ -37,6 +37,11 @@ pub fn check_rank(consumer_index: u32, consumers: u32) -> Result<(), String> {
 /// The metadata entry carrying the caller's ServiceAccount token on every RPC.
 pub const AUTHORIZATION: &str = "authorization";
 
+/// Metadata of the dispatcher's NOT_FOUND answers: its incarnation (decimal). A client that
+/// finds its own there was only forgotten (it went silent for too long) and registers again;
+/// any other means the dispatcher restarted, and the client rejoins.
+pub const INCARNATION: &str = "stoker-incarnation";
+
 /// The `authorization` value for a token.
 pub fn bearer(token: &str) -> String {
     format!("Bearer {token}")

@@ -81,6 +81,10 @@ pub struct Batch {
     pub completes: Vec<u64>,
     /// Where each row came from, in row order: `split << 32 | position` (see [`row`]).
     pub rows: Vec<u64>,
+    /// Under the dispatcher, the dispatcher start that handed out the splits of its rows
+    /// (0: a standalone worker); a client that rejoined a restarted dispatcher drops batches of
+    /// the one before.
+    pub incarnation: u64,
 }
 
 /// A row's provenance: its split and its position in the split's source order. Positions are

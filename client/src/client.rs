@@ -2,7 +2,7 @@
 //! queue per epoch, so an epoch ends cleanly.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::follower::{Follower, Shared};
 use crate::options::ClientOptions;
 use crate::ration::{Ration, Step};
-use crate::registration::Registration;
+use crate::registration::{Registration, Rejoining};
 use crate::resume::Yielded;
 use crate::stats::{Meter, WindowStats};
 use crate::tasks::Tasks;
@@ -107,10 +107,15 @@ impl Client {
             dropped_rows: Arc::default(),
             meter: Arc::default(),
             open_epoch: Arc::new(AtomicU64::new(first.epoch)),
+            clients: Arc::new(AtomicU32::new(first.clients)),
             reading: Arc::new(AtomicU64::new(first.epoch)),
             switched: Arc::new(Notify::new()),
         };
-        link.reading = Some(shared.reading.clone());
+        link.had = Some(Rejoining {
+            delivery: shared.delivery.clone(),
+            open_epoch: shared.open_epoch.clone(),
+            clients: shared.clients.clone(),
+        });
         let queue = epochs.take_receiver(first.epoch);
         let progress = Progress {
             job,

@@ -2,6 +2,11 @@
 //! last batch reached the training loop (which makes them done), and the rows of unfinished
 //! splits by the worker they came from, so that when a worker leaves the list the rows it
 //! delivered are reported and its split is produced again without them.
+//!
+//! It also keeps what a restarted dispatcher needs to go on without repeating anything
+//! (`rejoin`): the completions and rows received of the unfinished epochs, even those already
+//! reported, and from then on it refuses batches of the dispatcher it had (their rows are
+//! produced again).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -25,6 +30,13 @@ struct Inner {
     completed: Vec<SplitId>,
     /// Positions received of each unfinished split, by worker address.
     rows: HashMap<SplitId, HashMap<String, Vec<u32>>>,
+    /// Positions of unfinished splits already reported as held (their worker left the list).
+    reported: HashMap<SplitId, Vec<u32>>,
+    /// Splits of unfinished epochs whose completion arrived, and whether a rejoin reported it
+    /// (then it is not acknowledged again).
+    arrived: BTreeMap<SplitId, bool>,
+    /// Dispatchers this client rejoined another after: their batches are refused.
+    retired: BTreeSet<u64>,
     /// Held rows a failed acknowledgement carried, for the next one.
     held: Vec<Held>,
     /// A job read by ranks: what this rank received of each recent epoch.
@@ -42,24 +54,28 @@ pub(crate) struct Delivery {
     pub(crate) changed: Arc<Notify>,
 }
 
-/// Rows recorded for a batch on its way into the client's queue: undone when dropped before
-/// `keep` (the batch never got in, so it will not be yielded and must be produced again).
+/// Rows and completions recorded for a batch on its way into the client's queue: undone when
+/// dropped before `keep` (the batch never got in, so it will not be yielded and must be
+/// produced again).
 pub(crate) struct Recorded<'d> {
     delivery: &'d Delivery,
     worker: String,
     /// Each split the batch had rows of, and how many of its positions were recorded before.
     before: Vec<(SplitId, usize)>,
+    /// The completions it recorded as arrived.
+    arrived: Vec<SplitId>,
 }
 
 impl Recorded<'_> {
     pub(crate) fn keep(mut self) {
         self.before.clear();
+        self.arrived.clear();
     }
 }
 
 impl Drop for Recorded<'_> {
     fn drop(&mut self) {
-        if self.before.is_empty() {
+        if self.before.is_empty() && self.arrived.is_empty() {
             return;
         }
         let mut inner = self.delivery.inner.lock().unwrap();
@@ -68,14 +84,36 @@ impl Drop for Recorded<'_> {
                 positions.truncate(*len);
             }
         }
+        for split in &self.arrived {
+            inner.arrived.remove(split);
+        }
     }
 }
 
+/// What a client tells a restarted dispatcher it has (`Delivery::rejoin`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Had {
+    pub completed: Vec<SplitId>,
+    pub received: Vec<Held>,
+}
+
 impl Delivery {
-    /// Records the rows of `batch` from `worker` before it enters the queue.
-    pub(crate) fn record<'d>(&'d self, worker: &str, batch: &Batch) -> Recorded<'d> {
+    /// Records the rows and completions of `batch` from `worker` before it enters the queue;
+    /// None if it is refused (made under a dispatcher this client rejoined another after).
+    pub(crate) fn record<'d>(&'d self, worker: &str, batch: &Batch) -> Option<Recorded<'d>> {
         let mut before: Vec<(SplitId, usize)> = Vec::new();
         let mut inner = self.inner.lock().unwrap();
+        if inner.retired.contains(&batch.incarnation) {
+            return None;
+        }
+        let mut arrived = Vec::new();
+        for &split in &batch.completes {
+            let id = (batch.epoch, split);
+            if let std::collections::btree_map::Entry::Vacant(e) = inner.arrived.entry(id) {
+                e.insert(false);
+                arrived.push(id);
+            }
+        }
         for &row in &batch.rows {
             let (split, position) = row_origin(row);
             let id = (batch.epoch, split);
@@ -85,7 +123,7 @@ impl Delivery {
             }
             positions.push(position);
         }
-        Recorded { delivery: self, worker: worker.to_string(), before }
+        Some(Recorded { delivery: self, worker: worker.to_string(), before, arrived })
     }
 
     /// For a job read by ranks.
@@ -101,10 +139,15 @@ impl Delivery {
         }
         let mut inner = self.inner.lock().unwrap();
         for &split in &batch.completes {
+            let id = (batch.epoch, split);
             if !self.ranked {
-                inner.rows.remove(&(batch.epoch, split));
+                inner.rows.remove(&id);
+                inner.reported.remove(&id);
             }
-            inner.completed.push((batch.epoch, split));
+            // A rejoin told the dispatcher already.
+            if inner.arrived.get(&id) != Some(&true) {
+                inner.completed.push(id);
+            }
         }
         drop(inner);
         self.changed.notify_one();
@@ -139,6 +182,8 @@ impl Delivery {
     pub(crate) fn finished_before(&self, open: u64) {
         let mut inner = self.inner.lock().unwrap();
         inner.rows.retain(|(epoch, _), _| *epoch >= open);
+        inner.reported.retain(|(epoch, _), _| *epoch >= open);
+        inner.arrived.retain(|(epoch, _), _| *epoch >= open);
         while inner.received.len() > 1 && inner.received.keys().next().is_some_and(|&e| e + 1 < open) {
             inner.received.pop_first();
         }
@@ -153,13 +198,15 @@ impl Delivery {
     /// What the next acknowledgement carries: the completions since the last, and the rows
     /// received from workers not in `listed` (forgotten here: a split is reported once).
     pub(crate) fn take(&self, listed: &BTreeSet<String>) -> (Vec<SplitId>, Vec<Held>) {
-        let mut inner = self.inner.lock().unwrap();
+        let mut guard = self.inner.lock().unwrap();
+        let inner = &mut *guard;
         let mut held = std::mem::take(&mut inner.held);
         for (split, by_worker) in inner.rows.iter_mut() {
             let gone: Vec<String> = by_worker.keys().filter(|w| !listed.contains(*w)).cloned().collect();
             let mut positions: Vec<u32> = gone.iter().flat_map(|w| by_worker.remove(w).unwrap_or_default()).collect();
             if !positions.is_empty() {
                 positions.sort_unstable();
+                inner.reported.entry(*split).or_default().extend(&positions);
                 held.push(Held { split: *split, positions });
             }
         }
@@ -167,9 +214,49 @@ impl Delivery {
         (std::mem::take(&mut inner.completed), held)
     }
 
-    /// What a failed acknowledgement carried: it goes with the next.
+    /// The dispatcher `incarnation` forgot this client: from now on its batches are refused,
+    /// and what arrived of the epochs from `open` on is what the new one is told (the
+    /// acknowledgements it had not taken go with it).
+    pub(crate) fn rejoin(&self, incarnation: u64, open: u64) -> Had {
+        let mut guard = self.inner.lock().unwrap();
+        let inner = &mut *guard;
+        // 0 tags nothing to refuse: a standalone worker's batches, or a dispatcher before
+        // incarnations.
+        if incarnation != 0 {
+            inner.retired.insert(incarnation);
+        }
+        inner.completed.clear();
+        inner.held.clear();
+        let mut completed = Vec::new();
+        for (split, reported) in inner.arrived.range_mut((open, 0)..) {
+            *reported = true;
+            completed.push(*split);
+        }
+        let mut rows: BTreeMap<SplitId, Vec<u32>> = BTreeMap::new();
+        for (split, by_worker) in inner.rows.iter().filter(|((e, _), _)| *e >= open) {
+            rows.entry(*split).or_default().extend(by_worker.values().flatten());
+        }
+        for (split, positions) in inner.reported.iter().filter(|((e, _), _)| *e >= open) {
+            rows.entry(*split).or_default().extend(positions);
+        }
+        let received = rows
+            .into_iter()
+            .filter(|(_, p)| !p.is_empty())
+            .map(|(split, mut positions)| {
+                positions.sort_unstable();
+                positions.dedup();
+                Held { split, positions }
+            })
+            .collect();
+        Had { completed, received }
+    }
+
+    /// What a failed acknowledgement carried: it goes with the next (but what a rejoin told
+    /// the dispatcher meanwhile).
     pub(crate) fn restore(&self, completed: Vec<SplitId>, held: Vec<Held>) {
         let mut inner = self.inner.lock().unwrap();
+        let told: Vec<bool> = completed.iter().map(|s| inner.arrived.get(s) == Some(&true)).collect();
+        let completed = completed.into_iter().zip(told).filter(|(_, told)| !told).map(|(s, _)| s);
         inner.completed.extend(completed);
         inner.held.extend(held);
     }
@@ -191,9 +278,9 @@ mod tests {
     #[test]
     fn rows_from_a_worker_that_left_are_reported_once_and_done_splits_not_at_all() {
         let d = Delivery::default();
-        d.record("a", &batch(0, &[(1, 0), (2, 5), (1, 3)], &[])).keep();
-        d.record("b", &batch(0, &[(1, 1)], &[])).keep();
-        d.record("a", &batch(0, &[(2, 6)], &[2])).keep();
+        d.record("a", &batch(0, &[(1, 0), (2, 5), (1, 3)], &[])).unwrap().keep();
+        d.record("b", &batch(0, &[(1, 1)], &[])).unwrap().keep();
+        d.record("a", &batch(0, &[(2, 6)], &[2])).unwrap().keep();
         d.taken(&batch(0, &[(2, 6)], &[2]));
         let (completed, held) = d.take(&listed(&["b"]));
         assert_eq!(completed, [(0, 2)]);
@@ -205,7 +292,7 @@ mod tests {
     #[test]
     fn a_batch_that_never_entered_the_queue_is_not_held() {
         let d = Delivery::default();
-        d.record("a", &batch(3, &[(1, 0)], &[])).keep();
+        d.record("a", &batch(3, &[(1, 0)], &[])).unwrap().keep();
         drop(d.record("a", &batch(3, &[(1, 1), (1, 2)], &[])));
         assert_eq!(d.take(&listed(&[])).1, [Held { split: (3, 1), positions: vec![0] }]);
     }
@@ -213,7 +300,7 @@ mod tests {
     #[test]
     fn a_failed_acknowledgement_goes_with_the_next() {
         let d = Delivery::default();
-        d.record("a", &batch(0, &[(4, 2)], &[])).keep();
+        d.record("a", &batch(0, &[(4, 2)], &[])).unwrap().keep();
         d.taken(&batch(0, &[], &[7]));
         let (completed, held) = d.take(&listed(&[]));
         d.restore(completed.clone(), held.clone());
@@ -223,7 +310,7 @@ mod tests {
     #[test]
     fn a_rank_keeps_a_completed_splits_rows_until_its_epoch_is_finished_and_counts_what_it_got() {
         let d = Delivery::ranked();
-        d.record("a", &batch(0, &[(1, 0), (1, 1)], &[1])).keep();
+        d.record("a", &batch(0, &[(1, 0), (1, 1)], &[1])).unwrap().keep();
         d.taken(&batch(0, &[(1, 0), (1, 1)], &[1]));
         d.received(0);
         d.received(0);
@@ -240,11 +327,45 @@ mod tests {
                 (1, Received { batches: 1, ..Received::default() })
             ]
         );
-        d.record("a", &batch(0, &[(2, 0)], &[])).keep();
+        d.record("a", &batch(0, &[(2, 0)], &[])).unwrap().keep();
         d.finished_before(1);
         assert_eq!(d.take(&listed(&[])).1, [], "epoch 0 is finished");
         d.finished_before(3);
         assert_eq!(d.progress().len(), 1, "the last epoch's counts stay");
+    }
+
+    #[test]
+    fn a_rejoin_tells_everything_that_arrived_of_the_open_epochs_and_refuses_the_old_dispatchers_batches() {
+        let d = Delivery::default();
+        d.record("a", &batch(4, &[(1, 0), (1, 3)], &[])).unwrap().keep();
+        d.record("b", &batch(4, &[(1, 1), (2, 0)], &[2])).unwrap().keep();
+        d.record("b", &batch(5, &[(0, 8)], &[])).unwrap().keep();
+        d.record("b", &batch(3, &[(6, 1)], &[6])).unwrap().keep();
+        assert_eq!(d.take(&listed(&["b"])).1, [Held { split: (4, 1), positions: vec![0, 3] }], "a left");
+        let had = d.rejoin(7, 4);
+        assert_eq!(had.completed, [(4, 2)], "arrived, not yet taken; epoch 3 is finished");
+        assert_eq!(
+            had.received,
+            [
+                Held { split: (4, 1), positions: vec![0, 1, 3] },
+                Held { split: (4, 2), positions: vec![0] },
+                Held { split: (5, 0), positions: vec![8] },
+            ],
+            "a's rows though already reported, and the next epoch's"
+        );
+        let old = Batch { incarnation: 7, ..batch(4, &[(3, 0)], &[3]) };
+        assert!(d.record("b", &old).is_none(), "the old dispatcher's batches are refused");
+        let new = Batch { incarnation: 8, ..batch(4, &[(3, 0)], &[]) };
+        d.record("b", &new).unwrap().keep();
+        d.taken(&batch(4, &[(2, 0)], &[2]));
+        assert_eq!(d.take(&listed(&["b"])).0, [], "the rejoin told the completion already");
+        d.restore(vec![(4, 2)], vec![]);
+        assert_eq!(d.take(&listed(&["b"])).0, [], "nor does a failed acknowledgement bring it back");
+        let again = d.rejoin(8, 4);
+        assert_eq!(again.completed, [(4, 2)]);
+        assert_eq!(again.received[1], Held { split: (4, 3), positions: vec![0] }, "the new dispatcher's rows too");
+        let zero = batch(4, &[(3, 1)], &[]);
+        assert!(d.record("b", &zero).is_some(), "0 is never refused");
     }
 
     /// What the accounting costs per batch, as the client does it: rows recorded as a batch is
@@ -266,7 +387,7 @@ mod tests {
             let listed = listed(&["w"]);
             let start = std::time::Instant::now();
             for b in &batches {
-                d.record("w", b).keep();
+                d.record("w", b).unwrap().keep();
                 d.taken(b);
                 if !b.completes.is_empty() {
                     d.take(&listed);

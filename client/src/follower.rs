@@ -10,7 +10,7 @@
 //! allowed, a failed pipeline) reaches the caller.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -56,6 +56,8 @@ pub(crate) struct Shared {
     pub meter: Arc<Mutex<Meter>>,
     /// The job's open epoch, as the dispatcher last said.
     pub open_epoch: Arc<AtomicU64>,
+    /// The job's live clients, as the dispatcher last listed them.
+    pub clients: Arc<AtomicU32>,
     /// The epoch the caller reads; `switched` wakes the follower when it moves on.
     pub reading: Arc<AtomicU64>,
     pub switched: Arc<Notify>,
@@ -182,6 +184,12 @@ impl Follower {
     /// stopped, so every row they queued is recorded and nothing more comes from them), stream
     /// from the new ones, and acknowledge. Returns whether the acknowledgement went.
     async fn apply(&mut self, state: &mut State, list: proto::WorkerList) -> bool {
+        // A list from a dispatcher this client is not registered with: it restarted.
+        // If that fails, the acknowledgement below is refused (NOT_FOUND) and rejoins again.
+        if let Err(s) = self.link.rejoin(Some(list.incarnation)).await {
+            tracing::debug!(status = %s, "rejoining the restarted dispatcher failed; retrying");
+        }
+        self.shared.clients.store(list.clients, Ordering::Relaxed);
         state.listed = list.addresses.into_iter().collect();
         state.version = list.version;
         self.saw_epoch(list.epoch);

@@ -24,6 +24,7 @@ struct Partial {
     sequence: u64,
     completes: Vec<u64>,
     rows: Vec<u64>,
+    incarnation: u64,
     tensors: Vec<PartialTensor>,
     /// First tensor still missing bytes.
     current: usize,
@@ -164,6 +165,7 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
         sequence: header.sequence,
         completes: header.completes,
         rows: header.rows,
+        incarnation: header.incarnation,
         tensors,
         current: 0,
         declared,
@@ -202,8 +204,8 @@ impl Partial {
             let tensor = Tensor { dtype: t.dtype, shape: t.shape, data: t.data.into_bytes() };
             tensors.insert(t.name, tensor);
         }
-        let (epoch, split, sequence, completes, rows) =
-            (self.epoch, self.split, self.sequence, self.completes, self.rows);
-        Batch { tensors, epoch, split, sequence, completes, rows }
+        let (epoch, split, sequence, completes, rows, incarnation) =
+            (self.epoch, self.split, self.sequence, self.completes, self.rows, self.incarnation);
+        Batch { tensors, epoch, split, sequence, completes, rows, incarnation }
     }
 }

@@ -1,9 +1,10 @@
 //! The client's side of the dispatcher's RPCs: registering as a consumer of a job (again, under
-//! the same id, when a restarted dispatcher forgot it), watching the worker list, reporting
-//! batch-time windows and acknowledging what arrived.
+//! the same id and telling it what the client has, when a restarted dispatcher forgot it:
+//! rejoining), watching the worker list, reporting batch-time windows and acknowledging what
+//! arrived.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use stoker_api::proto::dispatcher_client::DispatcherClient;
@@ -11,7 +12,7 @@ use stoker_api::proto::{self, PipelineRef};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::delivery::{Held, SplitId};
+use crate::delivery::{Delivery, Held, SplitId};
 use crate::error::Error;
 use crate::options::ClientOptions;
 use crate::stats::WindowStats;
@@ -26,9 +27,18 @@ pub(crate) struct Registration {
     token: Option<String>,
     /// How often to report a batch-time window.
     pub(crate) window: Duration,
-    /// The epoch the client reads: a re-registration tells a restarted dispatcher where the
-    /// job is.
-    pub(crate) reading: Option<Arc<AtomicU64>>,
+    /// The dispatcher registered with (RegisterClientResponse.incarnation).
+    incarnation: u64,
+    /// What a rejoin tells a restarted dispatcher; set once the client streams.
+    pub(crate) had: Option<Rejoining>,
+}
+
+/// Where a rejoin finds what the client has of its job.
+pub(crate) struct Rejoining {
+    pub delivery: Delivery,
+    /// The job's open epoch and clients, as the dispatcher last said.
+    pub open_epoch: Arc<AtomicU64>,
+    pub clients: Arc<AtomicU32>,
 }
 
 impl Registration {
@@ -48,12 +58,13 @@ impl Registration {
                 consumer_index: options.consumer_index,
                 consumers: options.consumers,
                 client_id: String::new(),
-                epoch: None,
                 resume: options.resume.clone(),
+                rejoin: None,
             },
             token: options.token.clone(),
             window: Duration::from_secs(10),
-            reading: None,
+            incarnation: 0,
+            had: None,
         };
         let deadline = tokio::time::Instant::now() + options.connect_timeout;
         loop {
@@ -74,21 +85,61 @@ impl Registration {
     }
 
     async fn try_register(&mut self) -> Result<(), Status> {
-        if !self.request.client_id.is_empty() {
-            self.request.epoch = self.reading.as_ref().map(|r| r.load(Ordering::Relaxed));
-        }
         let response = self.client.register_client(self.request(self.request.clone())).await?.into_inner();
         if response.window_ms > 0 {
             self.window = Duration::from_millis(u64::from(response.window_ms));
         }
-        tracing::info!(dispatcher = %self.url, client = %response.client_id, job = %response.job, "registered with the dispatcher");
+        tracing::info!(dispatcher = %self.url, client = %response.client_id, job = %response.job, rejoined = self.request.rejoin.is_some(), "registered with the dispatcher");
         self.request.client_id = response.client_id;
         // A resumed job streams as its run; again registering, it is that run's client.
         if !response.job.is_empty() {
             self.request.job = response.job;
         }
         self.request.resume = None;
+        self.request.rejoin = None;
+        self.incarnation = response.incarnation;
         Ok(())
+    }
+
+    /// The dispatcher answered NOT_FOUND: the client went silent too long and was forgotten
+    /// (register again), or the dispatcher restarted (rejoin).
+    async fn forgotten(&mut self, s: &Status) -> Result<(), Status> {
+        let answered = s.metadata().get(proto::INCARNATION).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if answered == Some(self.incarnation) && self.request.rejoin.is_none() {
+            self.try_register().await
+        } else {
+            self.rejoin(None).await
+        }
+    }
+
+    /// The dispatcher forgot this client, or `seen` (a worker list's) is not the one it
+    /// registered with: it restarted. Registers again, telling the new one what the client has
+    /// of the job (refusing batches of the old one from this moment), so the job goes on
+    /// without repeating any of it. Nothing to do if this already happened.
+    pub(crate) async fn rejoin(&mut self, seen: Option<u64>) -> Result<(), Status> {
+        if seen.is_some_and(|s| s == 0 || s == self.incarnation) {
+            return Ok(());
+        }
+        if self.request.rejoin.is_none()
+            && let Some(had) = &self.had
+        {
+            let open_epoch = had.open_epoch.load(Ordering::Relaxed);
+            let what = had.delivery.rejoin(self.incarnation, open_epoch);
+            tracing::info!(dispatcher = %self.url, open_epoch, completed = what.completed.len(), "the dispatcher restarted: rejoining with what this client has");
+            self.request.rejoin = Some(proto::Rejoin {
+                incarnation: self.incarnation,
+                open_epoch,
+                clients: had.clients.load(Ordering::Relaxed),
+                completed: what.completed.iter().map(|&(epoch, split)| proto::SplitRef { epoch, split }).collect(),
+                received: what
+                    .received
+                    .into_iter()
+                    .map(|h| proto::HeldRows { epoch: h.split.0, split: h.split.1, positions: h.positions })
+                    .collect(),
+            });
+        }
+        // Kept until it is taken: a failed attempt sends the same again.
+        self.try_register().await
     }
 
     /// The job to stream and watch as: the job, or the run a resumed job goes on as.
@@ -111,9 +162,9 @@ impl Registration {
             workers: workers as u32,
         };
         match self.client.report_window(self.request(report.clone())).await {
-            // The dispatcher restarted and forgot us: register again under the same id.
             Err(s) if s.code() == Code::NotFound => {
-                self.try_register().await?;
+                self.forgotten(&s).await?;
+                let report = proto::ReportWindowRequest { client_id: self.request.client_id.clone(), ..report };
                 self.client.report_window(self.request(report)).await.map(drop)
             }
             other => other.map(drop),
@@ -145,7 +196,15 @@ impl Registration {
         };
         let response = match self.client.acknowledge(self.request(ack.clone())).await {
             Err(s) if s.code() == Code::NotFound => {
-                self.try_register().await?;
+                // A rejoin tells a new dispatcher the completions and rows; the one that only
+                // forgot this client has them.
+                self.forgotten(&s).await?;
+                let ack = proto::AcknowledgeRequest {
+                    client_id: self.request.client_id.clone(),
+                    completed: Vec::new(),
+                    held: Vec::new(),
+                    ..ack
+                };
                 self.client.acknowledge(self.request(ack)).await
             }
             other => other,

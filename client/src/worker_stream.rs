@@ -73,13 +73,17 @@ pub(crate) async fn pump(
         match stream.message().await {
             Ok(Some(chunk)) => match reassembler.push(chunk) {
                 Ok(Some(batch)) => {
+                    // Undone if the stream is stopped (its worker left the list) before the
+                    // batch is in: only queued rows count as delivered.
+                    let recorded = match delivery.map(|d| d.record(&worker, &batch)) {
+                        // Made under a dispatcher this client rejoined another after.
+                        Some(None) => continue,
+                        recorded => recorded.flatten(),
+                    };
                     let data = (!batch.is_completions()).then_some(batch.epoch);
                     if data.is_some() {
                         on_batch();
                     }
-                    // Undone if the stream is stopped (its worker left the list) before the
-                    // batch is in: only queued rows count as delivered.
-                    let recorded = delivery.map(|d| d.record(&worker, &batch));
                     if tx.send(Ok(batch)).await.is_err() {
                         return None; // the client is gone
                     }

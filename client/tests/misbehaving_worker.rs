@@ -45,7 +45,15 @@ async fn scripted(chunks: Vec<BatchChunk>) -> (SocketAddr, Seen) {
 
 fn header(n: u64) -> Option<BatchHeader> {
     let meta = TensorMeta { name: "x".into(), dtype: Dtype::Uint8 as i32, shape: vec![n], byte_length: n };
-    Some(BatchHeader { epoch: 1, split: 2, sequence: 3, tensors: vec![meta], completes: vec![], rows: vec![] })
+    Some(BatchHeader {
+        epoch: 1,
+        split: 2,
+        sequence: 3,
+        tensors: vec![meta],
+        completes: vec![],
+        rows: vec![],
+        incarnation: 0,
+    })
 }
 
 fn chunk(header: Option<BatchHeader>, data: &'static [u8], last: bool) -> BatchChunk {

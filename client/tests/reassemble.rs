@@ -23,7 +23,15 @@ fn sample() -> Batch {
     tensors.insert("image".to_string(), tensor(DType::Float16, vec![4, 50, 60, 3], 1));
     tensors.insert("label".to_string(), tensor(DType::Int64, vec![4], 2));
     tensors.insert("mask".to_string(), tensor(DType::Uint8, vec![0, 3], 3));
-    Batch { tensors, epoch: 2, split: 9, sequence: 4, completes: vec![8, 9], rows: vec![9 << 32 | 1, 8 << 32] }
+    Batch {
+        tensors,
+        epoch: 2,
+        split: 9,
+        sequence: 4,
+        completes: vec![8, 9],
+        rows: vec![9 << 32 | 1, 8 << 32],
+        incarnation: 3,
+    }
 }
 
 fn feed(r: &mut Reassembler, chunks: impl IntoIterator<Item = BatchChunk>) -> Result<Vec<Batch>, ProtocolError> {
@@ -94,6 +102,7 @@ fn one_tensor_header(dtype: i32, shape: Vec<u64>, byte_length: u64) -> BatchHead
         tensors: vec![TensorMeta { name: "x".into(), dtype, shape, byte_length }],
         completes: vec![],
         rows: vec![],
+        incarnation: 0,
     }
 }
 

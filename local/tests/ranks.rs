@@ -11,52 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use stoker_client::{Client, ClientOptions};
 use stoker_operator::autoscaling::Scaler;
 
 const FILES: i64 = 8;
 const LINES: i64 = 503;
 const EPOCHS: u64 = 3;
-
-/// What one rank got of one epoch: its batches, the records in them, and the rows it dropped.
-#[derive(Debug, Default)]
-struct Got {
-    batches: usize,
-    ids: Vec<i64>,
-    dropped_rows: u64,
-}
-
-/// Reads `EPOCHS` epochs as rank `rank` of 2, counting every batch in `read`.
-async fn rank(url: String, rank: u32, read: Arc<AtomicUsize>) -> Vec<Got> {
-    let mut options = ClientOptions::new("ns", "records");
-    options.job = "ddp".into();
-    options.consumers = 2;
-    options.consumer_index = rank;
-    options.prefetch = 2;
-    options.stream_window_bytes = 64 << 10;
-    let mut client = Client::from_dispatcher(&url, options).await.unwrap();
-    let mut epochs = Vec::new();
-    for epoch in 0..EPOCHS {
-        assert_eq!(client.epoch(), epoch);
-        let dropped_before = client.dropped_rows();
-        let mut got = Got::default();
-        let reading = async {
-            while let Some(batch) = client.next_in_epoch().await {
-                let batch = batch.expect("no error reaches the caller");
-                assert_eq!(batch.epoch, epoch);
-                got.ids.extend(support::ids(&batch));
-                got.batches += 1;
-                read.fetch_add(1, Ordering::Relaxed);
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(90), reading)
-            .await
-            .unwrap_or_else(|_| panic!("rank {rank}: epoch {epoch} did not end within 90 s"));
-        got.dropped_rows = client.dropped_rows() - dropped_before;
-        epochs.push(got);
-    }
-    epochs
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_ranks_get_equal_batches_each_epoch_and_the_job_every_record_once_also_when_a_worker_dies() {
@@ -65,7 +24,9 @@ async fn two_ranks_get_equal_batches_each_epoch_and_the_job_every_record_once_al
         .await;
     s.workers.scale(&s.key, 2).await.unwrap();
     let read = Arc::new(AtomicUsize::new(0));
-    let ranks: Vec<_> = (0..2).map(|r| tokio::spawn(rank(s.url.clone(), r, read.clone()))).collect();
+    let ranks: Vec<_> = (0..2)
+        .map(|r| tokio::spawn(support::consume(s.url.clone(), "ddp", 2, r, EPOCHS, LINES, read.clone())))
+        .collect();
 
     // Mid epoch 1 (each epoch is about 400 batches between the ranks, the last of each worker's
     // run partial), once both workers delivered.

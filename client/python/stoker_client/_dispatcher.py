@@ -1,5 +1,6 @@
 """Dispatcher mode: register as a consumer, follow the worker list (and, for a job read by
-ranks, its quotas), acknowledge what the client received, report windows."""
+ranks, its quotas), acknowledge what the client received, report windows, and rejoin a
+dispatcher that restarted (or the one of a new leader) with what the client has of the job."""
 
 import threading
 import time
@@ -20,6 +21,20 @@ RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode
 ACK_PAUSE = 0.02
 # How long closing waits for the dispatcher to take the last acknowledgement.
 LEAVE_TIMEOUT = 1.0
+# Metadata of the dispatcher's NOT_FOUND answers: its incarnation (decimal). A client that finds
+# its own there was only forgotten (it went silent too long); any other, the dispatcher restarted.
+INCARNATION = "stoker-incarnation"
+
+
+def answered_incarnation(error: grpc.RpcError) -> Optional[int]:
+    """The incarnation a NOT_FOUND names (`INCARNATION`), None if it names none."""
+    for name in ("trailing_metadata", "initial_metadata"):
+        metadata = getattr(error, name, None)
+        for key, value in (metadata() if callable(metadata) else None) or ():
+            if key == INCARNATION:
+                value = value.decode() if isinstance(value, bytes) else value
+                return int(value) if value.isdigit() else None
+    return None
 
 
 class Followed(Protocol):
@@ -30,8 +45,9 @@ class Followed(Protocol):
 
     wake: threading.Event
     """Set when there is something to acknowledge: by the client when the caller takes a batch
-    that completes splits (for a job read by ranks: when it arrives, and whenever what the rank
-    received changed), by the follower when it applied a worker list."""
+    that completes splits not told by a rejoin already (for a job read by ranks: when it
+    arrives, and whenever what the rank received changed), by the follower when it applied a
+    worker list."""
 
     def closed(self) -> bool: ...
 
@@ -56,13 +72,21 @@ class Followed(Protocol):
         """Applies a worker list whose job's open epoch is `epoch`: stops streaming from the
         workers not listed (waiting until what each buffered is recorded), opens the streams
         missing to the ones listed (the first list also sets the epoch reading starts at), and
-        returns (then forgets) the rows of unfinished splits it got from the workers left out."""
+        returns the rows of unfinished splits it got from the workers left out, forgetting
+        them as held (they are kept for a rejoin until their split or epoch is done)."""
 
     def take_report(self) -> Tuple[WindowStats, int]:
         """The batch-time window (restarting it) and how many workers delivered."""
 
+    def rejoin(self, incarnation: int, clients: int) -> _wire.Rejoin:
+        """What the client has of the job's unfinished epochs, for a dispatcher that forgot it,
+        the one it was registered with being `incarnation` and its last list of the job's
+        clients `clients`. At once, batches of `incarnation` arriving are dropped, the
+        completions in it are not acknowledged again, and those waiting to be are dropped:
+        the rejoin tells them."""
+
     def take_completed(self) -> List[Tuple[int, int]]:
-        """The (epoch, split)s completed since the last take."""
+        """The (epoch, split)s completed since the last take (none a rejoin told)."""
 
     def restore_completed(self, completed: List[Tuple[int, int]]) -> None:
         """Completions a failed acknowledgement carried: they go with the next one."""
@@ -96,12 +120,22 @@ class Follower:
         # until then only), the run the resumed job goes on as.
         self.job, self.resume = job, resume
         self.client_id, self.window = "", 1.0
+        # The dispatcher registered with (RegisterClientResponse.incarnation; changed under
+        # `rejoining` only) and the job's clients it last listed: what a rejoin names.
+        self.incarnation = self.clients = 0
         # The newest list applied and the rows held from workers the lists dropped, not yet
         # acknowledged: the watch thread adds, the acknowledging thread sends.
         self.lock = threading.Lock()
         self.version = 0
         self.held: List[_wire.Held] = []
         self.acknowledged = 0
+        # Registrations made, and rejoins begun (under `lock`): a thread that saw the counts
+        # before a call knows from them whether the dispatcher forgetting the client was dealt
+        # with since, and whether what it meant to send was told by a rejoin since. One
+        # registration at a time; a rejoin that failed is sent again as it was (`pending`).
+        self.registrations = self.rejoins = 0
+        self.rejoining = threading.Lock()
+        self.pending: Optional[_wire.Rejoin] = None
         # Watch calls opened: a new one may be to a restarted dispatcher, which must hear the
         # rank progress again. With the progress it last took (acknowledging thread only).
         self.watches = 0
@@ -121,29 +155,70 @@ class Follower:
         threading.Thread(target=self.acknowledge_loop, daemon=True, name="stoker-acknowledge").start()
         threading.Thread(target=self.report, daemon=True, name="stoker-report").start()
 
-    def register(self):
+    def register(self, rejoin: Optional[_wire.Rejoin] = None):
         namespace, pipeline, index = self.args
-        self.client_id, window_ms, job = self.register_rpc(
+        registered = self.register_rpc(
             _wire.encode_register_client(namespace, pipeline, self.job, index, self.client_id, self.consumers,
-                                         self.resume),
+                                         self.resume, rejoin),
             metadata=self.client.metadata)
-        if window_ms:
-            self.window = window_ms / 1000.0
+        self.client_id = registered.client_id
+        self.registrations += 1
+        if registered.window_ms:
+            self.window = registered.window_ms / 1000.0
+        self.incarnation = registered.incarnation
         # Registering again (the dispatcher forgot the client) is as the run's client.
         self.resume = None
-        if job:
-            self.job = job
-            self.client.stream_as(job)
+        if registered.job:
+            self.job = registered.job
+            self.client.stream_as(registered.job)
 
-    def call(self, rpc, request):
-        """`rpc` with `request(client_id)`, registering again first if the dispatcher restarted."""
+    def call(self, rpc, request, again=None):
+        """`rpc` with `request(client_id)`; if the dispatcher forgot the client, registers
+        again (`forgotten`) and calls with `again(client_id)` (by default, `request`'s)."""
+        seen = self.registrations
         try:
             return rpc(request(self.client_id), metadata=self.client.metadata)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.NOT_FOUND:
                 raise
-        self.register()  # the dispatcher restarted and forgot us: same id again
-        return rpc(request(self.client_id), metadata=self.client.metadata)
+            self.forgotten(e, seen)
+        return rpc((again or request)(self.client_id), metadata=self.client.metadata)
+
+    def forgotten(self, error: grpc.RpcError, seen: int) -> None:
+        """The dispatcher answered NOT_FOUND: if it names the incarnation the client registered
+        with, it only forgot the client (silent too long) and it registers again; otherwise the
+        dispatcher restarted and the client rejoins it. Nothing if a registration was made
+        since the caller saw `seen` (threads that find out together register once). Raises
+        the registration's error: the next call that finds the client forgotten tries again."""
+        answered = answered_incarnation(error)
+        with self.rejoining:
+            if self.registrations != seen:
+                return
+            if answered is not None and answered == self.incarnation and self.pending is None:
+                self.register()
+            else:
+                self.rejoin()
+
+    def rejoin_if_restarted(self, incarnation: int) -> None:
+        """A worker list from dispatcher `incarnation`: if the client registered with another
+        one, that one restarted (or another operator leads now), and the client rejoins even
+        if it has not called the new one yet. Either incarnation 0: one that does not tell."""
+        with self.rejoining:
+            if incarnation and self.incarnation and incarnation != self.incarnation:
+                self.rejoin()
+
+    def rejoin(self) -> None:
+        """Registers again, as the same client, telling the dispatcher what the client has of
+        the job (`Followed.rejoin`): from that moment the batches of the dispatcher it leaves
+        are dropped, and what waited to be acknowledged goes no more (the rejoin tells it). A
+        rejoin that failed is sent again as it was. Called with `rejoining` held."""
+        if self.pending is None:
+            with self.lock:
+                self.rejoins += 1
+                self.held.clear()
+                self.pending = self.client.rejoin(self.incarnation, self.clients)
+        self.register(self.pending)
+        self.pending = None
 
     def watch(self):
         namespace, pipeline, _ = self.args
@@ -155,6 +230,12 @@ class Follower:
                 with self.lock:
                     self.watches += 1
                 for workers in call:
+                    try:
+                        self.rejoin_if_restarted(workers.incarnation)
+                    except grpc.RpcError:
+                        pass  # the acknowledgement of this list is refused, and rejoins again
+                    with self.lock:
+                        self.clients = workers.clients
                     self.client.set_quotas(workers.quotas)
                     held = self.client.follow(workers.addresses, workers.epoch)
                     with self.lock:
@@ -182,21 +263,37 @@ class Follower:
     def acknowledge(self) -> bool:
         """Sends what there is to acknowledge; whether it went (or there was nothing)."""
         with self.lock:
-            version, held, watches = self.version, list(self.held), self.watches
-        completed = self.client.take_completed()
+            # Taken together with the rejoin count: a rejoin since tells them.
+            version, held, watches, seen = self.version, list(self.held), self.watches, self.rejoins
+            completed = self.client.take_completed()
         received = self.client.rank_progress()
         progress = (watches, received)
         if not completed and not held and version == self.acknowledged \
                 and (not received or progress == self.acknowledged_progress):
             return True
+
+        def again(client_id):
+            """After registering again: a rejoin told a restarted dispatcher the completions
+            and rows, and the one that only forgot the client took its splits back."""
+            return _wire.encode_acknowledge(client_id, [], version, [], received=received)
+
+        def request(client_id):
+            with self.lock:
+                rejoined = self.rejoins != seen
+            if rejoined:
+                return again(client_id)
+            return _wire.encode_acknowledge(client_id, completed, version, held, received=received)
+
         try:
-            epoch = self.call(self.acknowledge_rpc, lambda client_id: _wire.encode_acknowledge(
-                client_id, completed, version, held, received=received))
+            epoch = self.call(self.acknowledge_rpc, request, again)
         except (grpc.RpcError, ValueError):  # ValueError: the client closed the channel meanwhile
-            self.client.restore_completed(completed)
+            with self.lock:
+                if self.rejoins == seen:
+                    self.client.restore_completed(completed)
             return False
         with self.lock:
-            del self.held[:len(held)]  # only the watch thread adds, at the end
+            if self.rejoins == seen:
+                del self.held[:len(held)]  # only the watch thread adds, at the end
         self.acknowledged = version
         self.acknowledged_progress = progress
         self.client.saw_epoch(epoch)

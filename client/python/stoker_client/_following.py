@@ -141,25 +141,31 @@ class Following:
 
     def _record_completed(self, done: List[Tuple[int, int]]) -> None:
         """These (epoch, split)s' last batches were taken (or, for a job read by ranks,
-        arrived): acknowledged as done, and their rows are no longer held from any worker.
-        Called with the lock held. A rank keeps holding them until the epoch is finished: the
-        split is done only once every rank acknowledged it, and if its worker dies before, it
-        is produced again without the rows any rank holds."""
+        arrived): acknowledged as done (unless a rejoin told the dispatcher already), and their
+        rows are no longer held from any worker nor kept for a rejoin. Called with the lock
+        held. A rank keeps holding them until the epoch is finished: the split is done only
+        once every rank acknowledged it, and if its worker dies before, it is produced again
+        without the rows any rank holds."""
         if not done:
             return
-        self._completed.extend(done)
         if self._consumers <= 1:
             for held in self._held.values():
                 for key in done:
                     held.pop(key, None)
-        self._wake.set()
+            self._received.taken(done)
+        done = self._received.unreported(done)
+        if done:
+            self._completed.extend(done)
+            self._wake.set()
 
     def _saw_open_epoch(self, epoch: int) -> None:
-        """The job's open epoch is `epoch` (or later already). For a job read by ranks, the
-        rows held of the epochs before it go: all their splits are done. Called with the lock held."""
+        """The job's open epoch is `epoch` (or later already): what was kept of the epochs
+        before it for a rejoin goes, and for a job read by ranks the rows held of them too:
+        all their splits are done. Called with the lock held."""
         if epoch <= self.open_epoch:
             return
         self.open_epoch = epoch
+        self._received.saw_open_epoch(epoch)
         if self._consumers > 1:
             for held in self._held.values():
                 for key in [k for k in held if k[0] < epoch]:
@@ -242,6 +248,13 @@ class _Followed:
         with client._lock:
             workers = len(client._delivering)
         return window, workers
+
+    def rejoin(self, incarnation: int, clients: int) -> _wire.Rejoin:
+        client = self._client
+        with client._lock:
+            # Completions waiting to be acknowledged arrived: the rejoin tells them.
+            client._completed = []
+            return client._received.rejoin(incarnation, clients)
 
     def take_completed(self) -> List[Tuple[int, int]]:
         client = self._client

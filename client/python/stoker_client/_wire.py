@@ -2,7 +2,7 @@
 and decoded by hand: no generated code, and payload pieces come back as memoryview slices of the
 received message, so tensors are built without copying."""
 
-from typing import List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 # Wire types.
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
@@ -119,6 +119,9 @@ class Header(NamedTuple):
     completes: List[int] = []
     # Where each row came from: split << 32 | position.
     rows: List[int] = []
+    # The dispatcher that handed out the splits of the rows (0 from a standalone worker): a
+    # client that rejoined a restarted dispatcher drops batches of the one before.
+    incarnation: int = 0
 
 
 class Chunk(NamedTuple):
@@ -144,7 +147,7 @@ def _tensor_meta(buf) -> TensorMeta:
 
 
 def _header(buf) -> Header:
-    epoch = split = sequence = 0
+    epoch = split = sequence = incarnation = 0
     tensors, completes, rows = [], [], []
     for field, wire_type, value in _fields(buf):
         if wire_type == _VARINT and field in (1, 2, 3):
@@ -164,7 +167,9 @@ def _header(buf) -> Header:
             rows.extend(_packed(buf, value))
         elif field == 6 and wire_type == _VARINT:
             rows.append(value)
-    return Header(epoch, split, sequence, tensors, completes, rows)
+        elif field == 7 and wire_type == _VARINT:
+            incarnation = value
+    return Header(epoch, split, sequence, tensors, completes, rows, incarnation)
 
 
 def decode_chunk(message: bytes) -> Chunk:
@@ -185,10 +190,30 @@ def _pipeline_ref(namespace: str, pipeline: str) -> bytes:
     return _len_field(1, namespace.encode()) + _len_field(2, pipeline.encode())
 
 
+class Held(NamedTuple):
+    """Rows of a split the client received (HeldRows): of an unfinished split from a worker
+    that left the list, in an acknowledgement; of a split not completed, in a `Rejoin`."""
+    epoch: int
+    split: int
+    positions: List[int]
+
+
+class Rejoin(NamedTuple):
+    """What a client has of its job's unfinished epochs, for a dispatcher that restarted: the
+    dispatcher it was registered with, the job's open epoch and clients as that one last said,
+    the (epoch, split)s whose completion it received and the rows it received of the others."""
+    incarnation: int
+    open_epoch: int
+    clients: int
+    completed: List[Tuple[int, int]]
+    received: List[Held]
+
+
 def encode_register_client(namespace: str, pipeline: str, job: str, consumer_index: int, client_id: str,
-                           consumers: int = 0, resume: Optional[dict] = None) -> bytes:
+                           consumers: int = 0, resume: Optional[dict] = None, rejoin: Optional[Rejoin] = None) -> bytes:
     """A RegisterClientRequest; `consumers` as in `encode_stream_request`; `resume`: a
-    consumer's saved state, as `Client.state()` gives it."""
+    consumer's saved state, as `Client.state()` gives it; `rejoin`: registering again with a
+    dispatcher that forgot the client. (Field 5, the epoch read, is no longer sent.)"""
     out = _len_field(1, _pipeline_ref(namespace, pipeline)) + _len_field(2, job.encode())
     if consumer_index:
         out += _key(3, _VARINT) + _varint(consumer_index)
@@ -198,6 +223,22 @@ def encode_register_client(namespace: str, pipeline: str, job: str, consumer_ind
         out += _key(6, _VARINT) + _varint(consumers)
     if resume is not None:
         out += _len_field(7, _resume_state(resume))
+    if rejoin is not None:
+        # Sent even when every field is zero: its presence is what says "rejoining".
+        out += _len_field(8, _rejoin(rejoin))
+    return out
+
+
+def _rejoin(rejoin: Rejoin) -> bytes:
+    """A Rejoin; its rows are HeldRows with packed positions."""
+    out = b""
+    for field, value in ((1, rejoin.incarnation), (2, rejoin.open_epoch), (3, rejoin.clients)):
+        if value:
+            out += _key(field, _VARINT) + _varint(value)
+    for epoch, split in rejoin.completed:
+        out += _split_ref(4, epoch, split)
+    for epoch, split, positions in rejoin.received:
+        out += _held_rows(5, epoch, split, positions)
     return out
 
 
@@ -212,10 +253,19 @@ def _resume_state(state: dict) -> bytes:
     return out
 
 
-def decode_register_client(message: bytes):
-    """(client_id, window_ms, job): `job` is what to stream and watch as (empty: as named)."""
+class Registered(NamedTuple):
+    """A RegisterClientResponse."""
+    client_id: str
+    window_ms: int
+    # What to stream and watch as (empty: the job as named).
+    job: str
+    # The dispatcher's start (0 from one that predates restarts being told apart).
+    incarnation: int = 0
+
+
+def decode_register_client(message: bytes) -> Registered:
     view = memoryview(message)
-    client_id, window_ms, job = "", 0, ""
+    client_id, window_ms, job, incarnation = "", 0, "", 0
     for field, wire_type, value in _fields(view):
         if field == 1 and wire_type == _LEN:
             client_id = bytes(view[value[0]:value[1]]).decode()
@@ -223,7 +273,9 @@ def decode_register_client(message: bytes):
             window_ms = value
         elif field == 3 and wire_type == _LEN:
             job = bytes(view[value[0]:value[1]]).decode()
-    return client_id, window_ms, job
+        elif field == 4 and wire_type == _VARINT:
+            incarnation = value
+    return Registered(client_id, window_ms, job, incarnation)
 
 
 def encode_watch_workers(namespace: str, pipeline: str, job: str) -> bytes:
@@ -246,6 +298,10 @@ class WorkerList(NamedTuple):
     epoch: int
     # A job read by ranks: the quotas of its recent epochs.
     quotas: List[EpochQuota] = []
+    # The dispatcher sending it (a client registered with another one rejoins).
+    incarnation: int = 0
+    # The job's live clients: after a restart the job waits for as many rejoins.
+    clients: int = 0
 
 
 def _epoch_quota(buf) -> EpochQuota:
@@ -265,7 +321,7 @@ def _epoch_quota(buf) -> EpochQuota:
 
 def decode_worker_list(message: bytes) -> WorkerList:
     view = memoryview(message)
-    addresses, version, epoch, quotas = [], 0, 0, []
+    addresses, version, epoch, quotas, incarnation, clients = [], 0, 0, [], 0, 0
     for field, wire_type, value in _fields(view):
         if field == 1 and wire_type == _LEN:
             addresses.append(bytes(view[value[0]:value[1]]).decode())
@@ -275,7 +331,11 @@ def decode_worker_list(message: bytes) -> WorkerList:
             epoch = value
         elif field == 4 and wire_type == _LEN:
             quotas.append(_epoch_quota(view[value[0]:value[1]]))
-    return WorkerList(addresses, version, epoch, quotas)
+        elif field == 5 and wire_type == _VARINT:
+            incarnation = value
+        elif field == 6 and wire_type == _VARINT:
+            clients = value
+    return WorkerList(addresses, version, epoch, quotas, incarnation, clients)
 
 
 def _double(field: int, value: float) -> bytes:
@@ -288,13 +348,6 @@ def encode_report_window(client_id: str, batches: int, median: float, p90: float
     out = _len_field(1, client_id.encode()) + _key(2, _VARINT) + _varint(batches)
     out += _double(3, median) + _double(4, p90) + _double(5, wait_fraction)
     return out + _key(6, _VARINT) + _varint(workers) + _double(7, mean)
-
-
-class Held(NamedTuple):
-    """Rows of an unfinished split received from a worker that left the list (HeldRows)."""
-    epoch: int
-    split: int
-    positions: List[int]
 
 
 class RankProgress(NamedTuple):

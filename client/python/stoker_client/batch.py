@@ -30,11 +30,15 @@ class Batch:
     `split << 32 | position`, the position being the element's index in its split's source
     order (record or file index) whatever the shuffle did. A split produced again after its
     worker died yields the same positions, so `(epoch, row)` names a row whichever attempt
-    delivered it. Empty when the worker sends none."""
+    delivered it. Empty when the worker sends none.
 
-    __slots__ = ("tensors", "epoch", "split", "sequence", "completes", "rows")
+    `incarnation`: under the dispatcher, the dispatcher's start that handed out the splits of
+    the rows (0 from a standalone worker)."""
 
-    def __init__(self, tensors: Dict[str, np.ndarray], epoch: int, split: int, sequence: int, completes=(), rows=()):
+    __slots__ = ("tensors", "epoch", "split", "sequence", "completes", "rows", "incarnation")
+
+    def __init__(self, tensors: Dict[str, np.ndarray], epoch: int, split: int, sequence: int, completes=(), rows=(),
+                 incarnation: int = 0):
         self.tensors = tensors
         self.epoch = epoch
         self.split = split
@@ -42,6 +46,7 @@ class Batch:
         # Splits whose last element is in this batch (under the dispatcher).
         self.completes = list(completes)
         self.rows = np.asarray(rows, dtype=np.uint64)
+        self.incarnation = incarnation
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.tensors[name]
@@ -155,4 +160,5 @@ class Reassembler:
                 data = buf.view(dtype)
             tensors[t.name] = data.reshape(t.shape)
             offset = end
-        return Batch(tensors, header.epoch, header.split, header.sequence, header.completes, header.rows)
+        return Batch(tensors, header.epoch, header.split, header.sequence, header.completes, header.rows,
+                     header.incarnation)

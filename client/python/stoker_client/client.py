@@ -16,6 +16,7 @@ from . import _wire
 from ._dispatcher import Follower
 from ._following import EPOCH_END, Following, _Followed
 from ._ration import Ration
+from ._rejoin import Received
 from ._resume import Yielded
 from ._resume import check as check_resume
 from .batch import DEFAULT_MAX_BATCH_BYTES, Batch, Reassembler
@@ -76,7 +77,10 @@ class Client(Following):
     caller took all it received. A worker's stream that fails is opened again (it may be
     restarting; if it died, the dispatcher drops it from the list), except after an error no
     retry fixes (a refused request, a failed pipeline): that is raised once, and the epoch
-    then ends without that worker's stream.
+    then ends without that worker's stream. A dispatcher that restarts (or a new leader's)
+    forgets the client: it rejoins as itself, telling the new one what it received of the job's
+    unfinished epochs (taken by the caller or not), and from then on drops the batches of the
+    dispatcher before, whose rows the new one has produced again: nothing is lost or repeated.
 
     A job read by ranks (`from_dispatcher(consumers=N)`, N > 1) hands every rank the same
     number of batches per epoch: a rank yields no more than the dispatcher's quota (the fewest
@@ -162,6 +166,9 @@ class Client(Following):
         # caller) by (epoch, split), for unfinished splits: if the worker leaves the list, the
         # dispatcher has them skipped when it hands the split out again.
         self._held: Dict[str, Dict[Tuple[int, int], Set[int]]] = {}
+        # Dispatcher mode: the completions and rows that arrived of the job's unfinished
+        # epochs, for a dispatcher that restarts, and the dispatchers whose batches are dropped.
+        self._received = Received()
         # Dispatcher mode: the job's open epoch, as the dispatcher last said.
         self.open_epoch = 0
         # A job read by ranks (dispatcher mode, more than one consumer): each epoch's batches
@@ -334,14 +341,19 @@ class Client(Following):
             self._changed.wait(0.5)
 
     def _deliver(self, pump: _Pump, batch: Batch) -> bool:
-        """Buffers a batch for the caller, waiting for room; whether it was. Under the
-        dispatcher its rows are recorded as held from the worker at the same time, so that
-        what is recorded is exactly what the caller gets."""
+        """Buffers a batch for the caller, waiting for room; whether the stream goes on. Under
+        the dispatcher its rows and completions are recorded at the same time (its rows as held
+        from the worker, and both for a rejoin), so that what is recorded is exactly what the
+        caller gets; a batch of a dispatcher the client rejoined away from is dropped instead."""
         rows = _rows_by_split(batch) if self._follow else None
         with self._changed:
             buffer = self._wait_for_room(pump)
             if buffer is None:
                 return False
+            if self._follow:
+                if self._received.dropped(batch.incarnation):
+                    return True
+                self._received.arrived(batch.epoch, batch.completes, rows)
             if rows:
                 held = self._held.setdefault(pump.worker, {})
                 for key, positions in rows.items():

@@ -119,10 +119,10 @@ class RankDispatcher(FakeDispatcher):
 
     def __init__(self):
         super().__init__()
-        self.registered = []
+        self.rank_fields = []
 
     def RegisterClient(self, request):
-        self.registered.append({f: v for f, t, v in _wire._fields(memoryview(request)) if t == 0})
+        self.rank_fields.append({f: v for f, t, v in _wire._fields(memoryview(request)) if t == 0})
         return super().RegisterClient(request)
 
     def send_quotas(self, addresses, version, quotas):
@@ -137,7 +137,7 @@ def test_the_follower_registers_as_a_rank_applies_quotas_and_acknowledges_progre
     dispatcher = RankDispatcher()
     with FakeClient(_consumers=2) as client:
         Follower(_Followed(client), dispatcher, "fake", "ns", "p", "j", 1, 1.0, consumers=2)
-        assert dispatcher.registered == [{3: 1, 6: 2}]
+        assert dispatcher.rank_fields == [{3: 1, 6: 2}]
         dispatcher.send_quotas(["a"], 1, [])
         assert dispatcher.acks.get(timeout=5) == {"client_id": "c-1", "completed": [], "list_version": 1, "held": [],
                                                   "received": [progress(0, 0), progress(1, 0)]}
@@ -161,7 +161,7 @@ def test_a_job_not_read_by_ranks_sends_no_progress():
     dispatcher = RankDispatcher()
     with FakeClient() as client:
         Follower(_Followed(client), dispatcher, "fake", "ns", "p", "j", 0, 1.0)
-        assert dispatcher.registered == [{}]
+        assert dispatcher.rank_fields == [{}]
         dispatcher.send_quotas(["a"], 1, [(0, 0, False)])
         assert dispatcher.acks.get(timeout=5) == {"client_id": "c-1", "completed": [], "list_version": 1, "held": []}
         eventually(lambda: ("a", 0) in client.streams)

@@ -123,11 +123,13 @@ def test_a_resumed_client_registers_with_its_state_once_and_goes_on_as_the_run()
         watched = {f: v for f, _, v in _wire._fields(memoryview(request))}
         assert request[watched[2][0]:watched[2][1]] == b"j~run-1"
 
-        # The dispatcher restarts: the client registers again as the run's, without the state.
+        # The dispatcher restarts: the client rejoins as the run's, without the state; the
+        # rejoin, not the acknowledgement, tells the completion.
         dispatcher.not_found = 1
         a1 = client.streams[("a", 1)]
         a1.send(batch(1, [(5, 0), (2, 7)], completes=[5]))
         assert positions(next(client)) == [(5, 0), (2, 7)]
-        assert dispatcher.acks.get(timeout=5)["completed"] == [(1, 5)]
-        assert dispatcher.requests[1:] == [{"job": "j~run-1", "client_id": "c-1"}]
+        assert dispatcher.acks.get(timeout=5)["completed"] == []
+        rejoin = _wire.Rejoin(0, 1, 0, [(1, 5)], [_wire.Held(1, 2, [7])])
+        assert dispatcher.requests[1:] == [{"job": "j~run-1", "client_id": "c-1", "rejoin": rejoin}]
         assert client.state() == {**state, "batches": 3, "yielded": [[2, [7]], [3, [0, 4]], [5, [0, 1]]]}

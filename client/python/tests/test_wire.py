@@ -171,8 +171,16 @@ def test_a_batch_without_rows_has_an_empty_array():
 
 def test_the_worker_list_carries_version_and_epoch():
     message = field(1, b"10.0.0.1:50052") + field(1, b"10.0.0.2:50052") + _wire._key(2, 0) + varint(7) + _wire._key(3, 0) + varint(2)
-    assert _wire.decode_worker_list(message) == (["10.0.0.1:50052", "10.0.0.2:50052"], 7, 2, [])
-    assert _wire.decode_worker_list(b"") == ([], 0, 0, [])
+    assert _wire.decode_worker_list(message) == (["10.0.0.1:50052", "10.0.0.2:50052"], 7, 2, [], 0, 0)
+    assert _wire.decode_worker_list(b"") == ([], 0, 0, [], 0, 0)
+
+
+def test_the_worker_list_names_its_dispatcher_and_the_jobs_clients():
+    message = field(1, b"w:1") + _wire._key(2, 0) + varint(3) + _wire._key(5, 0) + varint(1 << 40) \
+        + _wire._key(6, 0) + varint(4) + epoch_quota(2, 5, False)
+    workers = _wire.decode_worker_list(message)
+    assert (workers.incarnation, workers.clients) == (1 << 40, 4)
+    assert (workers.addresses, workers.version, workers.quotas) == (["w:1"], 3, [_wire.EpochQuota(2, 5, False)])
 
 
 def epoch_quota(epoch, batches, complete):
@@ -288,18 +296,78 @@ def test_a_window_report_no_longer_carries_completions():
 
 def decode_register_request(message: bytes) -> dict:
     """A RegisterClientRequest as a dict (the dispatcher's side, for the tests): its job,
-    client_id and, when set, "resume" as `Client.state()` gives it."""
+    client_id and, when set, "resume" as `Client.state()` gives it and "rejoin" a
+    `_wire.Rejoin`. Checks that the reserved field 5 is never sent."""
     view = memoryview(message)
     out = {"job": "", "client_id": ""}
     text = lambda span: bytes(view[span[0]:span[1]]).decode()
     for f, t, v in _wire._fields(view):
+        assert f != 5, "RegisterClientRequest field 5 is reserved"
         if f == 2:
             out["job"] = text(v)
         elif f == 4:
             out["client_id"] = text(v)
         elif f == 7:
             out["resume"] = decode_resume_state(view[v[0]:v[1]])
+        elif f == 8:
+            out["rejoin"] = decode_rejoin(view[v[0]:v[1]])
     return out
+
+
+def held_rows(sub) -> _wire.Held:
+    """A HeldRows, its positions packed or not."""
+    numbers, positions = {}, []
+    for f, t, v in _wire._fields(sub):
+        if f == 3 and t == 2:
+            positions.extend(_wire._packed(sub, v))
+        elif t == 0:
+            numbers.setdefault(f, []).append(v)
+    return _wire.Held(numbers.get(1, [0])[0], numbers.get(2, [0])[0], positions + numbers.get(3, []))
+
+
+def decode_rejoin(view) -> _wire.Rejoin:
+    numbers, completed, received = {}, [], []
+    for f, t, v in _wire._fields(view):
+        if f == 4:
+            ref = {f2: v2 for f2, _, v2 in _wire._fields(view[v[0]:v[1]])}
+            completed.append((ref.get(1, 0), ref.get(2, 0)))
+        elif f == 5:
+            received.append(held_rows(view[v[0]:v[1]]))
+        elif t == 0:
+            numbers[f] = v
+    return _wire.Rejoin(numbers.get(1, 0), numbers.get(2, 0), numbers.get(3, 0), completed, received)
+
+
+def test_a_rejoining_client_says_what_it_has_of_the_job():
+    rejoin = _wire.Rejoin(incarnation=7, open_epoch=3, clients=2, completed=[(3, 1), (4, 0)],
+                          received=[_wire.Held(3, 2, [0, 5, 0xFFFFFFFF]), _wire.Held(4, 9, [1])])
+    message = _wire.encode_register_client("ns", "p", "job~run-1", 1, "c-1", consumers=2, rejoin=rejoin)
+    assert decode_register_request(message) == {"job": "job~run-1", "client_id": "c-1", "rejoin": rejoin}
+    # Field 8, after the others; in it the numbers, SplitRefs (4), then HeldRows (5) with
+    # packed positions.
+    fields = list(_wire._fields(memoryview(message)))
+    assert [f for f, _, _ in fields] == [1, 2, 3, 4, 6, 8]
+    start, end = fields[-1][2]
+    body = memoryview(message)[start:end]
+    assert [f for f, _, _ in _wire._fields(body)] == [1, 2, 3, 4, 4, 5, 5]
+    start, end = [v for f, _, v in _wire._fields(body) if f == 5][0]
+    assert bytes(body[start:end]) == _wire._key(1, 0) + varint(3) + _wire._key(2, 0) + varint(2) \
+        + field(3, varint(0) + varint(5) + varint(0xFFFFFFFF))
+    # A rejoin with nothing to say is still sent, empty: its presence says "rejoining".
+    empty = _wire.Rejoin(0, 0, 0, [], [])
+    message = _wire.encode_register_client("ns", "p", "j", 0, "c-1", rejoin=empty)
+    assert message.endswith(field(8, b"")) and decode_register_request(message)["rejoin"] == empty
+    # Not rejoining: no field 8.
+    assert 8 not in {f for f, _, _ in _wire._fields(memoryview(_wire.encode_register_client("ns", "p", "j", 0, "c")))}
+
+
+def test_a_batch_names_the_dispatcher_that_handed_out_its_splits():
+    head = HEAD + _wire._key(7, 0) + varint(1 << 40)
+    (batch,) = feed([chunk(head, [PAYLOAD], last=True)])
+    assert batch.incarnation == 1 << 40
+    np.testing.assert_array_equal(batch["label"], LABEL)
+    # A standalone worker's: 0.
+    assert feed([chunk(HEAD, [PAYLOAD], last=True)])[0].incarnation == 0
 
 
 def decode_resume_state(view) -> dict:
@@ -338,8 +406,9 @@ def test_a_resuming_client_registers_with_its_state():
     assert 7 not in {f for f, _, _ in _wire._fields(memoryview(_wire.encode_register_client("ns", "p", "j", 0, "c")))}
 
 
-def test_the_registration_response_names_the_job_to_stream_as():
-    assert _wire.decode_register_client(field(1, b"c-1") + _wire._key(2, 0) + varint(500) + field(3, b"job~run-1")) \
-        == ("c-1", 500, "job~run-1")
-    # A dispatcher that says nothing: the job as named.
-    assert _wire.decode_register_client(field(1, b"c-1")) == ("c-1", 0, "")
+def test_the_registration_response_names_the_job_to_stream_as_and_the_dispatchers_incarnation():
+    message = field(1, b"c-1") + _wire._key(2, 0) + varint(500) + field(3, b"job~run-1") + _wire._key(4, 0) + varint(9)
+    assert _wire.decode_register_client(message) == ("c-1", 500, "job~run-1", 9)
+    assert _wire.decode_register_client(message).incarnation == 9
+    # A dispatcher that says nothing: the job as named, incarnation 0.
+    assert _wire.decode_register_client(field(1, b"c-1")) == ("c-1", 0, "", 0)

@@ -3,6 +3,8 @@
 //! Deployment's replicas and the DataPipeline's status follow the policy to convergence. An
 //! operator restarted mid-scaling costs the trainer no error and the autoscaler no progress
 //! (its history survives in status); a worker killed mid-epoch afterwards loses no element.
+//! Every epoch the trainer finished, the one spanning the restart too, held every element
+//! exactly once: the clients rejoined the new leader with what they had.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -119,6 +121,7 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
     trainer_ok()?;
 
     // Restart the operator mid-scaling: the trainer keeps getting batches.
+    let epoch_at_restart = seen.epochs.lock().unwrap().keys().max().copied().unwrap_or(0);
     cluster.operator_restart().await?;
     let before = steps();
     wait_for(Duration::from_secs(30), "the trainer to keep training across the operator restart", || async move {
@@ -186,9 +189,22 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
         }
     })
     .await?;
-    for epoch in complete {
-        let got = seen.epochs.lock().unwrap()[&epoch].len() as i64;
-        ensure!(got == SHARDS * LINES, "epoch {epoch} delivered {got} of {} elements", SHARDS * LINES);
+    ensure!(
+        complete.iter().all(|&e| e > epoch_at_restart),
+        "the epoch of the restart ({epoch_at_restart}) finished before the kill: both are checked"
+    );
+    // Every epoch the trainer finished: those of the scaling, the restart and the kill.
+    let last = *complete.iter().max().expect("one at least");
+    let epochs: Vec<(u64, BTreeMap<i64, u32>)> =
+        seen.epochs.lock().unwrap().range(..=last).map(|(e, ids)| (*e, ids.clone())).collect();
+    for (epoch, ids) in &epochs {
+        let repeats: u32 = ids.values().map(|n| n - 1).sum();
+        let got = ids.len() as i64;
+        ensure!(
+            got == SHARDS * LINES && repeats == 0,
+            "epoch {epoch} delivered {got} of {} elements, {repeats} of them again (restart in epoch {epoch_at_restart})",
+            SHARDS * LINES
+        );
     }
     trainer.abort();
     drop(kubelet);

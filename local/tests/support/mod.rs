@@ -2,13 +2,16 @@
 //! `stoker-worker` processes attached to it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use stoker_api::{Batch, WorkerPipeline};
+use stoker_client::{Client, ClientOptions};
 use stoker_local::workers::{LocalWorkerConfig, LocalWorkers, worker_binary};
 use stoker_operator::dispatcher::{self, Dispatcher, Timeouts};
 use stoker_operator::key::PipelineKey;
 
+#[allow(dead_code)] // not every test uses it
 pub struct Dispatched {
     pub dispatcher: Arc<Dispatcher>,
     pub workers: LocalWorkers,
@@ -20,6 +23,7 @@ pub struct Dispatched {
 /// A dispatcher declaring workers dead after `worker_timeout`, and `pipeline`'s workers
 /// (one transform thread each, each sending at most `max_batch_rate` batches a second, none
 /// started yet: scale them).
+#[allow(dead_code)]
 pub async fn dispatched(pipeline: WorkerPipeline, worker_timeout: Duration, max_batch_rate: Option<f64>) -> Dispatched {
     let dispatcher = Dispatcher::new(
         Timeouts { worker: worker_timeout, client: Duration::from_secs(30) },
@@ -29,22 +33,87 @@ pub async fn dispatched(pipeline: WorkerPipeline, worker_timeout: Duration, max_
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), std::future::pending()));
-    let binary = worker_binary();
-    assert!(binary.is_file(), "{} is missing: run `cargo build --workspace --bins` first", binary.display());
     // Not in the data directory: the logs would become shards of the source.
     let logs = tempfile::tempdir().unwrap();
-    let workers = LocalWorkers::new(LocalWorkerConfig {
-        binary,
-        dispatcher_url: url.clone(),
-        threads: 1,
-        memory_budget: 64 << 20,
-        max_batch_rate,
-        log_dir: Some(logs.path().to_path_buf()),
-        cache_dir: None,
-    });
+    let workers = workers(&url, max_batch_rate, logs.path());
     let key = PipelineKey::new(&pipeline.namespace, &pipeline.name);
     workers.add(pipeline, None);
     Dispatched { dispatcher, workers, key, url, _logs: logs }
+}
+
+/// A dispatcher on its own runtime, so that it can be restarted as a process would be: every
+/// connection and task of the old one ends and a new one, knowing nothing, serves the same
+/// address.
+#[allow(dead_code)] // not every test uses it
+pub struct RestartableDispatcher {
+    runtime: Option<tokio::runtime::Runtime>,
+    pub dispatcher: Arc<Dispatcher>,
+    pub addr: std::net::SocketAddr,
+    timeouts: Timeouts,
+}
+
+#[allow(dead_code)]
+impl RestartableDispatcher {
+    pub async fn start(addr: std::net::SocketAddr, timeouts: Timeouts) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let window = timeouts.clone();
+        let started = runtime.spawn(async move {
+            let dispatcher = Dispatcher::new(window, Duration::from_millis(500));
+            dispatcher.spawn_expiry();
+            // The old one's socket may take a moment to go.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            let listener = loop {
+                match tokio::net::TcpListener::bind(addr).await {
+                    Ok(l) => break l,
+                    Err(e) if tokio::time::Instant::now() < deadline => {
+                        eprintln!("binding {addr}: {e}; retrying");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => panic!("binding {addr}: {e}"),
+                }
+            };
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), std::future::pending()));
+            (dispatcher, addr)
+        });
+        let (dispatcher, addr) = started.await.unwrap();
+        RestartableDispatcher { runtime: Some(runtime), dispatcher, addr, timeouts }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops every task and connection of the dispatcher and starts a new one on its address.
+    pub async fn restart(&mut self) {
+        let runtime = self.runtime.take().expect("running");
+        tokio::task::spawn_blocking(move || runtime.shutdown_timeout(Duration::from_secs(5))).await.unwrap();
+        *self = RestartableDispatcher::start(self.addr, self.timeouts.clone()).await;
+    }
+}
+
+impl Drop for RestartableDispatcher {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// `pipeline`'s workers (none started yet) attached to the dispatcher at `url`.
+#[allow(dead_code)]
+pub fn workers(url: &str, max_batch_rate: Option<f64>, logs: &std::path::Path) -> LocalWorkers {
+    let binary = worker_binary();
+    assert!(binary.is_file(), "{} is missing: run `cargo build --workspace --bins` first", binary.display());
+    LocalWorkers::new(LocalWorkerConfig {
+        binary,
+        dispatcher_url: url.to_string(),
+        threads: 1,
+        memory_budget: 64 << 20,
+        max_batch_rate,
+        log_dir: Some(logs.to_path_buf()),
+        cache_dir: None,
+    })
 }
 
 /// `files` JSONL files of `lines` records each, `{"id": n, "pad": [...]}` with ids 0.. in file
@@ -70,4 +139,59 @@ pub fn padded_records(dir: &std::path::Path, files: i64, lines: i64) -> WorkerPi
 #[allow(dead_code)]
 pub fn ids(batch: &Batch) -> Vec<i64> {
     batch.tensors["id"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+/// What a consumer got of each epoch: its batches and the records in them.
+#[allow(dead_code)]
+#[derive(Debug, Default)]
+pub struct Got {
+    pub batches: usize,
+    pub ids: Vec<i64>,
+    pub dropped_rows: u64,
+}
+
+/// Reads `epochs` epochs of `job` (as rank `rank` of `consumers`) of [`padded_records`] with
+/// `lines` records a file, checking each row's provenance; counts batches in `read`.
+#[allow(dead_code)] // not every test uses it
+pub async fn consume(
+    url: String,
+    job: &str,
+    consumers: u32,
+    rank: u32,
+    epochs: u64,
+    lines: i64,
+    read: Arc<AtomicUsize>,
+) -> Vec<Got> {
+    let mut options = ClientOptions::new("ns", "records");
+    options.job = job.into();
+    options.consumers = consumers;
+    options.consumer_index = rank;
+    options.prefetch = 2;
+    options.stream_window_bytes = 64 << 10;
+    let mut client = Client::from_dispatcher(&url, options).await.unwrap();
+    let mut got_epochs = Vec::new();
+    for epoch in 0..epochs {
+        assert_eq!(client.epoch(), epoch, "{job} rank {rank}");
+        let dropped_before = client.dropped_rows();
+        let mut got = Got::default();
+        let reading = async {
+            while let Some(batch) = client.next_in_epoch().await {
+                let batch = batch.expect("no error reaches the caller");
+                assert_eq!(batch.epoch, epoch);
+                for (&row, id) in batch.rows.iter().zip(ids(&batch)) {
+                    let (split, position) = stoker_api::row_origin(row);
+                    assert_eq!(id, split as i64 * lines + i64::from(position), "provenance of {id}");
+                }
+                got.ids.extend(ids(&batch));
+                got.batches += 1;
+                read.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(120), reading)
+            .await
+            .unwrap_or_else(|_| panic!("{job} rank {rank}: epoch {epoch} did not end within 120 s"));
+        got.dropped_rows = client.dropped_rows() - dropped_before;
+        got_epochs.push(got);
+    }
+    got_epochs
 }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use stoker_api::{CacheDecision, order};
 
+use super::gathering::Gathered;
 use crate::autocache::plan::Directive;
 
 /// The splits an epoch has, and the seed of the order they go out in (None: 0, 1, 2, ...).
@@ -188,13 +189,32 @@ impl Job {
         Job { epoch, current: Pass::full(plan, epoch), ..Job::default() }
     }
 
-    /// A job resumed at `epoch` from its consumers' saved states: the epoch's splits go out
-    /// without the rows they had yielded (a split all of whose rows were yielded produces
-    /// nothing and completes at once).
-    pub fn resuming(epoch: u64, plan: &Plan, yielded: &[Held]) -> Job {
-        let mut job = Job::starting(epoch, plan);
-        for h in yielded.iter().filter(|h| h.epoch == epoch && h.split < plan.splits) {
-            job.current.delivered.entry(h.split).or_default().extend(h.positions.iter().copied());
+    /// A job going on from what its clients have (see `gathering`): a split whose completion
+    /// every rank (any client of a shared job, `consumers` 0 or 1) has is done, and the others
+    /// go out without the rows they have (a split all of whose rows they have produces nothing
+    /// and completes at once).
+    pub fn rebuilt(gathered: &Gathered, plan: &Plan, consumers: u32) -> Job {
+        let mut job = Job::starting(gathered.epoch, plan);
+        if gathered.incomplete {
+            job.unacknowledged += 1;
+        }
+        for h in gathered.rows.iter().filter(|h| h.split < plan.splits) {
+            if let Some(pass) = job.open_pass(h.epoch, plan) {
+                pass.delivered.entry(h.split).or_default().extend(h.positions.iter().copied());
+            }
+        }
+        for (&(e, split), ranks) in gathered.completed.iter().filter(|((_, s), _)| *s < plan.splits) {
+            let Some(pass) = job.open_pass(e, plan) else { continue };
+            if ranks.len() as u32 >= consumers.max(1) {
+                pass.finish(split);
+                pass.pending.retain(|&s| s != split);
+            } else {
+                pass.completed_by.insert(split, ranks.clone());
+            }
+        }
+        while plan.splits > 0 && job.current.done.len() as u64 == plan.splits {
+            job.current = job.next.take().unwrap_or_else(|| Pass::full(plan, job.epoch + 1));
+            job.epoch += 1;
         }
         job
     }
@@ -243,6 +263,15 @@ impl Job {
                 Assignment::Split { epoch, split, skip }
             }
             None => Assignment::Draining { epoch },
+        }
+    }
+
+    /// The pass of epoch `e` if it is the open one or the next (made if need be).
+    fn open_pass(&mut self, e: u64, plan: &Plan) -> Option<&mut Pass> {
+        match e.checked_sub(self.epoch) {
+            Some(0) => Some(&mut self.current),
+            Some(1) => Some(self.next.get_or_insert_with(|| Pass::full(plan, e))),
+            _ => None,
         }
     }
 
@@ -547,10 +576,40 @@ mod tests {
             Held { epoch: 3, split: 1, positions: vec![2] },
             Held { epoch: 2, split: 0, positions: vec![9] },
         ];
-        let mut job = Job::resuming(3, &plan(2), &yielded);
+        let gathered = Gathered { epoch: 3, rows: yielded.to_vec(), ..Gathered::default() };
+        let mut job = Job::rebuilt(&gathered, &plan(2), 2);
         assert_eq!(job.epoch(), 3);
         assert_eq!(job.hand_out(3, "w", &plan(2), &Directive::Compute, t), split(3, 0), "another epoch's rows");
         let resumed = job.hand_out(3, "w", &plan(2), &Directive::Compute, t);
         assert_eq!(resumed, Assignment::Split { epoch: 3, split: 1, skip: vec![0, 2, 4] }, "both ranks' rows");
+    }
+
+    #[test]
+    fn a_rebuilt_job_is_done_with_what_every_rank_completed_and_goes_on_into_the_next_epoch() {
+        let t = Instant::now();
+        let both = BTreeSet::from([0, 1]);
+        let gathered = Gathered {
+            epoch: 5,
+            rows: vec![
+                Held { epoch: 5, split: 2, positions: vec![1] },
+                Held { epoch: 6, split: 0, positions: vec![7] },
+                Held { epoch: 5, split: 0, positions: vec![3] },
+            ],
+            completed: [((5, 0), both.clone()), ((5, 1), both), ((5, 2), BTreeSet::from([1]))].into(),
+            incomplete: true,
+        };
+        let mut job = Job::rebuilt(&gathered, &plan(3), 2);
+        assert_eq!(job.epoch(), 5);
+        let again = job.hand_out(5, "w", &plan(3), &Directive::Compute, t);
+        assert_eq!(again, Assignment::Split { epoch: 5, split: 2, skip: vec![1] }, "rank 0 may lack rows of it");
+        assert!(job.complete(&[(5, 2)], Reporter::Client { rank: 0, consumers: 2 }, &plan(3), t).is_some());
+        assert_eq!(job.epoch(), 6, "rank 1 had reported it: epoch 5 is done");
+        let next = job.hand_out(6, "w", &plan(3), &Directive::Compute, t);
+        assert_eq!(next, Assignment::Split { epoch: 6, split: 0, skip: vec![7] }, "the next epoch's rows too");
+        let s = job.summary("j", 3);
+        assert_eq!((s.repeats, s.unacknowledged), (0, 1), "went on without a client");
+
+        let all = Gathered { epoch: 1, completed: [((1, 0), BTreeSet::from([0]))].into(), ..Gathered::default() };
+        assert_eq!(Job::rebuilt(&all, &plan(1), 0).epoch(), 2, "an epoch every split of which is done is over");
     }
 }

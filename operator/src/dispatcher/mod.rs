@@ -8,6 +8,7 @@
 //!    loop takes them) and [`cache`] (each pipeline's cache plan).
 
 pub mod cache;
+mod gathering;
 mod inbox;
 mod ledger;
 mod members;

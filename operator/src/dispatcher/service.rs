@@ -11,7 +11,7 @@ use futures::{Stream, StreamExt};
 use stoker_api::proto::dispatcher_server::{self, DispatcherServer};
 use stoker_api::proto::{self, next_split_response::Next};
 use tokio::sync::watch;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 use stoker_api::CacheMode;
 use stoker_api::window::Window;
@@ -21,7 +21,7 @@ use super::ledger::Assignment;
 use super::ledger::Held;
 use super::members::{Progress, Timeouts};
 use super::ranks::Received;
-use super::state::{ClientRegistration, DispatchError, DispatcherState, Listing, Resume, WorkerRegistration};
+use super::state::{ClientRegistration, DispatchError, DispatcherState, Listing, Rejoin, Resume, WorkerRegistration};
 use crate::autocache::plan::Directive;
 use crate::key::PipelineKey;
 
@@ -42,11 +42,8 @@ pub struct Dispatcher {
 impl Dispatcher {
     pub fn new(timeouts: Timeouts, window: Duration) -> Arc<Self> {
         // Ids stay distinct across dispatcher restarts without coordination.
-        let instance = format!(
-            "{:x}",
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis()
-                & 0xff_ffff
-        );
+        let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+        let instance = format!("{:x}{:04x}", millis & 0xffff_ffff, std::process::id() & 0xffff);
         Arc::new(Dispatcher {
             state: Mutex::new(DispatcherState::new(instance, timeouts)),
             listings: Mutex::new(HashMap::new()),
@@ -116,11 +113,19 @@ impl Dispatcher {
 
 pub struct DispatcherService(Arc<Dispatcher>);
 
-fn status(e: DispatchError) -> Status {
-    match e {
-        DispatchError::Unknown { .. } => Status::not_found(e.to_string()),
-        DispatchError::PlanMismatch { .. } => Status::failed_precondition(e.to_string()),
-        DispatchError::Invalid(_) => Status::invalid_argument(e.to_string()),
+impl DispatcherService {
+    fn status(&self, e: DispatchError) -> Status {
+        match e {
+            DispatchError::Unknown { .. } => {
+                // Whether the caller was only forgotten, or the dispatcher restarted.
+                let mut metadata = tonic::metadata::MetadataMap::new();
+                let incarnation = self.0.with_state(|s| s.incarnation());
+                metadata.insert(proto::INCARNATION, incarnation.into());
+                Status::with_metadata(Code::NotFound, e.to_string(), metadata)
+            }
+            DispatchError::PlanMismatch { .. } => Status::failed_precondition(e.to_string()),
+            DispatchError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        }
     }
 }
 
@@ -165,12 +170,16 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         };
         let pipeline = registration.pipeline.clone();
         let address = registration.address.clone();
-        let worker_id = self.0.with_state(|s| s.register_worker(registration, Instant::now())).map_err(status)?;
+        let (worker_id, incarnation) = self
+            .0
+            .with_state(|s| Ok((s.register_worker(registration, Instant::now())?, s.incarnation())))
+            .map_err(|e| self.status(e))?;
         tracing::info!(%pipeline, %address, worker = %worker_id, "worker registered");
         self.0.publish(&pipeline);
         Ok(Response::new(proto::RegisterWorkerResponse {
             worker_id,
             heartbeat_interval_ms: HEARTBEAT_INTERVAL.as_millis() as u32,
+            incarnation,
         }))
     }
 
@@ -191,7 +200,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             error: (!p.error.is_empty()).then_some(p.error),
             cache: p.cache.map(cache_progress).unwrap_or_default(),
         };
-        self.0.with_state(|s| s.heartbeat(&r.worker_id, progress, Instant::now())).map_err(status)?;
+        self.0.with_state(|s| s.heartbeat(&r.worker_id, progress, Instant::now())).map_err(|e| self.status(e))?;
         Ok(Response::new(proto::WorkerHeartbeatResponse {}))
     }
 
@@ -205,16 +214,17 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             return Err(Status::invalid_argument("job is required"));
         }
         let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
-        let (next, directive, pipeline) = self
+        let (next, directive, pipeline, incarnation) = self
             .0
             .with_state(|s| {
                 Ok((
                     s.next_split(&r.worker_id, &r.job, &completed, r.epoch, Instant::now())?,
                     s.cache_directive(&r.worker_id),
                     s.pipeline_of(&r.worker_id),
+                    s.incarnation(),
                 ))
             })
-            .map_err(status)?;
+            .map_err(|e| self.status(e))?;
         if !completed.is_empty()
             && let Some(pipeline) = pipeline
         {
@@ -238,7 +248,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 proto::CacheDirective { action: Action::Get.into(), at: h.at, fingerprint: h.fingerprint }
             }
         };
-        Ok(Response::new(proto::NextSplitResponse { next: Some(next), cache: Some(cache), skip }))
+        Ok(Response::new(proto::NextSplitResponse { next: Some(next), cache: Some(cache), skip, incarnation }))
     }
 
     async fn return_splits(
@@ -247,7 +257,9 @@ impl dispatcher_server::Dispatcher for DispatcherService {
     ) -> Result<Response<proto::ReturnSplitsResponse>, Status> {
         self.0.check_serving()?;
         let r = request.into_inner();
-        self.0.with_state(|s| s.give_back(&r.worker_id, &r.job, r.epoch, &r.splits, Instant::now())).map_err(status)?;
+        self.0
+            .with_state(|s| s.give_back(&r.worker_id, &r.job, r.epoch, &r.splits, Instant::now()))
+            .map_err(|e| self.status(e))?;
         tracing::info!(worker = %r.worker_id, job = %r.job, epoch = r.epoch, splits = ?r.splits, "splits returned by a stopped producer");
         Ok(Response::new(proto::ReturnSplitsResponse {}))
     }
@@ -268,26 +280,32 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             consumer_index: r.consumer_index,
             consumers: r.consumers,
             client_id: Some(r.client_id),
-            epoch: r.epoch,
+            rejoin: r.rejoin.map(|j| Rejoin {
+                incarnation: j.incarnation,
+                open_epoch: j.open_epoch,
+                clients: j.clients,
+                completed: j.completed.iter().map(|c| (c.epoch, c.split)).collect(),
+                received: j.received.into_iter().map(held).collect(),
+            }),
             resume: r.resume.map(|s| Resume {
                 job: s.job,
                 epoch: s.epoch,
                 batches: s.batches,
                 consumers: s.consumers,
                 consumer_index: s.consumer_index,
-                yielded: s
-                    .yielded
-                    .into_iter()
-                    .map(|h| Held { epoch: h.epoch, split: h.split, positions: h.positions })
-                    .collect(),
+                yielded: s.yielded.into_iter().map(held).collect(),
             }),
         };
-        let registered = self.0.with_state(|s| s.register_client(registration, Instant::now())).map_err(status)?;
+        let registered =
+            self.0.with_state(|s| s.register_client(registration, Instant::now())).map_err(|e| self.status(e))?;
         tracing::info!(%pipeline, job = %registered.job, consumer = r.consumer_index, client = %registered.client_id, "client registered");
+        // Its job's client count changed.
+        self.0.publish(&pipeline);
         Ok(Response::new(proto::RegisterClientResponse {
             client_id: registered.client_id,
             window_ms: self.0.window.as_millis() as u32,
             job: registered.job,
+            incarnation: registered.incarnation,
         }))
     }
 
@@ -301,6 +319,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let r = request.into_inner();
         let pipeline = pipeline_key(r.pipeline)?;
         let updates = tokio_stream::wrappers::WatchStream::new(self.0.watch(&pipeline));
+        let incarnation = self.0.with_state(|s| s.incarnation());
         let job = r.job;
         let lists = updates.map(move |l| {
             let epoch = l.epochs.get(&job).copied().unwrap_or_default();
@@ -308,7 +327,8 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 .quotas
                 .get(&job)
                 .map_or_else(Vec::new, |quotas| quotas.iter().map(|&(epoch, q)| q.to_proto(epoch)).collect());
-            Ok(proto::WorkerList { addresses: l.addresses, version: l.version, epoch, quotas })
+            let clients = l.clients.get(&job).copied().unwrap_or_default();
+            Ok(proto::WorkerList { addresses: l.addresses, version: l.version, epoch, quotas, incarnation, clients })
         });
         Ok(Response::new(lists.boxed()))
     }
@@ -320,7 +340,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         self.0.check_serving()?;
         let r = request.into_inner();
         let window = Window::from(&r);
-        self.0.with_state(|s| s.report_window(&r.client_id, window, Instant::now())).map_err(status)?;
+        self.0.with_state(|s| s.report_window(&r.client_id, window, Instant::now())).map_err(|e| self.status(e))?;
         Ok(Response::new(proto::ReportWindowResponse {}))
     }
 
@@ -331,8 +351,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         self.0.check_serving()?;
         let r = request.into_inner();
         let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
-        let held: Vec<Held> =
-            r.held.into_iter().map(|h| Held { epoch: h.epoch, split: h.split, positions: h.positions }).collect();
+        let held: Vec<Held> = r.held.into_iter().map(held).collect();
         let received: Vec<(u64, Received)> = r.received.iter().map(Received::from_proto).collect();
         let (epoch, pipeline) = self
             .0
@@ -345,7 +364,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 }
                 Ok((epoch, pipeline))
             })
-            .map_err(status)?;
+            .map_err(|e| self.status(e))?;
         if let Some(pipeline) = pipeline {
             self.0.publish(&pipeline);
         }
@@ -364,6 +383,10 @@ pub async fn serve(
         .add_service(dispatcher.into_server())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
+}
+
+fn held(h: proto::HeldRows) -> Held {
+    Held { epoch: h.epoch, split: h.split, positions: h.positions }
 }
 
 fn cache_progress(c: proto::CacheProgress) -> CacheProgress {

@@ -11,6 +11,7 @@ use stoker_api::window::Window;
 use stoker_api::{CacheMode, CacheStatus, DeliveryStatus};
 
 use super::cache::{Caches, HintSeen};
+use super::gathering::{Gathered, Gathering};
 use super::inbox::{Inbox, JobWindows};
 use super::ledger::{Assignment, Held, Job, JobSummary, Plan, Reporter};
 use super::members::{Client, Members, Progress, Timeouts, Unknown, Worker};
@@ -57,11 +58,24 @@ pub struct ClientRegistration {
     pub consumers: u32,
     /// Kept when re-registering after a dispatcher restart.
     pub client_id: Option<String>,
-    /// The epoch the client reads, when re-registering: a dispatcher that does not know the
-    /// job starts it there.
-    pub epoch: Option<u64>,
+    /// Registering again with a dispatcher that forgot the client: what it has of the job.
+    pub rejoin: Option<Rejoin>,
     /// Resume the job from this consumer's saved state.
     pub resume: Option<Resume>,
+}
+
+/// What a client has of its job's unfinished epochs, for a dispatcher that restarted.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rejoin {
+    /// The dispatcher it was registered with: if that is this one, nothing was forgotten.
+    pub incarnation: u64,
+    pub open_epoch: u64,
+    /// The job's clients as last listed.
+    pub clients: u32,
+    /// (epoch, split)s whose completion it received.
+    pub completed: Vec<(u64, u64)>,
+    /// Rows it received of the other splits.
+    pub received: Vec<Held>,
 }
 
 /// A consumer's saved state: the epoch it read, how many batches of it it had yielded (the
@@ -76,19 +90,13 @@ pub struct Resume {
     pub yielded: Vec<Held>,
 }
 
-/// A registered client: its id, and the job it streams as (a resumed job's run).
+/// A registered client: its id, the job it streams as (a resumed job's run), and this
+/// dispatcher's incarnation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Registered {
     pub client_id: String,
     pub job: String,
-}
-
-/// The saved states of a resumed job's ranks, gathered until every rank's is in.
-struct Gathering {
-    /// (job, epoch, batches): the ranks saved at the same step.
-    step: (String, u64, u64),
-    consumers: u32,
-    yielded: BTreeMap<u32, Vec<Held>>,
+    pub incarnation: u64,
 }
 
 #[derive(Default)]
@@ -103,11 +111,11 @@ struct Pipeline {
     starts: BTreeMap<String, u64>,
     /// Jobs read by ranks, from their clients' registrations.
     ranks: BTreeMap<String, Ranks>,
-    /// Runs of resumed jobs still gathering their ranks' states: nothing goes out before.
+    /// Jobs waiting for their clients' states (rejoined after a restart, or resumed): nothing
+    /// goes out before.
     gathering: BTreeMap<String, Gathering>,
-    /// Runs whose states are all in, until their job is made (by a worker, knowing the plan):
-    /// the epoch and the rows to leave out.
-    resumed: BTreeMap<String, (u64, Vec<Held>)>,
+    /// Jobs whose states are in, until a worker asks for them (the plan comes with workers).
+    gathered: BTreeMap<String, Gathered>,
     /// The live workers' addresses as last published, and a version that grows when they
     /// change (clients acknowledge it after dropping the workers that left).
     listed: Vec<String>,
@@ -122,6 +130,8 @@ pub struct Listing {
     pub version: u64,
     pub epochs: BTreeMap<String, u64>,
     pub quotas: BTreeMap<String, Vec<(u64, Quota)>>,
+    /// Each job's live clients.
+    pub clients: BTreeMap<String, u32>,
 }
 
 impl Pipeline {
@@ -136,6 +146,8 @@ impl Pipeline {
 }
 
 pub struct DispatcherState {
+    /// Tells this dispatcher's start from any other's (see `Rejoin`); never 0.
+    incarnation: u64,
     timeouts: Timeouts,
     members: Members,
     pipelines: BTreeMap<PipelineKey, Pipeline>,
@@ -145,9 +157,11 @@ pub struct DispatcherState {
 
 impl DispatcherState {
     pub fn new(instance: impl Into<String>, timeouts: Timeouts) -> Self {
+        let instance = instance.into();
         DispatcherState {
+            incarnation: incarnation(&instance),
             timeouts,
-            members: Members::new(instance.into()),
+            members: Members::new(instance),
             pipelines: BTreeMap::new(),
             inbox: Inbox::default(),
             caches: Caches::default(),
@@ -156,6 +170,10 @@ impl DispatcherState {
 
     pub fn timeouts(&self) -> &Timeouts {
         &self.timeouts
+    }
+
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
     pub fn register_worker(&mut self, r: WorkerRegistration, now: Instant) -> Result<String, DispatchError> {
@@ -220,11 +238,16 @@ impl DispatcherState {
         // A job no worker has asked for yet starts where its clients said (a resumed one).
         let mut epochs = p.starts.clone();
         epochs.extend(p.jobs.iter().map(|(name, job)| (name.clone(), job.epoch())));
+        let mut clients: BTreeMap<String, u32> = BTreeMap::new();
+        for c in self.members.clients.values().filter(|c| &c.pipeline == key) {
+            *clients.entry(c.job.clone()).or_default() += 1;
+        }
         Listing {
             addresses: p.listed.clone(),
             version: p.version,
             epochs,
             quotas: p.ranks.iter().map(|(name, ranks)| (name.clone(), ranks.quotas())).collect(),
+            clients,
         }
     }
 
@@ -301,15 +324,22 @@ impl DispatcherState {
         now: Instant,
     ) -> Result<Assignment, DispatchError> {
         let key = self.members.seen_worker(worker_id, now)?.pipeline.clone();
+        // A job starts with its clients: one no client of which registered with this
+        // dispatcher is one it restarted in the middle of, whose clients have not rejoined yet
+        // (or one they left). Its splits wait for them.
+        let unclaimed =
+            !self.pipelines.get(&key).is_some_and(|p| p.jobs.contains_key(job) || p.gathered.contains_key(job))
+                && self.clients_of(&key, job).is_empty();
         let pipeline = self.pipelines.get_mut(&key).expect("a registered worker's pipeline exists");
         let plan = pipeline.ledger_plan();
-        if pipeline.gathering.contains_key(job) {
+        if unclaimed || pipeline.gathering.contains_key(job) {
             return Ok(Assignment::Draining { epoch });
         }
         let start = pipeline.starts.get(job).copied().unwrap_or(epoch);
-        let resumed = &mut pipeline.resumed;
-        let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| match resumed.remove(job) {
-            Some((epoch, yielded)) => Job::resuming(epoch, &plan, &yielded),
+        let consumers = pipeline.ranks.get(job).map_or(1, Ranks::consumers);
+        let gathered = &mut pipeline.gathered;
+        let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| match gathered.remove(job) {
+            Some(gathered) => Job::rebuilt(&gathered, &plan, consumers),
             None => Job::starting(start, &plan),
         });
         let directive = self.caches.directive(&key);
@@ -322,16 +352,17 @@ impl DispatcherState {
     /// Registers a consumer of a job. `consumers` > 1 declares a job read by that many ranks,
     /// `consumer_index` being this one's: every client of the job must declare the same, until
     /// none is left (then a new run of the job may have another count). With a saved state the
-    /// client joins the job's new run from that step (see [`Self::resume`]).
+    /// client joins the job's new run from that step; rejoining, it tells a restarted
+    /// dispatcher what it has of the job (see `gathering`).
     pub fn register_client(&mut self, r: ClientRegistration, now: Instant) -> Result<Registered, DispatchError> {
-        let ClientRegistration { pipeline, job, consumer_index, consumers, client_id, mut epoch, resume } = r;
+        let ClientRegistration { pipeline, job, consumer_index, consumers, client_id, rejoin, resume } = r;
         stoker_api::proto::check_rank(consumer_index, consumers).map_err(DispatchError::Invalid)?;
-        let job = match resume {
+        let (job, start) = match resume {
             Some(resume) => {
-                epoch = Some(resume.epoch);
-                self.resume(&pipeline, &job, consumer_index, consumers, resume)?
+                let epoch = resume.epoch;
+                (self.resume(&pipeline, &job, consumer_index, consumers, resume)?, Some(epoch))
             }
-            None => job,
+            None => (job, None),
         };
         let others = self.clients_of(&pipeline, &job).into_iter().filter(|id| client_id.as_ref() != Some(id)).count();
         let pipeline_state = self.pipelines.entry(pipeline.clone()).or_default();
@@ -349,59 +380,17 @@ impl DispatcherState {
             }
         }
         if !pipeline_state.jobs.contains_key(&job) {
-            let start = pipeline_state.starts.entry(job.clone()).or_insert(0);
-            if let Some(epoch) = epoch {
-                *start = epoch;
+            let first = pipeline_state.starts.entry(job.clone()).or_insert(0);
+            if let Some(start) = start {
+                *first = start;
             }
         }
         let id = self.members.id("c", client_id);
+        if let Some(rejoin) = rejoin.filter(|r| r.incarnation != self.incarnation) {
+            self.rejoin(&pipeline, &job, &id, consumer_index, consumers, rejoin, now);
+        }
         self.members.clients.insert(id.clone(), Client { pipeline, job: job.clone(), consumer_index, last_seen: now });
-        Ok(Registered { client_id: id, job })
-    }
-
-    /// The run a consumer resuming `job` from its saved state joins: the run gathering the
-    /// states saved at the same step (same epoch and batches: every rank has yielded as many),
-    /// or a new one. A run is a job of its own, named apart, so no batch made for the job
-    /// before (still in a worker's queues) reaches it. Once every rank's state is in, the run
-    /// produces the epoch without the rows any of them had yielded.
-    fn resume(
-        &mut self,
-        pipeline: &PipelineKey,
-        job: &str,
-        consumer_index: u32,
-        consumers: u32,
-        resume: Resume,
-    ) -> Result<String, DispatchError> {
-        let mismatch = if resume.job != job {
-            Some(format!("it is of job {:?}, not {job:?}", resume.job))
-        } else if resume.consumers.max(1) != consumers.max(1) {
-            Some(format!("it is of a job of {} consumer(s), not {}", resume.consumers, consumers))
-        } else if consumers > 1 && resume.consumer_index != consumer_index {
-            Some(format!("it is rank {}'s, not rank {consumer_index}'s", resume.consumer_index))
-        } else {
-            None
-        };
-        if let Some(why) = mismatch {
-            return Err(DispatchError::Invalid(format!("cannot resume from this state: {why}")));
-        }
-        let step = (job.to_string(), resume.epoch, resume.batches);
-        let existing = self.pipelines.get(pipeline).and_then(|p| p.gathering.iter().find(|(_, g)| g.step == step));
-        let run = match existing {
-            Some((run, _)) => run.clone(),
-            None => self.members.id(&format!("{job}~run"), None),
-        };
-        let p = self.pipelines.entry(pipeline.clone()).or_default();
-        let gathering =
-            p.gathering.entry(run.clone()).or_insert_with(|| Gathering { step, consumers, yielded: BTreeMap::new() });
-        gathering.yielded.insert(consumer_index, resume.yielded);
-        if gathering.yielded.len() as u32 == gathering.consumers.max(1) {
-            let gathered = p.gathering.remove(&run).expect("inserted above");
-            let yielded = gathered.yielded.into_values().flatten().collect();
-            tracing::info!(%pipeline, %job, %run, epoch = resume.epoch, "every rank's state is in: the job resumes");
-            p.resumed.insert(run.clone(), (resume.epoch, yielded));
-        }
-        p.starts.insert(run.clone(), resume.epoch);
-        Ok(run)
+        Ok(Registered { client_id: id, job, incarnation: self.incarnation })
     }
 
     /// A client's batch-time window.
@@ -485,6 +474,7 @@ impl DispatcherState {
             }
             changed.insert(worker.pipeline);
         }
+        self.gathered_late(now);
         // A client that never acknowledges holds a recovery up for at most its own timeout.
         for pipeline in self.pipelines.values_mut() {
             for job in pipeline.jobs.values_mut() {
@@ -578,6 +568,17 @@ fn measured<'a>(workers: impl Iterator<Item = &'a Worker>) -> Measured {
     }
     m
 }
+
+/// A number for a dispatcher's start, from its instance name: never 0 (a standalone worker's).
+fn incarnation(instance: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    instance.hash(&mut hasher);
+    hasher.finish().max(1)
+}
+
+#[path = "state_gather.rs"]
+mod gather;
 
 #[cfg(test)]
 #[path = "state_tests.rs"]

@@ -34,7 +34,7 @@ fn client(job: &str, consumer_index: u32, consumers: u32) -> ClientRegistration 
         consumer_index,
         consumers,
         client_id: None,
-        epoch: None,
+        rejoin: None,
         resume: None,
     }
 }
@@ -59,6 +59,7 @@ fn work(state: &mut DispatcherState, worker: &str, job: &str, epoch: u64, now: I
 fn one_worker_gets_every_split_once_then_the_next_epoch() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts::default());
+    s.register_client(client("job", 0, 0), t).unwrap();
     let w = s.register_worker(registration("a:1", 3), t).unwrap();
     let (got, next) = work(&mut s, &w, "job", 0, t);
     assert_eq!(got, vec![0, 1, 2]);
@@ -71,6 +72,7 @@ fn one_worker_gets_every_split_once_then_the_next_epoch() {
 fn a_worker_with_nothing_left_in_an_epoch_starts_the_next_but_not_the_one_after() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts::default());
+    s.register_client(client("j", 0, 0), t).unwrap();
     let a = s.register_worker(registration("a:1", 2), t).unwrap();
     let b = s.register_worker(registration("b:1", 2), t).unwrap();
     assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
@@ -93,6 +95,7 @@ fn a_worker_with_nothing_left_in_an_epoch_starts_the_next_but_not_the_one_after(
 fn a_dead_workers_splits_of_the_next_epoch_come_back_too() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+    let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     let a = s.register_worker(registration("a:1", 2), t).unwrap();
     let b = s.register_worker(registration("b:1", 2), t).unwrap();
     assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
@@ -101,6 +104,8 @@ fn a_dead_workers_splits_of_the_next_epoch_come_back_too() {
     let later = t + Duration::from_secs(6);
     s.heartbeat(&a, Progress::default(), later).unwrap();
     s.expire(later);
+    // The client stopped streaming from the dead worker, holding nothing of it.
+    s.acknowledge(&c, &[], s.listing(&key()).version, &[], &[], later).unwrap();
     assert_eq!(s.jobs(&key())[0].requeued, 2);
     assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, later).unwrap(), split(0, 1));
     assert_eq!(s.next_split(&a, "j", &[(0, 1)], 1, later).unwrap(), split(1, 0));
@@ -110,6 +115,8 @@ fn a_dead_workers_splits_of_the_next_epoch_come_back_too() {
 fn jobs_each_get_whole_epochs() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts::default());
+    s.register_client(client("x", 0, 0), t).unwrap();
+    s.register_client(client("y", 0, 0), t).unwrap();
     let w = s.register_worker(registration("a:1", 4), t).unwrap();
     assert_eq!(work(&mut s, &w, "x", 0, t).0, vec![0, 1, 2, 3]);
     assert_eq!(work(&mut s, &w, "y", 0, t).0, vec![0, 1, 2, 3]);
@@ -119,6 +126,7 @@ fn jobs_each_get_whole_epochs() {
 fn a_dead_workers_unfinished_splits_go_to_the_others() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+    let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     let a = s.register_worker(registration("a:1", 4), t).unwrap();
     let b = s.register_worker(registration("b:1", 4), t).unwrap();
     assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
@@ -127,6 +135,8 @@ fn a_dead_workers_unfinished_splits_go_to_the_others() {
     let later = t + Duration::from_secs(6);
     s.heartbeat(&b, Progress::default(), later).unwrap();
     assert_eq!(s.expire(later), BTreeSet::from([key()]));
+    // The client stopped streaming from the dead worker, holding nothing of it.
+    s.acknowledge(&c, &[], s.listing(&key()).version, &[], &[], later).unwrap();
     assert_eq!(s.worker_addresses(&key()), vec!["b:1".to_string()]);
     let (mut got, _) = work(&mut s, &b, "j", 0, later);
     got.sort_unstable();
@@ -141,12 +151,15 @@ fn a_dead_workers_unfinished_splits_go_to_the_others() {
 fn a_late_completion_of_a_requeued_split_counts_as_a_repeat() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+    let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     let a = s.register_worker(registration("a:1", 2), t).unwrap();
     let b = s.register_worker(registration("b:1", 2), t).unwrap();
     assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
     let later = t + Duration::from_secs(6);
     s.heartbeat(&b, Progress::default(), later).unwrap();
     s.expire(later);
+    // The client stopped streaming from the dead worker, holding nothing of it.
+    s.acknowledge(&c, &[], s.listing(&key()).version, &[], &[], later).unwrap();
     assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), split(0, 0));
     // a was only slow: it comes back and reports split 0 as well.
     let a2 =
@@ -157,15 +170,73 @@ fn a_late_completion_of_a_requeued_split_counts_as_a_repeat() {
     assert_eq!(s.jobs(&key())[0].repeats, 1);
 }
 
+/// A client rejoining a restarted dispatcher (incarnation 99 before) with what it has.
+fn rejoining(id: &str, completed: Vec<(u64, u64)>, received: Vec<Held>) -> ClientRegistration {
+    let rejoin = Rejoin { incarnation: 99, open_epoch: 7, clients: 2, completed, received };
+    ClientRegistration { client_id: Some(id.into()), rejoin: Some(rejoin), ..client("j", 0, 0) }
+}
+
+fn held(epoch: u64, split: u64, positions: &[u32]) -> Held {
+    Held { epoch, split, positions: positions.to_vec() }
+}
+
 #[test]
-fn a_restarted_dispatcher_resumes_a_job_at_the_workers_epoch() {
+fn a_restarted_dispatcher_hands_out_nothing_of_a_job_until_its_clients_rejoined_then_skips_what_they_have() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t2", Timeouts::default());
     let w = s
-        .register_worker(WorkerRegistration { worker_id: Some("w-t1-1".into()), ..registration("a:1", 2) }, t)
+        .register_worker(WorkerRegistration { worker_id: Some("w-t1-1".into()), ..registration("a:1", 4) }, t)
         .unwrap();
-    assert_eq!(w, "w-t1-1");
-    assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), split(7, 0));
+    assert_eq!(w, "w-t1-1", "the worker keeps its id");
+    // The worker's producer asks before any client is back: its batches would repeat rows.
+    assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), Assignment::Draining { epoch: 7 });
+    let first = s.register_client(rejoining("c-t1-1", vec![(7, 0)], vec![held(7, 1, &[0, 2])]), t).unwrap();
+    assert_eq!((first.client_id.as_str(), first.incarnation), ("c-t1-1", s.incarnation()));
+    assert_ne!(s.incarnation(), 99);
+    assert_eq!(s.listing(&key()).epochs["j"], 7, "the job's open epoch, from the rejoin");
+    assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), Assignment::Draining { epoch: 7 }, "one of two clients");
+    s.register_client(rejoining("c-t1-2", vec![(7, 3)], vec![held(7, 1, &[1]), held(8, 0, &[5])]), t).unwrap();
+    assert_eq!(
+        s.next_split(&w, "j", &[], 7, t).unwrap(),
+        Assignment::Split { epoch: 7, split: 1, skip: vec![0, 1, 2] }
+    );
+    assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), split(7, 2), "splits 0 and 3 are done");
+    assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), Assignment::Draining { epoch: 7 });
+    assert_eq!(s.next_split(&w, "j", &[], 8, t).unwrap(), Assignment::Split { epoch: 8, split: 0, skip: vec![5] });
+    let job = &s.jobs(&key())[0];
+    assert_eq!((job.epoch, job.done, job.repeats, job.unacknowledged), (7, 2, 0, 0));
+}
+
+#[test]
+fn a_rejoin_goes_on_without_a_client_that_never_came_back_and_a_late_one_is_acknowledged() {
+    let t = Instant::now();
+    let mut s =
+        DispatcherState::new("t2", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+    let w = s.register_worker(registration("a:1", 2), t).unwrap();
+    let c = s.register_client(rejoining("c-t1-1", vec![], vec![held(7, 0, &[4])]), t).unwrap().client_id;
+    let soon = t + Duration::from_secs(29);
+    s.heartbeat(&w, Progress::default(), soon).unwrap();
+    s.report_window(
+        &c,
+        Window { batches: 1, median_s: 0.1, p90_s: 0.1, mean_s: 0.1, wait_fraction: 0.0, workers: 1 },
+        soon,
+    )
+    .unwrap();
+    s.expire(soon);
+    assert_eq!(s.next_split(&w, "j", &[], 7, soon).unwrap(), Assignment::Draining { epoch: 7 }, "c-t1-2 may come");
+    let later = t + Duration::from_secs(31);
+    s.heartbeat(&w, Progress::default(), later).unwrap();
+    s.expire(later);
+    assert_eq!(s.next_split(&w, "j", &[], 7, later).unwrap(), Assignment::Split { epoch: 7, split: 0, skip: vec![4] });
+    assert_eq!(s.jobs(&key())[0].unacknowledged, 1, "counted: rows the missing client had may repeat");
+    // It comes back after all, with split 1's rows: they are left out of it.
+    s.register_client(rejoining("c-t1-2", vec![], vec![held(7, 1, &[0])]), later).unwrap();
+    assert_eq!(s.next_split(&w, "j", &[], 7, later).unwrap(), Assignment::Split { epoch: 7, split: 1, skip: vec![0] });
+    // A client registering again with the dispatcher it had lost nothing: plain re-registration.
+    let same = Rejoin { incarnation: s.incarnation(), open_epoch: 9, ..Rejoin::default() };
+    let again = ClientRegistration { client_id: Some(c), rejoin: Some(same), ..client("j", 0, 0) };
+    s.register_client(again, later).unwrap();
+    assert_eq!(s.jobs(&key())[0].epoch, 7);
 }
 
 #[test]
@@ -392,6 +463,7 @@ fn a_job_resumed_by_its_ranks_runs_anew_once_every_ranks_state_is_in_without_wha
 fn splits_a_stopped_producer_returns_go_back_to_the_queue() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts::default());
+    s.register_client(client("j", 0, 0), t).unwrap();
     let w = s.register_worker(registration("a:1", 3), t).unwrap();
     assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
     assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));

@@ -27,8 +27,9 @@ pub struct Link {
     runtime: tokio::runtime::Handle,
 }
 
-/// A NextSplit answer: what to do, with the cache directive and the positions to skip.
-pub(super) type Handed = (Next, SplitCache, Vec<u32>);
+/// A NextSplit answer: what to do, with the cache directive, the positions to skip and the
+/// dispatcher's incarnation (for the batches made of the split).
+pub(super) type Handed = (Next, SplitCache, Vec<u32>, u64);
 
 /// How long to wait between attempts when the dispatcher is unreachable or not the leader.
 const RETRY: Duration = Duration::from_millis(250);
@@ -155,7 +156,7 @@ impl Link {
         let next = response.next.ok_or_else(|| anyhow::anyhow!("the dispatcher answered NextSplit with nothing"))?;
         let mut skip = response.skip;
         skip.sort_unstable();
-        Ok((next, cache, skip))
+        Ok((next, cache, skip, response.incarnation))
     }
 
     /// Splits of `epoch` of `job` this worker took and will not deliver (nobody reads them).

@@ -306,8 +306,8 @@ fn produce(
     let mut next = ask()?;
     loop {
         let first = match next {
-            (Next::Finished(_), _, _) => return Ok(()),
-            (Next::Draining(d), _, _) => {
+            (Next::Finished(_), ..) => return Ok(()),
+            (Next::Draining(d), ..) => {
                 // Idle until the epoch's last splits are done elsewhere: the next epoch may
                 // use this worker meanwhile (busy again when a dead worker's split comes back).
                 busy.set(job, epoch, false);
@@ -318,11 +318,12 @@ fn produce(
                 next = ask()?;
                 continue;
             }
-            (Next::Split(s), cache, skip) => {
+            (Next::Split(s), cache, skip, incarnation) => {
                 anyhow::ensure!(s.epoch == epoch, "asked for a split of epoch {epoch}, got one of {}", s.epoch);
-                Assigned { split: split(s.split)?, cache, skip }
+                (Assigned { split: split(s.split)?, cache, skip }, incarnation)
             }
         };
+        let (first, incarnation) = first;
         // The epoch's splits, pulled as the engine asks, until a pause or the epoch's end; the
         // dispatcher forgetting this worker ends the run too: what it handed out before went
         // to others, so the run's batches are stale and must not join fresh splits' in a batch.
@@ -338,7 +339,7 @@ fn produce(
                 return None;
             }
             match ask().and_then(|n| match n {
-                (Next::Split(s), cache, skip) if !stale() => {
+                (Next::Split(s), cache, skip, _) if !stale() => {
                     split(s.split).map(|split| Some(Assigned { split, cache, skip }))
                 }
                 other => {
@@ -363,6 +364,9 @@ fn produce(
                     let mut batch = ready.batch;
                     let completes = ready.completes.clone();
                     batch.completes = ready.completes;
+                    // Every split of a run comes from one dispatcher: a new one (it restarted)
+                    // means a new generation, which ends the run.
+                    batch.incarnation = incarnation;
                     if out.send(batch).is_err() {
                         break;
                     }
@@ -384,7 +388,8 @@ fn produce(
         // holding their elements: reported by the worker, they could be done while one of
         // those batches was still on its way, and lost with it if the worker died.
         if !leftover.is_empty() && !stale() {
-            if out.send(Batch::completions(epoch, leftover.clone())).is_err() {
+            let completions = Batch { incarnation, ..Batch::completions(epoch, leftover.clone()) };
+            if out.send(completions).is_err() {
                 return Ok(());
             }
             let mut taken = taken.lock().unwrap();

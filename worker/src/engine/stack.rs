@@ -51,7 +51,7 @@ pub fn make_batch(
             };
         }
     }
-    Ok(Batch { tensors, epoch, split, sequence, completes: Vec::new(), rows: Vec::new() })
+    Ok(Batch { tensors, epoch, split, sequence, completes: Vec::new(), rows: Vec::new(), incarnation: 0 })
 }
 
 fn stack(field: &str, rows: &mut [Row], pad: Option<f64>) -> Result<Tensor, BatchError> {

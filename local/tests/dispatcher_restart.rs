@@ -1,0 +1,101 @@
+//! Exactly once across a dispatcher restart, with real processes: two `stoker-worker`s, a job
+//! read by one client and a job read by two ranks, both reading 4000-record JSONL epochs. Mid
+//! epoch 1 the dispatcher restarts (every connection and task of it ends; a new one, knowing
+//! nothing, serves the same address). The clients rejoin with what they have, the new
+//! dispatcher hands out nothing of a job until all its clients are back, and every epoch still
+//! reaches each job exactly once, the ranks equal. (Before, the restarted dispatcher started
+//! the interrupted epoch over: everything delivered of it before the restart came again.)
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use stoker_operator::autoscaling::Scaler;
+use stoker_operator::dispatcher::Timeouts;
+use stoker_operator::key::PipelineKey;
+
+const FILES: i64 = 4;
+const LINES: i64 = 1000;
+const EPOCHS: u64 = 3;
+
+/// How often each record reached the job in each epoch.
+fn counts(consumers: &[&Vec<support::Got>]) -> Vec<BTreeMap<i64, u32>> {
+    (0..EPOCHS as usize)
+        .map(|epoch| {
+            let mut seen = BTreeMap::new();
+            for got in consumers {
+                for id in &got[epoch].ids {
+                    *seen.entry(*id).or_default() += 1;
+                }
+            }
+            seen
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_dispatcher_repeats_and_loses_nothing_of_the_epochs_its_clients_are_in() {
+    let data = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let timeouts = Timeouts { worker: Duration::from_secs(3), client: Duration::from_secs(30) };
+    let mut dispatcher = support::RestartableDispatcher::start("127.0.0.1:0".parse().unwrap(), timeouts).await;
+    let url = dispatcher.url();
+    let pipeline = support::padded_records(data.path(), FILES, LINES);
+    let key = PipelineKey::new(&pipeline.namespace, &pipeline.name);
+    // 40 batches a second per job: an epoch lasts seconds, so the restart lands mid-epoch.
+    let workers = support::workers(&url, Some(40.0), logs.path());
+    workers.add(pipeline, None);
+    workers.scale(&key, 2).await.unwrap();
+
+    let read = Arc::new(AtomicUsize::new(0));
+    let shared = tokio::spawn(support::consume(url.clone(), "shared", 0, 0, EPOCHS, LINES, read.clone()));
+    let ranks: Vec<_> = (0..2)
+        .map(|r| tokio::spawn(support::consume(url.clone(), "ddp", 2, r, EPOCHS, LINES, Arc::default())))
+        .collect();
+
+    // A quarter into epoch 1 of the shared job (400 batches an epoch).
+    let per_epoch = (FILES * LINES / 10) as usize;
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while read.load(Ordering::Relaxed) < per_epoch + per_epoch / 4 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("epoch 1 never got a quarter through");
+    let before = dispatcher.dispatcher.with_state(|st| st.incarnation());
+    dispatcher.restart().await;
+    let after = dispatcher.dispatcher.with_state(|st| st.incarnation());
+    assert_ne!(before, after, "a new dispatcher");
+
+    let shared = shared.await.expect("the shared job's client failed");
+    let mut ranked = Vec::new();
+    for r in ranks {
+        ranked.push(r.await.expect("a rank failed"));
+    }
+    let all = (FILES * LINES) as usize;
+    for (epoch, seen) in counts(&[&shared]).iter().enumerate() {
+        let repeats: u32 = seen.values().map(|n| n - 1).sum();
+        assert_eq!((seen.len(), repeats), (all, 0), "shared job, epoch {epoch}: every record, none twice");
+    }
+    for (epoch, seen) in counts(&[&ranked[0], &ranked[1]]).iter().enumerate() {
+        let (a, b) = (&ranked[0][epoch], &ranked[1][epoch]);
+        assert_eq!(a.batches, b.batches, "epoch {epoch}: both ranks the same number of batches");
+        assert!(seen.values().all(|&n| n == 1), "ranked job, epoch {epoch}: a record reached it twice");
+        let dropped = (a.dropped_rows + b.dropped_rows) as usize;
+        eprintln!(
+            "ranked job, epoch {epoch}: {} batches per rank, {dropped} rows dropped to keep them equal",
+            a.batches
+        );
+        assert_eq!(seen.len() + dropped, all, "ranked job, epoch {epoch}: every record reached a rank or was dropped");
+    }
+    // The new dispatcher knew both jobs only from their clients: none went on without one.
+    let jobs = dispatcher.dispatcher.with_state(|st| st.jobs(&key));
+    eprintln!("after the restart: {jobs:?}");
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    for job in &jobs {
+        assert_eq!((job.repeats, job.unacknowledged), (0, 0), "{job:?}");
+    }
+}

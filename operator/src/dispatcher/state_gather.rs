@@ -1,0 +1,115 @@
+//! How the dispatcher gathers its clients' states into a job (see `gathering`): the ranks
+//! resuming a job from a checkpoint, and the clients rejoining a job a restart interrupted.
+
+use std::time::Instant;
+
+use super::{DispatchError, DispatcherState, Rejoin, Resume};
+use crate::dispatcher::gathering::Gathering;
+use crate::dispatcher::ledger::{Held, Reporter};
+use crate::key::PipelineKey;
+
+impl DispatcherState {
+    /// The run a consumer resuming `job` from its saved state joins: the run gathering the
+    /// states saved at the same step (same epoch and batches: every rank has yielded as many),
+    /// or a new one. A run is a job of its own, named apart, so no batch made for the job
+    /// before (still in a worker's queues) reaches it. Once every rank's state is in, the run
+    /// produces the epoch without the rows any of them had yielded.
+    pub(super) fn resume(
+        &mut self,
+        pipeline: &PipelineKey,
+        job: &str,
+        consumer_index: u32,
+        consumers: u32,
+        resume: Resume,
+    ) -> Result<String, DispatchError> {
+        let mismatch = if resume.job != job {
+            Some(format!("it is of job {:?}, not {job:?}", resume.job))
+        } else if resume.consumers.max(1) != consumers.max(1) {
+            Some(format!("it is of a job of {} consumer(s), not {}", resume.consumers, consumers))
+        } else if consumers > 1 && resume.consumer_index != consumer_index {
+            Some(format!("it is rank {}'s, not rank {consumer_index}'s", resume.consumer_index))
+        } else {
+            None
+        };
+        if let Some(why) = mismatch {
+            return Err(DispatchError::Invalid(format!("cannot resume from this state: {why}")));
+        }
+        let step = (job.to_string(), resume.epoch, resume.batches);
+        let existing =
+            self.pipelines.get(pipeline).and_then(|p| p.gathering.iter().find(|(_, g)| g.step.as_ref() == Some(&step)));
+        let run = match existing {
+            Some((run, _)) => run.clone(),
+            None => self.members.id(&format!("{job}~run"), None),
+        };
+        let p = self.pipelines.entry(pipeline.clone()).or_default();
+        let gathering = p.gathering.entry(run.clone()).or_insert_with(|| Gathering::resume(step, consumers));
+        gathering.add(consumer_index.to_string(), consumers, resume.epoch, resume.yielded, &[], consumer_index);
+        p.starts.insert(run.clone(), resume.epoch);
+        self.gathered(pipeline, &run, Instant::now());
+        Ok(run)
+    }
+
+    /// A client `id` of `job` rejoining after this dispatcher restarted. The first starts the
+    /// job's gathering; once every client is in (or the client timeout passed) the job goes on
+    /// without what they have. One rejoining a job already under way again (it was late, or
+    /// it lost this dispatcher for a while) adds what it has as an acknowledgement would.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rejoin(
+        &mut self,
+        pipeline: &PipelineKey,
+        job: &str,
+        id: &str,
+        rank: u32,
+        consumers: u32,
+        rejoin: Rejoin,
+        now: Instant,
+    ) {
+        let Rejoin { open_epoch, clients, completed, received, .. } = rejoin;
+        let deadline = now + self.timeouts.client;
+        let p = self.pipelines.entry(pipeline.clone()).or_default();
+        let plan = p.ledger_plan();
+        let ranked = consumers > 1;
+        if let Some(state) = p.jobs.get_mut(job) {
+            tracing::info!(%pipeline, %job, client = %id, "a client rejoined a job under way: what it has is acknowledged");
+            state.acknowledge(id, 0, &received, now);
+            let by = Reporter::Client { rank: if ranked { rank } else { 0 }, consumers: consumers.max(1) };
+            state.complete(&completed, by, &plan, now);
+            return;
+        }
+        let (who, expected) = if ranked { (rank.to_string(), consumers) } else { (id.to_string(), clients) };
+        let gathering = p.gathering.entry(job.to_string()).or_insert_with(|| {
+            tracing::info!(%pipeline, %job, expected, "a client rejoined a job this dispatcher does not know: waiting for the others");
+            Gathering::rejoin(expected, deadline)
+        });
+        gathering.add(who, expected, open_epoch, received, &completed, if ranked { rank } else { 0 });
+        p.starts.entry(job.to_string()).and_modify(|e| *e = (*e).max(open_epoch)).or_insert(open_epoch);
+        self.gathered(pipeline, job, now);
+    }
+
+    /// Moves `job`'s gathering on if it is ready.
+    fn gathered(&mut self, pipeline: &PipelineKey, job: &str, now: Instant) {
+        let Some(p) = self.pipelines.get_mut(pipeline) else { return };
+        if p.gathering.get(job).is_some_and(|g| g.ready(now)) {
+            let gathered = p.gathering.remove(job).expect("checked above").finish();
+            let rows: usize = gathered.rows.iter().map(|h: &Held| h.positions.len()).sum();
+            if gathered.incomplete {
+                tracing::warn!(%pipeline, %job, epoch = gathered.epoch, rows, completed = gathered.completed.len(), "a client did not rejoin within the client timeout: the job goes on without it, and rows it had may repeat");
+            } else {
+                tracing::info!(%pipeline, %job, epoch = gathered.epoch, rows, completed = gathered.completed.len(), "every client's state is in: the job goes on without what they have");
+            }
+            p.gathered.insert(job.to_string(), gathered);
+        }
+    }
+
+    /// Gatherings that waited out the client timeout go on without the missing.
+    pub(super) fn gathered_late(&mut self, now: Instant) {
+        let waiting: Vec<(PipelineKey, String)> = self
+            .pipelines
+            .iter()
+            .flat_map(|(key, p)| p.gathering.keys().map(move |job| (key.clone(), job.clone())))
+            .collect();
+        for (pipeline, job) in waiting {
+            self.gathered(&pipeline, &job, now);
+        }
+    }
+}
