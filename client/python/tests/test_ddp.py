@@ -39,7 +39,10 @@ def run_rank(rank: int, port: int, dispatcher: str, job: str, out: pathlib.Path,
     per pass, the epochs its batches were of, its steps, the rows it yielded and the rows its
     client dropped. Touches `out`.started after its first step and `out`.first-epoch after its
     first pass. `plan`: "steps", the last pass stops after that many; "load" and "save", the
-    path ({rank} filled in) of the dataset state loaded before the first pass, saved after the last."""
+    path ({rank} filled in) of the dataset state loaded before the first pass, saved after the
+    last; "checkpoint", the last pass saves the state and writes the record (the checkpoint)
+    after "steps", then trains on and touches `out`.killable after two more steps, waiting to
+    be killed."""
     import torch
     import torch.distributed as dist
     from test_torch import RowsDataset
@@ -70,7 +73,14 @@ def run_rank(rank: int, port: int, dispatcher: str, job: str, out: pathlib.Path,
             if index == 0 and steps == 1:
                 pathlib.Path(f"{out}.started").touch()
             if index == EPOCHS - 1 and steps == plan.get("steps"):
-                break
+                if not plan.get("checkpoint"):
+                    break
+                pathlib.Path(plan["save"].format(rank=rank)).write_text(json.dumps(dataset.state_dict()))
+                out.write_text(json.dumps(record + [{"epochs": sorted(epochs), "steps": steps, "rows": rows,
+                                                     "dropped_rows": dataset.dropped_rows - dropped_before}]))
+            if index == EPOCHS - 1 and steps == plan.get("steps", -3) + 2 and plan.get("checkpoint"):
+                pathlib.Path(f"{out}.killable").touch()
+                time.sleep(3600)
         record.append({"epochs": sorted(epochs), "steps": steps, "rows": rows,
                        "dropped_rows": dataset.dropped_rows - dropped_before})
         dropped_before = dataset.dropped_rows
@@ -202,6 +212,34 @@ def test_equal_steps_and_every_row_once_when_a_worker_dies_mid_epoch(tmp_path, d
         os.kill(pids[0], signal.SIGKILL)
         assert not pathlib.Path(f"{ranks.outs[0]}.first-epoch").exists(), "the first epoch ended before the kill"
         check(ranks.records())
+
+
+def test_ranks_killed_after_a_checkpoint_resume_from_it_on_the_same_operator(tmp_path, ddp_corpus):
+    """A consumer killed: the ranks checkpoint at step 3 of epoch 1, train on two more steps
+    (rows their saved states do not hold) and are killed with SIGKILL, saying nothing to the
+    dispatcher; new ranks resume from the checkpoint on the same operator, whose workers still
+    hold the killed run's batches. Epoch 1 across the checkpoint and the resumed run holds
+    every row once: what the killed ranks read after the checkpoint is read again, as the
+    training steps it fed are lost with them."""
+    states = str(tmp_path / "state-{rank}.json")
+    runs = [tmp_path / "killed", tmp_path / "resumed"]
+    for run in runs:
+        run.mkdir()
+    with Local(tmp_path, pipeline_file(tmp_path, ddp_corpus, batch_size=4, extra=TWO_WORKERS)) as local:
+        killed = Ranks(runs[0], local.address(), "ddp-killed", {"steps": 3, "save": states, "checkpoint": True})
+        for out in killed.outs:
+            killed.wait_for(pathlib.Path(f"{out}.killable"))
+        for process in killed.processes:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+        first = [json.loads(out.read_text()) for out in killed.outs]
+        second = Ranks(runs[1], local.address(), "ddp-killed", {"load": states}).records()
+    check_steps(first, 0)
+    assert [r[1]["steps"] for r in first] == [3] * WORLD
+    check_steps(second, 1)
+    check_whole("epoch 0", [r[0] for r in first])
+    check_whole("epoch 1", [r[1] for r in first] + [r[0] for r in second])
+    check_whole("epoch 2", [r[1] for r in second])
 
 
 def test_ranks_resume_mid_epoch_on_a_new_operator_with_another_worker_count(tmp_path, ddp_corpus):
