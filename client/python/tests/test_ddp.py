@@ -181,6 +181,18 @@ def check_whole(label: str, epochs) -> None:
     assert len(rows) + dropped == IMAGES, f"{label}: {len(rows)} rows yielded, {dropped} dropped"
 
 
+def check_resumed(first, second) -> None:
+    """A run that read epoch 0 and 3 steps of epoch 1 (`first`), and one resumed from there
+    (`second`) that read the rest of epoch 1 and epoch 2: equal steps in each, every row of
+    each epoch once across both."""
+    check_steps(first, 0)
+    assert [r[1]["steps"] for r in first] == [3] * WORLD
+    check_steps(second, 1)
+    check_whole("epoch 0", [r[0] for r in first])
+    check_whole("epoch 1", [r[1] for r in first] + [r[0] for r in second])
+    check_whole("epoch 2", [r[1] for r in second])
+
+
 def test_two_ranks_take_equal_steps_and_read_each_row_once(tmp_path, ddp_corpus):
     pipeline = pipeline_file(tmp_path, ddp_corpus, batch_size=4, extra=TWO_WORKERS)
     with Local(tmp_path, pipeline) as local:
@@ -234,12 +246,7 @@ def test_ranks_killed_after_a_checkpoint_resume_from_it_on_the_same_operator(tmp
             process.wait()
         first = [json.loads(out.read_text()) for out in killed.outs]
         second = Ranks(runs[1], local.address(), "ddp-killed", {"load": states}).records()
-    check_steps(first, 0)
-    assert [r[1]["steps"] for r in first] == [3] * WORLD
-    check_steps(second, 1)
-    check_whole("epoch 0", [r[0] for r in first])
-    check_whole("epoch 1", [r[1] for r in first] + [r[0] for r in second])
-    check_whole("epoch 2", [r[1] for r in second])
+    check_resumed(first, second)
 
 
 def test_ranks_resume_mid_epoch_on_a_new_operator_with_another_worker_count(tmp_path, ddp_corpus):
@@ -254,12 +261,7 @@ def test_ranks_resume_mid_epoch_on_a_new_operator_with_another_worker_count(tmp_
     # Another operator with one worker: the ranks read the rest of epoch 1, then epoch 2.
     with Local(tmp_path, pipeline_file(tmp_path, ddp_corpus, batch_size=4, extra=ONE_WORKER)) as local:
         second = Ranks(runs[1], local.address(), "ddp-resume", {"load": states}).records()
-    check_steps(first, 0)
-    assert [r[1]["steps"] for r in first] == [3] * WORLD
-    check_steps(second, 1)
-    check_whole("epoch 0", [r[0] for r in first])
-    check_whole("epoch 1", [r[1] for r in first] + [r[0] for r in second])
-    check_whole("epoch 2", [r[1] for r in second])
+    check_resumed(first, second)
 
 
 if __name__ == "__main__":
