@@ -32,6 +32,7 @@ pub fn header(batch: &Batch) -> BatchHeader {
         completes: batch.completes.clone(),
         rows: batch.rows.clone(),
         incarnation: batch.incarnation,
+        round: batch.round.clone(),
         tensors: batch
             .tensors
             .iter()
@@ -141,6 +142,7 @@ mod tests {
             completes: vec![5],
             rows: vec![5 << 32, 5 << 32 | 9],
             incarnation: 11,
+            round: Some(proto::RoundRef { worker: "w-1".into(), index: 4 }),
         }
     }
 

@@ -85,6 +85,8 @@ pub struct Batch {
     /// (0: a standalone worker); a client that rejoined a restarted dispatcher drops batches of
     /// the one before.
     pub incarnation: u64,
+    /// A job read by ranks in coordinated mode: the worker's round the batch was dealt in.
+    pub round: Option<crate::proto::RoundRef>,
 }
 
 /// A row's provenance: its split and its position in the split's source order. Positions are

@@ -305,12 +305,16 @@ fn poll_rationed(
     let epoch = shared.reading.load(Ordering::Relaxed);
     loop {
         shared.quota_changed.register(cx.waker());
-        if let Some(&quota) = shared.quotas.lock().unwrap().get(&epoch) {
-            ration.set_quota(quota);
+        if let Some(quota) = shared.quotas.lock().unwrap().get(&epoch) {
+            ration.set_quota(quota.clone());
         }
         match ration.step() {
-            Step::Yield(batch) => return Poll::Ready(Rationed::Batch(batch)),
-            Step::Pass(_) => {}
+            Step::Yield(batch) => {
+                if batch.round.is_some() {
+                    shared.delivery.yielded_rounds(epoch, ration.position());
+                }
+                return Poll::Ready(Rationed::Batch(batch));
+            }
             Step::Drop(batch) => {
                 let rows = if batch.rows.is_empty() {
                     batch.tensors.values().next().and_then(|t| t.shape.first().copied()).unwrap_or(0) as u64

@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
+use stoker_api::proto::RoundRef;
 use stoker_api::ranks::Received;
 use stoker_api::{Batch, row_origin};
 use tokio::sync::Notify;
@@ -41,6 +42,10 @@ struct Inner {
     held: Vec<Held>,
     /// A job read by ranks: what this rank received of each recent epoch.
     received: BTreeMap<u64, Received>,
+    /// Coordinated mode: (epoch, worker) whose rounds came with a gap (a batch lost with a
+    /// broken stream, or refused): their count stops there, so the order takes no round this
+    /// rank lacks; what comes after is yielded after the order.
+    gapped: BTreeSet<(u64, String)>,
 }
 
 /// Shared by the worker streams (which record rows), the caller's side of the client (which
@@ -153,9 +158,32 @@ impl Delivery {
         self.changed.notify_one();
     }
 
-    /// A job read by ranks: a batch with tensors of `epoch` entered the queue.
-    pub(crate) fn received(&self, epoch: u64) {
-        self.update(epoch, |r| r.batches += 1);
+    /// A job read by ranks: a batch with tensors of `epoch` entered the queue, dealt in `round`
+    /// in coordinated mode.
+    pub(crate) fn received(&self, epoch: u64, round: Option<&RoundRef>) {
+        if !self.ranked {
+            return;
+        }
+        let mut guard = self.inner.lock().unwrap();
+        let inner = &mut *guard;
+        let got = inner.received.entry(epoch).or_default();
+        got.batches += 1;
+        if let Some(round) = round {
+            let key = (epoch, round.worker.clone());
+            let count = got.rounds.entry(round.worker.clone()).or_default();
+            if round.index == *count && !inner.gapped.contains(&key) {
+                *count += 1;
+            } else {
+                inner.gapped.insert(key);
+            }
+        }
+        drop(guard);
+        self.changed.notify_one();
+    }
+
+    /// Coordinated mode: this rank has yielded `position` rounds of `epoch`'s order.
+    pub(crate) fn yielded_rounds(&self, epoch: u64, position: u64) {
+        self.update(epoch, |r| r.position = position);
     }
 
     /// A job read by ranks: every batch of `epoch` this rank gets has arrived.
@@ -187,12 +215,14 @@ impl Delivery {
         while inner.received.len() > 1 && inner.received.keys().next().is_some_and(|&e| e + 1 < open) {
             inner.received.pop_first();
         }
+        let oldest = inner.received.keys().next().copied().unwrap_or(open);
+        inner.gapped.retain(|(epoch, _)| *epoch >= oldest);
     }
 
     /// What this rank received of its recent epochs (all of them each time: a restarted
     /// dispatcher learns them again from the next acknowledgement).
     pub(crate) fn progress(&self) -> Vec<(u64, Received)> {
-        self.inner.lock().unwrap().received.iter().map(|(&e, &r)| (e, r)).collect()
+        self.inner.lock().unwrap().received.iter().map(|(&e, r)| (e, r.clone())).collect()
     }
 
     /// What the next acknowledgement carries: the completions since the last, and the rows
@@ -312,18 +342,18 @@ mod tests {
         let d = Delivery::ranked();
         d.record("a", &batch(0, &[(1, 0), (1, 1)], &[1])).unwrap().keep();
         d.taken(&batch(0, &[(1, 0), (1, 1)], &[1]));
-        d.received(0);
-        d.received(0);
+        d.received(0, None);
+        d.received(0, None);
         d.dropped(0, 5);
         d.ended(0);
-        d.received(1);
+        d.received(1, None);
         let (completed, held) = d.take(&listed(&[]));
         assert_eq!(completed, [(0, 1)]);
         assert_eq!(held, [Held { split: (0, 1), positions: vec![0, 1] }], "other ranks may not have reported it");
         assert_eq!(
             d.progress(),
             [
-                (0, Received { batches: 2, ended: true, dropped_rows: 5 }),
+                (0, Received { batches: 2, ended: true, dropped_rows: 5, ..Received::default() }),
                 (1, Received { batches: 1, ..Received::default() })
             ]
         );
@@ -371,6 +401,21 @@ mod tests {
     /// What the accounting costs per batch, as the client does it: rows recorded as a batch is
     /// queued, a split completed every 10 batches, an acknowledgement taken then. By hand:
     /// `cargo test --release -p stoker-client --lib accounting -- --ignored --nocapture`
+    #[test]
+    fn a_ranks_rounds_count_without_a_gap() {
+        let d = Delivery::ranked();
+        let round = |worker: &str, index| RoundRef { worker: worker.into(), index };
+        for index in [0, 1, 3, 4] {
+            d.received(2, Some(&round("a", index)));
+        }
+        d.received(2, Some(&round("b", 0)));
+        d.yielded_rounds(2, 1);
+        let (_, got) = d.progress().pop().unwrap();
+        let rounds: Vec<(&str, u64)> = got.rounds.iter().map(|(w, &n)| (w.as_str(), n)).collect();
+        assert_eq!(rounds, [("a", 2), ("b", 1)], "a's round 2 never came: its count stops at 2");
+        assert_eq!((got.batches, got.position), (5, 1));
+    }
+
     #[test]
     #[ignore = "benchmark: run by hand in release"]
     fn accounting_cost_per_batch() {

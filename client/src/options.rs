@@ -19,6 +19,10 @@ pub struct ClientOptions {
     /// number of batches every epoch (what a rank receives beyond it is dropped and counted).
     /// 0 or 1: the job's consumers share its batches, first come, first served.
     pub consumers: u32,
+    /// With `consumers` > 1, coordinated mode: batch k of every rank comes from the same round
+    /// of the same worker (`Batch::round`), so batches a pipeline groups by length line up
+    /// across ranks. Every consumer of the job sets the same.
+    pub coordinated: bool,
     /// Under the dispatcher: go on from a state `Client::state` gave (saved with a checkpoint),
     /// on any dispatcher and with any number of workers. Every consumer of the job resumes from
     /// its own state saved at the same step; the job produces the rest of that epoch without
@@ -57,6 +61,7 @@ impl ClientOptions {
             job: "default".into(),
             consumer_index: 0,
             consumers: 0,
+            coordinated: false,
             resume: None,
             start_epoch: None,
             prefetch_next_epoch: true,
@@ -73,6 +78,9 @@ impl ClientOptions {
     pub(crate) fn check(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::InvalidOptions(m));
         proto::check_rank(self.consumer_index, self.consumers).map_err(Error::InvalidOptions)?;
+        if self.coordinated && self.consumers < 2 {
+            return bad("coordinated mode lines up the batches of a job's ranks: set consumers (2 or more)".into());
+        }
         if let Some(state) = &self.resume {
             if state.job != self.job {
                 return bad(format!("the resume state is of job {:?}, not {:?}", state.job, self.job));

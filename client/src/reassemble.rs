@@ -25,6 +25,7 @@ struct Partial {
     completes: Vec<u64>,
     rows: Vec<u64>,
     incarnation: u64,
+    round: Option<stoker_api::proto::RoundRef>,
     tensors: Vec<PartialTensor>,
     /// First tensor still missing bytes.
     current: usize,
@@ -166,6 +167,7 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
         completes: header.completes,
         rows: header.rows,
         incarnation: header.incarnation,
+        round: header.round,
         tensors,
         current: 0,
         declared,
@@ -206,6 +208,7 @@ impl Partial {
         }
         let (epoch, split, sequence, completes, rows, incarnation) =
             (self.epoch, self.split, self.sequence, self.completes, self.rows, self.incarnation);
-        Batch { tensors, epoch, split, sequence, completes, rows, incarnation }
+        let round = self.round;
+        Batch { tensors, epoch, split, sequence, completes, rows, incarnation, round }
     }
 }

@@ -57,6 +57,7 @@ impl Registration {
                 job: options.job.clone(),
                 consumer_index: options.consumer_index,
                 consumers: options.consumers,
+                coordinated: options.coordinated,
                 client_id: String::new(),
                 resume: options.resume.clone(),
                 rejoin: None,
@@ -192,7 +193,7 @@ impl Registration {
                 .iter()
                 .map(|h| proto::HeldRows { epoch: h.split.0, split: h.split.1, positions: h.positions.clone() })
                 .collect(),
-            received: received.iter().map(|&(epoch, r)| r.to_proto(epoch)).collect(),
+            received: received.iter().map(|(epoch, r)| r.to_proto(*epoch)).collect(),
         };
         let response = match self.client.acknowledge(self.request(ack.clone())).await {
             Err(s) if s.code() == Code::NotFound => {

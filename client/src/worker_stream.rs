@@ -42,6 +42,7 @@ pub(crate) async fn open(
         job: options.job.clone(),
         consumer_index: options.consumer_index,
         consumers: options.consumers,
+        coordinated: options.coordinated,
         start_epoch: options.start_epoch,
         max_message_bytes: options.max_message_bytes as u64,
         epoch,
@@ -80,7 +81,7 @@ pub(crate) async fn pump(
                         Some(None) => continue,
                         recorded => recorded.flatten(),
                     };
-                    let data = (!batch.is_completions()).then_some(batch.epoch);
+                    let data = (!batch.is_completions()).then(|| (batch.epoch, batch.round.clone()));
                     if data.is_some() {
                         on_batch();
                     }
@@ -90,8 +91,8 @@ pub(crate) async fn pump(
                     if let Some(r) = recorded {
                         r.keep();
                     }
-                    if let (Some(d), Some(epoch)) = (delivery, data) {
-                        d.received(epoch);
+                    if let (Some(d), Some((epoch, round))) = (delivery, data) {
+                        d.received(epoch, round.as_ref());
                     }
                 }
                 Ok(None) => {}

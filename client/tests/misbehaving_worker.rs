@@ -53,6 +53,7 @@ fn header(n: u64) -> Option<BatchHeader> {
         completes: vec![],
         rows: vec![],
         incarnation: 0,
+        round: None,
     })
 }
 

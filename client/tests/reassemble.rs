@@ -31,6 +31,7 @@ fn sample() -> Batch {
         completes: vec![8, 9],
         rows: vec![9 << 32 | 1, 8 << 32],
         incarnation: 3,
+        round: Some(stoker_api::proto::RoundRef { worker: "w-2".into(), index: 6 }),
     }
 }
 
@@ -103,6 +104,7 @@ fn one_tensor_header(dtype: i32, shape: Vec<u64>, byte_length: u64) -> BatchHead
         completes: vec![],
         rows: vec![],
         incarnation: 0,
+        round: None,
     }
 }
 

@@ -5,6 +5,9 @@
 //! dispatcher hands out nothing of a job until all its clients are back, and every epoch still
 //! reaches each job exactly once, the ranks equal. (Before, the restarted dispatcher started
 //! the interrupted epoch over: everything delivered of it before the restart came again.)
+//! The ranks read in coordinated mode: their batches line up round by round before the
+//! restart, not in the two epochs read across it (the order was the old dispatcher's), and
+//! again after.
 
 mod support;
 
@@ -20,10 +23,12 @@ use stoker_operator::key::PipelineKey;
 const FILES: i64 = 4;
 const LINES: i64 = 1000;
 const EPOCHS: u64 = 3;
+/// The ranks read one more: the first the new dispatcher orders.
+const RANKED_EPOCHS: u64 = EPOCHS + 1;
 
 /// How often each record reached the job in each epoch.
 fn counts(consumers: &[&Vec<support::Got>]) -> Vec<BTreeMap<i64, u32>> {
-    (0..EPOCHS as usize)
+    (0..consumers[0].len())
         .map(|epoch| {
             let mut seen = BTreeMap::new();
             for got in consumers {
@@ -51,9 +56,13 @@ async fn a_restarted_dispatcher_repeats_and_loses_nothing_of_the_epochs_its_clie
     workers.scale(&key, 2).await.unwrap();
 
     let read = Arc::new(AtomicUsize::new(0));
-    let shared = tokio::spawn(support::consume(url.clone(), "shared", 0, 0, EPOCHS, LINES, read.clone()));
+    let shared =
+        tokio::spawn(support::consume(url.clone(), support::rank("shared", 0, 0), EPOCHS, LINES, read.clone()));
     let ranks: Vec<_> = (0..2)
-        .map(|r| tokio::spawn(support::consume(url.clone(), "ddp", 2, r, EPOCHS, LINES, Arc::default())))
+        .map(|r| {
+            let options = stoker_client::ClientOptions { coordinated: true, ..support::rank("ddp", 2, r) };
+            tokio::spawn(support::consume(url.clone(), options, RANKED_EPOCHS, LINES, Arc::default()))
+        })
         .collect();
 
     // A quarter into epoch 1 of the shared job (400 batches an epoch).
@@ -90,6 +99,11 @@ async fn a_restarted_dispatcher_repeats_and_loses_nothing_of_the_epochs_its_clie
             a.batches
         );
         assert_eq!(seen.len() + dropped, all, "ranked job, epoch {epoch}: every record reached a rank or was dropped");
+        let aligned = a.rounds.iter().zip(&b.rounds).take_while(|(x, y)| x == y).count();
+        eprintln!("ranked job, epoch {epoch}: {aligned} batches from the same round at both ranks");
+        if epoch == 0 || epoch == 3 {
+            assert!(a.batches - aligned <= 4, "epoch {epoch}: only {aligned} of {} lined up", a.batches);
+        }
     }
     // The new dispatcher knew both jobs only from their clients: none went on without one.
     let jobs = dispatcher.dispatcher.with_state(|st| st.jobs(&key));

@@ -5,8 +5,13 @@
 //! Each rank must see every split's completion behind its own batches of that split, or the
 //! split could be done while a rank still had its rows on the way: the batch holding a split's
 //! last element goes to one rank, and a batch of completions alone to each of the others.
+//!
+//! In coordinated mode the deal is in rounds: every round starts at rank 0 and gives each rank
+//! one batch, tagged with the round, so the ranks can yield a worker's round at the same step
+//! (the dispatcher orders the rounds of all workers).
 
 use stoker_api::Batch;
+use stoker_api::proto::RoundRef;
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -17,6 +22,8 @@ pub struct Deal {
     queues: Vec<mpsc::Sender<JobItem>>,
     /// The rank the next batch with tensors goes to.
     next: usize,
+    /// Coordinated mode: this worker's id, which names its rounds, and the round being dealt.
+    rounds: Option<(String, u64)>,
 }
 
 /// Every queue of the epoch is closed: no one reads what is sent.
@@ -33,7 +40,13 @@ impl Deal {
     pub fn new(consumers: u32, capacity: usize, first: u64) -> (Deal, Hands) {
         let ranks = consumers.max(1) as usize;
         let (queues, hands) = (0..ranks).map(|_| mpsc::channel(capacity)).unzip();
-        (Deal { queues, next: (first % ranks as u64) as usize }, hands)
+        (Deal { queues, next: (first % ranks as u64) as usize, rounds: None }, hands)
+    }
+
+    /// Coordinated mode for `consumers` ranks: rounds from rank 0, named by `worker`.
+    pub fn in_rounds(consumers: u32, capacity: usize, worker: String) -> (Deal, Hands) {
+        let (deal, hands) = Deal::new(consumers, capacity, 0);
+        (Deal { rounds: Some((worker, 0)), ..deal }, hands)
     }
 
     /// Sends `batch` to its rank, waiting while that rank's queue is full, and its completions
@@ -46,8 +59,15 @@ impl Deal {
         if batch.is_completions() {
             self.to_ranks(|_| true, &batch);
         } else {
+            let mut batch = batch;
             let rank = self.next;
             self.next = (rank + 1) % ranks;
+            if let Some((worker, round)) = &mut self.rounds {
+                batch.round = Some(RoundRef { worker: worker.clone(), index: *round });
+                if self.next == 0 {
+                    *round += 1;
+                }
+            }
             let completions =
                 (!batch.completes.is_empty()).then(|| Batch::completions(batch.epoch, batch.completes.clone()));
             let _ = self.queues[rank].blocking_send(Ok(batch));
@@ -113,6 +133,27 @@ mod tests {
                 vec![data(&[]), only(&[7]), data(&[]), only(&[9])],
             ],
             "the first goes to rank 4 % 3"
+        );
+    }
+
+    #[test]
+    fn in_rounds_every_round_starts_at_rank_0_and_names_itself() {
+        let (mut deal, mut hands) = Deal::in_rounds(2, 8, "w-1".into());
+        for completes in [&[][..], &[3], &[]] {
+            deal.send(data(completes)).unwrap();
+        }
+        let rounds: Vec<Vec<(Option<u64>, Vec<u64>)>> = hands
+            .iter_mut()
+            .map(|h| {
+                std::iter::from_fn(|| h.try_recv().ok())
+                    .map(|item| item.map(|b| (b.round.map(|r| r.index), b.completes)).unwrap())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            rounds,
+            [vec![(Some(0), vec![]), (None, vec![3]), (Some(1), vec![])], vec![(Some(0), vec![3])]],
+            "completions alone carry no round"
         );
     }
 

@@ -40,6 +40,8 @@ pub struct Subscription {
     /// Under the dispatcher, a job read by ranks: how many (`consumer_index` is the rank);
     /// 0 or 1: the job's consumers share its batches.
     pub consumers: u32,
+    /// With `consumers` > 1: deal in rounds (coordinated mode).
+    pub coordinated: bool,
     pub start_epoch: Option<u64>,
     /// Under the dispatcher: the one epoch to stream.
     pub epoch: Option<u64>,
@@ -120,12 +122,16 @@ pub fn validate(request: StreamRequest, caller: Caller) -> Result<(Subscription,
     if let Err(e) = proto::check_rank(request.consumer_index, request.consumers) {
         return invalid(e);
     }
+    if request.coordinated && request.consumers < 2 {
+        return invalid("coordinated mode deals rounds among ranks: set consumers (2 or more)".into());
+    }
     let subscription = Subscription {
         namespace: pipeline.namespace,
         pipeline: pipeline.name,
         job: request.job,
         consumer_index: request.consumer_index,
         consumers: request.consumers,
+        coordinated: request.coordinated,
         start_epoch: request.start_epoch,
         epoch: request.epoch,
         caller,

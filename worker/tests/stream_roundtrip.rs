@@ -110,6 +110,7 @@ fn request(namespace: &str, name: &str, job: &str, max_message_bytes: u64) -> St
         start_epoch: None,
         max_message_bytes,
         epoch: None,
+        coordinated: false,
     }
 }
 
@@ -195,6 +196,7 @@ async fn the_authenticator_sees_the_token_and_can_refuse() {
             job: "train".into(),
             consumer_index: 1,
             consumers: 0,
+            coordinated: false,
             start_epoch: None,
             epoch: None,
             caller: Caller { token: Some("sa-token".into()) },

@@ -98,13 +98,14 @@ class Followed(Protocol):
         """A job read by ranks: the quotas of a worker list, each the latest of its epoch."""
 
     def rank_progress(self) -> List[_wire.RankProgress]:
-        """A job read by ranks: what this rank received of each epoch it tracks, all of them
-        every time (a restarted dispatcher relearns them); empty otherwise."""
+        """A job read by ranks: what this rank received of each epoch it tracks (in coordinated
+        mode with its rounds and its position in the order), all of them every time (a
+        restarted dispatcher relearns them); empty otherwise."""
 
 
 class Follower:
     def __init__(self, client: Followed, channel: grpc.Channel, target: str, namespace, pipeline, job, consumer_index,
-                 connect_timeout, consumers: int = 0, resume: Optional[dict] = None):
+                 connect_timeout, consumers: int = 0, resume: Optional[dict] = None, coordinated: bool = False):
         self.client = client
         self.channel = channel
         unary = lambda name, decode: channel.unary_unary(
@@ -115,7 +116,7 @@ class Follower:
         self.watch_rpc = channel.unary_stream(DISPATCHER + "WatchWorkers",
                                               request_serializer=lambda r: r, response_deserializer=_wire.decode_worker_list)
         self.args = (namespace, pipeline, consumer_index)
-        self.consumers = consumers
+        self.consumers, self.coordinated = consumers, coordinated
         # The job registered, watched and streamed as: once registered with `resume` (sent
         # until then only), the run the resumed job goes on as.
         self.job, self.resume = job, resume
@@ -159,7 +160,7 @@ class Follower:
         namespace, pipeline, index = self.args
         registered = self.register_rpc(
             _wire.encode_register_client(namespace, pipeline, self.job, index, self.client_id, self.consumers,
-                                         self.resume, rejoin),
+                                         self.resume, rejoin, self.coordinated),
             metadata=self.client.metadata)
         self.client_id = registered.client_id
         self.registrations += 1

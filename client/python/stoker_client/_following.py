@@ -95,20 +95,24 @@ class Following:
             ration = self._rations[epoch] = Ration()
             quota = self._quotas.get(epoch)
             if quota is not None:
-                ration.set_quota(quota.batches, quota.complete)
+                ration.set_quota(quota.batches, quota.complete, quota.order)
         return ration
 
     def _take_rationed(self, epoch: int):
-        """The next item of `epoch` the caller may take (a data batch within the quota, or
-        completions only), `EPOCH_END` once the epoch is over, or None to wait. Meanwhile
-        moves what arrived into the epoch's FIFO, so that the streams keep flowing while the
-        quota holds the caller back, acknowledging the completions of what it moves (the
-        epoch, and so the final quota, waits for them), and drops what is beyond the final
-        quota. Called with the lock held."""
+        """The next item of `epoch` the caller may take (a data batch within the quota, in
+        coordinated mode that of the order's next round, or completions only), `EPOCH_END`
+        once the epoch is over, or None to wait. Meanwhile moves what arrived into the epoch's
+        FIFO, so that the streams keep flowing while the quota holds the caller back,
+        acknowledging the completions of what it moves (the epoch, and so the final quota,
+        waits for them), and drops what is beyond the final quota. Called with the lock held."""
         ration = self._ration(epoch)
         buffer = self._buffers.get(epoch)
         while True:
             step, batch = ration.step()
+            if step is Step.YIELD and batch.round is not None:
+                # The rank's position in the order may have moved: the dispatcher forgets
+                # the rounds every rank has yielded.
+                self._progressed()
             if step is Step.YIELD or step is Step.PASS:
                 return batch
             if step is Step.DROP:
@@ -280,7 +284,7 @@ class _Followed:
                 client._quotas[quota.epoch] = quota
                 ration = client._rations.get(quota.epoch)
                 if ration is not None:
-                    ration.set_quota(quota.batches, quota.complete)
+                    ration.set_quota(quota.batches, quota.complete, quota.order)
             client._changed.notify_all()
 
     def rank_progress(self) -> List[_wire.RankProgress]:
@@ -294,8 +298,11 @@ class _Followed:
             epochs = sorted({e for e in client._rations if e < current} | set(range(current, client._open_through + 1)))
             progress = []
             for epoch in epochs:
-                ration = client._rations.get(epoch)
-                received, dropped = (ration.received, ration.dropped_rows) if ration is not None else (0, 0)
-                # An epoch before the one read is over.
-                progress.append(_wire.RankProgress(epoch, received, epoch < current or client._ended(epoch), dropped))
+                # An epoch nothing of which arrived yet has no ration: an empty one says so.
+                ration = client._rations.get(epoch, Ration())
+                # An epoch before the one read is over. The rounds are copied: the follower
+                # compares what it sends with what it sent last.
+                ended = epoch < current or client._ended(epoch)
+                progress.append(_wire.RankProgress(epoch, ration.received, ended, ration.dropped_rows,
+                                                   dict(ration.rounds), ration.position))
             return progress

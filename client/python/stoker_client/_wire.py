@@ -2,7 +2,7 @@
 and decoded by hand: no generated code, and payload pieces come back as memoryview slices of the
 received message, so tensors are built without copying."""
 
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 # Wire types.
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
@@ -76,10 +76,11 @@ def _fields(buf):
 
 def encode_stream_request(namespace: str, pipeline: str, job: str, consumer_index: int,
                           start_epoch: Optional[int], max_message_bytes: int, epoch: Optional[int] = None,
-                          consumers: int = 0) -> bytes:
+                          consumers: int = 0, coordinated: bool = False) -> bytes:
     """A StreamRequest. `start_epoch`: a standalone worker's first epoch; `epoch`: under the
     dispatcher, the one epoch the stream carries (it ends once the worker finished it);
-    `consumers`: the ranks of a job read by ranks, `consumer_index` being this one's."""
+    `consumers`: the ranks of a job read by ranks, `consumer_index` being this one's;
+    `coordinated`: they are dealt rounds (coordinated mode)."""
     ref = _len_field(1, namespace.encode()) + _len_field(2, pipeline.encode())
     out = _len_field(1, ref) + _len_field(2, job.encode())
     if consumer_index:
@@ -92,6 +93,8 @@ def encode_stream_request(namespace: str, pipeline: str, job: str, consumer_inde
         out += _key(6, _VARINT) + _varint(epoch)
     if consumers:
         out += _key(7, _VARINT) + _varint(consumers)
+    if coordinated:
+        out += _key(8, _VARINT) + _varint(1)
     return out
 
 
@@ -110,6 +113,11 @@ class TensorMeta(NamedTuple):
     byte_length: int
 
 
+# One round of one worker's deal of an epoch (RoundRef): (the worker's dispatcher id, the
+# round's index, counted from 0 in each epoch).
+RoundRef = Tuple[str, int]
+
+
 class Header(NamedTuple):
     epoch: int
     split: int
@@ -122,6 +130,8 @@ class Header(NamedTuple):
     # The dispatcher that handed out the splits of the rows (0 from a standalone worker): a
     # client that rejoined a restarted dispatcher drops batches of the one before.
     incarnation: int = 0
+    # Coordinated mode: the round the batch was dealt in.
+    round: Optional[RoundRef] = None
 
 
 class Chunk(NamedTuple):
@@ -146,8 +156,19 @@ def _tensor_meta(buf) -> TensorMeta:
     return TensorMeta(name, dtype, shape, byte_length)
 
 
+def _round_ref(buf) -> RoundRef:
+    worker, index = "", 0
+    for field, wire_type, value in _fields(buf):
+        if field == 1 and wire_type == _LEN:
+            worker = bytes(buf[value[0]:value[1]]).decode()
+        elif field == 2 and wire_type == _VARINT:
+            index = value
+    return worker, index
+
+
 def _header(buf) -> Header:
     epoch = split = sequence = incarnation = 0
+    round_ref = None
     tensors, completes, rows = [], [], []
     for field, wire_type, value in _fields(buf):
         if wire_type == _VARINT and field in (1, 2, 3):
@@ -169,7 +190,9 @@ def _header(buf) -> Header:
             rows.append(value)
         elif field == 7 and wire_type == _VARINT:
             incarnation = value
-    return Header(epoch, split, sequence, tensors, completes, rows, incarnation)
+        elif field == 8 and wire_type == _LEN:
+            round_ref = _round_ref(buf[value[0]:value[1]])
+    return Header(epoch, split, sequence, tensors, completes, rows, incarnation, round_ref)
 
 
 def decode_chunk(message: bytes) -> Chunk:
@@ -210,10 +233,11 @@ class Rejoin(NamedTuple):
 
 
 def encode_register_client(namespace: str, pipeline: str, job: str, consumer_index: int, client_id: str,
-                           consumers: int = 0, resume: Optional[dict] = None, rejoin: Optional[Rejoin] = None) -> bytes:
-    """A RegisterClientRequest; `consumers` as in `encode_stream_request`; `resume`: a
-    consumer's saved state, as `Client.state()` gives it; `rejoin`: registering again with a
-    dispatcher that forgot the client. (Field 5, the epoch read, is no longer sent.)"""
+                           consumers: int = 0, resume: Optional[dict] = None, rejoin: Optional[Rejoin] = None,
+                           coordinated: bool = False) -> bytes:
+    """A RegisterClientRequest; `consumers` and `coordinated` as in `encode_stream_request`;
+    `resume`: a consumer's saved state, as `Client.state()` gives it; `rejoin`: registering
+    again with a dispatcher that forgot the client. (Field 5, the epoch read, is no longer sent.)"""
     out = _len_field(1, _pipeline_ref(namespace, pipeline)) + _len_field(2, job.encode())
     if consumer_index:
         out += _key(3, _VARINT) + _varint(consumer_index)
@@ -226,6 +250,8 @@ def encode_register_client(namespace: str, pipeline: str, job: str, consumer_ind
     if rejoin is not None:
         # Sent even when every field is zero: its presence is what says "rejoining".
         out += _len_field(8, _rejoin(rejoin))
+    if coordinated:
+        out += _key(9, _VARINT) + _varint(1)
     return out
 
 
@@ -282,12 +308,20 @@ def encode_watch_workers(namespace: str, pipeline: str, job: str) -> bytes:
     return _len_field(1, _pipeline_ref(namespace, pipeline)) + _len_field(2, job.encode())
 
 
+# An epoch's order of rounds in coordinated mode (RoundOrder): (the position in the epoch's
+# order of the first round listed, the rounds from there on).
+RoundOrder = Tuple[int, List[RoundRef]]
+
+
 class EpochQuota(NamedTuple):
     """Batches of `epoch` each rank of a job read by ranks may yield; `complete`: the epoch's
-    final count (every rank's streams of it ended), beyond which a rank drops what it got."""
+    final count (every rank's streams of it ended), beyond which a rank drops what it got;
+    `order`: in coordinated mode, the order every rank yields the epoch's rounds in (None: the
+    epoch is not coordinated, or the job is not)."""
     epoch: int
     batches: int
     complete: bool
+    order: Optional[RoundOrder] = None
 
 
 class WorkerList(NamedTuple):
@@ -304,19 +338,31 @@ class WorkerList(NamedTuple):
     clients: int = 0
 
 
+def _round_order(buf) -> RoundOrder:
+    base, rounds = 0, []
+    for field, wire_type, value in _fields(buf):
+        if field == 1 and wire_type == _VARINT:
+            base = value
+        elif field == 2 and wire_type == _LEN:
+            rounds.append(_round_ref(buf[value[0]:value[1]]))
+    return base, rounds
+
+
 def _epoch_quota(buf) -> EpochQuota:
     epoch = batches = 0
     complete = False
+    order = None
     for field, wire_type, value in _fields(buf):
-        if wire_type != _VARINT:
-            continue
-        if field == 1:
+        if field == 1 and wire_type == _VARINT:
             epoch = value
-        elif field == 2:
+        elif field == 2 and wire_type == _VARINT:
             batches = value
-        elif field == 3:
+        elif field == 3 and wire_type == _VARINT:
             complete = bool(value)
-    return EpochQuota(epoch, batches, complete)
+        elif field == 4 and wire_type == _LEN:
+            # Present even when empty: a coordinated epoch nothing of which is ordered yet.
+            order = _round_order(buf[value[0]:value[1]])
+    return EpochQuota(epoch, batches, complete, order)
 
 
 def decode_worker_list(message: bytes) -> WorkerList:
@@ -353,11 +399,15 @@ def encode_report_window(client_id: str, batches: int, median: float, p90: float
 class RankProgress(NamedTuple):
     """What a rank of a job read by ranks has received of an epoch: data batches (with
     tensors), whether every stream of the epoch ended (`batches` is final), and the rows it
-    dropped beyond the epoch's final quota so far."""
+    dropped beyond the epoch's final quota so far. In coordinated mode also `rounds`: by
+    worker id, how many of its rounds the rank received without a gap from round 0, and
+    `position`: how many rounds of the epoch's order it yielded."""
     epoch: int
     batches: int
     ended: bool
     dropped_rows: int
+    rounds: Dict[str, int] = {}
+    position: int = 0
 
 
 def _rank_progress(progress: RankProgress) -> bytes:
@@ -366,6 +416,11 @@ def _rank_progress(progress: RankProgress) -> bytes:
         out += _key(3, _VARINT) + _varint(1)
     if progress.dropped_rows:
         out += _key(4, _VARINT) + _varint(progress.dropped_rows)
+    # A map is a repeated entry message (key 1, value 2); sorted, so equal maps encode alike.
+    for worker, count in sorted(progress.rounds.items()):
+        out += _len_field(5, _len_field(1, worker.encode()) + _key(2, _VARINT) + _varint(count))
+    if progress.position:
+        out += _key(6, _VARINT) + _varint(progress.position)
     return _len_field(7, out)
 
 

@@ -33,12 +33,16 @@ class Batch:
     delivered it. Empty when the worker sends none.
 
     `incarnation`: under the dispatcher, the dispatcher's start that handed out the splits of
-    the rows (0 from a standalone worker)."""
+    the rows (0 from a standalone worker).
 
-    __slots__ = ("tensors", "epoch", "split", "sequence", "completes", "rows", "incarnation")
+    `round`: in coordinated mode (`Client.from_dispatcher(coordinated=True)`), the round the
+    worker dealt the batch in, `(worker id, index)` with rounds counted from 0 in each epoch;
+    None otherwise."""
+
+    __slots__ = ("tensors", "epoch", "split", "sequence", "completes", "rows", "incarnation", "round")
 
     def __init__(self, tensors: Dict[str, np.ndarray], epoch: int, split: int, sequence: int, completes=(), rows=(),
-                 incarnation: int = 0):
+                 incarnation: int = 0, round: Optional[Tuple[str, int]] = None):
         self.tensors = tensors
         self.epoch = epoch
         self.split = split
@@ -47,6 +51,7 @@ class Batch:
         self.completes = list(completes)
         self.rows = np.asarray(rows, dtype=np.uint64)
         self.incarnation = incarnation
+        self.round = round
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.tensors[name]
@@ -161,4 +166,4 @@ class Reassembler:
             tensors[t.name] = data.reshape(t.shape)
             offset = end
         return Batch(tensors, header.epoch, header.split, header.sequence, header.completes, header.rows,
-                     header.incarnation)
+                     header.incarnation, header.round)

@@ -90,6 +90,13 @@ class Client(Following):
     once the epoch ended, which needs every rank's completions, including those of batches
     the quota holds back.
 
+    Coordinated mode (`from_dispatcher(consumers=N, coordinated=True)`) lines the ranks' batches
+    up as well: batch k of every rank comes from the same round of the same worker (each worker
+    deals one batch per rank per round, `Batch.round`), so batches a pipeline buckets by length
+    line up across ranks. A rank yields its batches in the order the dispatcher makes of the
+    rounds every rank has received: it waits for a round of the order that has not arrived
+    yet, and holds one that has arrived but is not in the order yet.
+
     Under the dispatcher `client.state()` says where the consumer is, after any batch: saved
     with a checkpoint, `from_dispatcher(resume=state)` goes on from there mid-epoch.
     """
@@ -109,6 +116,7 @@ class Client(Following):
         _follow: bool = False,
         _prefetch_next_epoch: bool = True,
         _consumers: int = 0,
+        _coordinated: bool = False,
         _resume: Optional[dict] = None,
     ):
         workers = list(workers)
@@ -176,6 +184,8 @@ class Client(Following):
         # last, until its final counts went to the dispatcher), and the dispatcher's latest
         # quota by epoch, for rations made after it came.
         self._consumers = _consumers
+        # Coordinated mode: the workers deal this job's ranks in rounds.
+        self._coordinated = _coordinated
         self._rations: Dict[int, Ration] = {}
         self._quotas: Dict[int, _wire.EpochQuota] = {}
         # Rows dropped to keep the ranks' counts equal, over all epochs.
@@ -194,7 +204,7 @@ class Client(Following):
     def from_dispatcher(cls, url: str, namespace: str, pipeline: str, job: str = "default", consumer_index: int = 0,
                         connect_timeout: float = 10.0, prefetch_next_epoch: bool = True,
                         start_epoch: Optional[int] = None, consumers: int = 0, resume: Optional[dict] = None,
-                        **options) -> "Client":
+                        coordinated: bool = False, **options) -> "Client":
         """Registers with the dispatcher at `url` (host:port), streams from the pipeline's
         workers as they come and go, acknowledges what it received (every batch is delivered
         once, even when a worker dies mid-split), and reports a batch-time window every second
@@ -213,6 +223,15 @@ class Client(Following):
         the same number of batches (see the class). 0 or 1: the job's consumers share its
         batches first come, first served, in unequal counts.
 
+        `coordinated` (with `consumers` > 1, every rank saying the same; ValueError otherwise):
+        batch k of every rank of an epoch comes from the same round of the same worker
+        (`Batch.round`), so batches the pipeline buckets by length line up across ranks (see
+        the class). What comes after the order at an epoch's end, each worker's last, incomplete
+        round and the rounds a killed worker sent to only some ranks, is yielded unaligned
+        within the equal quota; so is an epoch being read across an operator restart (the
+        order its ranks followed is gone). Every row once and equal counts per rank hold
+        throughout.
+
         `resume`: a state `client.state()` gave, of this consumer of the job (ValueError
         otherwise). Every consumer of the job (all its ranks) resumes from the state it saved
         at the same step: the job goes on as a new run, on any dispatcher and with any number
@@ -221,17 +240,19 @@ class Client(Following):
         `start_epoch` is then the state's epoch, and `state()` of that epoch covers both runs."""
         if consumers > 1 and not 0 <= consumer_index < consumers:
             raise ValueError(f"consumer_index {consumer_index} is outside {consumers} consumers")
+        if coordinated and consumers < 2:
+            raise ValueError("coordinated mode lines up the batches of a job's ranks: declare consumers (2 or more)")
         if resume is not None:
             check_resume(resume, job, consumers, consumer_index)
             if start_epoch not in (None, resume["epoch"]):
                 raise ValueError(f"start_epoch {start_epoch} is not the resume state's epoch {resume['epoch']}")
             start_epoch = resume["epoch"]
         client = cls([], namespace, pipeline, job=job, consumer_index=consumer_index, start_epoch=start_epoch,
-                     _follow=True, _prefetch_next_epoch=prefetch_next_epoch, _consumers=consumers, _resume=resume,
-                     **options)
+                     _follow=True, _prefetch_next_epoch=prefetch_next_epoch, _consumers=consumers,
+                     _coordinated=coordinated, _resume=resume, **options)
         target = _target(url)
         Follower(_Followed(client), grpc.insecure_channel(target), target, namespace, pipeline, job,
-                 consumer_index, connect_timeout, consumers=consumers, resume=resume)
+                 consumer_index, connect_timeout, consumers=consumers, resume=resume, coordinated=coordinated)
         if not client._wait_for_list(connect_timeout):
             client.close()
             raise WorkerError(target, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -250,7 +271,7 @@ class Client(Following):
         namespace, pipeline, job, index = self._names
         if self._follow:
             request = _wire.encode_stream_request(namespace, pipeline, self._stream_job, index, None,
-                                                  self._max_message_bytes, epoch, self._consumers)
+                                                  self._max_message_bytes, epoch, self._consumers, self._coordinated)
         else:
             request = _wire.encode_stream_request(namespace, pipeline, job, index, self._start_epoch,
                                                   self._max_message_bytes)
@@ -361,7 +382,7 @@ class Client(Following):
             if batch.tensors:
                 self._delivering.add(pump.worker)
                 if self._consumers > 1:
-                    self._ration(pump.epoch).received += 1
+                    self._ration(pump.epoch).arrived(batch.round)
                     self._progressed()
             buffer.append(batch)
             self._changed.notify_all()

@@ -22,6 +22,15 @@ same number of batches per epoch (DDP's collectives would hang on a step only so
 the rows a consumer received beyond the count all could reach are dropped, and
 `dataset.dropped_rows` counts those of this process's client (a loader process's are its own).
 
+Coordinated mode (`coordinated=True`, every rank passing it; needs more than one consumer):
+batch k of every consumer comes from the same round of the same worker, so batches the pipeline
+buckets by length line up across ranks (see `Client.from_dispatcher`). With loader processes,
+the DataLoader takes their batches round-robin, so step k of every rank is batch
+k // num_workers of its loader process k % num_workers: still the same round at every rank. At
+an epoch's end each worker's last, incomplete round (and what a killed worker sent only some
+consumers) goes unaligned, as does an epoch read across an operator restart; every row once and
+equal steps hold throughout.
+
 Prefetching the next epoch: in the main process the next epoch streams in alongside the current
 one (`prefetch_next_epoch=True`). In a DataLoader worker process the default is False: without
 `persistent_workers=True` the process and its client are discarded after every epoch, and what
@@ -63,10 +72,12 @@ def _tensors(batch):
 
 class StokerIterableDataset(IterableDataset):
     """One epoch of a job per pass, through the dispatcher at `dispatcher` (host:port).
-    `client_options` go to `Client.from_dispatcher` (prefetch, max_message_bytes, token, ...)."""
+    `coordinated`: coordinated mode, batch k of every rank from the same round (see the
+    module; its consumers are `world_size * num_workers`). `client_options` go to
+    `Client.from_dispatcher` (prefetch, max_message_bytes, token, ...)."""
 
     def __init__(self, dispatcher, namespace, pipeline, job="default", rank=None, world_size=None,
-                 prefetch_next_epoch=None, **client_options):
+                 prefetch_next_epoch=None, coordinated=False, **client_options):
         super().__init__()
         if not isinstance(dispatcher, str):
             raise TypeError("StokerIterableDataset reads through the dispatcher: pass its address (host:port)")
@@ -76,6 +87,7 @@ class StokerIterableDataset(IterableDataset):
         self.namespace, self.pipeline, self.job = namespace, pipeline, job
         self.rank, self.world_size = rank, world_size
         self.prefetch_next_epoch = prefetch_next_epoch
+        self.coordinated = coordinated
         self.client_options = client_options
         # Where the next client starts reading (load_state_dict): the epoch (None: the job's
         # open epoch), or mid-epoch, the client state to resume from (once).
@@ -111,7 +123,7 @@ class StokerIterableDataset(IterableDataset):
         client = Client.from_dispatcher(self.dispatcher, self.namespace, self.pipeline, job=self.job,
                                         consumer_index=rank * loaders + loader, prefetch_next_epoch=prefetch,
                                         start_epoch=self._start_epoch, consumers=world_size * loaders,
-                                        resume=self._resume, **self.client_options)
+                                        resume=self._resume, coordinated=self.coordinated, **self.client_options)
         # The state is spent: a later client (after close()) reads the job as named, from its epoch.
         self._resume = None
         # Tell the dispatcher when the process ends (a loader process too: atexit does not run

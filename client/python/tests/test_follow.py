@@ -10,7 +10,8 @@ import time
 import grpc
 import numpy as np
 import pytest
-from test_wire import chunk, decode_acknowledge_request, decode_register_request, field, header, tensor_meta, varint
+from test_wire import (chunk, decode_acknowledge_request, decode_register_request, field, header, round_ref,
+                       tensor_meta, varint)
 
 from stoker_client import Client, WorkerError, _wire
 from stoker_client._dispatcher import Follower
@@ -85,9 +86,9 @@ class FakeClient(Client):
         return FakeChannel(), self.streams[(worker, epoch)]
 
 
-def batch(epoch, rows, completes=(), incarnation=0):
+def batch(epoch, rows, completes=(), incarnation=0, round=None):
     """A one-chunk batch of `rows` ((split, position)s) with a label per row, of the splits
-    dispatcher `incarnation` handed out."""
+    dispatcher `incarnation` handed out, dealt in `round` ((worker, index)) in coordinated mode."""
     labels = np.arange(len(rows), dtype="<i8")
     head = header(epoch, rows[0][0] if rows else 0, 0, [tensor_meta("label", 3, [len(rows)], labels.nbytes)] if rows else [])
     head += field(6, b"".join(varint(s << 32 | p) for s, p in rows))
@@ -95,6 +96,8 @@ def batch(epoch, rows, completes=(), incarnation=0):
         head += field(5, b"".join(varint(s) for s in completes))
     if incarnation:
         head += _wire._key(7, 0) + varint(incarnation)
+    if round is not None:
+        head += field(8, round_ref(*round))
     return chunk(head, [labels.tobytes()] if rows else [], last=True)
 
 

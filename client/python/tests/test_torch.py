@@ -146,6 +146,16 @@ def test_the_consumer_index_and_prefetching_default_from_rank_and_process(monkey
     assert recorded.calls[1]["prefetch"] == 2 and recorded.calls[0]["start_epoch"] is None
 
 
+def test_coordinated_mode_goes_to_the_client(monkeypatch):
+    import stoker_client.torch as adaptor
+
+    recorded = Recorded()
+    monkeypatch.setattr(adaptor.Client, "from_dispatcher", recorded)
+    list(StokerIterableDataset("d:1", "test", "py", rank=1, world_size=2, coordinated=True))
+    list(StokerIterableDataset("d:1", "test", "py", rank=1, world_size=2))
+    assert [(c["consumers"], c["coordinated"]) for c in recorded.calls] == [(2, True), (2, False)]
+
+
 def test_a_loaded_mid_epoch_state_goes_to_the_next_client_only(monkeypatch):
     import stoker_client.torch as adaptor
 

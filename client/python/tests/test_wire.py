@@ -194,7 +194,46 @@ def test_the_worker_list_carries_the_quotas_of_a_job_read_by_ranks():
     assert (workers.addresses, workers.version, workers.epoch) == (["w:1"], 3, 0)
     assert workers.quotas == [_wire.EpochQuota(4, 17, True), _wire.EpochQuota(5, 2, False)]
     # Zeros are left out on the wire: a quota of nothing for epoch 0.
-    assert _wire.decode_worker_list(field(4, b"")).quotas == [(0, 0, False)]
+    assert _wire.decode_worker_list(field(4, b"")).quotas == [(0, 0, False, None)]
+
+
+def round_ref(worker, index):
+    """A RoundRef's bytes."""
+    return field(1, worker.encode()) + (_wire._key(2, 0) + varint(index) if index else b"")
+
+
+def test_a_coordinated_epochs_quota_carries_the_order_of_its_rounds():
+    order = _wire._key(1, 0) + varint(5) + field(2, round_ref("w-1", 3)) + field(2, round_ref("w-2", 0))
+    quota = _wire._key(1, 0) + varint(2) + _wire._key(2, 0) + varint(9) + field(4, order)
+    (decoded,) = _wire.decode_worker_list(field(4, quota)).quotas
+    assert decoded == _wire.EpochQuota(2, 9, False, (5, [("w-1", 3), ("w-2", 0)]))
+    # An order present but empty: the epoch is coordinated, nothing of it is ordered yet.
+    quota = _wire._key(1, 0) + varint(2) + field(4, b"")
+    assert _wire.decode_worker_list(field(4, quota)).quotas[0].order == (0, [])
+    # No order: the epoch is not coordinated.
+    assert _wire.decode_worker_list(epoch_quota(2, 9, False)).quotas[0].order is None
+
+
+def test_a_coordinated_batch_names_its_round():
+    head = HEAD + field(8, round_ref("w-1", 300))
+    (batch,) = feed([chunk(head, [PAYLOAD], last=True)])
+    assert batch.round == ("w-1", 300)
+    np.testing.assert_array_equal(batch["label"], LABEL)
+    # Round 0 leaves its index out; a batch not dealt in rounds has none.
+    assert feed([chunk(HEAD + field(8, round_ref("w-2", 0)), [PAYLOAD], last=True)])[0].round == ("w-2", 0)
+    assert feed([chunk(HEAD, [PAYLOAD], last=True)])[0].round is None
+
+
+def test_a_coordinated_rank_says_so_when_streaming_and_registering():
+    request = _wire.encode_stream_request("ns", "p", "job", 1, None, 1 << 20, epoch=2, consumers=2, coordinated=True)
+    assert request == _wire.encode_stream_request("ns", "p", "job", 1, None, 1 << 20, epoch=2, consumers=2) \
+        + _wire._key(8, 0) + varint(1)
+    register = _wire.encode_register_client("ns", "p", "job", 1, "c-1", consumers=2, coordinated=True)
+    assert register == _wire.encode_register_client("ns", "p", "job", 1, "c-1", consumers=2) \
+        + _wire._key(9, 0) + varint(1)
+    # Not coordinated: the fields are left out.
+    assert 8 not in {f for f, _, _ in _wire._fields(memoryview(_wire.encode_stream_request("ns", "p", "j", 0, None, 0)))}
+    assert 9 not in {f for f, _, _ in _wire._fields(memoryview(_wire.encode_register_client("ns", "p", "j", 0, "")))}
 
 
 def test_watching_names_the_job():
@@ -237,9 +276,25 @@ def decode_acknowledge_request(message: bytes) -> dict:
         elif f == 6 and v:
             out["discarded"] = True
         elif f == 7:
-            _, n = numbers(v)
+            sub, n = numbers(v)
             out.setdefault("received", []).append(
-                _wire.RankProgress(n.get(1, 0), n.get(2, 0), bool(n.get(3, 0)), n.get(4, 0)))
+                _wire.RankProgress(n.get(1, 0), n.get(2, 0), bool(n.get(3, 0)), n.get(4, 0), rounds(sub), n.get(6, 0)))
+    return out
+
+
+def rounds(progress) -> dict:
+    """A RankProgress's map of rounds (field 5: entries of key 1, value 2)."""
+    out = {}
+    for f, _, v in _wire._fields(progress):
+        if f == 5:
+            entry = progress[v[0]:v[1]]
+            key, value = "", 0
+            for f2, _, v2 in _wire._fields(entry):
+                if f2 == 1:
+                    key = bytes(entry[v2[0]:v2[1]]).decode()
+                elif f2 == 2:
+                    value = v2
+            out[key] = value
     return out
 
 
@@ -280,6 +335,25 @@ def test_a_rank_acknowledges_what_it_received_of_each_epoch():
         _wire._key(1, 0) + varint(3) + _wire._key(2, 0) + varint(12) + _wire._key(3, 0) + varint(1) + _wire._key(4, 0) + varint(40),
         _wire._key(1, 0) + varint(4) + _wire._key(2, 0) + varint(0)]
     assert "received" not in decode_acknowledge_request(_wire.encode_acknowledge("c", [], 0, []))
+
+
+def test_a_coordinated_rank_acknowledges_its_rounds_by_worker_and_its_position():
+    received = [_wire.RankProgress(3, 7, False, 0, {"w-2": 3, "w-1": 4}, 6), _wire.RankProgress(4, 1, False, 0, {"w-1": 0})]
+    message = _wire.encode_acknowledge("c-1", [], 5, [], received=received)
+    assert decode_acknowledge_request(message)["received"] == received
+    # The map: one entry message (key 1, value 2) per worker, as field 5, sorted by worker;
+    # the position, field 6, after it, left out when 0.
+    spans = [v for f, _, v in _wire._fields(memoryview(message)) if f == 7]
+    entry = lambda worker, count: field(5, field(1, worker.encode()) + _wire._key(2, 0) + varint(count))
+    assert [bytes(message[s:e]) for s, e in spans] == [
+        _wire._key(1, 0) + varint(3) + _wire._key(2, 0) + varint(7) + entry("w-1", 4) + entry("w-2", 3)
+        + _wire._key(6, 0) + varint(6),
+        _wire._key(1, 0) + varint(4) + _wire._key(2, 0) + varint(1) + entry("w-1", 0)]
+    # Not coordinated: neither field.
+    plain = _wire.encode_acknowledge("c-1", [], 5, [], received=[_wire.RankProgress(3, 7, False, 0)])
+    assert plain == _wire.encode_acknowledge("c-1", [], 5, [], received=[_wire.RankProgress(3, 7, False, 0, {}, 0)])
+    (span,) = [v for f, _, v in _wire._fields(memoryview(plain)) if f == 7]
+    assert [f for f, _, _ in _wire._fields(memoryview(plain)[span[0]:span[1]])] == [1, 2]
 
 
 def test_the_acknowledge_response_carries_the_open_epoch():

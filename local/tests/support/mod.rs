@@ -141,33 +141,35 @@ pub fn ids(batch: &Batch) -> Vec<i64> {
     batch.tensors["id"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
-/// What a consumer got of each epoch: its batches and the records in them.
+/// What a consumer got of each epoch: its batches, the records in them, and in coordinated
+/// mode the round of each batch.
 #[allow(dead_code)]
 #[derive(Debug, Default)]
 pub struct Got {
     pub batches: usize,
     pub ids: Vec<i64>,
     pub dropped_rows: u64,
+    pub rounds: Vec<Option<stoker_api::proto::RoundRef>>,
 }
 
-/// Reads `epochs` epochs of `job` (as rank `rank` of `consumers`) of [`padded_records`] with
-/// `lines` records a file, checking each row's provenance; counts batches in `read`.
-#[allow(dead_code)] // not every test uses it
-pub async fn consume(
-    url: String,
-    job: &str,
-    consumers: u32,
-    rank: u32,
-    epochs: u64,
-    lines: i64,
-    read: Arc<AtomicUsize>,
-) -> Vec<Got> {
+/// A client of [`padded_records`] reading `job` as rank `rank` of `consumers` (0: shared),
+/// with little read ahead.
+#[allow(dead_code)]
+pub fn rank(job: &str, consumers: u32, rank: u32) -> ClientOptions {
     let mut options = ClientOptions::new("ns", "records");
     options.job = job.into();
     options.consumers = consumers;
     options.consumer_index = rank;
     options.prefetch = 2;
     options.stream_window_bytes = 64 << 10;
+    options
+}
+
+/// Reads `epochs` epochs of [`padded_records`] with `lines` records a file, checking each
+/// row's provenance; counts batches in `read`.
+#[allow(dead_code)] // not every test uses it
+pub async fn consume(url: String, options: ClientOptions, epochs: u64, lines: i64, read: Arc<AtomicUsize>) -> Vec<Got> {
+    let (job, rank) = (options.job.clone(), options.consumer_index);
     let mut client = Client::from_dispatcher(&url, options).await.unwrap();
     let mut got_epochs = Vec::new();
     for epoch in 0..epochs {
@@ -183,6 +185,7 @@ pub async fn consume(
                     assert_eq!(id, split as i64 * lines + i64::from(position), "provenance of {id}");
                 }
                 got.ids.extend(ids(&batch));
+                got.rounds.push(batch.round.clone());
                 got.batches += 1;
                 read.fetch_add(1, Ordering::Relaxed);
             }

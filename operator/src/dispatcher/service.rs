@@ -279,6 +279,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             job: r.job.clone(),
             consumer_index: r.consumer_index,
             consumers: r.consumers,
+            coordinated: r.coordinated,
             client_id: Some(r.client_id),
             rejoin: r.rejoin.map(|j| Rejoin {
                 incarnation: j.incarnation,
@@ -326,7 +327,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             let quotas = l
                 .quotas
                 .get(&job)
-                .map_or_else(Vec::new, |quotas| quotas.iter().map(|&(epoch, q)| q.to_proto(epoch)).collect());
+                .map_or_else(Vec::new, |quotas| quotas.iter().map(|(epoch, q)| q.to_proto(*epoch)).collect());
             let clients = l.clients.get(&job).copied().unwrap_or_default();
             Ok(proto::WorkerList { addresses: l.addresses, version: l.version, epoch, quotas, incarnation, clients })
         });

@@ -56,6 +56,8 @@ pub struct ClientRegistration {
     pub consumer_index: u32,
     /// A job read by ranks: how many (0 or 1: its consumers share its batches).
     pub consumers: u32,
+    /// With `consumers` > 1: batch k of every rank from the same round (see `ranks`).
+    pub coordinated: bool,
     /// Kept when re-registering after a dispatcher restart.
     pub client_id: Option<String>,
     /// Registering again with a dispatcher that forgot the client: what it has of the job.
@@ -355,8 +357,13 @@ impl DispatcherState {
     /// client joins the job's new run from that step; rejoining, it tells a restarted
     /// dispatcher what it has of the job (see `gathering`).
     pub fn register_client(&mut self, r: ClientRegistration, now: Instant) -> Result<Registered, DispatchError> {
-        let ClientRegistration { pipeline, job, consumer_index, consumers, client_id, rejoin, resume } = r;
+        let ClientRegistration { pipeline, job, consumer_index, consumers, coordinated, client_id, rejoin, resume } = r;
         stoker_api::proto::check_rank(consumer_index, consumers).map_err(DispatchError::Invalid)?;
+        if coordinated && consumers < 2 {
+            return Err(DispatchError::Invalid(
+                "coordinated mode lines up the batches of a job's ranks: declare consumers (2 or more)".into(),
+            ));
+        }
         let (job, start) = match resume {
             Some(resume) => {
                 let epoch = resume.epoch;
@@ -366,15 +373,19 @@ impl DispatcherState {
         };
         let others = self.clients_of(&pipeline, &job).into_iter().filter(|id| client_id.as_ref() != Some(id)).count();
         let pipeline_state = self.pipelines.entry(pipeline.clone()).or_default();
-        let declared = pipeline_state.ranks.get(&job).map_or(1, Ranks::consumers);
-        if declared != consumers.max(1) {
+        let declared = pipeline_state.ranks.get(&job).map_or((1, false), |r| (r.consumers(), r.coordinated()));
+        if declared != (consumers.max(1), coordinated) {
             if others > 0 {
+                let mode = |c: bool| if c { "coordinated" } else { "not coordinated" };
                 return Err(DispatchError::Invalid(format!(
-                    "job {job} is read by {declared} consumer(s) but this client declares {consumers}: every client of a job must declare the same number"
+                    "job {job} is read by {} consumer(s), {}, but this client declares {consumers}, {}: every client of a job must declare the same",
+                    declared.0,
+                    mode(declared.1),
+                    mode(coordinated)
                 )));
             }
             if consumers > 1 {
-                pipeline_state.ranks.insert(job.clone(), Ranks::new(consumers));
+                pipeline_state.ranks.insert(job.clone(), Ranks::new(consumers, coordinated));
             } else {
                 pipeline_state.ranks.remove(&job);
             }
@@ -387,6 +398,9 @@ impl DispatcherState {
         }
         let id = self.members.id("c", client_id);
         if let Some(rejoin) = rejoin.filter(|r| r.incarnation != self.incarnation) {
+            if let Some(ranks) = self.pipelines.get_mut(&pipeline).and_then(|p| p.ranks.get_mut(&job)) {
+                ranks.rejoined(rejoin.open_epoch);
+            }
             self.rejoin(&pipeline, &job, &id, consumer_index, consumers, rejoin, now);
         }
         self.members.clients.insert(id.clone(), Client { pipeline, job: job.clone(), consumer_index, last_seen: now });
@@ -417,8 +431,8 @@ impl DispatcherState {
         let (key, job, rank) = (client.pipeline.clone(), client.job.clone(), client.consumer_index);
         let Some(pipeline) = self.pipelines.get_mut(&key) else { return Ok(0) };
         if let Some(ranks) = pipeline.ranks.get_mut(&job) {
-            for &(epoch, r) in received {
-                ranks.report(rank, epoch, r);
+            for (epoch, r) in received {
+                ranks.report(rank, *epoch, r.clone());
             }
         }
         let plan = pipeline.ledger_plan();

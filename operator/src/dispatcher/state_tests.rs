@@ -33,6 +33,7 @@ fn client(job: &str, consumer_index: u32, consumers: u32) -> ClientRegistration 
         job: job.into(),
         consumer_index,
         consumers,
+        coordinated: false,
         client_id: None,
         rejoin: None,
         resume: None,
@@ -404,15 +405,15 @@ fn a_job_read_by_ranks_agrees_on_their_number_finishes_splits_with_all_and_publi
     let r1 = s.register_client(client("j", 1, 2), t).unwrap().client_id;
     assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
 
-    let got = |batches, ended| Received { batches, ended, dropped_rows: 0 };
+    let got = |batches, ended| Received { batches, ended, ..Received::default() };
     assert_eq!(s.acknowledge(&r0, &[(0, 0)], 0, &[], &[(0, got(3, true))], t).unwrap(), 0, "rank 1 has not");
     assert_eq!(s.listing(&key()).quotas["j"], [], "rank 1 has not reported a count");
     s.acknowledge(&r1, &[], 0, &[], &[(0, got(2, false))], t).unwrap();
-    assert_eq!(s.listing(&key()).quotas["j"], [(0, Quota { batches: 2, complete: false })]);
+    assert_eq!(s.listing(&key()).quotas["j"], [(0, Quota { batches: 2, complete: false, order: None })]);
     let epoch = s.acknowledge(&r1, &[(0, 0)], 0, &[], &[(0, got(2, true))], t).unwrap();
     assert_eq!(epoch, 1, "both ranks reported the split");
-    assert_eq!(s.listing(&key()).quotas["j"], [(0, Quota { batches: 2, complete: true })]);
-    let dropped = Received { batches: 3, ended: true, dropped_rows: 7 };
+    assert_eq!(s.listing(&key()).quotas["j"], [(0, Quota { batches: 2, complete: true, order: None })]);
+    let dropped = Received { batches: 3, ended: true, dropped_rows: 7, ..Received::default() };
     s.acknowledge(&r0, &[], 0, &[], &[(0, dropped)], t).unwrap();
     assert_eq!(s.delivery_statuses()[&key()].rows_dropped_for_equal_ranks, 7);
 
@@ -420,6 +421,25 @@ fn a_job_read_by_ranks_agrees_on_their_number_finishes_splits_with_all_and_publi
     s.leave(&r0, false, t);
     s.leave(&r1, false, t);
     s.register_client(client("j", 2, 4), t).unwrap();
+}
+
+#[test]
+fn a_coordinated_job_is_declared_by_every_rank_and_its_quotas_carry_the_order() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    let coordinated = |rank| ClientRegistration { coordinated: true, ..client("j", rank, 2) };
+    let err = s.register_client(ClientRegistration { coordinated: true, ..client("j", 0, 0) }, t).unwrap_err();
+    assert!(err.to_string().contains("declare consumers"), "{err}");
+    let r0 = s.register_client(coordinated(0), t).unwrap().client_id;
+    let err = s.register_client(client("j", 1, 2), t).unwrap_err();
+    assert!(err.to_string().contains("coordinated, but this client declares 2, not coordinated"), "{err}");
+    let r1 = s.register_client(coordinated(1), t).unwrap().client_id;
+    let got = |n| Received { batches: n, rounds: [("w".to_string(), n)].into(), ..Received::default() };
+    s.acknowledge(&r0, &[], 0, &[], &[(0, got(2))], t).unwrap();
+    s.acknowledge(&r1, &[], 0, &[], &[(0, got(1))], t).unwrap();
+    let quotas = &s.listing(&key()).quotas["j"];
+    let order = quotas[0].1.order.as_ref().expect("coordinated: an order");
+    assert_eq!((order.base, order.rounds.len(), order.rounds[0].worker.as_str()), (0, 1, "w"));
 }
 
 #[test]

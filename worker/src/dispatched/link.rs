@@ -90,7 +90,8 @@ impl Link {
         self.generation.load(Ordering::SeqCst)
     }
 
-    fn id(&self) -> String {
+    /// The id the dispatcher gave this worker (it stays the same across dispatcher restarts).
+    pub(super) fn id(&self) -> String {
         self.worker_id.lock().unwrap().clone()
     }
 

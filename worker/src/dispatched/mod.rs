@@ -59,8 +59,10 @@ impl Busy {
 struct EpochJob {
     /// By rank; one queue when the job's consumers share its batches.
     batches: Vec<EpochBatches>,
-    /// The job's ranks, as its first consumer here declared (0: shared).
+    /// The job's ranks, as its first consumer here declared (0: shared), and whether they are
+    /// dealt rounds (coordinated mode).
     consumers: u32,
+    coordinated: bool,
     /// When the job's next batch may go out, under `--max-batch-rate`: shared by its epochs,
     /// so reading the next epoch ahead does not double the rate.
     next_send: Arc<tokio::sync::Mutex<tokio::time::Instant>>,
@@ -169,7 +171,7 @@ impl DispatchedSource {
         }
     }
 
-    fn epoch(&self, key: EpochKey, consumers: u32) -> Arc<EpochJob> {
+    fn epoch(&self, key: EpochKey, consumers: u32, coordinated: bool) -> Arc<EpochJob> {
         let next_send = self
             .next_sends
             .lock()
@@ -183,11 +185,16 @@ impl DispatchedSource {
             .or_insert_with(|| {
                 // Workers begin dealing at different ranks, and each epoch at another one.
                 let first = fnv1a(self.link.registration.address.as_bytes()).wrapping_add(key.1);
-                let (mut deal, hands) = Deal::new(consumers, 1, first);
+                let (mut deal, hands) = if coordinated {
+                    Deal::in_rounds(consumers, 1, self.link.id())
+                } else {
+                    Deal::new(consumers, 1, first)
+                };
                 let batches = hands.into_iter().map(|rx| Arc::new(tokio::sync::Mutex::new(rx))).collect();
                 let epoch_job = Arc::new(EpochJob {
                     batches,
                     consumers,
+                    coordinated,
                     next_send,
                     attached: Mutex::new((0, Some(std::time::Instant::now()))),
                 });
@@ -244,11 +251,17 @@ impl BatchSource for DispatchedSource {
             ));
         };
         tracing::info!(job = %subscription.job, epoch, consumer = subscription.consumer_index, "consumer attached");
-        let epoch_job = self.epoch((subscription.job.clone(), epoch), subscription.consumers);
-        if epoch_job.consumers.max(1) != subscription.consumers.max(1) {
+        let epoch_job = self.epoch((subscription.job.clone(), epoch), subscription.consumers, subscription.coordinated);
+        let declared = (epoch_job.consumers.max(1), epoch_job.coordinated);
+        if declared != (subscription.consumers.max(1), subscription.coordinated) {
+            let mode = |c: bool| if c { "coordinated" } else { "not coordinated" };
             return Err(Status::invalid_argument(format!(
-                "job {} is read by {} consumer(s) on this worker, but this stream declares {}: every consumer of a job must declare the same number",
-                subscription.job, epoch_job.consumers, subscription.consumers
+                "job {} is read by {} consumer(s), {}, on this worker, but this stream declares {}, {}: every consumer of a job must declare the same",
+                subscription.job,
+                declared.0,
+                mode(declared.1),
+                subscription.consumers,
+                mode(subscription.coordinated)
             )));
         }
         let rank = if subscription.consumers > 1 { subscription.consumer_index as usize } else { 0 };

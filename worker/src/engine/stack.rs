@@ -51,7 +51,7 @@ pub fn make_batch(
             };
         }
     }
-    Ok(Batch { tensors, epoch, split, sequence, completes: Vec::new(), rows: Vec::new(), incarnation: 0 })
+    Ok(Batch { tensors, epoch, split, sequence, completes: Vec::new(), rows: Vec::new(), incarnation: 0, round: None })
 }
 
 fn stack(field: &str, rows: &mut [Row], pad: Option<f64>) -> Result<Tensor, BatchError> {

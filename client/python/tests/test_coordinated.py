@@ -1,0 +1,111 @@
+"""Coordinated mode against `stoker local` with two workers: two ranks of one job, each its own
+client in its own thread taking steps of random length, read epoch by epoch. Each epoch both get
+the same number of batches, no row twice, every batch names its round, both workers' rounds
+come, and batch k of both ranks is of the same round, but for the few at the epoch's end that
+no round of the order took (each worker's last, incomplete round). In arrival order the ranks
+line up for a few batches only: they receive the workers' rounds interleaved differently."""
+
+import json
+import random
+import threading
+import time
+
+import pytest
+from conftest import within
+from test_dispatcher import Local
+
+from stoker_client import Client
+
+RANKS = 2
+EPOCHS = 2
+# Records of padded JSON lines: cheap to produce, so the workers outpace the ranks, whose
+# streams then race for the ranks' buffers (as in training): arrival order differs by rank.
+FILES = 8
+LINES = 100
+BATCH_SIZE = 5
+# What the order may leave to the end of an epoch: per worker its last, incomplete round, and
+# what arrived too late for the order before the quota was final.
+UNALIGNED = 8
+# Each rank's training step, a random time up to this, drawn differently at each rank.
+STEP_SECONDS = 0.01
+
+
+@pytest.fixture
+def records_pipeline(tmp_path):
+    """A pipeline of FILES jsonl files of LINES records each, read by two workers."""
+    data = tmp_path / "records"
+    data.mkdir()
+    pad = [0.5] * 200
+    for file in range(FILES):
+        lines = (json.dumps({"id": file * LINES + i, "pad": pad}) for i in range(LINES))
+        (data / f"{file}.jsonl").write_text("\n".join(lines) + "\n")
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(
+        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
+        f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
+        f"  batchSize: {BATCH_SIZE}\n"
+        "  workers: {min: 2, max: 2}\n  autoscaling: {mode: Fixed, replicas: 2}\n"
+    )
+    return path
+
+
+def read_epochs(client, out, steps: random.Random):
+    """Appends, per epoch, (the epoch, its batches' rounds, its rows, rows dropped) to `out`,
+    taking a step of random length after each batch."""
+    for _ in range(EPOCHS):
+        epoch, dropped = client.epoch, client.dropped_rows
+        batches = []
+        for batch in client.iter_epoch():
+            batches.append(batch)
+            time.sleep(steps.uniform(0, STEP_SECONDS))
+        assert {b.epoch for b in batches} == {epoch}
+        out.append((epoch, [b.round for b in batches], [r for b in batches for r in b.rows.tolist()],
+                    client.dropped_rows - dropped))
+
+
+def read_as_ranks(url, job):
+    """What each rank read (`read_epochs`), the ranks reading at the same time."""
+    clients = [Client.from_dispatcher(url, "test", "py", job=job, consumers=RANKS, consumer_index=rank,
+                                      coordinated=True, prefetch=2) for rank in range(RANKS)]
+    got = [[] for _ in clients]
+    errors = []
+
+    def read(client, out, rank):
+        try:
+            read_epochs(client, out, random.Random(rank))
+        except Exception as e:  # noqa: BLE001 - raised in the test
+            errors.append(e)
+            # The other rank would wait for this one's counts forever.
+            for c in clients:
+                c.close()
+
+    threads = [threading.Thread(target=read, args=(c, out, rank), daemon=True)
+               for rank, (c, out) in enumerate(zip(clients, got))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for c in clients:
+            c.close()
+    if errors:
+        raise errors[0]
+    return got
+
+
+def test_coordinated_ranks_get_each_round_at_the_same_step(tmp_path, records_pipeline):
+    with Local(tmp_path, records_pipeline) as local:
+        got = within(120, read_as_ranks, local.address(), "coordinated")
+    for (epoch, a, a_rows, a_dropped), (other, b, b_rows, b_dropped) in zip(*got):
+        assert epoch == other
+        assert len(a) == len(b), f"epoch {epoch}: {len(a)} and {len(b)} batches"
+        rows = a_rows + b_rows
+        assert len(rows) == len(set(rows)), f"epoch {epoch}: a row yielded twice"
+        assert len(rows) + a_dropped + b_dropped == FILES * LINES, f"epoch {epoch}: {len(rows)} rows yielded"
+        assert all(r is not None for r in a + b), f"epoch {epoch}: every batch names its round"
+        workers = {worker for worker, _ in a + b}
+        assert len(workers) == 2, f"epoch {epoch}: rounds of both workers: {workers}"
+        aligned = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+        print(f"epoch {epoch}: {aligned} of {len(a)} batches from the same round at both ranks")
+        assert aligned >= len(a) - UNALIGNED, f"epoch {epoch}: only {aligned} of {len(a)} batches lined up:\n{a}\n{b}"
