@@ -13,12 +13,14 @@ demo:
 	target/release/stoker demo
 
 # Every test tier that can run on this machine: formatting and lints first, then unit, chart,
-# and e2e on a real control plane (kind too where docker and kind exist; otherwise it says why
-# it is skipped). The worker's benchmarks (its `bench` feature) are built so their tests run too.
+# and e2e on a real control plane; then the e2e scenarios again on real pods (a kubelet on
+# Docker, images built here), and on kind where docker and kind exist (otherwise it says why it
+# is skipped). The worker's benchmarks (its `bench` feature) are built so their tests run too.
 test: lint tools
 	$(CARGO) build --workspace --bins --features stoker-worker/bench
 	$(CARGO) test --workspace --no-fail-fast --features stoker-worker/bench
 	$(MAKE) python
+	STOKER_E2E_PROVIDER=kubelet $(CARGO) test -p stoker-e2e --test e2e
 	STOKER_E2E_PROVIDER=kind $(CARGO) test -p stoker-e2e --test e2e
 
 # The Python client's tests (against the workers `cargo build` made), in a venv kept in the

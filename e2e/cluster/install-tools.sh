@@ -28,8 +28,8 @@ apt_install() {
   fi
 }
 
-# --- etcd, openssl, unzip, docker ------------------------------------------------------
-apt_install etcd-server openssl unzip ca-certificates docker.io
+# --- etcd, openssl, unzip, docker, and what kube-proxy runs ----------------------------
+apt_install etcd-server openssl unzip ca-certificates docker.io iptables ipset conntrack
 ln -sf "$(command -v etcd)" "$BIN/etcd"
 # Debian's daemon and its own client (another docker client on PATH may not speak its API).
 ln -sf /usr/sbin/dockerd "$BIN/dockerd"

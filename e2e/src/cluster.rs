@@ -2,6 +2,7 @@
 
 use crate::kind::KindCluster;
 use crate::local::LocalControlPlane;
+use crate::node::NodeCluster;
 use crate::provider::{Cluster, Provider, StartError};
 
 /// Starts the provider chosen by `STOKER_E2E_PROVIDER`.
@@ -10,6 +11,7 @@ pub async fn start_from_env() -> Result<Box<dyn Cluster>, StartError> {
     match Provider::from_env()? {
         Provider::Local => Ok(Box::new(LocalControlPlane::start().await?)),
         Provider::Kind => Ok(Box::new(KindCluster::start().await?)),
+        Provider::Kubelet => Ok(Box::new(NodeCluster::start().await?)),
     }
 }
 

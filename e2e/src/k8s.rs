@@ -131,6 +131,25 @@ pub async fn release_deployment(cluster: &dyn crate::Cluster) -> anyhow::Result<
     }
 }
 
+/// Deletes one running pod of Deployment `deployment` at once (grace period 0: SIGKILL, as a
+/// node failure would); returns its name.
+pub async fn kill_one_pod(client: &kube::Client, namespace: &str, deployment: &str) -> anyhow::Result<String> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::ListParams;
+    let deploy = Api::<Deployment>::namespaced(client.clone(), namespace).get(deployment).await?;
+    let labels = deploy.spec.selector.match_labels.unwrap_or_default();
+    let selector = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+    let list = pods.list(&ListParams::default().labels(&selector)).await?;
+    let running = list.items.iter().find(|p| {
+        p.metadata.deletion_timestamp.is_none() && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    });
+    let name = running.and_then(|p| p.metadata.name.clone()).context("no running pod to kill")?;
+    pods.delete(&name, &DeleteParams::default().grace_period(0)).await?;
+    Ok(name)
+}
+
 /// `None` when the texts are equal, else where they first differ (for "generated file is stale"
 /// messages).
 pub fn first_difference(expected: &str, actual: &str) -> Option<String> {

@@ -1,6 +1,6 @@
-//! The `kind` provider: a kind cluster with real pods, the images built locally and loaded into
-//! the nodes, and the Helm chart installed; the operator runs in-cluster (two replicas, one
-//! leads).
+//! The `kind` provider: a kind cluster with real pods, the images built locally
+//! (`in_cluster::build_images`) and loaded into the nodes, and the Helm chart installed; the
+//! operator runs in-cluster (two replicas, one leads).
 //!
 //! Environment:
 //! - `STOKER_KIND_CLUSTER=<name>`: use this existing cluster (it is not deleted afterwards).
@@ -11,19 +11,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow};
 use async_trait::async_trait;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 
-use crate::provider::{Cluster, OperatorInstance, OperatorOptions, Provider, StartError, client_from_kubeconfig};
+use crate::in_cluster::{self, InCluster, REPOSITORY, TAG};
+use crate::provider::{Cluster, Provider, StartError, client_from_kubeconfig};
 use crate::tools::{self, Cmd};
-use crate::wait::{Check, wait_for};
-use crate::{OPERATOR_NAMESPACE, RELEASE};
 
-pub const OPERATOR_IMAGE: &str = "ghcr.io/stoker-dev/stoker-operator:e2e";
-pub const WORKER_IMAGE: &str = "ghcr.io/stoker-dev/stoker-worker:e2e";
 const DEFAULT_CLUSTER: &str = "stoker-e2e";
 
 pub struct KindCluster {
@@ -37,8 +30,8 @@ pub struct KindCluster {
     deleted: AtomicBool,
     kubeconfig: PathBuf,
     client: kube::Client,
-    /// The operator Deployment of the Helm release.
-    deployment: String,
+    /// The operator pods of the Helm release, once installed.
+    operator: Option<InCluster>,
 }
 
 fn env_flag(name: &str) -> bool {
@@ -73,7 +66,6 @@ impl KindCluster {
 
     async fn start_available() -> anyhow::Result<Self> {
         let kind = tools::tool("kind")?;
-        let docker = tools::tool("docker")?;
         let dir = tempfile::Builder::new().prefix("stoker-e2e-kind-").tempdir()?;
         let kubeconfig = dir.path().join("kubeconfig");
         let requested = std::env::var("STOKER_KIND_CLUSTER").ok().filter(|s| !s.is_empty());
@@ -119,107 +111,24 @@ impl KindCluster {
             deleted: AtomicBool::new(false),
             kubeconfig,
             client,
-            deployment: String::new(),
+            operator: None,
         };
 
-        let root = tools::workspace_root();
         if !env_flag("STOKER_KIND_SKIP_BUILD") {
-            for (dockerfile, image) in [("operator/Dockerfile", OPERATOR_IMAGE), ("worker/Dockerfile", WORKER_IMAGE)] {
-                eprintln!("[e2e kind] docker build -f {dockerfile} -t {image} .");
-                Cmd::new(&docker)
-                    .args(["build", "-f", dockerfile, "-t", image, "."])
-                    .current_dir(&root)
-                    .timeout(Duration::from_secs(3600))
-                    .run()
-                    .await?;
-            }
+            in_cluster::build_images(None).await?;
         }
-        for image in [OPERATOR_IMAGE, WORKER_IMAGE] {
+        for target in ["operator", "worker"] {
+            let image = format!("{REPOSITORY}/stoker-{target}:{TAG}");
             eprintln!("[e2e kind] kind load docker-image {image}");
             Cmd::new(&cluster.kind)
-                .args(["load", "docker-image", image, "--name", &cluster.name])
+                .args(["load", "docker-image", &image, "--name", &cluster.name])
                 .timeout(Duration::from_secs(600))
                 .run()
                 .await?;
         }
-        let chart = root.join("charts/stoker");
-        eprintln!("[e2e kind] helm upgrade --install {RELEASE} {}", chart.display());
-        cluster
-            .helm_cmd()?
-            .args(["upgrade", "--install", RELEASE])
-            .arg(&chart)
-            .args(["--namespace", OPERATOR_NAMESPACE, "--create-namespace"])
-            .args(["--set", "images.operator.tag=e2e", "--set", "images.worker.tag=e2e"])
-            .args(["--wait", "--timeout", "5m"])
-            .run()
-            .await?;
-        cluster.deployment = crate::k8s::release_deployment(&cluster).await?;
-        cluster.wait_for_operator(None).await?;
+        cluster.operator = Some(in_cluster::install_chart(&cluster, &[], false).await?);
         Ok(cluster)
     }
-
-    fn deployments(&self) -> Api<Deployment> {
-        Api::namespaced(self.client.clone(), OPERATOR_NAMESPACE)
-    }
-
-    fn pods(&self) -> Api<Pod> {
-        Api::namespaced(self.client.clone(), OPERATOR_NAMESPACE)
-    }
-
-    /// The label selector of the operator Deployment's pods.
-    async fn selector(&self) -> anyhow::Result<String> {
-        let deploy = self.deployments().get(&self.deployment).await.context("reading the operator Deployment")?;
-        let labels = deploy.spec.selector.match_labels.unwrap_or_default();
-        if labels.is_empty() {
-            return Err(anyhow!("Deployment {OPERATOR_NAMESPACE}/{} has no matchLabels selector", self.deployment));
-        }
-        Ok(labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
-    }
-
-    async fn operator_pods(&self) -> anyhow::Result<Vec<Pod>> {
-        let selector = self.selector().await?;
-        Ok(self.pods().list(&ListParams::default().labels(&selector)).await?.items)
-    }
-
-    /// Waits until `replicas` (default: the Deployment's) pods run and exactly one is Ready
-    /// (non-leaders report not-ready).
-    async fn wait_for_operator(&self, replicas: Option<usize>) -> anyhow::Result<()> {
-        let want = match replicas {
-            Some(n) => n,
-            None => self.deployments().get(&self.deployment).await?.spec.replicas.unwrap_or(1) as usize,
-        };
-        wait_for(Duration::from_secs(300), format!("{want} operator pods running, one of them Ready"), || async move {
-            let pods = self.operator_pods().await?;
-            let live: Vec<&Pod> = pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
-            let running = live.iter().filter(|p| pod_phase(p) == "Running").count();
-            let ready = live.iter().filter(|p| pod_ready(p)).count();
-            let state = live
-                .iter()
-                .map(|p| format!("{} {}{}", name_of(p), pod_phase(p), if pod_ready(p) { " Ready" } else { "" }))
-                .collect::<Vec<_>>();
-            Ok(if want == 0 && pods.is_empty() || want > 0 && live.len() == want && running == want && ready == 1 {
-                Check::Done(())
-            } else {
-                Check::not_yet(format!("pods: {state:?}"))
-            })
-        })
-        .await
-    }
-}
-
-fn name_of(p: &Pod) -> String {
-    p.metadata.name.clone().unwrap_or_default()
-}
-
-fn pod_phase(p: &Pod) -> String {
-    p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default()
-}
-
-fn pod_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 #[async_trait]
@@ -254,82 +163,8 @@ impl Cluster for KindCluster {
         Ok(None)
     }
 
-    async fn operator_start(&self, opts: OperatorOptions) -> anyhow::Result<()> {
-        if !opts.extra_args.is_empty() || !opts.env.is_empty() || !opts.leader_election {
-            anyhow::bail!(
-                "the kind provider runs the operator from the chart: extra args, env and leader_election=false are not supported"
-            );
-        }
-        let patch = serde_json::json!({"spec": {"replicas": opts.replicas}});
-        self.deployments().patch(&self.deployment, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        self.wait_for_operator(Some(opts.replicas)).await
-    }
-
-    async fn operator_stop(&self) -> anyhow::Result<()> {
-        let patch = serde_json::json!({"spec": {"replicas": 0}});
-        self.deployments().patch(&self.deployment, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        self.wait_for_operator(Some(0)).await
-    }
-
-    async fn operator_restart(&self) -> anyhow::Result<()> {
-        let selector = self.selector().await?;
-        self.pods().delete_collection(&DeleteParams::default(), &ListParams::default().labels(&selector)).await?;
-        // Let the old pods go before counting the new ones.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        self.wait_for_operator(None).await
-    }
-
-    async fn operator_kill(&self, name: &str, graceful: bool) -> anyhow::Result<()> {
-        let params = if graceful { DeleteParams::default() } else { DeleteParams::default().grace_period(0) };
-        self.pods().delete(name, &params).await?;
-        Ok(())
-    }
-
-    async fn operator_instances(&self) -> anyhow::Result<Vec<OperatorInstance>> {
-        Ok(self
-            .operator_pods()
-            .await?
-            .iter()
-            .map(|p| OperatorInstance {
-                name: name_of(p),
-                running: pod_phase(p) == "Running" && p.metadata.deletion_timestamp.is_none(),
-                metrics_addr: None,
-                dispatcher_addr: None,
-            })
-            .collect())
-    }
-
-    async fn operator_get(&self, name: &str, path: &str) -> anyhow::Result<crate::http::Response> {
-        // Through the API server's pod proxy, to the container port named "metrics" or "http".
-        let pod = self.pods().get(name).await?;
-        let port = pod
-            .spec
-            .iter()
-            .flat_map(|s| s.containers.iter())
-            .flat_map(|c| c.ports.iter().flatten())
-            .find(|p| matches!(p.name.as_deref(), Some("metrics" | "http")))
-            .map(|p| p.container_port)
-            .unwrap_or(8080);
-        let uri = format!("/api/v1/namespaces/{OPERATOR_NAMESPACE}/pods/{name}:{port}/proxy{path}");
-        let req = http::Request::get(uri).body(kube::client::Body::from(Vec::new()))?;
-        let resp = self.client.send(req).await?;
-        let status = resp.status().as_u16();
-        use http_body_util::BodyExt as _;
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        Ok(crate::http::Response { status, body: String::from_utf8_lossy(&bytes).into_owned() })
-    }
-
-    async fn operator_logs(&self, lines: usize) -> String {
-        let selector = match self.selector().await {
-            Ok(s) => s,
-            Err(e) => return format!("(no operator logs: {e:#})"),
-        };
-        match self.kubectl_cmd().map(|c| {
-            c.args(["logs", "-n", OPERATOR_NAMESPACE, "-l", &selector, "--prefix", "--tail", &lines.to_string()])
-        }) {
-            Ok(cmd) => cmd.stdout().await.unwrap_or_else(|e| format!("(kubectl logs failed: {e:#})")),
-            Err(e) => format!("(no operator logs: {e:#})"),
-        }
+    fn chart_operator(&self) -> anyhow::Result<&InCluster> {
+        self.operator.as_ref().ok_or_else(|| anyhow::anyhow!("the chart is not installed yet"))
     }
 
     async fn diagnostics(&self) -> String {

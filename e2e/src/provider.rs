@@ -20,16 +20,25 @@ pub enum Provider {
     Local,
     /// A kind cluster (Docker); real pods; the operator runs in-cluster from the Helm chart.
     Kind,
+    /// The local control plane plus a real node (kubelet, kube-scheduler, kube-proxy on
+    /// Debian's dockerd); real pods; the operator runs in-cluster from the Helm chart.
+    Kubelet,
 }
 
 impl Provider {
-    /// From `STOKER_E2E_PROVIDER` (`local`, the default, or `kind`).
+    /// From `STOKER_E2E_PROVIDER` (`local`, the default, `kubelet` or `kind`).
     pub fn from_env() -> anyhow::Result<Self> {
         match std::env::var("STOKER_E2E_PROVIDER").unwrap_or_default().trim() {
             "" | "local" => Ok(Provider::Local),
             "kind" => Ok(Provider::Kind),
-            other => anyhow::bail!("STOKER_E2E_PROVIDER={other:?}: expected `local` or `kind`"),
+            "kubelet" => Ok(Provider::Kubelet),
+            other => anyhow::bail!("STOKER_E2E_PROVIDER={other:?}: expected `local`, `kubelet` or `kind`"),
         }
+    }
+
+    /// Whether the operator and its workers run as real pods.
+    pub fn real_pods(self) -> bool {
+        self != Provider::Local
     }
 }
 
@@ -38,6 +47,7 @@ impl fmt::Display for Provider {
         f.write_str(match self {
             Provider::Local => "local",
             Provider::Kind => "kind",
+            Provider::Kubelet => "kubelet",
         })
     }
 }
@@ -98,6 +108,22 @@ impl OperatorOptions {
     }
 }
 
+/// Where workers see a directory of this machine, and what puts it there.
+#[derive(Debug, Clone)]
+pub struct WorkerData {
+    /// The directory as the workers see it (for the `file://` source).
+    pub path: String,
+    /// Fields of the DataPipeline's `workers` (YAML flow-mapping entries), or empty.
+    pub fields: String,
+}
+
+impl WorkerData {
+    /// `fields` after a comma, to append to other `workers` entries.
+    pub fn more_fields(&self) -> String {
+        if self.fields.is_empty() { String::new() } else { format!(", {}", self.fields) }
+    }
+}
+
 /// One operator process (local) or pod (kind).
 #[derive(Debug, Clone)]
 pub struct OperatorInstance {
@@ -132,35 +158,71 @@ pub trait Cluster: Send + Sync {
     /// Where training clients outside the cluster reach the dispatcher (the leader).
     fn dispatcher_url(&self) -> anyhow::Result<String>;
 
+    /// How a DataPipeline's workers read `dir` of this machine (a `file://` source a scenario
+    /// wrote): where local processes find it as it is; pods on this machine through a hostPath
+    /// volume.
+    fn worker_data(&self, dir: &Path) -> WorkerData {
+        WorkerData { path: dir.display().to_string(), fields: String::new() }
+    }
+
+    /// Where the files of PersistentVolumeClaim `claim` of `namespace` are on this machine: the
+    /// local provider's stand-in kubelet keeps them under the workdir.
+    async fn claim_dir(&self, namespace: &str, claim: &str) -> anyhow::Result<std::path::PathBuf> {
+        Ok(self.workdir().join("volumes").join(namespace).join(claim))
+    }
+
     /// Makes worker Deployments of `namespace` run where nothing else would: the local
     /// provider has no kubelet, so the returned runner starts `stoker-worker` processes for
     /// them until dropped. None where real pods run (kind).
     fn run_workers(&self, namespace: &str) -> anyhow::Result<Option<crate::kubelet::ProcessKubelet>>;
 
+    /// Where the operator runs from the Helm chart (kind, kubelet): its pods. The operator
+    /// methods below default to them; the local provider runs processes and overrides them.
+    fn chart_operator(&self) -> anyhow::Result<&crate::in_cluster::InCluster> {
+        anyhow::bail!("the {} provider runs no operator pods", self.provider())
+    }
+
     /// Starts the operator so that `opts.replicas` instances run, and waits until each is up
     /// and (with leader election) one of them leads. Local: installs the CRD first if it is
     /// missing, and the `stoker-system` namespace.
-    async fn operator_start(&self, opts: OperatorOptions) -> anyhow::Result<()>;
+    async fn operator_start(&self, opts: OperatorOptions) -> anyhow::Result<()> {
+        self.chart_operator()?.start(opts).await
+    }
 
-    /// Stops every operator instance (local: SIGTERM then SIGKILL; kind: scale to 0).
-    async fn operator_stop(&self) -> anyhow::Result<()>;
+    /// Stops every operator instance (local: SIGTERM then SIGKILL; pods: scale to 0).
+    async fn operator_stop(&self) -> anyhow::Result<()> {
+        self.chart_operator()?.stop().await
+    }
 
-    /// Restarts every operator instance with the options it was started with (kind: deletes
-    /// the pods) and waits as `operator_start` does.
-    async fn operator_restart(&self) -> anyhow::Result<()>;
+    /// Restarts every operator instance with the options it was started with (pods: deletes
+    /// them) and waits as `operator_start` does.
+    async fn operator_restart(&self) -> anyhow::Result<()> {
+        self.chart_operator()?.restart().await
+    }
 
     /// Stops one instance: gracefully (SIGTERM / pod delete) or at once (SIGKILL / forced
-    /// delete). It is not restarted (kind: the Deployment starts a replacement pod).
-    async fn operator_kill(&self, name: &str, graceful: bool) -> anyhow::Result<()>;
+    /// delete). It is not restarted (pods: the Deployment starts a replacement).
+    async fn operator_kill(&self, name: &str, graceful: bool) -> anyhow::Result<()> {
+        self.chart_operator()?.kill(name, graceful).await
+    }
 
     /// The operator instances now.
-    async fn operator_instances(&self) -> anyhow::Result<Vec<OperatorInstance>>;
+    async fn operator_instances(&self) -> anyhow::Result<Vec<OperatorInstance>> {
+        self.chart_operator()?.instances().await
+    }
 
     /// `GET <path>` on one instance's metrics/health endpoint (/healthz, /readyz, /metrics).
-    async fn operator_get(&self, name: &str, path: &str) -> anyhow::Result<crate::http::Response>;
+    async fn operator_get(&self, name: &str, path: &str) -> anyhow::Result<crate::http::Response> {
+        self.chart_operator()?.get(name, path).await
+    }
 
     /// The last `lines` log lines of every operator instance, labelled.
-    async fn operator_logs(&self, lines: usize) -> String;
+    async fn operator_logs(&self, lines: usize) -> String {
+        match self.chart_operator() {
+            Ok(operator) => operator.logs(self.kubeconfig(), lines).await,
+            Err(e) => format!("(no operator logs: {e:#})"),
+        }
+    }
 
     /// Log tails of everything the provider runs, for failure reports.
     async fn diagnostics(&self) -> String;

@@ -76,7 +76,7 @@ fn main() -> ExitCode {
         Err(StartError::Failed(error)) => {
             let message = match provider {
                 Provider::Local => format!("{error:#}"),
-                Provider::Kind => format!("the kind cluster did not start: {error:#}"),
+                other => format!("the {other} cluster did not start: {error:#}"),
             };
             banner(&format!("e2e: {message}"));
             let short = message.lines().next().unwrap_or_default().to_string();

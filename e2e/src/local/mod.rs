@@ -7,7 +7,6 @@
 //! Deployments get ReplicaSets and Pods (which stay Pending: nothing schedules or runs them),
 //! service accounts get tokens, and the garbage collector and namespace controller work.
 
-mod control_plane;
 mod operators;
 
 use std::net::SocketAddr;
@@ -20,7 +19,7 @@ use async_trait::async_trait;
 use crate::leader_proxy::LeaderProxy;
 use crate::provider::{Cluster, OperatorInstance, OperatorOptions, Provider};
 
-use control_plane::ControlPlaneProcesses;
+use crate::control_plane::ControlPlaneProcesses;
 use operators::LocalOperators;
 
 /// Where and how to run the local control plane.
@@ -76,7 +75,7 @@ impl LocalControlPlane {
         let processes = ControlPlaneProcesses::default();
         let dispatcher_targets: Arc<Mutex<Vec<SocketAddr>>> = Arc::default();
         let dispatcher = LeaderProxy::start(dispatcher_targets.clone()).await?;
-        match processes.boot(&dir).await {
+        match processes.boot(&dir, None).await {
             Ok((kubeconfig, server, client)) => Ok(LocalControlPlane {
                 operators: tokio::sync::Mutex::new(LocalOperators::new(
                     client.clone(),

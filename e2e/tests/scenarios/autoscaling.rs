@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context as _, ensure};
+use anyhow::ensure;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -65,12 +65,14 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
     let kubelet = cluster.run_workers(&ns)?;
     let data = cluster.workdir().join(format!("{ns}-data"));
     write_corpus(&data)?;
+    let seen_as = cluster.worker_data(&data);
     let manifest = format!(
         "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {NAME}}}\nspec:\n  \
          source: {{uri: 'file://{}/', format: jsonl}}\n  batchSize: 10\n  \
-         workers: {{min: 1, max: 8, env: [{{name: STOKER_MAX_BATCH_RATE, value: '{WORKER_RATE}'}}]}}\n  \
+         workers: {{min: 1, max: 8, env: [{{name: STOKER_MAX_BATCH_RATE, value: '{WORKER_RATE}'}}]{}}}\n  \
          autoscaling: {{policy: {{windowSeconds: 2, idleAfterSeconds: 3600}}}}\n",
-        data.display()
+        seen_as.path,
+        seen_as.more_fields()
     );
     let dp: DataPipeline = serde_yaml::from_str(&manifest)?;
     let pipelines = Api::<DataPipeline>::namespaced(client.clone(), &ns);
@@ -167,9 +169,16 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
     ensure!(events.items.iter().any(|e| e.reason.as_deref() == Some("Rescaled")), "a Rescaled event per decision");
 
     // Kill a worker mid-epoch; the epochs after it still deliver every element.
-    let kubelet = kubelet.context("the local provider runs the workers")?;
     let epoch_at_kill = seen.epochs.lock().unwrap().keys().max().copied().unwrap_or(0);
-    ensure!(kubelet.kill_one(&format!("{NAME}-workers")), "no worker process to kill");
+    let workers = format!("{NAME}-workers");
+    match &kubelet {
+        Some(kubelet) => ensure!(kubelet.kill_one(&workers), "no worker process to kill"),
+        // Real pods: one deleted at once (SIGKILL); the Deployment starts another.
+        None => {
+            let killed = stoker_e2e::k8s::kill_one_pod(&client, &ns, &workers).await?;
+            eprintln!("  killed worker pod {killed}");
+        }
+    }
 
     // No split lost: the epoch of the kill, and those after it, delivered every id.
     let complete = wait_for(Duration::from_secs(60), "an epoch after the kill to complete", || {
@@ -208,5 +217,5 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
     }
     trainer.abort();
     drop(kubelet);
-    delete_namespace(&client, &ns, Duration::from_secs(60)).await
+    delete_namespace(&client, &ns, Duration::from_secs(120)).await
 }

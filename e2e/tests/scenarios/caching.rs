@@ -7,26 +7,26 @@
 use anyhow::ensure;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use std::path::Path;
 use std::time::{Duration, SystemTime};
 use stoker_api::{CacheDecision, CacheStatus, DataPipeline};
 use stoker_client::{Client, ClientOptions};
 use stoker_e2e::k8s::{delete_namespace, fresh_namespace};
-use stoker_e2e::{Check, Cluster, OperatorOptions, wait_for};
+use stoker_e2e::{Check, Cluster, OperatorOptions, WorkerData, wait_for};
 
 const FIRST: &str = "cached";
 const SECOND: &str = "same-prefix";
 
 /// A pipeline over `data` whose prefix (up to the hint at transform 1) is the same whatever
 /// `after` and `cache` are.
-fn manifest(name: &str, data: &Path, after: &str, cache: &str) -> anyhow::Result<DataPipeline> {
+/// `data`: where the workers read the records (`Cluster::worker_data`).
+fn manifest(name: &str, data: &WorkerData, after: &str, cache: &str) -> anyhow::Result<DataPipeline> {
     let yaml = format!(
         "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {name}}}\nspec:\n  \
          source: {{uri: 'file://{}/', format: jsonl}}\n  \
          transforms: [{{selectFields: {{fields: [id, x]}}}}, {{autocache: {{}}}}, {after}]\n  \
          batchSize: 20\n  autoscaling: {{mode: Fixed, replicas: 2}}\n  \
-         cache: {cache}\n",
-        data.display()
+         workers: {{{}}}\n  cache: {cache}\n",
+        data.path, data.fields
     );
     Ok(stoker_api::from_yaml(&yaml)?)
 }
@@ -86,6 +86,7 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
             (0..100).map(|i| format!("{{\"id\": {}, \"x\": [1.5, 2.5]}}\n", shard * 1000 + i)).collect();
         std::fs::write(data.join(format!("{shard}.jsonl")), lines)?;
     }
+    let seen_as = cluster.worker_data(&data);
     let pipelines = Api::<DataPipeline>::namespaced(client.clone(), &ns);
     let apply = |dp: DataPipeline| {
         let pipelines = pipelines.clone();
@@ -94,8 +95,13 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
             pipelines.patch(&name, &PatchParams::apply("e2e").force(), &Patch::Apply(&dp)).await
         }
     };
-    apply(manifest(FIRST, &data, "{cast: {field: x, dtype: float16}}", "{mode: Always, accessMode: ReadWriteOnce}")?)
-        .await?;
+    apply(manifest(
+        FIRST,
+        &seen_as,
+        "{cast: {field: x, dtype: float16}}",
+        "{mode: Always, accessMode: ReadWriteOnce}",
+    )?)
+    .await?;
     let first_reader = read(&url, &ns, FIRST);
 
     // Put while the first epoch runs, then Get once every split is on the volume.
@@ -124,18 +130,13 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
     );
 
     // The entry is written once: its completion marker is not touched again.
-    let entry = cluster
-        .workdir()
-        .join("volumes")
-        .join(&ns)
-        .join("stoker-cache")
-        .join(fingerprint.trim_start_matches("sha256:"));
+    let entry = cluster.claim_dir(&ns, "stoker-cache").await?.join(fingerprint.trim_start_matches("sha256:"));
     let written = |file: &str| std::fs::metadata(entry.join(file)).and_then(|m| m.modified());
     let marked: SystemTime = written("complete").map_err(|e| anyhow::anyhow!("{}: {e}", entry.display()))?;
 
     // A restarted operator keeps no cache state in memory; the volume is the index.
     cluster.operator_restart().await?;
-    apply(manifest(SECOND, &data, "{cast: {field: x, dtype: float32}}", "{mode: Auto}")?).await?;
+    apply(manifest(SECOND, &seen_as, "{cast: {field: x, dtype: float32}}", "{mode: Auto}")?).await?;
     let second_reader = read(&url, &ns, SECOND);
     let second = wait_for_get(&pipelines, SECOND).await?;
     ensure!(
@@ -169,5 +170,5 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
         reader.abort();
     }
     drop(kubelet);
-    delete_namespace(&client, &ns, Duration::from_secs(60)).await
+    delete_namespace(&client, &ns, Duration::from_secs(120)).await
 }

@@ -11,7 +11,7 @@ use kube::api::{Api, ListParams};
 use serde_json::Value;
 use stoker_e2e::k8s::{first_difference, service_account_can, yaml_documents};
 use stoker_e2e::tools::workspace_root;
-use stoker_e2e::{CRD_NAME, Check, Cluster, OPERATOR_NAMESPACE, Provider, RELEASE, wait_for};
+use stoker_e2e::{CRD_NAME, Check, Cluster, OPERATOR_NAMESPACE, RELEASE, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -189,9 +189,10 @@ pub async fn chart_installs(cluster: &dyn Cluster) -> anyhow::Result<()> {
         let list = pods.list(&ListParams::default().labels(&selector)).await?;
         let phases: Vec<String> =
             list.items.iter().map(|p| p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default()).collect();
-        let enough = match provider {
-            Provider::Local => phases.len() == 2,
-            Provider::Kind => phases.iter().filter(|p| *p == "Running").count() == 2,
+        let enough = if provider.real_pods() {
+            phases.iter().filter(|p| *p == "Running").count() == 2
+        } else {
+            phases.len() == 2
         };
         Ok(if enough { Check::Done(()) } else { Check::not_yet(format!("pods: {phases:?}")) })
     })

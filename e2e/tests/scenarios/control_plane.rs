@@ -39,7 +39,7 @@ pub async fn control_plane_is_real(cluster: &dyn Cluster) -> anyhow::Result<()> 
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
 
     // A Deployment becomes a ReplicaSet and two Pods that stay Pending (no kubelet locally; an
-    // image that cannot be pulled on kind).
+    // image that is not there and never pulled where a kubelet runs: no registry is asked).
     let deployment: Deployment = serde_json::from_value(json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -49,7 +49,11 @@ pub async fn control_plane_is_real(cluster: &dyn Cluster) -> anyhow::Result<()> 
             "selector": {"matchLabels": {"app": "pending"}},
             "template": {
                 "metadata": {"labels": {"app": "pending"}},
-                "spec": {"containers": [{"name": "main", "image": "registry.invalid/stoker-e2e/never-pulled:0"}]}
+                "spec": {"containers": [{
+                    "name": "main",
+                    "image": "registry.invalid/stoker-e2e/never-pulled:0",
+                    "imagePullPolicy": "Never"
+                }]}
             }
         }
     }))?;

@@ -1,6 +1,9 @@
 //! etcd, kube-apiserver and kube-controller-manager as child processes: booting them (with the
-//! certificates, keys and admin kubeconfig they need) and stopping them.
+//! certificates, keys and admin kubeconfig they need) and stopping them. The API server serves
+//! loopback only, or, for a cluster with a node, also the node's address, which it advertises
+//! (the `kubernetes` Service's endpoint, what pods reach through kube-proxy).
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -20,23 +23,29 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// etcd, kube-apiserver, kube-controller-manager, in start order.
 #[derive(Default)]
-pub(super) struct ControlPlaneProcesses(Mutex<Vec<ManagedProcess>>);
+pub(crate) struct ControlPlaneProcesses(Mutex<Vec<ManagedProcess>>);
 
 impl ControlPlaneProcesses {
     /// Starts the processes in `dir` and waits until they serve; returns the admin kubeconfig's
     /// path, the API server's URL and a client. On failure the processes started so far stay
     /// here (dropping them terminates them).
-    pub(super) async fn boot(&self, dir: &Path) -> anyhow::Result<(PathBuf, String, kube::Client)> {
-        boot(dir, &self.0).await
+    /// `node`: the address of the cluster's node, which the API server then also serves and
+    /// advertises; None: loopback only.
+    pub(crate) async fn boot(
+        &self,
+        dir: &Path,
+        node: Option<Ipv4Addr>,
+    ) -> anyhow::Result<(PathBuf, String, kube::Client)> {
+        boot(dir, node, &self.0).await
     }
 
     /// An error naming the process that died, with its log tail.
-    pub(super) fn check_alive(&self) -> anyhow::Result<()> {
+    pub(crate) fn check_alive(&self) -> anyhow::Result<()> {
         let mut processes = self.0.lock().unwrap_or_else(|e| e.into_inner());
         processes.iter_mut().try_for_each(ManagedProcess::check_running)
     }
 
-    pub(super) fn log_tails(&self, lines: usize) -> String {
+    pub(crate) fn log_tails(&self, lines: usize) -> String {
         let processes = self.0.lock().unwrap_or_else(|e| e.into_inner());
         processes
             .iter()
@@ -52,7 +61,7 @@ impl ControlPlaneProcesses {
     }
 
     /// Stops the processes in reverse start order, blocking.
-    pub(super) fn terminate(&self) {
+    pub(crate) fn terminate(&self) {
         let mut processes = self.0.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(mut p) = processes.pop() {
             p.terminate();
@@ -60,7 +69,7 @@ impl ControlPlaneProcesses {
     }
 
     /// Stops the processes in reverse start order without blocking the runtime.
-    pub(super) async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         let processes: Vec<ManagedProcess> = {
             let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
             guard.drain(..).rev().collect()
@@ -97,7 +106,11 @@ async fn unless_dead<T>(
     }
 }
 
-async fn boot(dir: &Path, processes: &Mutex<Vec<ManagedProcess>>) -> anyhow::Result<(PathBuf, String, kube::Client)> {
+async fn boot(
+    dir: &Path,
+    node: Option<Ipv4Addr>,
+    processes: &Mutex<Vec<ManagedProcess>>,
+) -> anyhow::Result<(PathBuf, String, kube::Client)> {
     let etcd = tools::tool("etcd")?;
     let apiserver = tools::tool("kube-apiserver")?;
     let kcm = tools::tool("kube-controller-manager")?;
@@ -151,11 +164,11 @@ async fn boot(dir: &Path, processes: &Mutex<Vec<ManagedProcess>>) -> anyhow::Res
 
     // kube-apiserver.
     let port = crate::ports::free_port();
-    let server = format!("https://127.0.0.1:{port}");
-    let apiserver_args = vec![
+    // Serving every address, its certificate names `localhost` rather than 127.0.0.1.
+    let host = if node.is_some() { "localhost" } else { "127.0.0.1" };
+    let server = format!("https://{host}:{port}");
+    let mut apiserver_args = vec![
         format!("--etcd-servers={etcd_url}"),
-        "--bind-address=127.0.0.1".to_string(),
-        "--advertise-address=127.0.0.1".to_string(),
         format!("--secure-port={port}"),
         "--insecure-port=0".to_string(),
         format!("--cert-dir={}", pki.display()),
@@ -165,12 +178,26 @@ async fn boot(dir: &Path, processes: &Mutex<Vec<ManagedProcess>>) -> anyhow::Res
         format!("--service-account-signing-key-file={}", sa_key.display()),
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_string(),
         "--service-cluster-ip-range=10.96.0.0/16".to_string(),
-        // Endpoints may not point at loopback; nothing would reach them anyway.
-        "--endpoint-reconciler-type=none".to_string(),
         "--allow-privileged=true".to_string(),
         "--profiling=false".to_string(),
         "--v=1".to_string(),
     ];
+    match node {
+        // Its self-signed certificate names the advertised address, the `kubernetes` Service's
+        // address (10.96.0.1) and `localhost`.
+        Some(ip) => apiserver_args.extend([
+            "--bind-address=0.0.0.0".to_string(),
+            format!("--advertise-address={ip}"),
+            // For logs and exec: the node's name resolves nowhere, its address is reachable.
+            "--kubelet-preferred-address-types=InternalIP".to_string(),
+        ]),
+        None => apiserver_args.extend([
+            "--bind-address=127.0.0.1".to_string(),
+            "--advertise-address=127.0.0.1".to_string(),
+            // Endpoints may not point at loopback; nothing would reach them anyway.
+            "--endpoint-reconciler-type=none".to_string(),
+        ]),
+    }
     push(
         processes,
         ManagedProcess::spawn("kube-apiserver", &apiserver, &apiserver_args, &[], &dir.join("kube-apiserver.log"))?,

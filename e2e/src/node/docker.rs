@@ -1,0 +1,111 @@
+//! The Docker engine the node's kubelet runs pods on: Debian's dockerd (from `make tools`) on a
+//! socket and data root of its own, so a run never touches another engine, and its images (the
+//! base, pause and the ones built from the repository) stay cached between runs.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::process::ManagedProcess;
+use crate::tools::{self, Cmd};
+use crate::wait::{Check, wait_for};
+
+pub struct Engine {
+    /// `unix://...`, for DOCKER_HOST and the kubelet's `--docker-endpoint`.
+    pub host: String,
+    /// None when an engine on the socket was running already (kept running afterwards).
+    process: Option<ManagedProcess>,
+}
+
+fn cache() -> PathBuf {
+    tools::bin_dir().parent().map(Path::to_path_buf).unwrap_or_else(std::env::temp_dir)
+}
+
+impl Engine {
+    /// The engine on `~/.cache/stoker/docker.sock`, started if none answers there; logs to
+    /// `log_dir`.
+    pub async fn start(log_dir: &Path) -> anyhow::Result<Self> {
+        let cache = cache();
+        let socket = cache.join("docker.sock");
+        let host = format!("unix://{}", socket.display());
+        let mut engine = Engine { host, process: None };
+        if engine.docker(&["info", "--format", "{{.ServerVersion}}"]).await.is_ok() {
+            eprintln!("[e2e kubelet] using the docker engine already on {}", engine.host);
+        } else {
+            let dockerd = tools::tool("dockerd")?;
+            let args = vec![
+                format!("--host={}", engine.host),
+                format!("--data-root={}", cache.join("docker").display()),
+                // Short: it holds unix sockets, whose paths are limited to 108 bytes.
+                "--exec-root=/tmp/stoker-docker".to_string(),
+                format!("--pidfile={}", cache.join("docker.pid").display()),
+            ];
+            let process = ManagedProcess::spawn("dockerd", &dockerd, &args, &[], &log_dir.join("dockerd.log"))?
+                .with_grace(Duration::from_secs(20));
+            engine.process = Some(process);
+            let this = &engine;
+            wait_for(Duration::from_secs(60), format!("dockerd to answer on {}", this.host), || async move {
+                Ok(match this.docker(&["info", "--format", "{{.ServerVersion}}"]).await {
+                    Ok(_) => Check::Done(()),
+                    Err(e) => Check::not_yet(e),
+                })
+            })
+            .await?;
+        }
+        // Containers left by an earlier run (the engine is this harness's alone).
+        let left = engine.docker(&["ps", "-aq"]).await?;
+        let left: Vec<&str> = left.split_whitespace().collect();
+        if !left.is_empty() {
+            let mut args = vec!["rm", "-f"];
+            args.extend(left);
+            engine.docker(&args).await?;
+        }
+        Ok(engine)
+    }
+
+    /// `docker args...` against this engine; stdout.
+    pub async fn docker(&self, args: &[&str]) -> anyhow::Result<String> {
+        Cmd::new(tools::tool("docker")?)
+            .env("DOCKER_HOST", &self.host)
+            .args(args)
+            .timeout(Duration::from_secs(120))
+            .stdout()
+            .await
+    }
+
+    /// The address of the engine's bridge on this machine: the node's address, which pods
+    /// reach the host's processes at.
+    pub async fn bridge_gateway(&self) -> anyhow::Result<Ipv4Addr> {
+        let gateway =
+            self.docker(&["network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}"]).await?;
+        gateway.trim().parse().with_context(|| format!("the bridge's gateway {gateway:?}"))
+    }
+
+    /// The bridge's subnet (the pods' addresses), e.g. `172.17.0.0/16`.
+    pub async fn bridge_subnet(&self) -> anyhow::Result<String> {
+        let subnet =
+            self.docker(&["network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Subnet}}"]).await?;
+        Ok(subnet.trim().to_string())
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process.as_ref().map(|p| p.log_tail(lines)).unwrap_or_default()
+    }
+
+    /// Stops the engine if this run started it (its containers stop with it).
+    pub async fn shutdown(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            p.terminate_async().await;
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            p.terminate();
+        }
+    }
+}
