@@ -6,7 +6,9 @@
 //! It also keeps what a restarted dispatcher needs to go on without repeating anything
 //! (`rejoin`): the completions and rows received of the unfinished epochs, even those already
 //! reported, and from then on it refuses batches of the dispatcher it had (their rows are
-//! produced again).
+//! produced again). A batch on its way into the queue (recorded, waiting for room) is not yet
+//! received: a rejoin leaves it out and it is refused when room comes, for a stream stopped
+//! meanwhile would drop it, and rows the new dispatcher was told of would never come.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -38,6 +40,11 @@ struct Inner {
     arrived: BTreeMap<SplitId, bool>,
     /// Dispatchers this client rejoined another after: their batches are refused.
     retired: BTreeSet<u64>,
+    /// Batches recorded and not yet in the queue: per (split, worker), where their positions
+    /// start in `rows` (a worker's stream has one batch on its way at a time).
+    in_flight: HashMap<(SplitId, String), usize>,
+    /// Completions recorded and not yet in the queue.
+    arriving: BTreeSet<SplitId>,
     /// Held rows a failed acknowledgement carried, for the next one.
     held: Vec<Held>,
     /// A job read by ranks: what this rank received of each recent epoch.
@@ -65,6 +72,8 @@ pub(crate) struct Delivery {
 pub(crate) struct Recorded<'d> {
     delivery: &'d Delivery,
     worker: String,
+    /// The dispatcher the batch was made under.
+    incarnation: u64,
     /// Each split the batch had rows of, and how many of its positions were recorded before.
     before: Vec<(SplitId, usize)>,
     /// The completions it recorded as arrived.
@@ -72,9 +81,25 @@ pub(crate) struct Recorded<'d> {
 }
 
 impl Recorded<'_> {
-    pub(crate) fn keep(mut self) {
+    /// Call with room in the queue for the batch: true if it goes in (its rows and completions
+    /// now count as received), false if it is refused (a rejoin retired its dispatcher while it
+    /// waited, and did not count it) and is undone.
+    pub(crate) fn keep(mut self) -> bool {
+        let mut inner = self.delivery.inner.lock().unwrap();
+        if inner.retired.contains(&self.incarnation) {
+            drop(inner);
+            return false;
+        }
+        for (split, _) in &self.before {
+            inner.in_flight.remove(&(*split, self.worker.clone()));
+        }
+        for split in &self.arrived {
+            inner.arriving.remove(split);
+        }
+        drop(inner);
         self.before.clear();
         self.arrived.clear();
+        true
     }
 }
 
@@ -85,11 +110,13 @@ impl Drop for Recorded<'_> {
         }
         let mut inner = self.delivery.inner.lock().unwrap();
         for (split, len) in &self.before {
+            inner.in_flight.remove(&(*split, self.worker.clone()));
             if let Some(positions) = inner.rows.get_mut(split).and_then(|w| w.get_mut(&self.worker)) {
                 positions.truncate(*len);
             }
         }
         for split in &self.arrived {
+            inner.arriving.remove(split);
             inner.arrived.remove(split);
         }
     }
@@ -117,6 +144,7 @@ impl Delivery {
             if let std::collections::btree_map::Entry::Vacant(e) = inner.arrived.entry(id) {
                 e.insert(false);
                 arrived.push(id);
+                inner.arriving.insert(id);
             }
         }
         for &row in &batch.rows {
@@ -128,7 +156,10 @@ impl Delivery {
             }
             positions.push(position);
         }
-        Some(Recorded { delivery: self, worker: worker.to_string(), before, arrived })
+        for (id, len) in &before {
+            inner.in_flight.insert((*id, worker.to_string()), *len);
+        }
+        Some(Recorded { delivery: self, worker: worker.to_string(), incarnation: batch.incarnation, before, arrived })
     }
 
     /// For a job read by ranks.
@@ -259,12 +290,17 @@ impl Delivery {
         inner.held.clear();
         let mut completed = Vec::new();
         for (split, reported) in inner.arrived.range_mut((open, 0)..) {
-            *reported = true;
-            completed.push(*split);
+            if !inner.arriving.contains(split) {
+                *reported = true;
+                completed.push(*split);
+            }
         }
         let mut rows: BTreeMap<SplitId, Vec<u32>> = BTreeMap::new();
         for (split, by_worker) in inner.rows.iter().filter(|((e, _), _)| *e >= open) {
-            rows.entry(*split).or_default().extend(by_worker.values().flatten());
+            for (worker, positions) in by_worker {
+                let queued = inner.in_flight.get(&(*split, worker.clone())).copied().unwrap_or(positions.len());
+                rows.entry(*split).or_default().extend(&positions[..queued]);
+            }
         }
         for (split, positions) in inner.reported.iter().filter(|((e, _), _)| *e >= open) {
             rows.entry(*split).or_default().extend(positions);
@@ -396,6 +432,28 @@ mod tests {
         assert_eq!(again.received[1], Held { split: (4, 3), positions: vec![0] }, "the new dispatcher's rows too");
         let zero = batch(4, &[(3, 1)], &[]);
         assert!(d.record("b", &zero).is_some(), "0 is never refused");
+    }
+
+    /// Found on real pods: a batch of the old dispatcher waiting for room in the queue when
+    /// the client rejoined was told to the new one as received, then dropped with its stream
+    /// (its worker was not listed yet): the new dispatcher never had those rows produced.
+    #[test]
+    fn a_batch_waiting_for_room_at_a_rejoin_is_left_out_and_refused() {
+        let d = Delivery::default();
+        let old = |rows: &[(u64, u64)], completes: &[u64]| Batch { incarnation: 7, ..batch(4, rows, completes) };
+        assert!(d.record("a", &old(&[(1, 0), (1, 1)], &[])).unwrap().keep());
+        let waiting = d.record("a", &old(&[(1, 2), (2, 0)], &[1])).unwrap();
+        let dropped = d.record("b", &old(&[(3, 0)], &[3])).unwrap();
+        let had = d.rejoin(7, 4);
+        assert_eq!(had.received, [Held { split: (4, 1), positions: vec![0, 1] }], "only what is in the queue");
+        assert_eq!(had.completed, [], "a completion not yet in the queue has not arrived");
+        assert!(!waiting.keep(), "refused when room comes: the new dispatcher has its rows produced");
+        drop(dropped);
+        let again = d.rejoin(8, 4);
+        assert_eq!(again.received, had.received, "the refused and the dropped batch left nothing behind");
+        assert_eq!(again.completed, []);
+        let new = Batch { incarnation: 9, ..batch(4, &[(1, 2)], &[1]) };
+        assert!(d.record("a", &new).unwrap().keep(), "the new dispatcher's batches go in");
     }
 
     /// What the accounting costs per batch, as the client does it: rows recorded as a batch is

@@ -190,7 +190,8 @@ impl Follower {
             tracing::debug!(status = %s, "rejoining the restarted dispatcher failed; retrying");
         }
         self.shared.clients.store(list.clients, Ordering::Relaxed);
-        state.listed = list.addresses.into_iter().collect();
+        let ids = list.workers.iter().map(Some).chain(std::iter::repeat(None));
+        state.listed = list.addresses.into_iter().zip(ids).map(|(address, id)| worker_key(address, id)).collect();
         state.version = list.version;
         self.saw_epoch(list.epoch);
         if !list.quotas.is_empty() {
@@ -275,6 +276,22 @@ fn fatal(e: &Error) -> bool {
     }
 }
 
+/// How the client keys a listed worker: its address, and the worker's id where the dispatcher
+/// gives it, for a new process at the same address (a pod's IP reused, a container restarted
+/// in its pod) is another worker: the rows the one before delivered are then held rows of a
+/// worker that left the list, not rows of the new one.
+fn worker_key(address: String, id: Option<&String>) -> String {
+    match id {
+        Some(id) if !id.is_empty() => format!("{address}#{id}"),
+        _ => address,
+    }
+}
+
+/// The address to connect to for a worker key.
+fn address_of(key: &str) -> &str {
+    key.split_once('#').map_or(key, |(address, _)| address)
+}
+
 /// Streams one epoch of one worker's batches into the epoch's queue; tells `ended` when the
 /// stream stops for any reason but a fatal one, which goes to the caller instead.
 async fn stream_from(
@@ -286,7 +303,7 @@ async fn stream_from(
     delivery: Delivery,
 ) {
     let worker = key.0.clone();
-    let failure = match open(&worker, &options, Some(key.1)).await {
+    let failure = match open(address_of(&worker), &options, Some(key.1)).await {
         Ok(stream) => {
             let on_batch = || delivered.store(true, Ordering::Relaxed);
             pump(worker.clone(), stream, &tx, options.max_batch_bytes, Some(&delivery), on_batch).await
@@ -304,5 +321,23 @@ async fn stream_from(
             }
             let _ = ended.send(Ended { key, finished: other.is_none() });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_process_at_an_address_is_another_worker_reached_at_the_same_address() {
+        let (old, new) = (
+            worker_key("10.0.0.5:50052".into(), Some(&"w-1".into())),
+            worker_key("10.0.0.5:50052".into(), Some(&"w-2".into())),
+        );
+        assert_ne!(old, new, "rows of the old one are held rows once it leaves the list");
+        assert_eq!((address_of(&old), address_of(&new)), ("10.0.0.5:50052", "10.0.0.5:50052"));
+        let unnamed = worker_key("10.0.0.5:50052".into(), None);
+        assert_eq!(unnamed, "10.0.0.5:50052", "a dispatcher that names no ids: the address alone");
+        assert_eq!(address_of(&unnamed), "10.0.0.5:50052");
     }
 }

@@ -85,12 +85,14 @@ pub(crate) async fn pump(
                     if data.is_some() {
                         on_batch();
                     }
-                    if tx.send(Ok(batch)).await.is_err() {
+                    let Ok(room) = tx.reserve().await else {
                         return None; // the client is gone
+                    };
+                    // Made under a dispatcher a rejoin retired while it waited for room.
+                    if recorded.is_some_and(|r| !r.keep()) {
+                        continue;
                     }
-                    if let Some(r) = recorded {
-                        r.keep();
-                    }
+                    room.send(Ok(batch));
                     if let (Some(d), Some((epoch, round))) = (delivery, data) {
                         d.received(epoch, round.as_ref());
                     }

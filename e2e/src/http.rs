@@ -15,6 +15,11 @@ pub struct Response {
 }
 
 impl Response {
+    /// An operator's /readyz answer says it leads (a standby answers 200 "standby").
+    pub fn says_leading(&self) -> bool {
+        self.status == 200 && self.body.trim() == "leading"
+    }
+
     pub fn is_success(&self) -> bool {
         (200..300).contains(&self.status)
     }

@@ -49,8 +49,8 @@ pub async fn install_chart(cluster: &dyn Cluster, extra: &[&str], pods_reachable
         .args(["--namespace", OPERATOR_NAMESPACE, "--create-namespace"])
         .args(["--set", &operator, "--set", &worker, "--set", &tags])
         .args(extra)
-        // Not `--wait`: Helm 4 waits until every replica is Ready, and a standby never is (only
-        // the leader reports ready, which is what routes the dispatcher Service to it).
+        // Helm waits until every replica is Ready, the standby too.
+        .args(["--wait", "--timeout", "5m"])
         .run()
         .await?;
     let deployment = crate::k8s::release_deployment(cluster).await?;
@@ -90,28 +90,38 @@ impl InCluster {
         Ok(self.pods().list(&ListParams::default().labels(&selector)).await?.items)
     }
 
-    /// Waits until `replicas` (default: the Deployment's) pods run and exactly one is Ready
-    /// (non-leaders report not-ready).
+    /// Waits until `replicas` (default: the Deployment's) pods run and are Ready, and exactly
+    /// one carries the leader's label (which routes the dispatcher Service to it).
     pub async fn wait(&self, replicas: Option<usize>) -> anyhow::Result<()> {
         let want = match replicas {
             Some(n) => n,
             None => self.deployments().get(&self.deployment).await?.spec.replicas.unwrap_or(1) as usize,
         };
-        wait_for(Duration::from_secs(300), format!("{want} operator pods running, one of them Ready"), || async move {
-            let pods = self.operator_pods().await?;
-            let live: Vec<&Pod> = pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
-            let running = live.iter().filter(|p| pod_phase(p) == "Running").count();
-            let ready = live.iter().filter(|p| pod_ready(p)).count();
-            let state = live
-                .iter()
-                .map(|p| format!("{} {}{}", name_of(p), pod_phase(p), if pod_ready(p) { " Ready" } else { "" }))
-                .collect::<Vec<_>>();
-            Ok(if want == 0 && pods.is_empty() || want > 0 && live.len() == want && running == want && ready == 1 {
-                Check::Done(())
-            } else {
-                Check::not_yet(format!("pods: {state:?}"))
-            })
-        })
+        wait_for(
+            Duration::from_secs(300),
+            format!("{want} operator pods Ready, one of them the leader"),
+            || async move {
+                let pods = self.operator_pods().await?;
+                let live: Vec<&Pod> = pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+                let running = live.iter().filter(|p| pod_phase(p) == "Running").count();
+                let ready = live.iter().filter(|p| pod_ready(p)).count();
+                let leaders = live.iter().filter(|p| marked_leader(p)).count();
+                let state = live
+                    .iter()
+                    .map(|p| {
+                        let ready = if pod_ready(p) { " Ready" } else { "" };
+                        let leader = if marked_leader(p) { " leader" } else { "" };
+                        format!("{} {}{ready}{leader}", name_of(p), pod_phase(p))
+                    })
+                    .collect::<Vec<_>>();
+                let up = live.len() == want && running == want && ready == want && leaders == 1;
+                Ok(if want == 0 && pods.is_empty() || want > 0 && up {
+                    Check::Done(())
+                } else {
+                    Check::not_yet(format!("pods: {state:?}"))
+                })
+            },
+        )
         .await
     }
 
@@ -151,9 +161,9 @@ impl InCluster {
         self.wait(None).await
     }
 
-    pub async fn kill(&self, name: &str, graceful: bool) -> anyhow::Result<()> {
-        let params = if graceful { DeleteParams::default() } else { DeleteParams::default().grace_period(0) };
-        self.pods().delete(name, &params).await?;
+    /// Deletes operator pod `name` (its process stops gracefully; the Deployment replaces it).
+    pub async fn delete(&self, name: &str) -> anyhow::Result<()> {
+        self.pods().delete(name, &DeleteParams::default()).await?;
         Ok(())
     }
 
@@ -172,9 +182,7 @@ impl InCluster {
     }
 
     /// `GET path` on a pod's metrics/health port: at the pod's address where this machine
-    /// reaches it, else through the API server's pod proxy. (The client retries a 503 through
-    /// the proxy, and a standby's /readyz answers 503: asked that way, it answers only after
-    /// the client's retries give up.)
+    /// reaches it, else through the API server's pod proxy.
     pub async fn get(&self, name: &str, path: &str) -> anyhow::Result<crate::http::Response> {
         let pod = self.pods().get(name).await?;
         let port = pod
@@ -221,6 +229,11 @@ fn name_of(p: &Pod) -> String {
 
 fn pod_phase(p: &Pod) -> String {
     p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default()
+}
+
+/// The label the leading operator puts on its own pod (operator/src/leader_pod.rs).
+fn marked_leader(p: &Pod) -> bool {
+    p.metadata.labels.as_ref().and_then(|l| l.get("stoker.dev/leader")).is_some_and(|v| v == "true")
 }
 
 fn pod_ready(p: &Pod) -> bool {

@@ -131,9 +131,24 @@ pub async fn release_deployment(cluster: &dyn crate::Cluster) -> anyhow::Result<
     }
 }
 
-/// Deletes one running pod of Deployment `deployment` at once (grace period 0: SIGKILL, as a
-/// node failure would); returns its name.
-pub async fn kill_one_pod(client: &kube::Client, namespace: &str, deployment: &str) -> anyhow::Result<String> {
+/// Deletes one running pod of Deployment `deployment` with no grace period; returns its name.
+/// The pod leaves the API at once, but its processes still get SIGTERM (and SIGKILL 2 s later,
+/// the kubelet's shortest grace); for a crash, see `Cluster::crash_pod`.
+pub async fn delete_one_pod(client: &kube::Client, namespace: &str, deployment: &str) -> anyhow::Result<String> {
+    let name = running_pod(client, namespace, deployment, &[]).await?;
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), namespace)
+        .delete(&name, &DeleteParams::default().grace_period(0))
+        .await?;
+    Ok(name)
+}
+
+/// A running pod of Deployment `deployment`, other than those in `except`.
+pub async fn running_pod(
+    client: &kube::Client,
+    namespace: &str,
+    deployment: &str,
+    except: &[String],
+) -> anyhow::Result<String> {
     use k8s_openapi::api::apps::v1::Deployment;
     use k8s_openapi::api::core::v1::Pod;
     use kube::api::ListParams;
@@ -143,11 +158,11 @@ pub async fn kill_one_pod(client: &kube::Client, namespace: &str, deployment: &s
     let pods = Api::<Pod>::namespaced(client.clone(), namespace);
     let list = pods.list(&ListParams::default().labels(&selector)).await?;
     let running = list.items.iter().find(|p| {
-        p.metadata.deletion_timestamp.is_none() && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        p.metadata.deletion_timestamp.is_none()
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            && p.metadata.name.as_ref().is_some_and(|n| !except.contains(n))
     });
-    let name = running.and_then(|p| p.metadata.name.clone()).context("no running pod to kill")?;
-    pods.delete(&name, &DeleteParams::default().grace_period(0)).await?;
-    Ok(name)
+    running.and_then(|p| p.metadata.name.clone()).with_context(|| format!("no running pod of {namespace}/{deployment}"))
 }
 
 /// `None` when the texts are equal, else where they first differ (for "generated file is stale"

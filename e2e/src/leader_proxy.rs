@@ -1,7 +1,7 @@
 //! Stands in for the dispatcher Service on the local provider: accepts TCP connections on one
 //! address and forwards each to whichever operator's dispatcher port accepts it. Only the
 //! leader listens on its dispatcher port, so this routes to the leader as the Service does
-//! with its leader-only readiness.
+//! with the label the leader puts on its pod.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -127,7 +127,7 @@ impl WorkerData {
 /// One operator process (local) or pod (kind).
 #[derive(Debug, Clone)]
 pub struct OperatorInstance {
-    /// The Lease identity: `POD_NAME` of the process, or the pod's name.
+    /// `POD_NAME` of the process, or the pod's name (its Lease identity is `<name>_<start>`).
     pub name: String,
     /// Whether it runs now (local: the process is alive; kind: the pod is Running).
     pub running: bool,
@@ -203,7 +203,21 @@ pub trait Cluster: Send + Sync {
     /// Stops one instance: gracefully (SIGTERM / pod delete) or at once (SIGKILL / forced
     /// delete). It is not restarted (pods: the Deployment starts a replacement).
     async fn operator_kill(&self, name: &str, graceful: bool) -> anyhow::Result<()> {
-        self.chart_operator()?.kill(name, graceful).await
+        if graceful {
+            self.chart_operator()?.delete(name).await
+        } else {
+            self.crash_pod(crate::OPERATOR_NAMESPACE, name).await
+        }
+    }
+
+    /// Kills pod `pod`'s processes as a crash would. Where the harness owns the container
+    /// engine (kubelet): SIGKILL to its containers, which the kubelet restarts in the same pod.
+    /// Elsewhere (kind): the pod deleted with no grace period, the closest the API offers (its
+    /// processes still get SIGTERM 2 s before SIGKILL).
+    async fn crash_pod(&self, namespace: &str, pod: &str) -> anyhow::Result<()> {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(self.client(), namespace);
+        pods.delete(pod, &kube::api::DeleteParams::default().grace_period(0)).await?;
+        Ok(())
     }
 
     /// The operator instances now.
@@ -230,10 +244,10 @@ pub trait Cluster: Send + Sync {
     /// Tears everything down; also done on drop, but this does not block the runtime.
     async fn shutdown(&self);
 
-    /// The instance that leads now (its /readyz answers 200), if any.
+    /// The instance that leads now (its /readyz answers "leading"), if any.
     async fn operator_leader(&self) -> anyhow::Result<Option<String>> {
         for instance in self.operator_instances().await? {
-            if instance.running && self.operator_get(&instance.name, "/readyz").await.is_ok_and(|r| r.status == 200) {
+            if instance.running && self.operator_get(&instance.name, "/readyz").await.is_ok_and(|r| r.says_leading()) {
                 return Ok(Some(instance.name));
             }
         }

@@ -43,6 +43,13 @@ async fn defaults_run_two_elected_replicas_with_the_crd_kept() {
     assert_eq!(deployment["spec"]["replicas"], 2);
     let args = operator_args(&objects);
     assert!(!args.contains(&"--leader-election=false".to_string()), "{args:?}");
+    // The leader labels its pod, and the dispatcher Service routes by that label.
+    assert!(args.contains(&"--mark-leader-pod=true".to_string()), "{args:?}");
+    let dispatcher = objects
+        .iter()
+        .find(|o| o["kind"] == "Service" && o["metadata"]["name"] == "stoker-dispatcher")
+        .expect("the dispatcher Service");
+    assert_eq!(dispatcher["spec"]["selector"]["stoker.dev/leader"], "true");
     let crd = find(&objects, "CustomResourceDefinition").expect("the chart installs the CRD");
     assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
     assert!(find(&objects, "ServiceMonitor").is_none());

@@ -41,19 +41,32 @@ fn counts(consumers: &[&Vec<support::Got>]) -> Vec<BTreeMap<i64, u32>> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_dispatcher_repeats_and_loses_nothing_of_the_epochs_its_clients_are_in() {
-    let data = tempfile::tempdir().unwrap();
-    let logs = tempfile::tempdir().unwrap();
+/// A restartable dispatcher and two worker processes of the 4000-record pipeline, each at 40
+/// batches a second per job: an epoch lasts seconds, so a restart lands where it is aimed.
+struct Running {
+    dispatcher: support::RestartableDispatcher,
+    url: String,
+    key: PipelineKey,
+    workers: stoker_local::workers::LocalWorkers,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+async fn two_workers() -> Running {
+    let (data, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let timeouts = Timeouts { worker: Duration::from_secs(3), client: Duration::from_secs(30) };
-    let mut dispatcher = support::RestartableDispatcher::start("127.0.0.1:0".parse().unwrap(), timeouts).await;
+    let dispatcher = support::RestartableDispatcher::start("127.0.0.1:0".parse().unwrap(), timeouts).await;
     let url = dispatcher.url();
     let pipeline = support::padded_records(data.path(), FILES, LINES);
     let key = PipelineKey::new(&pipeline.namespace, &pipeline.name);
-    // 40 batches a second per job: an epoch lasts seconds, so the restart lands mid-epoch.
     let workers = support::workers(&url, Some(40.0), logs.path());
     workers.add(pipeline, None);
     workers.scale(&key, 2).await.unwrap();
+    Running { dispatcher, url, key, workers, _dirs: (data, logs) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_dispatcher_repeats_and_loses_nothing_of_the_epochs_its_clients_are_in() {
+    let Running { mut dispatcher, url, key, workers: _workers, _dirs } = two_workers().await;
 
     let read = Arc::new(AtomicUsize::new(0));
     let shared =
@@ -111,5 +124,41 @@ async fn a_restarted_dispatcher_repeats_and_loses_nothing_of_the_epochs_its_clie
     assert_eq!(jobs.len(), 2, "{jobs:?}");
     for job in &jobs {
         assert_eq!((job.repeats, job.unacknowledged), (0, 0), "{job:?}");
+    }
+}
+
+/// The dispatcher restarts at the very end of epoch 1 (the client has, or is about to have,
+/// every split of it), then a worker is killed early in epoch 2. Before, a restart there could
+/// stall the job for good: the new dispatcher started a job only when a worker asked for a
+/// split, while the client waited to hear that epoch 1 was over and the workers, their queues
+/// of epoch 2 full, waited for the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_at_an_epochs_end_then_a_worker_killed_costs_no_record_and_no_stall() {
+    let Running { mut dispatcher, url, key, workers, _dirs } = two_workers().await;
+
+    let read = Arc::new(AtomicUsize::new(0));
+    let epochs = 4;
+    let job = tokio::spawn(support::consume(url.clone(), support::rank("shared", 0, 0), epochs, LINES, read.clone()));
+    let per_epoch = (FILES * LINES / 10) as usize;
+    let reach = |n: usize| {
+        let read = read.clone();
+        async move {
+            let reached = tokio::time::timeout(Duration::from_secs(120), async {
+                while read.load(Ordering::Relaxed) < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            });
+            reached.await.unwrap_or_else(|_| panic!("the client never read {n} batches"));
+        }
+    };
+    reach(2 * per_epoch - 5).await;
+    dispatcher.restart().await;
+    reach(2 * per_epoch + per_epoch / 8).await;
+    assert!(workers.kill_one(&key).is_some(), "no worker to kill");
+    let got = job.await.expect("the client failed");
+    let all = (FILES * LINES) as usize;
+    for (epoch, seen) in counts(&[&got]).iter().enumerate() {
+        let repeats: u32 = seen.values().map(|n| n - 1).sum();
+        assert_eq!((seen.len(), repeats), (all, 0), "epoch {epoch}: every record, none twice");
     }
 }

@@ -1,7 +1,8 @@
 //! Exactly once with real processes: 4000-record JSONL epochs, two `stoker-worker`s under a
 //! dispatcher, read epoch by epoch (`next_in_epoch`); in the second, one worker is killed
-//! mid-split after the client has some of its rows. Every record reaches the client once per
-//! epoch: the dead worker's split is produced again without the rows the client acknowledged.
+//! (SIGKILL), or stopped (SIGTERM), mid-split after the client has some of its rows. Every
+//! record reaches the client once per epoch: the dead worker's split is produced again without
+//! the rows the client acknowledged.
 //! (Before, a similar run delivered 4300 elements for 4000, 300 of them twice.)
 
 mod support;
@@ -44,6 +45,16 @@ async fn read_epoch(client: &mut Client, mut each_batch: impl FnMut(usize)) -> B
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn epochs_end_cleanly_and_a_worker_killed_mid_split_costs_no_record_and_repeats_none() {
+    worker_lost_mid_split(false).await
+}
+
+/// SIGTERM, as a scale-down or a deleted pod gives (the kubelet's SIGKILL follows 2 s later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_mid_split_costs_no_record_and_repeats_none() {
+    worker_lost_mid_split(true).await
+}
+
+async fn worker_lost_mid_split(graceful: bool) {
     let data = tempfile::tempdir().unwrap();
     // 40 batches a second each: an epoch lasts seconds, so both workers are mid-split when
     // their heartbeats (every second) show they delivered.
@@ -70,7 +81,13 @@ async fn epochs_end_cleanly_and_a_worker_killed_mid_split_costs_no_record_and_re
         let delivering =
             s.dispatcher.with_state(|st| st.worker_progress(&s.key)).iter().filter(|w| w.2.batches > 0).count();
         if killed.is_none() && batches >= 30 && delivering == 2 {
-            killed = s.workers.kill_one(&s.key);
+            killed = if graceful {
+                // As the autoscaler scales down, and as the kubelet stops a deleted pod.
+                let scaled = s.workers.scale(&s.key, 1);
+                tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(scaled)).ok()
+            } else {
+                s.workers.kill_one(&s.key).map(|_| ())
+            };
         }
     })
     .await;

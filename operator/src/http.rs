@@ -1,5 +1,5 @@
-//! The operator's HTTP endpoints: /healthz (the process runs), /readyz (this process leads and
-//! reconciles, so Services route dispatcher traffic only to the leader) and /metrics.
+//! The operator's HTTP endpoints: /healthz (the process runs), /readyz (the process is up, as
+//! the leader or a standby; the body says which) and /metrics.
 
 use std::net::SocketAddr;
 
@@ -13,10 +13,22 @@ use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 
+/// What this process is doing, as /readyz reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Connecting, or stopping: not Ready.
+    Starting,
+    /// Waiting for the lease: Ready (a healthy replica), but the dispatcher Service does not
+    /// route here (it selects the leader's pod label, see `leader_pod`).
+    Standby,
+    /// Reconciling and serving the dispatcher.
+    Leading,
+}
+
 #[derive(Clone)]
 pub struct HttpState {
     pub metrics: Metrics,
-    pub ready: watch::Receiver<bool>,
+    pub role: watch::Receiver<Role>,
     /// The controller's cache, once this process reconciles.
     pub pipelines: watch::Receiver<Option<Store<DataPipeline>>>,
 }
@@ -38,10 +50,10 @@ pub async fn serve(addr: SocketAddr, state: HttpState, mut shutdown: watch::Rece
 }
 
 async fn readyz(State(state): State<HttpState>) -> (StatusCode, &'static str) {
-    if *state.ready.borrow() {
-        (StatusCode::OK, "leading")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "standby: not the leader")
+    match *state.role.borrow() {
+        Role::Leading => (StatusCode::OK, "leading"),
+        Role::Standby => (StatusCode::OK, "standby"),
+        Role::Starting => (StatusCode::SERVICE_UNAVAILABLE, "starting"),
     }
 }
 

@@ -17,6 +17,7 @@ pub mod events;
 pub mod http;
 pub mod key;
 pub mod leader;
+pub mod leader_pod;
 pub mod metrics;
 pub mod names;
 pub mod telemetry;

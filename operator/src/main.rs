@@ -13,13 +13,14 @@ use stoker_operator::autoscaling::{self, DeploymentScaler, Loop, ScalingBook};
 use stoker_operator::controller::objects::WorkerDefaults;
 use stoker_operator::controller::{self, Context};
 use stoker_operator::dispatcher::{self, Dispatcher, Timeouts};
-use stoker_operator::http::{self, HttpState};
+use stoker_operator::http::{self, HttpState, Role};
 use stoker_operator::leader::{LeaderElector, LeaseConfig};
+use stoker_operator::leader_pod::LeaderPod;
 use stoker_operator::metrics::Metrics;
 use stoker_operator::telemetry::{self, LogFormat};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// How often clients report a batch-time window to the dispatcher; the autoscaler judges a
 /// pipeline on all the reports of its (longer) autoscaling window.
@@ -56,9 +57,13 @@ struct RunArgs {
     /// Seconds a lease stays valid without renewal; a standby takes over after this.
     #[arg(long, env = "STOKER_LEASE_DURATION", default_value_t = 15)]
     lease_duration: u64,
-    /// This process's name in the Lease; the pod name in a cluster.
+    /// This process's name (the pod's in a cluster); its Lease identity is `<name>_<start time>`.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Label this process's pod (named by --identity, in the lease namespace) `stoker.dev/leader=true`
+    /// while it leads: the chart's dispatcher Service selects that label.
+    #[arg(long, env = "STOKER_MARK_LEADER_POD", default_value_t = false, action = clap::ArgAction::Set)]
+    mark_leader_pod: bool,
     /// Image of worker pods when a pipeline names none.
     #[arg(long, env = "STOKER_WORKER_IMAGE", default_value = concat!("ghcr.io/stoker-dev/stoker-worker:", env!("CARGO_PKG_VERSION")))]
     worker_image: String,
@@ -113,16 +118,26 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
 
     let metrics = Metrics::default();
-    let (ready_tx, ready) = watch::channel(false);
+    let (role_tx, role) = watch::channel(Role::Starting);
     let (store_tx, pipelines) = watch::channel(None);
     let server = tokio::spawn(http::serve(
         args.metrics_addr,
-        HttpState { metrics: metrics.clone(), ready, pipelines },
+        HttpState { metrics: metrics.clone(), role, pipelines },
         shutdown.clone(),
     ));
 
     let namespace = args.lease_namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
-    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    let leader_pod = match (&args.identity, args.mark_leader_pod) {
+        (Some(pod), true) => Some(LeaderPod::new(client.clone(), &namespace, pod.clone())),
+        (None, true) => bail!("--mark-leader-pod needs the pod's name: set POD_NAME (or --identity)"),
+        (_, false) => None,
+    };
+    if let Some(pod) = &leader_pod {
+        // Before Ready: a pod that led before this process started must not keep the traffic.
+        pod.clear_own().await?;
+    }
+    role_tx.send_replace(Role::Standby);
+    let identity = lease_identity(args.identity.as_deref());
     let (leader_tx, mut leading) = watch::channel(!args.leader_election);
     let elector = args.leader_election.then(|| {
         let config = LeaseConfig {
@@ -202,9 +217,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let after_round =
         autoscaling::after_round(client.clone(), reporter, store.clone(), reconcile_tx, book.clone(), metrics.clone());
     tokio::spawn(scaling.run(move |book: &ScalingBook| autoscaling::in_scope(&store, book), after_round, stop.clone()));
-    ready_tx.send_replace(true);
+    role_tx.send_replace(Role::Leading);
+    if let Some(pod) = leader_pod {
+        tokio::spawn(mark_until_done(pod, stop.clone()));
+    }
     controller::run(ctx, stop, store_tx, reconcile_rx).await;
-    ready_tx.send_replace(false);
+    role_tx.send_replace(Role::Starting);
     let lost = lost_leadership.await.unwrap_or(false);
     finish(server, elector).await?;
     if lost {
@@ -212,6 +230,21 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// Marks the leader's pod, retrying until it succeeds or leadership ends: until then the
+/// dispatcher Service has no endpoint.
+async fn mark_until_done(pod: LeaderPod, mut stop: watch::Receiver<bool>) {
+    loop {
+        match pod.mark().await {
+            Ok(()) => return,
+            Err(e) => warn!(error = format!("{e:#}"), "could not mark this pod as the leader's; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
 }
 
 async fn finish(
@@ -237,8 +270,15 @@ async fn check_crd(client: &Client) -> anyhow::Result<()> {
     }
 }
 
-fn default_identity() -> String {
-    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
-    let host = if host.is_empty() { "stoker".to_string() } else { host };
-    format!("{host}-{}", std::process::id())
+/// This process's name in the Lease: `<name>_<start>`, the name being `--identity` (the pod's)
+/// or the host's. The start time tells processes of one pod apart: a process restarted in the
+/// pod of a leader that crashed is a new candidate, not that leader renewing its lease (found
+/// on real pods, where the kubelet restarts a killed container within a second).
+fn lease_identity(name: Option<&str>) -> String {
+    let name = name.map(str::to_string).unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+        if host.is_empty() { "stoker".to_string() } else { host }
+    });
+    let start = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    format!("{name}_{:x}", start % (1 << 48))
 }

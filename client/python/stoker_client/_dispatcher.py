@@ -238,7 +238,7 @@ class Follower:
                     with self.lock:
                         self.clients = workers.clients
                     self.client.set_quotas(workers.quotas)
-                    held = self.client.follow(workers.addresses, workers.epoch)
+                    held = self.client.follow(workers.keys(), workers.epoch)
                     with self.lock:
                         self.version = workers.version
                         self.held.extend(held)

@@ -336,6 +336,15 @@ class WorkerList(NamedTuple):
     incarnation: int = 0
     # The job's live clients: after a restart the job waits for as many rejoins.
     clients: int = 0
+    # The id of the worker at each address (a new process at an address is another worker).
+    workers: List[str] = []
+
+    def keys(self) -> List[str]:
+        """How the client keys the listed workers: `address#id` where the id is given, so that
+        a new process at an address (a pod's IP reused) is another worker, and the rows the
+        one before delivered are held rows of a worker that left."""
+        ids = list(self.workers) + [""] * (len(self.addresses) - len(self.workers))
+        return [f"{a}#{i}" if i else a for a, i in zip(self.addresses, ids)]
 
 
 def _round_order(buf) -> RoundOrder:
@@ -367,7 +376,7 @@ def _epoch_quota(buf) -> EpochQuota:
 
 def decode_worker_list(message: bytes) -> WorkerList:
     view = memoryview(message)
-    addresses, version, epoch, quotas, incarnation, clients = [], 0, 0, [], 0, 0
+    addresses, version, epoch, quotas, incarnation, clients, workers = [], 0, 0, [], 0, 0, []
     for field, wire_type, value in _fields(view):
         if field == 1 and wire_type == _LEN:
             addresses.append(bytes(view[value[0]:value[1]]).decode())
@@ -381,7 +390,9 @@ def decode_worker_list(message: bytes) -> WorkerList:
             incarnation = value
         elif field == 6 and wire_type == _VARINT:
             clients = value
-    return WorkerList(addresses, version, epoch, quotas, incarnation, clients)
+        elif field == 7 and wire_type == _LEN:
+            workers.append(bytes(view[value[0]:value[1]]).decode())
+    return WorkerList(addresses, version, epoch, quotas, incarnation, clients, workers)
 
 
 def _double(field: int, value: float) -> bytes:

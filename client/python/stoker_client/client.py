@@ -56,6 +56,8 @@ def _rows_by_split(batch: Batch) -> Dict[Tuple[int, int], List[int]]:
 
 
 def _target(worker: str) -> str:
+    """Where to connect for a worker: its key without the worker id (`WorkerList.keys`)."""
+    worker = worker.split("#", 1)[0]
     return worker.split("://", 1)[1] if "://" in worker else worker
 
 

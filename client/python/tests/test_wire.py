@@ -171,8 +171,19 @@ def test_a_batch_without_rows_has_an_empty_array():
 
 def test_the_worker_list_carries_version_and_epoch():
     message = field(1, b"10.0.0.1:50052") + field(1, b"10.0.0.2:50052") + _wire._key(2, 0) + varint(7) + _wire._key(3, 0) + varint(2)
-    assert _wire.decode_worker_list(message) == (["10.0.0.1:50052", "10.0.0.2:50052"], 7, 2, [], 0, 0)
-    assert _wire.decode_worker_list(b"") == ([], 0, 0, [], 0, 0)
+    assert _wire.decode_worker_list(message) == (["10.0.0.1:50052", "10.0.0.2:50052"], 7, 2, [], 0, 0, [])
+    assert _wire.decode_worker_list(b"") == ([], 0, 0, [], 0, 0, [])
+
+
+def test_the_worker_list_names_each_worker_so_a_new_process_at_an_address_is_another():
+    message = field(1, b"10.0.0.5:50052") + field(1, b"10.0.0.6:50052") + field(7, b"w-2") + field(7, b"w-3")
+    workers = _wire.decode_worker_list(message)
+    assert workers.workers == ["w-2", "w-3"]
+    assert workers.keys() == ["10.0.0.5:50052#w-2", "10.0.0.6:50052#w-3"]
+    # A dispatcher that names no workers: the addresses alone, as before.
+    assert _wire.decode_worker_list(field(1, b"w:1")).keys() == ["w:1"]
+    from stoker_client.client import _target
+    assert _target("10.0.0.5:50052#w-2") == "10.0.0.5:50052"
 
 
 def test_the_worker_list_names_its_dispatcher_and_the_jobs_clients():

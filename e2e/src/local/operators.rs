@@ -207,14 +207,14 @@ impl LocalOperators {
             // A lease left by a killed leader expires after the lease duration (15 s default).
             let slots: Vec<(String, SocketAddr)> =
                 self.slots.iter().take(opts.replicas).map(|s| (s.name.clone(), s.metrics)).collect();
-            let led = wait_for(Duration::from_secs(90), "one operator instance to lead (/readyz 200)", || {
+            let led = wait_for(Duration::from_secs(90), "one operator instance to lead (/readyz: leading)", || {
                 let slots = slots.clone();
                 async move {
                     let mut seen = Vec::new();
                     let mut leaders = Vec::new();
                     for (name, addr) in &slots {
                         match crate::http::get(*addr, "/readyz").await {
-                            Ok(r) if r.status == 200 => leaders.push(name.clone()),
+                            Ok(r) if r.says_leading() => leaders.push(name.clone()),
                             Ok(r) => seen.push(format!("{name}: {} {}", r.status, r.body.trim())),
                             Err(e) => seen.push(format!("{name}: {e:#}")),
                         }

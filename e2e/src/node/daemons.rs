@@ -26,7 +26,7 @@ pub fn pause_image() -> String {
 }
 
 /// How many hostPath PersistentVolumes the node offers (one per cache claim a run makes).
-const VOLUMES: usize = 4;
+const VOLUMES: usize = 12;
 
 pub struct Node<'a> {
     pub dir: &'a Path,
@@ -118,7 +118,7 @@ pub async fn offer_volumes(client: kube::Client, dir: &Path) -> anyhow::Result<(
         let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
             "metadata": {"name": format!("stoker-node-pv-{n}")},
             "spec": {
-                "capacity": {"storage": "100Gi"},
+                "capacity": {"storage": "1Ti"},
                 "accessModes": ["ReadWriteOnce", "ReadWriteMany"],
                 "persistentVolumeReclaimPolicy": "Retain",
                 "hostPath": {"path": path, "type": "Directory"},

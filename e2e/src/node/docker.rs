@@ -75,6 +75,27 @@ impl Engine {
             .await
     }
 
+    /// SIGKILL to the containers of pod `namespace/pod` (not its sandbox), as a crash would:
+    /// the kubelet restarts them in the same pod. Returns how many were killed.
+    pub async fn kill_pod(&self, namespace: &str, pod: &str) -> anyhow::Result<usize> {
+        let ns_filter = format!("label=io.kubernetes.pod.namespace={namespace}");
+        let pod_filter = format!("label=io.kubernetes.pod.name={pod}");
+        let format = "{{.ID}} {{.Label \"io.kubernetes.container.name\"}}";
+        let listed = self.docker(&["ps", "--filter", &ns_filter, "--filter", &pod_filter, "--format", format]).await?;
+        // The sandbox (pause) container is named POD by the kubelet.
+        let ids: Vec<&str> = listed
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(_, name)| *name != "POD")
+            .map(|(id, _)| id)
+            .collect();
+        anyhow::ensure!(!ids.is_empty(), "no running container of pod {namespace}/{pod}");
+        let mut args = vec!["kill", "--signal", "KILL"];
+        args.extend(&ids);
+        self.docker(&args).await?;
+        Ok(ids.len())
+    }
+
     /// The address of the engine's bridge on this machine: the node's address, which pods
     /// reach the host's processes at.
     pub async fn bridge_gateway(&self) -> anyhow::Result<Ipv4Addr> {

@@ -221,6 +221,12 @@ impl Cluster for NodeCluster {
         Ok(None)
     }
 
+    async fn crash_pod(&self, namespace: &str, pod: &str) -> anyhow::Result<()> {
+        let killed = self.engine.lock().await.kill_pod(namespace, pod).await?;
+        eprintln!("  SIGKILL to {killed} container(s) of pod {namespace}/{pod}");
+        Ok(())
+    }
+
     fn chart_operator(&self) -> anyhow::Result<&InCluster> {
         self.operator.as_ref().ok_or_else(|| anyhow!("the chart is not installed yet"))
     }

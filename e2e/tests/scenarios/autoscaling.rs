@@ -2,14 +2,15 @@
 //! harness runs for the workers Deployment, its batch times drive the autoscaler, and the
 //! Deployment's replicas and the DataPipeline's status follow the policy to convergence. An
 //! operator restarted mid-scaling costs the trainer no error and the autoscaler no progress
-//! (its history survives in status); a worker killed mid-epoch afterwards loses no element.
-//! Every epoch the trainer finished, the one spanning the restart too, held every element
-//! exactly once: the clients rejoined the new leader with what they had.
+//! (its history survives in status); the leading operator crashing (standby takes over once
+//! the lease expires) only pauses the trainer; a worker killed mid-epoch afterwards loses no
+//! element. Every epoch the trainer finished, those spanning the restart and the crash too,
+//! held every element exactly once: the clients rejoined the new leader with what they had.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::ensure;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -59,7 +60,8 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
             return Ok(());
         }
     };
-    cluster.operator_start(OperatorOptions::default()).await?;
+    // Two replicas: a standby to take over when the leader crashes.
+    cluster.operator_start(OperatorOptions::default().replicas(2)).await?;
     let client = cluster.client();
     let ns = fresh_namespace(&client, "e2e-autoscale").await?;
     let kubelet = cluster.run_workers(&ns)?;
@@ -105,6 +107,16 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
         })
     };
     let steps = || seen.steps.load(Ordering::Relaxed);
+    // The trainer takes 100 more steps within `timeout` (after `what`).
+    let keeps_training = |timeout: Duration, what: &'static str| async move {
+        let before = steps();
+        let waited = format!("the trainer to keep training {what}");
+        wait_for(timeout, waited, || async move {
+            let since = steps() - before;
+            Ok(if since >= 100 { Check::Done(()) } else { Check::not_yet(format!("{since} steps since")) })
+        })
+        .await
+    };
     let trainer_ok = || -> anyhow::Result<()> {
         match seen.error.lock().unwrap().clone() {
             Some(e) => anyhow::bail!("the trainer got an error: {e}"),
@@ -125,15 +137,7 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
     // Restart the operator mid-scaling: the trainer keeps getting batches.
     let epoch_at_restart = seen.epochs.lock().unwrap().keys().max().copied().unwrap_or(0);
     cluster.operator_restart().await?;
-    let before = steps();
-    wait_for(Duration::from_secs(30), "the trainer to keep training across the operator restart", || async move {
-        Ok(if steps() >= before + 100 {
-            Check::Done(())
-        } else {
-            Check::not_yet(format!("{} steps since the restart", steps() - before))
-        })
-    })
-    .await?;
+    keeps_training(Duration::from_secs(30), "across the operator restart").await?;
     trainer_ok()?;
 
     // Convergence: status says so, within one worker of the optimum, with a history.
@@ -168,15 +172,40 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
     let events = Api::<Event>::namespaced(client.clone(), &ns).list(&ListParams::default()).await?;
     ensure!(events.items.iter().any(|e| e.reason.as_deref() == Some("Rescaled")), "a Rescaled event per decision");
 
-    // Kill a worker mid-epoch; the epochs after it still deliver every element.
+    // The leader stops (its pod deleted: it hands the lease over as it goes), then the next
+    // one crashes (SIGKILL: no lease released, so the standby waits for it to expire). Each
+    // time the standby leads within the lease time and the trainer only pauses.
+    for graceful in [true, false] {
+        // Two replicas again: the stopped one replaced (real pods) or restarted (local).
+        cluster.operator_start(OperatorOptions::default().replicas(2)).await?;
+        let old = super::operator::leader(cluster, None).await?;
+        let since = Instant::now();
+        cluster.operator_kill(&old.name, graceful).await?;
+        // After a crash, the process the kubelet restarts in the same pod may lead next.
+        let new = super::operator::leader(cluster, Some(&old.holder)).await?;
+        let took = since.elapsed();
+        let how = if graceful { "stopped" } else { "crashed" };
+        eprintln!("  leader {} {how}: {} leads after {:.1} s", old.holder, new.holder, took.as_secs_f64());
+        // A standby polls the lease every third of its duration.
+        let bound = super::operator::LEASE + super::operator::LEASE / 3 + Duration::from_secs(5);
+        ensure!(took <= bound, "after the leader {how}, the standby took {took:?} to lead, more than {bound:?}");
+        keeps_training(Duration::from_secs(60), if graceful { "after the leader stopped" } else { "after it crashed" })
+            .await?;
+        trainer_ok()?;
+    }
+
+    // Kill workers mid-epoch; the epochs after it still deliver every element.
     let epoch_at_kill = seen.epochs.lock().unwrap().keys().max().copied().unwrap_or(0);
     let workers = format!("{NAME}-workers");
     match &kubelet {
         Some(kubelet) => ensure!(kubelet.kill_one(&workers), "no worker process to kill"),
-        // Real pods: one deleted at once (SIGKILL); the Deployment starts another.
+        // Real pods: one deleted with no grace (the Deployment starts another), and another
+        // crashed (SIGKILL where the harness owns the engine; the kubelet restarts it).
         None => {
-            let killed = stoker_e2e::k8s::kill_one_pod(&client, &ns, &workers).await?;
-            eprintln!("  killed worker pod {killed}");
+            let deleted = stoker_e2e::k8s::delete_one_pod(&client, &ns, &workers).await?;
+            let crashed = stoker_e2e::k8s::running_pod(&client, &ns, &workers, std::slice::from_ref(&deleted)).await?;
+            cluster.crash_pod(&ns, &crashed).await?;
+            eprintln!("  worker pod {deleted} deleted, {crashed} crashed");
         }
     }
 

@@ -3,11 +3,17 @@
 //! read it after; the DataPipeline's status and a CacheDecided event show the decision. After an
 //! operator restart, a second pipeline with the same prefix finds the entry on the volume (the
 //! restarted dispatcher knows only what workers report from it) and reads it without writing.
+//! On real pods, every worker pod is then deleted at once: the new pods (uid 65532, on the same
+//! claim) serve from the entry and write no chunk.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 use anyhow::ensure;
-use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use std::time::{Duration, SystemTime};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use stoker_api::{CacheDecision, CacheStatus, DataPipeline};
 use stoker_client::{Client, ClientOptions};
 use stoker_e2e::k8s::{delete_namespace, fresh_namespace};
@@ -55,6 +61,66 @@ async fn wait_for_get(pipelines: &Api<DataPipeline>, name: &str) -> anyhow::Resu
         }
     })
     .await
+}
+
+/// Real pods: deletes every worker pod of [`FIRST`] at once (no grace); the Deployment's new
+/// pods, non-root on the same claim, serve batches from the entry without writing to it.
+async fn every_worker_pod_replaced(cluster: &dyn Cluster, ns: &str, url: &str, entry: &Path) -> anyhow::Result<()> {
+    // The split chunks (the entry's other files record use: leases, last used).
+    let chunks = entry.join("splits");
+    let files = modified_times(&chunks)?;
+    ensure!(!files.is_empty(), "the entry holds no chunk files");
+    let workers = format!("{FIRST}-workers");
+    let deployment = Api::<Deployment>::namespaced(cluster.client(), ns).get(&workers).await?;
+    let labels = deployment.spec.selector.match_labels.unwrap_or_default();
+    let selector = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    let want = deployment.spec.replicas.unwrap_or(1) as usize;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), ns);
+    let names = |list: &[Pod]| list.iter().filter_map(|p| p.metadata.name.clone()).collect::<Vec<_>>();
+    let old = names(&pods.list(&ListParams::default().labels(&selector)).await?.items);
+    pods.delete_collection(&DeleteParams::default().grace_period(0), &ListParams::default().labels(&selector)).await?;
+    eprintln!("  deleted every worker pod of {FIRST}: {old:?}");
+    let (pods, selector, old) = (&pods, &selector, &old);
+    wait_for(Duration::from_secs(120), format!("{want} new Ready worker pods for {FIRST}"), || async move {
+        let list = pods.list(&ListParams::default().labels(selector)).await?.items;
+        let live: Vec<Pod> = list.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+        let ready = live
+            .iter()
+            .filter(|p| {
+                p.status
+                    .iter()
+                    .flat_map(|s| s.conditions.iter().flatten())
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+            .count();
+        let now = names(&live);
+        Ok(if ready == want && now.len() == want && now.iter().all(|n| !old.contains(n)) {
+            Check::Done(())
+        } else {
+            Check::not_yet(format!("pods {now:?}, {ready} Ready"))
+        })
+    })
+    .await?;
+    // A reader of its own gets batches from the new pods.
+    let mut reader = Client::from_dispatcher(url, ClientOptions::new(ns.to_string(), FIRST)).await?;
+    for n in 0..20 {
+        let batch = tokio::time::timeout(Duration::from_secs(60), reader.next()).await;
+        let batch = batch.map_err(|_| anyhow::anyhow!("batch {n} from the new pods: none within 60 s"))?;
+        batch.ok_or_else(|| anyhow::anyhow!("the stream ended after {n} batches"))??;
+    }
+    let after = modified_times(&chunks)?;
+    ensure!(after == files, "the new pods wrote chunks: {files:?} -> {after:?}");
+    Ok(())
+}
+
+/// Every file of a directory and when it was last written.
+fn modified_times(entry: &Path) -> anyhow::Result<BTreeMap<String, SystemTime>> {
+    let mut files = BTreeMap::new();
+    for file in std::fs::read_dir(entry)? {
+        let file = file?;
+        files.insert(file.file_name().to_string_lossy().into_owned(), file.metadata()?.modified()?);
+    }
+    Ok(files)
 }
 
 async fn events_of(events: &Api<Event>, name: &str, reason: &str) -> anyhow::Result<Vec<String>> {
@@ -165,6 +231,12 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
         "one cache claim for the namespace, shared by both pipelines: {} claims",
         pvcs.items.len()
     );
+    if cluster.provider().real_pods() {
+        every_worker_pod_replaced(cluster, &ns, &url, &entry).await?;
+        ensure!(written("complete")? == marked, "the entry was rewritten after the pods were replaced");
+        let first = wait_for_get(&pipelines, FIRST).await?;
+        ensure!(first.fingerprint == cache.fingerprint, "{FIRST} reads the same entry on new pods: {first:?}");
+    }
     for reader in [first_reader, second_reader] {
         ensure!(!reader.is_finished(), "a reader stopped early: {:?}", reader.await);
         reader.abort();

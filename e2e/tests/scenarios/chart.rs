@@ -1,17 +1,18 @@
 //! The Helm chart: lints, installs, creates what the operator needs with least privilege and
-//! hardened pods, and matches the rendered bundle in manifests/install.yaml.
+//! hardened pods, and matches the rendered bundle in manifests/install.yaml; upgrades roll the
+//! operator, and uninstalling it keeps the CRD, the pipelines and the cache claims.
 
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, SecurityContext, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, SecurityContext, Service, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
-use stoker_e2e::k8s::{first_difference, service_account_can, yaml_documents};
+use stoker_e2e::k8s::{delete_namespace, first_difference, fresh_namespace, service_account_can, yaml_documents};
 use stoker_e2e::tools::workspace_root;
-use stoker_e2e::{CRD_NAME, Check, Cluster, OPERATOR_NAMESPACE, RELEASE, wait_for};
+use stoker_e2e::{CRD_NAME, Check, Cluster, OPERATOR_NAMESPACE, OperatorOptions, RELEASE, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -147,12 +148,15 @@ pub async fn chart_installs(cluster: &dyn Cluster) -> anyhow::Result<()> {
         ("get", "leases.coordination.k8s.io", Some(OPERATOR_NAMESPACE)),
         ("create", "leases.coordination.k8s.io", Some(OPERATOR_NAMESPACE)),
         ("update", "leases.coordination.k8s.io", Some(OPERATOR_NAMESPACE)),
+        // The leader labels its own pod, which the dispatcher Service selects.
+        ("patch", "pods", Some(OPERATOR_NAMESPACE)),
     ];
     let must_not = [
         ("update", "leases.coordination.k8s.io", Some("kube-system")),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io", None),
         ("delete", "nodes", None),
         ("delete", "namespaces", None),
+        ("patch", "pods", Some("team-a")),
     ];
     let mut problems = Vec::new();
     for (verb, resource, ns) in must {
@@ -185,15 +189,28 @@ pub async fn chart_installs(cluster: &dyn Cluster) -> anyhow::Result<()> {
         .join(",");
     let pods: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
     let provider = cluster.provider();
-    wait_for(Duration::from_secs(120), "the 2 operator pods to be created", || async {
+    // On real pods both are Ready, the standby too: otherwise a rollout (and `helm --wait`)
+    // never finishes.
+    let what =
+        if provider.real_pods() { "the 2 operator pods to be Ready" } else { "the 2 operator pods to be created" };
+    wait_for(Duration::from_secs(120), what, || async {
         let list = pods.list(&ListParams::default().labels(&selector)).await?;
-        let phases: Vec<String> =
-            list.items.iter().map(|p| p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default()).collect();
-        let enough = if provider.real_pods() {
-            phases.iter().filter(|p| *p == "Running").count() == 2
-        } else {
-            phases.len() == 2
+        let ready = |p: &Pod| {
+            p.status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| c.type_ == "Ready" && c.status == "True")
         };
+        let phases: Vec<String> = list
+            .items
+            .iter()
+            .map(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+                if ready(p) { format!("{phase} Ready") } else { phase }
+            })
+            .collect();
+        let enough =
+            if provider.real_pods() { list.items.iter().filter(|p| ready(p)).count() == 2 } else { phases.len() == 2 };
         Ok(if enough { Check::Done(()) } else { Check::not_yet(format!("pods: {phases:?}")) })
     })
     .await?;
@@ -206,3 +223,114 @@ fn kinds(objects: &[Value]) -> Vec<String> {
         .map(|o| format!("{}/{}", o["kind"].as_str().unwrap_or("?"), o["metadata"]["name"].as_str().unwrap_or("?")))
         .collect()
 }
+
+/// `helm upgrade` rolls the operator and it goes on reconciling; `helm uninstall` removes the
+/// operator but leaves the CRD, the DataPipelines and the namespaces' cache claims (the data a
+/// user would lose is never the chart's to delete). The chart is installed again at the end.
+/// Runs last: the reinstalled dispatcher Service gets a new cluster IP.
+pub async fn chart_upgrade_and_uninstall(cluster: &dyn Cluster) -> anyhow::Result<()> {
+    let real = cluster.provider().real_pods();
+    let chart = workspace_root().join("charts/stoker").display().to_string();
+    cluster.operator_start(OperatorOptions::default().replicas(2)).await?;
+    let client = cluster.client();
+    let ns = fresh_namespace(&client, "e2e-chart-life").await?;
+    let kubelet = cluster.run_workers(&ns)?;
+    let data = cluster.workdir().join(format!("{ns}-data"));
+    std::fs::create_dir_all(&data)?;
+    std::fs::write(data.join("0.jsonl"), (0..100).map(|i| format!("{{\"id\": {i}}}\n")).collect::<String>())?;
+    let seen_as = cluster.worker_data(&data);
+    let pipeline = |replicas: u32| {
+        format!(
+            "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {LIFE}}}\nspec:\n  \
+             source: {{uri: 'file://{}/', format: jsonl}}\n  transforms: [{{selectFields: {{fields: [id]}}}}, {{autocache: {{}}}}]\n  batchSize: 10\n  \
+             autoscaling: {{mode: Fixed, replicas: {replicas}}}\n  cache: {{mode: Always}}\n  workers: {{{}}}\n",
+            seen_as.path, seen_as.fields
+        )
+    };
+    cluster.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], &pipeline(1)).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    wait_for(TIMEOUT, "the pipeline's workers Deployment and the namespace's cache claim", || async {
+        let workers = deployments.get_opt(&format!("{LIFE}-workers")).await?;
+        let claim = claims.get_opt("stoker-cache").await?;
+        Ok(if workers.is_some() && claim.is_some() {
+            Check::Done(())
+        } else {
+            let dp = Api::<stoker_api::DataPipeline>::namespaced(client.clone(), &ns).get(LIFE).await?;
+            Check::not_yet(format!(
+                "workers Deployment {}, cache claim {}, pipeline status {:?}",
+                workers.is_some(),
+                claim.is_some(),
+                dp.status
+            ))
+        })
+    })
+    .await?;
+
+    // Upgrade with a changed value: the operator pods roll and the new ones reconcile.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    let operator_pods = || async {
+        let selector = cluster.chart_operator()?.selector().await?;
+        let list = pods.list(&ListParams::default().labels(&selector)).await?;
+        // Not those still terminating: `helm --wait` returns once the new ones are Ready.
+        let live = list.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none());
+        anyhow::Ok(live.filter_map(|p| p.metadata.name).collect::<Vec<_>>())
+    };
+    let before = if real { operator_pods().await? } else { Vec::new() };
+    let wait = if real { ["--wait", "--timeout", "5m"].as_slice() } else { ["--wait=false"].as_slice() };
+    let mut args =
+        vec!["upgrade", RELEASE, &chart, "-n", OPERATOR_NAMESPACE, "--reuse-values", "--set", "logLevel=debug"];
+    args.extend(wait);
+    cluster.helm(&args).await.context("helm upgrade")?;
+    let deployment = stoker_e2e::k8s::release_deployment(cluster).await?;
+    let operator = Api::<Deployment>::namespaced(client.clone(), OPERATOR_NAMESPACE).get(&deployment).await?;
+    let container = operator.spec.template.spec.map(|s| s.containers).unwrap_or_default();
+    let args = container.first().and_then(|c| c.args.clone()).unwrap_or_default();
+    ensure!(args.windows(2).any(|w| w == ["--log-level", "debug"]), "the upgrade reached the operator: {args:?}");
+    if real {
+        cluster.chart_operator()?.wait(None).await?;
+        let after = operator_pods().await?;
+        ensure!(after.iter().all(|p| !before.contains(p)), "the upgrade rolled every pod: {before:?} -> {after:?}");
+        super::operator::leader(cluster, None).await.context("a leader after the upgrade")?;
+    }
+    cluster.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], &pipeline(2)).await?;
+    wait_for(TIMEOUT, "the upgraded operator to scale the workers to 2", || async {
+        let workers = deployments.get(&format!("{LIFE}-workers")).await?;
+        let replicas = workers.spec.replicas;
+        Ok(if replicas == Some(2) { Check::Done(()) } else { Check::not_yet(format!("replicas {replicas:?}")) })
+    })
+    .await?;
+
+    // Uninstall: the operator goes; the CRD, the pipeline and the cache claim stay.
+    cluster.helm(&["uninstall", RELEASE, "-n", OPERATOR_NAMESPACE]).await.context("helm uninstall")?;
+    let operators: Api<Deployment> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    stoker_e2e::k8s::wait_until_gone(&operators, &deployment, Duration::from_secs(120)).await?;
+    if real {
+        wait_for(Duration::from_secs(120), "the operator pods to go", || async {
+            let left = pods.list(&ListParams::default().labels("app.kubernetes.io/name=stoker")).await?.items.len();
+            Ok(if left == 0 { Check::Done(()) } else { Check::not_yet(format!("{left} operator pods")) })
+        })
+        .await?;
+    }
+    Api::<CustomResourceDefinition>::all(client.clone()).get(CRD_NAME).await.context("the CRD after uninstall")?;
+    Api::<stoker_api::DataPipeline>::namespaced(client.clone(), &ns)
+        .get(LIFE)
+        .await
+        .context("the DataPipeline after uninstall")?;
+    let claim = claims.get("stoker-cache").await.context("the cache claim after uninstall")?;
+    ensure!(claim.metadata.deletion_timestamp.is_none(), "the cache claim is being deleted");
+
+    // Install again: it adopts the CRD it left behind and leads again.
+    if real {
+        stoker_e2e::in_cluster::install_chart(cluster, &[], true).await.context("installing the chart again")?;
+        super::operator::leader(cluster, None).await?;
+    } else {
+        let args = ["install", RELEASE, &chart, "-n", OPERATOR_NAMESPACE, "--wait=false"];
+        cluster.helm(&args).await.context("installing the chart again")?;
+    }
+    drop(kubelet);
+    delete_namespace(&client, &ns, Duration::from_secs(120)).await
+}
+
+/// The pipeline of [`chart_upgrade_and_uninstall`].
+const LIFE: &str = "outlives-the-chart";

@@ -49,7 +49,9 @@ pub async fn control_plane_is_real(cluster: &dyn Cluster) -> anyhow::Result<()> 
             "selector": {"matchLabels": {"app": "pending"}},
             "template": {
                 "metadata": {"labels": {"app": "pending"}},
-                "spec": {"containers": [{
+                // No grace: on a kubelet the pods' sandboxes would otherwise hold the
+                // namespace's deletion for the default 30 s.
+                "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
                     "name": "main",
                     "image": "registry.invalid/stoker-e2e/never-pulled:0",
                     "imagePullPolicy": "Never"

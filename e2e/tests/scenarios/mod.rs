@@ -8,6 +8,7 @@ pub mod chart;
 pub mod control_plane;
 pub mod operator;
 pub mod pipelines;
+pub mod sample_pods;
 
 use futures::future::BoxFuture;
 use stoker_e2e::Cluster;
@@ -31,6 +32,7 @@ pub static ALL: &[Scenario] = scenarios![
     chart::chart_installs,
     operator::operator_leader_election,
     pipelines::samples_become_workers,
+    sample_pods::samples_run_as_pods,
     pipelines::spec_changes_and_deletion,
     pipelines::invalid_specs_are_refused,
     pipelines::apply_failures_degrade_and_back_off,
@@ -38,4 +40,6 @@ pub static ALL: &[Scenario] = scenarios![
     pipelines::restart_writes_nothing,
     autoscaling::batch_time_autoscaling,
     caching::cache_decision_in_status,
+    // Last: it reinstalls the chart, and the dispatcher Service's address changes.
+    chart::chart_upgrade_and_uninstall,
 ];

@@ -329,7 +329,15 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 .get(&job)
                 .map_or_else(Vec::new, |quotas| quotas.iter().map(|(epoch, q)| q.to_proto(*epoch)).collect());
             let clients = l.clients.get(&job).copied().unwrap_or_default();
-            Ok(proto::WorkerList { addresses: l.addresses, version: l.version, epoch, quotas, incarnation, clients })
+            Ok(proto::WorkerList {
+                addresses: l.addresses,
+                workers: l.workers,
+                version: l.version,
+                epoch,
+                quotas,
+                incarnation,
+                clients,
+            })
         });
         Ok(Response::new(lists.boxed()))
     }

@@ -116,11 +116,11 @@ struct Pipeline {
     /// Jobs waiting for their clients' states (rejoined after a restart, or resumed): nothing
     /// goes out before.
     gathering: BTreeMap<String, Gathering>,
-    /// Jobs whose states are in, until a worker asks for them (the plan comes with workers).
+    /// Jobs whose states are in, until the plan is known (it comes with the first worker).
     gathered: BTreeMap<String, Gathered>,
-    /// The live workers' addresses as last published, and a version that grows when they
+    /// The live workers (address, id) as last published, and a version that grows when they
     /// change (clients acknowledge it after dropping the workers that left).
-    listed: Vec<String>,
+    listed: Vec<(String, String)>,
     version: u64,
 }
 
@@ -129,6 +129,8 @@ struct Pipeline {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Listing {
     pub addresses: Vec<String>,
+    /// The id of the worker at each address.
+    pub workers: Vec<String>,
     pub version: u64,
     pub epochs: BTreeMap<String, u64>,
     pub quotas: BTreeMap<String, Vec<(u64, Quota)>>,
@@ -139,6 +141,22 @@ pub struct Listing {
 impl Pipeline {
     fn ledger_plan(&self) -> Plan {
         Plan { splits: self.plan.as_ref().map_or(0, |(n, _)| *n), order: self.shuffle_seed }
+    }
+
+    /// Starts the jobs whose clients' states are in, as soon as the plan is known too, rather
+    /// than when a worker first asks for a split: until a job runs, its clients are told the
+    /// epoch they were reading is still open, and every worker may be waiting for them to
+    /// read on (its queue of the next epoch full), not asking. A restart near an epoch's end
+    /// stalled the job for good that way.
+    fn start_gathered(&mut self) {
+        if self.plan.is_none() {
+            return;
+        }
+        let plan = self.ledger_plan();
+        for (job, gathered) in std::mem::take(&mut self.gathered) {
+            let consumers = self.ranks.get(&job).map_or(1, Ranks::consumers);
+            self.jobs.entry(job).or_insert_with(|| Job::rebuilt(&gathered, &plan, consumers));
+        }
     }
 
     /// Who a client of `job` at `rank` reports completions as.
@@ -185,6 +203,19 @@ impl DispatcherState {
         if r.splits == 0 {
             return Err(DispatchError::Invalid("a worker must plan at least one split".into()));
         }
+        // A new process at a live worker's address (a pod's IP given to its replacement, a
+        // container restarted in its pod): that worker is gone, whatever its heartbeats say.
+        let replaced: Vec<String> = self
+            .members
+            .workers
+            .iter()
+            .filter(|(id, w)| w.address == r.address && r.worker_id.as_ref() != Some(*id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in replaced {
+            let worker = self.members.workers.remove(&id).expect("listed above");
+            self.worker_gone(&id, worker, "another worker registered at its address", now);
+        }
         let has_workers = self.members.workers_of(&r.pipeline).next().is_some();
         let pipeline = self.pipelines.entry(r.pipeline.clone()).or_default();
         match &pipeline.plan {
@@ -207,6 +238,7 @@ impl DispatcherState {
         }
         // The newest worker's spec wins: epochs started from now on go out in its order.
         pipeline.shuffle_seed = r.shuffle_seed;
+        pipeline.start_gathered();
         self.caches.register(&r.pipeline, r.cache_mode, &r.cache_hints, r.splits);
         let id = self.members.id("w", r.worker_id);
         let worker = Worker {
@@ -225,10 +257,12 @@ impl DispatcherState {
     /// Records the pipeline's live worker addresses, moving the version on if they changed;
     /// returns the version.
     fn relist(&mut self, key: &PipelineKey) -> u64 {
-        let addresses = self.worker_addresses(key);
+        let mut workers: Vec<(String, String)> =
+            self.members.workers_of(key).map(|(id, w)| (w.address.clone(), id.clone())).collect();
+        workers.sort();
         let pipeline = self.pipelines.entry(key.clone()).or_default();
-        if pipeline.listed != addresses {
-            pipeline.listed = addresses;
+        if pipeline.listed != workers {
+            pipeline.listed = workers;
             pipeline.version += 1;
         }
         pipeline.version
@@ -245,7 +279,8 @@ impl DispatcherState {
             *clients.entry(c.job.clone()).or_default() += 1;
         }
         Listing {
-            addresses: p.listed.clone(),
+            addresses: p.listed.iter().map(|(address, _)| address.clone()).collect(),
+            workers: p.listed.iter().map(|(_, id)| id.clone()).collect(),
             version: p.version,
             epochs,
             quotas: p.ranks.iter().map(|(name, ranks)| (name.clone(), ranks.quotas())).collect(),
@@ -474,21 +509,10 @@ impl DispatcherState {
             self.client_gone(&id, &client, true, now);
         }
         for (id, worker) in expired.workers {
-            tracing::warn!(worker = %id, address = %worker.address, pipeline = %worker.pipeline, "worker stopped heartbeating; its splits are produced again without what clients got");
-            let version = self.relist(&worker.pipeline);
-            let jobs: Vec<String> =
-                self.pipelines.get(&worker.pipeline).map(|p| p.jobs.keys().cloned().collect()).unwrap_or_default();
-            for job in jobs {
-                let clients = self.clients_of(&worker.pipeline, &job);
-                if let Some(state) = self.pipelines.get_mut(&worker.pipeline).and_then(|p| p.jobs.get_mut(&job)) {
-                    // Also splits whose last batch this worker sent but no client reported yet:
-                    // they may have died in its buffers.
-                    state.recover(&id, version, &clients, now);
-                }
-            }
-            changed.insert(worker.pipeline);
+            changed.insert(worker.pipeline.clone());
+            self.worker_gone(&id, worker, "it stopped heartbeating", now);
         }
-        self.gathered_late(now);
+        changed.extend(self.gathered_late(now));
         // A client that never acknowledges holds a recovery up for at most its own timeout.
         for pipeline in self.pipelines.values_mut() {
             for job in pipeline.jobs.values_mut() {
@@ -496,6 +520,23 @@ impl DispatcherState {
             }
         }
         changed
+    }
+
+    /// A worker is gone (`why`): it leaves the list, and its splits are produced again without
+    /// what the clients got of them, once they acknowledge the list without it.
+    fn worker_gone(&mut self, id: &str, worker: Worker, why: &str, now: Instant) {
+        tracing::warn!(worker = %id, address = %worker.address, pipeline = %worker.pipeline, "a worker is gone ({why}): its splits are produced again without what clients got");
+        let version = self.relist(&worker.pipeline);
+        let jobs: Vec<String> =
+            self.pipelines.get(&worker.pipeline).map(|p| p.jobs.keys().cloned().collect()).unwrap_or_default();
+        for job in jobs {
+            let clients = self.clients_of(&worker.pipeline, &job);
+            if let Some(state) = self.pipelines.get_mut(&worker.pipeline).and_then(|p| p.jobs.get_mut(&job)) {
+                // Also splits whose last batch this worker sent but no client reported yet:
+                // they may have died in its buffers.
+                state.recover(id, version, &clients, now);
+            }
+        }
     }
 
     /// Addresses of a pipeline's live workers, sorted.

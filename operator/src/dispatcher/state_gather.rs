@@ -1,6 +1,7 @@
 //! How the dispatcher gathers its clients' states into a job (see `gathering`): the ranks
 //! resuming a job from a checkpoint, and the clients rejoining a job a restart interrupted.
 
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 use super::{DispatchError, DispatcherState, Rejoin, Resume};
@@ -86,9 +87,10 @@ impl DispatcherState {
         self.gathered(pipeline, job, now);
     }
 
-    /// Moves `job`'s gathering on if it is ready.
-    fn gathered(&mut self, pipeline: &PipelineKey, job: &str, now: Instant) {
-        let Some(p) = self.pipelines.get_mut(pipeline) else { return };
+    /// Moves `job`'s gathering on if it is ready (and starts the job if the plan is known);
+    /// true if it did.
+    fn gathered(&mut self, pipeline: &PipelineKey, job: &str, now: Instant) -> bool {
+        let Some(p) = self.pipelines.get_mut(pipeline) else { return false };
         if p.gathering.get(job).is_some_and(|g| g.ready(now)) {
             let gathered = p.gathering.remove(job).expect("checked above").finish();
             let rows: usize = gathered.rows.iter().map(|h: &Held| h.positions.len()).sum();
@@ -98,18 +100,20 @@ impl DispatcherState {
                 tracing::info!(%pipeline, %job, epoch = gathered.epoch, rows, completed = gathered.completed.len(), "every client's state is in: the job goes on without what they have");
             }
             p.gathered.insert(job.to_string(), gathered);
+            p.start_gathered();
+            return true;
         }
+        false
     }
 
-    /// Gatherings that waited out the client timeout go on without the missing.
-    pub(super) fn gathered_late(&mut self, now: Instant) {
+    /// Gatherings that waited out the client timeout go on without the missing; returns the
+    /// pipelines whose clients must hear of it.
+    pub(super) fn gathered_late(&mut self, now: Instant) -> BTreeSet<PipelineKey> {
         let waiting: Vec<(PipelineKey, String)> = self
             .pipelines
             .iter()
             .flat_map(|(key, p)| p.gathering.keys().map(move |job| (key.clone(), job.clone())))
             .collect();
-        for (pipeline, job) in waiting {
-            self.gathered(&pipeline, &job, now);
-        }
+        waiting.into_iter().filter(|(pipeline, job)| self.gathered(pipeline, job, now)).map(|(p, _)| p).collect()
     }
 }

@@ -148,6 +148,34 @@ fn a_dead_workers_unfinished_splits_go_to_the_others() {
     assert!(matches!(s.next_split(&a, "j", &[], 0, later), Err(DispatchError::Unknown { .. })));
 }
 
+/// Found on real pods: a worker pod's IP went to its replacement (and a crashed container
+/// came back at its pod's address) before the dead worker's heartbeats ran out. The list kept
+/// the same address, so the client never saw the dead worker leave, never told its rows, and
+/// its split came again whole: 10 rows twice.
+#[test]
+fn a_new_worker_at_a_live_workers_address_replaces_it_at_once() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+    let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
+    let old = s.register_worker(registration("a:1", 2), t).unwrap();
+    assert_eq!(s.next_split(&old, "j", &[], 0, t).unwrap(), split(0, 0));
+    let before = s.listing(&key());
+    // A new process at the same address, well within the old one's heartbeat timeout.
+    let new = s.register_worker(registration("a:1", 2), t + Duration::from_secs(1)).unwrap();
+    assert_ne!(new, old);
+    let after = s.listing(&key());
+    assert_eq!((after.addresses.clone(), after.workers.clone()), (vec!["a:1".to_string()], vec![new.clone()]));
+    assert!(after.version > before.version, "the list changed: the client drops the old worker");
+    assert!(matches!(s.next_split(&old, "j", &[], 0, t), Err(DispatchError::Unknown { .. })), "the old one is gone");
+    // Its split comes back without the rows the client says it got from it.
+    s.acknowledge(&c, &[], after.version, &[held(0, 0, &[0, 1])], &[], t).unwrap();
+    assert_eq!(s.next_split(&new, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0, skip: vec![0, 1] });
+    // Re-registering under its own id is not a new worker.
+    let again = WorkerRegistration { worker_id: Some(new.clone()), ..registration("a:1", 2) };
+    assert_eq!(s.register_worker(again, t).unwrap(), new);
+    assert_eq!(s.listing(&key()).version, after.version);
+}
+
 #[test]
 fn a_late_completion_of_a_requeued_split_counts_as_a_repeat() {
     let t = Instant::now();
@@ -206,6 +234,35 @@ fn a_restarted_dispatcher_hands_out_nothing_of_a_job_until_its_clients_rejoined_
     assert_eq!(s.next_split(&w, "j", &[], 8, t).unwrap(), Assignment::Split { epoch: 8, split: 0, skip: vec![5] });
     let job = &s.jobs(&key())[0];
     assert_eq!((job.epoch, job.done, job.repeats, job.unacknowledged), (7, 2, 0, 0));
+}
+
+/// Found restarting the dispatcher near an epoch's end: the clients had every split of the
+/// open epoch and waited to be told it was over; the workers, their queues of the next epoch
+/// full, waited for the clients to read on and asked for nothing. A job that started only when
+/// a worker asked never started.
+#[test]
+fn a_rejoined_job_starts_once_its_clients_are_in_without_a_worker_asking() {
+    let t = Instant::now();
+    let all_of_7 = vec![(7, 0), (7, 1)];
+    for worker_first in [true, false] {
+        let mut s = DispatcherState::new("t2", Timeouts::default());
+        let rejoin = |id: &str| {
+            let rejoin =
+                Rejoin { incarnation: 99, open_epoch: 7, clients: 1, completed: all_of_7.clone(), received: vec![] };
+            ClientRegistration { client_id: Some(id.into()), rejoin: Some(rejoin), ..client("j", 0, 0) }
+        };
+        if worker_first {
+            s.register_worker(registration("a:1", 2), t).unwrap();
+            s.register_client(rejoin("c-t1-1"), t).unwrap();
+        } else {
+            // The plan comes with the first worker: the job starts then.
+            s.register_client(rejoin("c-t1-1"), t).unwrap();
+            assert_eq!(s.listing(&key()).epochs["j"], 7, "no plan yet: the job waits");
+            s.register_worker(registration("a:1", 2), t).unwrap();
+        }
+        assert_eq!(s.listing(&key()).epochs["j"], 8, "worker first: {worker_first}: epoch 7 is over");
+        assert_eq!(s.acknowledge("c-t1-1", &[], 0, &[], &[], t).unwrap(), 8);
+    }
 }
 
 #[test]
