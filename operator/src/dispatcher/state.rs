@@ -364,21 +364,17 @@ impl DispatcherState {
         // A job starts with its clients: one no client of which registered with this
         // dispatcher is one it restarted in the middle of, whose clients have not rejoined yet
         // (or one they left). Its splits wait for them.
-        let unclaimed =
-            !self.pipelines.get(&key).is_some_and(|p| p.jobs.contains_key(job) || p.gathered.contains_key(job))
-                && self.clients_of(&key, job).is_empty();
+        let unclaimed = !self.pipelines.get(&key).is_some_and(|p| p.jobs.contains_key(job))
+            && self.clients_of(&key, job).is_empty();
         let pipeline = self.pipelines.get_mut(&key).expect("a registered worker's pipeline exists");
         let plan = pipeline.ledger_plan();
         if unclaimed || pipeline.gathering.contains_key(job) {
             return Ok(Assignment::Draining { epoch });
         }
         let start = pipeline.starts.get(job).copied().unwrap_or(epoch);
-        let consumers = pipeline.ranks.get(job).map_or(1, Ranks::consumers);
-        let gathered = &mut pipeline.gathered;
-        let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| match gathered.remove(job) {
-            Some(gathered) => Job::rebuilt(&gathered, &plan, consumers),
-            None => Job::starting(start, &plan),
-        });
+        // A gathered job started already (`start_gathered`: a worker is registered, so the
+        // plan is known); any other starts here.
+        let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(start, &plan));
         let directive = self.caches.directive(&key);
         if let Some((action, seconds)) = state.complete(completed, Reporter::Worker, &plan, now) {
             self.caches.epoch(&key, action, seconds);
