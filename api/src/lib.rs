@@ -9,8 +9,10 @@ pub mod ranks;
 mod spec;
 mod status;
 mod tensor;
+pub mod token;
 mod transform;
 mod validate;
+pub mod verdicts;
 pub mod window;
 mod yaml;
 

@@ -269,6 +269,9 @@ impl Default for AutoscalingPolicy {
 pub const WORKER_TMP_VOLUME: (&str, &str) = ("tmp", "/tmp");
 /// The namespace's cache volume in a caching pipeline's worker pods, as (name, mount path).
 pub const WORKER_CACHE_VOLUME: (&str, &str) = ("cache", "/cache");
+/// The worker's projected ServiceAccount token (Stoker's audience), as (name, mount path),
+/// when the operator runs with authentication.
+pub const WORKER_TOKEN_VOLUME: (&str, &str) = ("stoker-token", crate::token::DEFAULT_TOKEN_DIR);
 
 /// Caching at `autocache` hints on the namespace's shared `stoker-cache` volume.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

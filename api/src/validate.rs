@@ -2,7 +2,10 @@
 
 use std::fmt;
 
-use crate::{AutoscalingMode, CacheMode, DataPipelineSpec, Transform, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME, Workers};
+use crate::{
+    AutoscalingMode, CacheMode, DataPipelineSpec, Transform, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME,
+    WORKER_TOKEN_VOLUME, Workers,
+};
 
 /// Source schemes the workers can read through object_store.
 pub const SOURCE_SCHEMES: &[&str] = &["file", "s3", "gs", "az", "abfs", "abfss"];
@@ -28,7 +31,7 @@ pub fn invalid_message(errors: &[ValidationError]) -> String {
 /// User volumes go beside the operator's: their names and mount paths must not collide, and a
 /// mount must name a volume, or the Deployment would be refused on every apply.
 fn validate_volumes(w: &Workers, err: &mut impl FnMut(&str, String)) {
-    let ours = [WORKER_TMP_VOLUME, WORKER_CACHE_VOLUME];
+    let ours = [WORKER_TMP_VOLUME, WORKER_CACHE_VOLUME, WORKER_TOKEN_VOLUME];
     let volumes = w.volumes.as_deref().unwrap_or_default();
     for (i, v) in volumes.iter().enumerate() {
         let field = format!("spec.workers.volumes[{i}].name");

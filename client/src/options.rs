@@ -45,7 +45,10 @@ pub struct ClientOptions {
     /// Ask workers to compress (off by default: tensors rarely compress well and loopback or
     /// in-cluster links are faster than gzip).
     pub compression: Option<CompressionEncoding>,
-    /// The ServiceAccount token sent as `authorization: Bearer <token>`.
+    /// The ServiceAccount token (audience `stoker.dev` unless the operator says otherwise)
+    /// sent as `authorization: Bearer <token>`. Without one, the client reads the file
+    /// `STOKER_TOKEN_FILE` names, else the default projected-token path
+    /// (/var/run/secrets/stoker.dev/serviceaccount/token) if it exists, again every minute.
     pub token: Option<String>,
     pub connect_timeout: Duration,
     /// HTTP/2 flow-control window per stream: in-flight bytes per worker beyond the prefetch
@@ -54,6 +57,11 @@ pub struct ClientOptions {
 }
 
 impl ClientOptions {
+    /// Where this client's token comes from (see `token`).
+    pub fn token_source(&self) -> stoker_api::token::TokenSource {
+        stoker_api::token::TokenSource::discover(self.token.clone())
+    }
+
     pub fn new(namespace: impl Into<String>, pipeline: impl Into<String>) -> Self {
         ClientOptions {
             namespace: namespace.into(),

@@ -24,7 +24,7 @@ pub(crate) struct Registration {
     url: String,
     client: DispatcherClient<Channel>,
     request: proto::RegisterClientRequest,
-    token: Option<String>,
+    token: stoker_api::token::TokenSource,
     /// How often to report a batch-time window.
     pub(crate) window: Duration,
     /// The dispatcher registered with (RegisterClientResponse.incarnation).
@@ -62,7 +62,7 @@ impl Registration {
                 resume: options.resume.clone(),
                 rejoin: None,
             },
-            token: options.token.clone(),
+            token: options.token_source(),
             window: Duration::from_secs(10),
             incarnation: 0,
             had: None,
@@ -79,9 +79,7 @@ impl Registration {
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
-        if let Some(value) = self.token.as_deref().and_then(|t| proto::bearer(t).parse().ok()) {
-            request.metadata_mut().insert(proto::AUTHORIZATION, value);
-        }
+        self.token.attach(&mut request);
         request
     }
 

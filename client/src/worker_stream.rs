@@ -48,11 +48,11 @@ pub(crate) async fn open(
         epoch,
     });
     if let Some(token) = &options.token {
-        let value = proto::bearer(token)
-            .parse()
+        proto::bearer(token)
+            .parse::<tonic::metadata::MetadataValue<_>>()
             .map_err(|_| Error::InvalidOptions("the token is not a valid header value".into()))?;
-        request.metadata_mut().insert(proto::AUTHORIZATION, value);
     }
+    options.token_source().attach(&mut request);
     let status = |s| Error::Status { worker: worker.to_string(), status: Box::new(s) };
     Ok(client.stream(request).await.map_err(status)?.into_inner())
 }

@@ -2,7 +2,7 @@
 //! `stoker-worker` processes as each workers Deployment of a namespace asks for, with the pod
 //! template's environment, so scaling decisions become real processes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,11 +36,20 @@ impl ProcessKubelet {
         let pods: Pods = Arc::default();
         let task = {
             let pods = pods.clone();
+            let client = api.clone().into_client();
             tokio::spawn(async move {
                 let mut started = 0u64;
+                let mut tokens = Tokens::default();
                 loop {
                     match api.list(&ListParams::default().labels(WORKER_SELECTOR)).await {
-                        Ok(list) => sync(&pods, &list.items, &binary, &dispatcher_url, &log_dir, &mut started),
+                        Ok(list) => {
+                            for d in &list.items {
+                                if let Err(e) = tokens.project(&client, d, &log_dir).await {
+                                    eprintln!("kubelet: projecting a token for {:?}: {e:#}", d.metadata.name);
+                                }
+                            }
+                            sync(&pods, &list.items, &binary, &dispatcher_url, &log_dir, &tokens, &mut started)
+                        }
                         Err(e) => eprintln!("kubelet: listing Deployments: {e}"),
                     }
                     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -84,6 +93,7 @@ fn sync(
     binary: &std::path::Path,
     dispatcher_url: &str,
     log_dir: &std::path::Path,
+    tokens: &Tokens,
     started: &mut u64,
 ) {
     let mut pods = pods.lock().unwrap();
@@ -101,7 +111,7 @@ fn sync(
         }
         while running.len() < want {
             *started += 1;
-            match spawn(d, binary, dispatcher_url, log_dir, *started) {
+            match spawn(d, binary, dispatcher_url, log_dir, tokens, *started) {
                 Ok(p) => running.push(p),
                 Err(e) => {
                     eprintln!("kubelet: starting a worker for {name}: {e:#}");
@@ -119,6 +129,7 @@ fn spawn(
     binary: &std::path::Path,
     dispatcher_url: &str,
     log_dir: &std::path::Path,
+    tokens: &Tokens,
     n: u64,
 ) -> anyhow::Result<ManagedProcess> {
     let container = d
@@ -144,6 +155,17 @@ fn spawn(
             }
         }
     }
+    // A projected token volume becomes the directory its token was written to.
+    for mount in container.volume_mounts.iter().flatten() {
+        if let Some(dir) =
+            tokens.dirs.get(&(namespace.to_string(), mount.name.clone(), d.metadata.name.clone().unwrap_or_default()))
+        {
+            let prefix = format!("{}/", mount.mount_path.trim_end_matches('/'));
+            for (_, value) in env.iter_mut().filter(|(_, v)| v.starts_with(&prefix)) {
+                *value = format!("{}/{}", dir.display(), &value[prefix.len()..]);
+            }
+        }
+    }
     env.retain(|(k, _)| !matches!(k.as_str(), "STOKER_LISTEN" | "STOKER_DISPATCHER" | "STOKER_THREADS"));
     env.push(("STOKER_LISTEN".into(), "127.0.0.1:0".into()));
     env.push(("STOKER_DISPATCHER".into(), dispatcher_url.into()));
@@ -152,4 +174,47 @@ fn spawn(
     let name = format!("{}-{n}", d.metadata.name.as_deref().unwrap_or("worker"));
     let log = log_dir.join(format!("{name}.log"));
     ManagedProcess::spawn(&name, binary, &Vec::<String>::new(), &env, &log)
+}
+
+/// Projected ServiceAccount tokens, as the kubelet makes them: one TokenRequest per
+/// Deployment's volume (for the pod's ServiceAccount and the volume's audience), written to a
+/// directory that stands in for the mount.
+#[derive(Default)]
+struct Tokens {
+    /// (namespace, volume, deployment) -> the directory holding the token files.
+    dirs: HashMap<(String, String, String), PathBuf>,
+}
+
+impl Tokens {
+    async fn project(
+        &mut self,
+        client: &kube::Client,
+        d: &Deployment,
+        log_dir: &std::path::Path,
+    ) -> anyhow::Result<()> {
+        let namespace = d.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let name = d.metadata.name.clone().unwrap_or_default();
+        let Some(pod) = d.spec.template.spec.as_ref() else { return Ok(()) };
+        let account = pod.service_account_name.clone().unwrap_or_else(|| "default".into());
+        for volume in pod.volumes.iter().flatten() {
+            let key = (namespace.clone(), volume.name.clone(), name.clone());
+            if self.dirs.contains_key(&key) {
+                continue;
+            }
+            let projections = volume.projected.as_ref().and_then(|p| p.sources.clone()).unwrap_or_default();
+            let dir = log_dir.join("tokens").join(&namespace).join(&name).join(&volume.name);
+            let mut wrote = false;
+            for token in projections.iter().filter_map(|p| p.service_account_token.as_ref()) {
+                let audience = token.audience.clone().unwrap_or_default();
+                let value = crate::tenants::token(client, &namespace, &account, &audience).await?;
+                std::fs::create_dir_all(&dir)?;
+                std::fs::write(dir.join(&token.path), value)?;
+                wrote = true;
+            }
+            if wrote {
+                self.dirs.insert(key, dir);
+            }
+        }
+        Ok(())
+    }
 }

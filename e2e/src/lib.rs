@@ -26,6 +26,7 @@ pub mod node;
 pub mod ports;
 pub mod process;
 pub mod provider;
+pub mod tenants;
 pub mod tools;
 pub mod wait;
 

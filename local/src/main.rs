@@ -183,6 +183,7 @@ fn explain(samples: &Path, yaml: bool) -> anyhow::Result<()> {
     let defaults = WorkerDefaults {
         image: concat!("ghcr.io/stoker-dev/stoker-worker:", env!("CARGO_PKG_VERSION")).into(),
         dispatcher_url: "http://stoker-dispatcher.stoker-system.svc:50051".into(),
+        token_audience: Some(stoker_api::token::DEFAULT_AUDIENCE.into()),
     };
     println!("What the operator makes of each manifest in {}\n", samples.display());
     for file in files {

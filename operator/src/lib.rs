@@ -9,6 +9,7 @@
 //! Around them: the identity every part keys by ([`key`]), leader election, Events, metrics,
 //! and the health endpoints. Local mode (`stoker local`) lives in the `stoker-local` crate.
 
+pub mod access;
 pub mod autocache;
 pub mod autoscaling;
 pub mod controller;

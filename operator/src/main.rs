@@ -6,9 +6,12 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use kube::runtime::events::{Recorder, Reporter};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::{Api, Client, CustomResourceExt};
 use stoker_api::DataPipeline;
+use stoker_operator::access::checked::Lifetimes;
+use stoker_operator::access::{Access, Checked, KubeReviewer, Open};
 use stoker_operator::autoscaling::{self, DeploymentScaler, Loop, ScalingBook};
 use stoker_operator::controller::objects::WorkerDefaults;
 use stoker_operator::controller::{self, Context};
@@ -78,12 +81,30 @@ struct RunArgs {
     #[arg(long, env = "STOKER_WORKER_BUDGET", default_value_t = 0)]
     worker_budget: u32,
 
+    /// How callers of the dispatcher and workers prove who they are: `kubernetes` (a
+    /// ServiceAccount token checked with TokenReview and SubjectAccessReview) or `none`
+    /// (anyone who can reach them; for clusters whose network already isolates tenants).
+    #[arg(long, env = "STOKER_AUTHENTICATION", value_enum, default_value_t = Authentication::Kubernetes)]
+    authentication: Authentication,
+    /// The audience Stoker tokens must carry; worker pods get a projected token for it.
+    #[arg(long, env = "STOKER_TOKEN_AUDIENCE", default_value = stoker_api::token::DEFAULT_AUDIENCE)]
+    token_audience: String,
+
     /// Log filter, e.g. `info` or `stoker_operator=debug,kube=info`.
     #[arg(long, env = "STOKER_LOG", default_value = "info")]
     log_level: String,
     #[arg(long, env = "STOKER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 }
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Authentication {
+    Kubernetes,
+    None,
+}
+
+/// How often refused calls are turned into Events on their pipelines.
+const REFUSALS_EVERY: Duration = Duration::from_secs(30);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -177,6 +198,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .dispatcher_url
             .clone()
             .unwrap_or_else(|| format!("http://stoker-dispatcher.{namespace}.svc:50051")),
+        token_audience: (args.authentication == Authentication::Kubernetes).then(|| args.token_audience.clone()),
     };
     let reporter = Reporter { controller: controller::FIELD_MANAGER.into(), instance: Some(identity.clone()) };
     let book = Arc::new(ScalingBook::default());
@@ -195,8 +217,21 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     });
     // Only the leader listens, so the dispatcher Service (and any client retrying) reaches it.
-    let dispatcher = Dispatcher::new(Timeouts::default(), DISPATCHER_WINDOW);
+    let access: Arc<dyn Access> = match args.authentication {
+        Authentication::Kubernetes => {
+            Arc::new(Checked::new(KubeReviewer::new(client.clone()), &args.token_audience, Lifetimes::default()))
+        }
+        Authentication::None => {
+            warn!("authentication is off: anyone who reaches the dispatcher or a worker may read any pipeline");
+            Arc::new(Open)
+        }
+    };
+    let dispatcher = Dispatcher::guarded(Timeouts::default(), DISPATCHER_WINDOW, access);
     dispatcher.spawn_expiry();
+    if let Err(e) = metrics.registry.register(Box::new(dispatcher.denials().counter())) {
+        warn!(error = %e, "could not register the refused-calls counter");
+    }
+    tokio::spawn(publish_refusals(client.clone(), recorder.clone(), dispatcher.clone(), stop.clone()));
     let listener = tokio::net::TcpListener::bind(args.dispatcher_addr)
         .await
         .with_context(|| format!("listening for the dispatcher on {}", args.dispatcher_addr))?;
@@ -230,6 +265,46 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     info!("stopped");
     Ok(())
+}
+
+/// Turns the calls refused in each period into one Warning Event per pipeline and caller, so
+/// `kubectl describe dp` shows who tried to read or work for it without the right.
+async fn publish_refusals(
+    client: Client,
+    recorder: Recorder,
+    dispatcher: Arc<Dispatcher>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(REFUSALS_EVERY) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        for tally in dispatcher.denials().take() {
+            let api: Api<DataPipeline> = Api::namespaced(client.clone(), &tally.pipeline.namespace);
+            // A pipeline that does not exist has nowhere to show it; the log and metric have it.
+            let Ok(Some(dp)) = api.get_opt(&tally.pipeline.name).await else { continue };
+            let note = format!(
+                "{} call(s) by {} refused in the last {}s; last: {}",
+                tally.count,
+                tally.caller,
+                REFUSALS_EVERY.as_secs(),
+                tally.last
+            );
+            // Naming the ServiceAccount keeps each caller's refusals an Event of its own.
+            let account = tally.caller.strip_prefix("system:serviceaccount:").and_then(|s| s.split_once(':'));
+            let secondary = account.map(|(namespace, name)| ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("ServiceAccount".into()),
+                namespace: Some(namespace.into()),
+                name: Some(name.into()),
+                ..Default::default()
+            });
+            let (warning, reason) = (EventType::Warning, "AccessRefused");
+            stoker_operator::events::publish_about(&recorder, &dp, secondary, warning, reason, "Authorize", &note)
+                .await;
+        }
+    }
 }
 
 /// Marks the leader's pod, retrying until it succeeds or leadership ends: until then the

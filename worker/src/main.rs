@@ -8,10 +8,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use stoker_api::token::TokenSource;
 use stoker_api::{CacheMode, WorkerPipeline};
 use stoker_worker::cached::CacheConfig;
 use stoker_worker::corpus::{self, CorpusSpec};
-use stoker_worker::dispatched::{DispatchedSource, Link};
+use stoker_worker::dispatched::{DispatchedSource, DispatcherReaders, Link};
 use stoker_worker::engine::{Engine, EngineConfig};
 use stoker_worker::serve::EngineSource;
 use stoker_worker::stream::StreamService;
@@ -73,6 +74,11 @@ struct RunArgs {
     /// Bytes the cache may hold; least recently used entries are evicted beyond it.
     #[arg(long, env = "STOKER_CACHE_CAP_BYTES", default_value_t = 90 << 30)]
     cache_cap_bytes: u64,
+    /// Under the dispatcher: admit a stream only if the dispatcher says its token may read the
+    /// pipeline (the operator sets this when it authenticates callers). This worker's own
+    /// token comes from STOKER_TOKEN_FILE or the default projected-token path.
+    #[arg(long, env = "STOKER_AUTHORIZE_READERS", default_value_t = false, action = clap::ArgAction::Set)]
+    authorize_readers: bool,
 }
 
 #[derive(Subcommand)]
@@ -175,14 +181,23 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(url) => {
             let engine = Arc::new(engine);
             let address = args.advertise.unwrap_or_else(|| advertised(bound));
-            let link = Link::register(&url, &engine, address).await?;
+            let link = Link::register(&url, &engine, address, TokenSource::discover(None)).await?;
             let abandoned_after = std::time::Duration::from_secs(args.abandoned_after_seconds);
             let source = DispatchedSource::new(engine.clone(), link.clone(), args.max_batch_rate, abandoned_after);
             link.spawn_heartbeats(engine, source.errors.clone(), HEARTBEAT_INTERVAL);
-            tokio::select! {
-                served = stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, shutdown) => served?,
-                () = deadline => {}
-            }
+            let served = if args.authorize_readers {
+                let service = StreamService::new(source).with_authenticator(DispatcherReaders::new(link.client()));
+                tokio::select! {
+                    served = stoker_worker::stream::serve_on(listener, service, &options, shutdown) => served,
+                    () = deadline => Ok(()),
+                }
+            } else {
+                tokio::select! {
+                    served = stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, shutdown) => served,
+                    () = deadline => Ok(()),
+                }
+            };
+            served?;
         }
         None => {
             let (source, producer) = EngineSource::start(engine, args.epochs);

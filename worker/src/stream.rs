@@ -165,12 +165,15 @@ impl<S: BatchSource, A: Authenticator> BatchStream for StreamService<S, A> {
     type StreamStream = Pin<Box<dyn Stream<Item = Result<BatchChunk, Status>> + Send>>;
 
     async fn stream(&self, request: Request<StreamRequest>) -> Result<Response<Self::StreamStream>, Status> {
-        let caller = self.auth.authenticate(request.metadata()).await?;
-        let (subscription, limit) = validate(request.into_inner(), caller)?;
+        let metadata = request.metadata().clone();
+        let (mut subscription, limit) = validate(request.into_inner(), Caller::default())?;
+        subscription.caller =
+            self.auth.authenticate(&metadata, &subscription.namespace, &subscription.pipeline).await?;
         tracing::info!(
             pipeline = %format!("{}/{}", subscription.namespace, subscription.pipeline),
             job = %subscription.job,
             consumer = subscription.consumer_index,
+            reader = subscription.caller.username.as_deref().unwrap_or("-"),
             limit,
             "consumer subscribed"
         );

@@ -153,9 +153,10 @@ async fn a_header_too_large_for_the_limit_is_a_status_not_a_hang() {
 struct RequireToken;
 
 impl stoker_worker::stream::Authenticator for RequireToken {
-    async fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+    async fn authenticate(&self, metadata: &MetadataMap, namespace: &str, name: &str) -> Result<Caller, Status> {
+        assert_eq!((namespace, name), ("team-a", "imagenet"), "asked about the requested pipeline");
         match stoker_api::proto::request_token(metadata) {
-            Some(token) => Ok(Caller { token: Some(token.to_string()) }),
+            Some(token) => Ok(Caller { token: Some(token.to_string()), username: Some("reader".into()) }),
             None => Err(Status::unauthenticated("a ServiceAccount token is required")),
         }
     }
@@ -199,7 +200,7 @@ async fn the_authenticator_sees_the_token_and_can_refuse() {
             coordinated: false,
             start_epoch: None,
             epoch: None,
-            caller: Caller { token: Some("sa-token".into()) },
+            caller: Caller { token: Some("sa-token".into()), username: Some("reader".into()) },
         }]
     );
 }
@@ -210,5 +211,5 @@ async fn the_default_authenticator_allows_anonymous_callers() {
     let worker = start_with(StreamService::new(recording.clone()), ServerOptions::default()).await;
     let mut client = connect(&[&worker], options()).await;
     assert!(client.next().await.is_none());
-    assert_eq!(recording.0.lock().unwrap()[0].caller, Caller { token: None });
+    assert_eq!(recording.0.lock().unwrap()[0].caller, Caller::default());
 }

@@ -184,8 +184,11 @@ class _Followed:
 
     def __init__(self, client):
         self._client = client
-        self.metadata = client._metadata
         self.wake = client._wake
+
+    @property
+    def metadata(self):
+        return self._client._metadata
 
     def closed(self) -> bool:
         return self._client._closed.is_set()

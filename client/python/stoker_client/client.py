@@ -17,6 +17,7 @@ from ._dispatcher import Follower
 from ._following import EPOCH_END, Following, _Followed
 from ._ration import Ration
 from ._rejoin import Received
+from ._token import TokenSource
 from ._resume import Yielded
 from ._resume import check as check_resume
 from .batch import DEFAULT_MAX_BATCH_BYTES, Batch, Reassembler
@@ -132,7 +133,7 @@ class Client(Following):
             raise ValueError("start_epoch must not be negative")
         self._names = (namespace, pipeline, job, consumer_index)
         self._start_epoch = start_epoch
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._token = TokenSource(token)
         self._max_message_bytes, self._max_batch_bytes = max_message_bytes, max_batch_bytes
         self._prefetch = prefetch
         self._meter = Meter()
@@ -402,6 +403,11 @@ class Client(Following):
                     return
                 buffer.append(error)
             self._changed.notify_all()
+
+    @property
+    def _metadata(self):
+        """Sent with every call (the bearer token, read again as the kubelet rotates it)."""
+        return self._token.metadata()
 
     @property
     def epoch(self) -> int:

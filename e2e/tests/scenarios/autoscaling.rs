@@ -17,8 +17,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use stoker_api::DataPipeline;
+use stoker_client::Client;
 use stoker_client::trainer::{Stop, TrainerSpec, train};
-use stoker_client::{Client, ClientOptions};
 use stoker_e2e::k8s::{delete_namespace, fresh_namespace};
 use stoker_e2e::{Check, Cluster, OperatorOptions, wait_for};
 
@@ -84,10 +84,11 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
     let seen = Arc::new(Seen::default());
     let trainer = {
         let seen = seen.clone();
-        let (url, ns) = (url.clone(), ns.clone());
+        let url = url.clone();
+        let options = stoker_e2e::tenants::reader_options(&client, &ns, NAME).await?;
         tokio::spawn(async move {
             let result = async {
-                let mut client = Client::from_dispatcher(&url, ClientOptions::new(ns, NAME)).await?;
+                let mut client = Client::from_dispatcher(&url, options).await?;
                 let record = |_: &stoker_client::trainer::TrainSummary, batch: &stoker_client::Batch| {
                     let ids = batch.tensors["id"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()));
                     let mut epochs = seen.epochs.lock().unwrap();

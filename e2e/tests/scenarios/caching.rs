@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
+use stoker_e2e::tenants::reader_options;
 
 use anyhow::ensure;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -38,10 +39,10 @@ fn manifest(name: &str, data: &WorkerData, after: &str, cache: &str) -> anyhow::
 }
 
 /// Streams batches of a pipeline until aborted.
-fn read(url: &str, ns: &str, name: &'static str) -> tokio::task::JoinHandle<Result<(), stoker_client::Error>> {
-    let (url, ns) = (url.to_string(), ns.to_string());
+fn read(url: &str, options: ClientOptions) -> tokio::task::JoinHandle<Result<(), stoker_client::Error>> {
+    let url = url.to_string();
     tokio::spawn(async move {
-        let mut client = Client::from_dispatcher(&url, ClientOptions::new(ns, name)).await?;
+        let mut client = Client::from_dispatcher(&url, options).await?;
         while let Some(batch) = client.next().await {
             batch?;
         }
@@ -102,7 +103,7 @@ async fn every_worker_pod_replaced(cluster: &dyn Cluster, ns: &str, url: &str, e
     })
     .await?;
     // A reader of its own gets batches from the new pods.
-    let mut reader = Client::from_dispatcher(url, ClientOptions::new(ns.to_string(), FIRST)).await?;
+    let mut reader = Client::from_dispatcher(url, reader_options(&cluster.client(), ns, FIRST).await?).await?;
     for n in 0..20 {
         let batch = tokio::time::timeout(Duration::from_secs(60), reader.next()).await;
         let batch = batch.map_err(|_| anyhow::anyhow!("batch {n} from the new pods: none within 60 s"))?;
@@ -168,7 +169,7 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
         "{mode: Always, accessMode: ReadWriteOnce}",
     )?)
     .await?;
-    let first_reader = read(&url, &ns, FIRST);
+    let first_reader = read(&url, reader_options(&client, &ns, FIRST).await?);
 
     // Put while the first epoch runs, then Get once every split is on the volume.
     let cache = wait_for_get(&pipelines, FIRST).await?;
@@ -203,7 +204,7 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
     // A restarted operator keeps no cache state in memory; the volume is the index.
     cluster.operator_restart().await?;
     apply(manifest(SECOND, &seen_as, "{cast: {field: x, dtype: float32}}", "{mode: Auto}")?).await?;
-    let second_reader = read(&url, &ns, SECOND);
+    let second_reader = read(&url, reader_options(&client, &ns, SECOND).await?);
     let second = wait_for_get(&pipelines, SECOND).await?;
     ensure!(
         second.fingerprint.as_deref() == Some(fingerprint.as_str()) && second.at == Some(1),

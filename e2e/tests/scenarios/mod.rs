@@ -9,6 +9,7 @@ pub mod control_plane;
 pub mod operator;
 pub mod pipelines;
 pub mod sample_pods;
+pub mod tenancy;
 
 use futures::future::BoxFuture;
 use stoker_e2e::Cluster;
@@ -40,6 +41,7 @@ pub static ALL: &[Scenario] = scenarios![
     pipelines::restart_writes_nothing,
     autoscaling::batch_time_autoscaling,
     caching::cache_decision_in_status,
+    tenancy::tenancy_tokens_and_permissions,
     // Last: it reinstalls the chart, and the dispatcher Service's address changes.
     chart::chart_upgrade_and_uninstall,
 ];

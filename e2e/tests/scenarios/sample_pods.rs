@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, PostParams};
 use serde_yaml::{Mapping, Value};
 use stoker_api::{DataPipeline, condition};
-use stoker_client::{Client, ClientOptions};
+use stoker_client::Client;
 use stoker_e2e::k8s::{delete_namespace, fresh_namespace};
 use stoker_e2e::tools::{Cmd, target_dir, workspace_root};
 use stoker_e2e::{Check, Cluster, OperatorOptions, WorkerData, wait_for};
@@ -105,7 +105,8 @@ pub async fn samples_run_as_pods(cluster: &dyn Cluster) -> anyhow::Result<()> {
         .await?;
 
         // And they serve: one batch through the dispatcher Service.
-        let mut reader = Client::from_dispatcher(&url, ClientOptions::new(ns.clone(), name)).await?;
+        let mut reader =
+            Client::from_dispatcher(&url, stoker_e2e::tenants::reader_options(&client, &ns, name).await?).await?;
         let batch = tokio::time::timeout(Duration::from_secs(120), reader.next())
             .await
             .with_context(|| format!("{name}: no batch within 120 s"))?

@@ -1,5 +1,6 @@
-//! The dispatcher's gRPC face: maps requests onto `DispatcherState`, publishes worker lists to
-//! watching clients, and expires silent workers and clients on a timer.
+//! The dispatcher's gRPC face: admits each call (`access`), maps requests onto
+//! `DispatcherState`, publishes worker lists to watching clients, and expires silent workers
+//! and clients on a timer.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -22,11 +23,15 @@ use super::ledger::Held;
 use super::members::{Progress, Timeouts};
 use super::ranks::Received;
 use super::state::{ClientRegistration, DispatchError, DispatcherState, Listing, Rejoin, Resume, WorkerRegistration};
+use crate::access::{Access, Denials, Identity, Need, Open};
 use crate::autocache::plan::Directive;
 use crate::key::PipelineKey;
 
 /// How often workers heartbeat; the dead-worker timeout is several of these.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a worker may rely on a reader's admission before asking again; an open stream is
+/// not cut when it ends.
+const READER_VERDICT: Duration = Duration::from_secs(30);
 /// How long a worker waits before asking again while an epoch drains.
 const DRAINING_RETRY: Duration = Duration::from_millis(50);
 
@@ -37,10 +42,19 @@ pub struct Dispatcher {
     /// Whether this process may answer (the leader); others answer UNAVAILABLE so callers retry.
     serving: AtomicBool,
     window: Duration,
+    /// Who may call; `Open` in `stoker local`.
+    access: Arc<dyn Access>,
+    denials: Denials,
 }
 
 impl Dispatcher {
+    /// A dispatcher that lets every caller in (`stoker local`, tests).
     pub fn new(timeouts: Timeouts, window: Duration) -> Arc<Self> {
+        Self::guarded(timeouts, window, Arc::new(Open))
+    }
+
+    /// A dispatcher that admits each call through `access`.
+    pub fn guarded(timeouts: Timeouts, window: Duration, access: Arc<dyn Access>) -> Arc<Self> {
         // Ids stay distinct across dispatcher restarts without coordination.
         let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
         let instance = format!("{:x}{:04x}", millis & 0xffff_ffff, std::process::id() & 0xffff);
@@ -49,6 +63,8 @@ impl Dispatcher {
             listings: Mutex::new(HashMap::new()),
             serving: AtomicBool::new(true),
             window,
+            access,
+            denials: Denials::default(),
         })
     }
 
@@ -100,6 +116,11 @@ impl Dispatcher {
         DispatcherServer::new(DispatcherService(self))
     }
 
+    /// Refused calls: the counter for the registry, the tally for Events.
+    pub fn denials(&self) -> &Denials {
+        &self.denials
+    }
+
     fn check_serving(&self) -> Result<(), Status> {
         if self.serving.load(Ordering::SeqCst) {
             Ok(())
@@ -114,6 +135,39 @@ impl Dispatcher {
 pub struct DispatcherService(Arc<Dispatcher>);
 
 impl DispatcherService {
+    /// Admits a call that needs `need`, or refuses it (counted, logged, tallied for Events).
+    async fn admit<T>(&self, rpc: &'static str, request: &Request<T>, need: Need<'_>) -> Result<Identity, Status> {
+        self.0.check_serving()?;
+        let token = proto::request_token(request.metadata());
+        self.0.access.check(token, need).await.map_err(|refusal| {
+            let pipeline = match need {
+                Need::Read(p) | Need::Work(p) => Some(p),
+                Need::Token => None,
+            };
+            self.0.denials.record(rpc, pipeline, &refusal);
+            refusal.to_status()
+        })
+    }
+
+    /// Admits a call about a worker or client id: it must be allowed on that member's
+    /// pipeline (`work` or read). An id the dispatcher does not know needs only a valid token;
+    /// the call then answers NOT_FOUND as before.
+    async fn admit_member<T>(
+        &self,
+        rpc: &'static str,
+        request: &Request<T>,
+        id: &str,
+        work: bool,
+    ) -> Result<(), Status> {
+        let pipeline = self.0.with_state(|s| s.pipeline_of(id));
+        let need = match &pipeline {
+            Some(p) if work => Need::Work(p),
+            Some(p) => Need::Read(p),
+            None => Need::Token,
+        };
+        self.admit(rpc, request, need).await.map(drop)
+    }
+
     fn status(&self, e: DispatchError) -> Status {
         match e {
             DispatchError::Unknown { .. } => {
@@ -144,10 +198,11 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::RegisterWorkerRequest>,
     ) -> Result<Response<proto::RegisterWorkerResponse>, Status> {
-        self.0.check_serving()?;
+        let pipeline = pipeline_key(request.get_ref().pipeline.clone())?;
+        self.admit("RegisterWorker", &request, Need::Work(&pipeline)).await?;
         let r = request.into_inner();
         let registration = WorkerRegistration {
-            pipeline: pipeline_key(r.pipeline)?,
+            pipeline,
             address: r.address,
             threads: r.threads,
             splits: r.splits,
@@ -187,7 +242,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::WorkerHeartbeatRequest>,
     ) -> Result<Response<proto::WorkerHeartbeatResponse>, Status> {
-        self.0.check_serving()?;
+        self.admit_member("WorkerHeartbeat", &request, &request.get_ref().worker_id, true).await?;
         let r = request.into_inner();
         let p = r.progress.unwrap_or_default();
         let progress = Progress {
@@ -208,7 +263,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::NextSplitRequest>,
     ) -> Result<Response<proto::NextSplitResponse>, Status> {
-        self.0.check_serving()?;
+        self.admit_member("NextSplit", &request, &request.get_ref().worker_id, true).await?;
         let r = request.into_inner();
         if r.job.is_empty() {
             return Err(Status::invalid_argument("job is required"));
@@ -255,7 +310,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::ReturnSplitsRequest>,
     ) -> Result<Response<proto::ReturnSplitsResponse>, Status> {
-        self.0.check_serving()?;
+        self.admit_member("ReturnSplits", &request, &request.get_ref().worker_id, true).await?;
         let r = request.into_inner();
         self.0
             .with_state(|s| s.give_back(&r.worker_id, &r.job, r.epoch, &r.splits, Instant::now()))
@@ -268,9 +323,9 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::RegisterClientRequest>,
     ) -> Result<Response<proto::RegisterClientResponse>, Status> {
-        self.0.check_serving()?;
+        let pipeline = pipeline_key(request.get_ref().pipeline.clone())?;
+        self.admit("RegisterClient", &request, Need::Read(&pipeline)).await?;
         let r = request.into_inner();
-        let pipeline = pipeline_key(r.pipeline)?;
         if r.job.is_empty() {
             return Err(Status::invalid_argument("job is required"));
         }
@@ -316,9 +371,9 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::WatchWorkersRequest>,
     ) -> Result<Response<Self::WatchWorkersStream>, Status> {
-        self.0.check_serving()?;
+        let pipeline = pipeline_key(request.get_ref().pipeline.clone())?;
+        self.admit("WatchWorkers", &request, Need::Read(&pipeline)).await?;
         let r = request.into_inner();
-        let pipeline = pipeline_key(r.pipeline)?;
         let updates = tokio_stream::wrappers::WatchStream::new(self.0.watch(&pipeline));
         let incarnation = self.0.with_state(|s| s.incarnation());
         let job = r.job;
@@ -346,7 +401,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::ReportWindowRequest>,
     ) -> Result<Response<proto::ReportWindowResponse>, Status> {
-        self.0.check_serving()?;
+        self.admit_member("ReportWindow", &request, &request.get_ref().client_id, false).await?;
         let r = request.into_inner();
         let window = Window::from(&r);
         self.0.with_state(|s| s.report_window(&r.client_id, window, Instant::now())).map_err(|e| self.status(e))?;
@@ -357,7 +412,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::AcknowledgeRequest>,
     ) -> Result<Response<proto::AcknowledgeResponse>, Status> {
-        self.0.check_serving()?;
+        self.admit_member("Acknowledge", &request, &request.get_ref().client_id, false).await?;
         let r = request.into_inner();
         let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
         let held: Vec<Held> = r.held.into_iter().map(held).collect();
@@ -378,6 +433,23 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             self.0.publish(&pipeline);
         }
         Ok(Response::new(proto::AcknowledgeResponse { epoch }))
+    }
+
+    async fn authorize_reader(
+        &self,
+        request: Request<proto::AuthorizeReaderRequest>,
+    ) -> Result<Response<proto::AuthorizeReaderResponse>, Status> {
+        let pipeline = pipeline_key(request.get_ref().pipeline.clone())?;
+        self.admit("AuthorizeReader", &request, Need::Work(&pipeline)).await?;
+        let token = request.get_ref().token.as_str();
+        let reader = self.0.access.check(Some(token), Need::Read(&pipeline)).await.map_err(|refusal| {
+            self.0.denials.record("Stream", Some(&pipeline), &refusal);
+            refusal.to_status()
+        })?;
+        Ok(Response::new(proto::AuthorizeReaderResponse {
+            username: reader.username,
+            valid_for_ms: READER_VERDICT.as_millis() as u32,
+        }))
     }
 }
 

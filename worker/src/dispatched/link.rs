@@ -8,15 +8,20 @@ use std::time::Duration;
 
 use stoker_api::proto::dispatcher_client::DispatcherClient;
 use stoker_api::proto::{self, next_split_response::Next};
+use stoker_api::token::TokenSource;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use crate::cached::{EngineCache, SplitCache};
 use crate::engine::{Engine, Split};
 
+/// A dispatcher client that sends the worker's token with every call.
+pub(crate) type DispatcherRpc = DispatcherClient<InterceptedService<Channel, TokenSource>>;
+
 /// The worker's connection to the dispatcher, re-registering when the dispatcher forgot it.
 pub struct Link {
-    client: DispatcherClient<Channel>,
+    client: DispatcherRpc,
     pub(super) registration: proto::RegisterWorkerRequest,
     /// Whose entries' completeness goes into every (re-)registration.
     cache: Option<Arc<EngineCache>>,
@@ -35,8 +40,14 @@ pub(super) type Handed = (Next, SplitCache, Vec<u32>, u64);
 const RETRY: Duration = Duration::from_millis(250);
 
 impl Link {
-    /// Connects lazily and registers, retrying until the dispatcher answers.
-    pub async fn register(url: &str, engine: &Engine, address: String) -> anyhow::Result<Arc<Link>> {
+    /// Connects lazily and registers, retrying until the dispatcher answers; every call
+    /// carries `token`.
+    pub async fn register(
+        url: &str,
+        engine: &Engine,
+        address: String,
+        token: TokenSource,
+    ) -> anyhow::Result<Arc<Link>> {
         let channel = Endpoint::from_shared(url.to_string())?.connect_timeout(Duration::from_secs(5)).connect_lazy();
         let pipeline = engine.pipeline();
         let registration = proto::RegisterWorkerRequest {
@@ -51,7 +62,7 @@ impl Link {
             shuffle_seed: pipeline.data_plane.shuffle_seed(),
         };
         let link = Arc::new(Link {
-            client: DispatcherClient::new(channel),
+            client: DispatcherClient::with_interceptor(channel, token),
             registration,
             cache: engine.cache.clone(),
             worker_id: Mutex::new(String::new()),
@@ -79,11 +90,16 @@ impl Link {
                     anyhow::bail!("the dispatcher refused this worker: {}", s.message())
                 }
                 Err(s) => {
-                    tracing::debug!(status = %s, "dispatcher not reachable yet");
+                    log_retry("registering", &s);
                     tokio::time::sleep(RETRY).await;
                 }
             }
         }
+    }
+
+    /// The dispatcher client, for asking it about readers.
+    pub fn client(&self) -> DispatcherRpc {
+        self.client.clone()
     }
 
     pub(super) fn generation(&self) -> u64 {
@@ -98,7 +114,7 @@ impl Link {
     /// Calls the dispatcher until it answers, registering again when it forgot this worker.
     async fn call<T, F, Fut>(&self, what: &str, mut f: F) -> anyhow::Result<T>
     where
-        F: FnMut(DispatcherClient<Channel>, String) -> Fut,
+        F: FnMut(DispatcherRpc, String) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         loop {
@@ -110,7 +126,7 @@ impl Link {
                 }
                 Err(s) if s.code() == Code::InvalidArgument => anyhow::bail!("{what}: {}", s.message()),
                 Err(s) => {
-                    tracing::debug!(status = %s, "{what}: retrying");
+                    log_retry(what, &s);
                     tokio::time::sleep(RETRY).await;
                 }
             }
@@ -167,6 +183,16 @@ impl Link {
             async move { c.return_splits(request).await }
         }))?;
         Ok(())
+    }
+}
+
+/// A refused token is a deployment mistake the user must see (it will not fix itself until
+/// someone changes RBAC or the pod's ServiceAccount); an unreachable dispatcher is routine.
+fn log_retry(what: &str, s: &Status) {
+    if matches!(s.code(), Code::Unauthenticated | Code::PermissionDenied) {
+        tracing::warn!(status = %s, "{what}: the dispatcher refused this worker; retrying");
+    } else {
+        tracing::debug!(status = %s, "{what}: retrying");
     }
 }
 

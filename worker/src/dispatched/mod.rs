@@ -10,6 +10,7 @@
 //! answer makes the worker register again under the same id. Clients see a pause, not an error.
 
 mod link;
+mod readers;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -25,6 +26,7 @@ use crate::engine::{Assigned, Engine, Ready};
 use crate::stream::{BatchSource, Batches, Subscription};
 use link::{Handed, fnv1a};
 pub use link::{Link, plan_digest};
+pub use readers::DispatcherReaders;
 
 /// One epoch of a job's ready batches for one rank (or for all its consumers), each naming the
 /// splits it completes.

@@ -1,18 +1,20 @@
 //! The workers Deployment: the pipeline's spec (as JSON in the env), the dispatcher's address,
-//! the cache volume when caching, the user's scheduling, resources, env and volumes; pods
-//! non-root with a read-only root filesystem.
+//! the cache volume when caching, the projected token with Stoker's audience when
+//! authenticating, the user's scheduling, resources, env and volumes; pods non-root with a
+//! read-only root filesystem.
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
     ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SeccompProfile, SecretEnvSource, SecurityContext, TCPSocketAction, Volume, VolumeMount,
+    ProjectedVolumeSource, SeccompProfile, SecretEnvSource, SecurityContext, ServiceAccountTokenProjection,
+    TCPSocketAction, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use stoker_api::{Cache, DataPipeline, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME, WorkerPipeline};
+use stoker_api::{Cache, DataPipeline, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME, WORKER_TOKEN_VOLUME, WorkerPipeline};
 
 use super::{CACHE_MOUNT, CACHE_PVC, DATA_PORT, Identity, WorkerDefaults, uses_cache_volume, workers_name};
 
@@ -24,7 +26,7 @@ pub(super) fn build(
     cache_volume: Option<&Quantity>,
 ) -> Deployment {
     let spec = &dp.spec;
-    let (volumes, mounts) = volumes(dp);
+    let (volumes, mounts) = volumes(dp, defaults.token_audience.as_deref());
     let container = Container {
         name: "worker".into(),
         image: Some(spec.workers.image.clone().unwrap_or_else(|| defaults.image.clone())),
@@ -77,6 +79,9 @@ pub(super) fn build(
                     containers: vec![container],
                     volumes: Some(volumes),
                     service_account_name: spec.workers.service_account_name.clone(),
+                    // Workers never call the API server; their only credential is the
+                    // Stoker-audience token above, useless against the API server.
+                    automount_service_account_token: Some(false),
                     node_selector: spec.workers.node_selector.clone(),
                     tolerations: spec.workers.tolerations.clone(),
                     affinity: spec.workers.affinity.clone(),
@@ -119,6 +124,15 @@ fn env(dp: &DataPipeline, namespace: &str, defaults: &WorkerDefaults, cache_volu
         EnvVar { name: "POD_NAME".into(), value_from: Some(field_ref("metadata.name")), ..Default::default() },
         EnvVar { name: "POD_IP".into(), value_from: Some(field_ref("status.podIP")), ..Default::default() },
     ];
+    if defaults.token_audience.is_some() {
+        let token_file = format!("{}/token", WORKER_TOKEN_VOLUME.1);
+        env.push(EnvVar {
+            name: stoker_api::token::TOKEN_FILE_ENV.into(),
+            value: Some(token_file),
+            ..Default::default()
+        });
+        env.push(EnvVar { name: "STOKER_AUTHORIZE_READERS".into(), value: Some("true".into()), ..Default::default() });
+    }
     if uses_cache_volume(spec) {
         env.push(EnvVar { name: "STOKER_CACHE_DIR".into(), value: Some(CACHE_MOUNT.into()), ..Default::default() });
         if let Some(cap) = cache_volume.map_or_else(|| spec.cache.cap_bytes(), Cache::cap_for) {
@@ -135,7 +149,7 @@ fn env(dp: &DataPipeline, namespace: &str, defaults: &WorkerDefaults, cache_volu
 
 /// A writable /tmp (the root filesystem is read-only), the cache volume when caching, and the
 /// user's volumes after ours (validation keeps their names and paths apart).
-fn volumes(dp: &DataPipeline) -> (Vec<Volume>, Vec<VolumeMount>) {
+fn volumes(dp: &DataPipeline, token_audience: Option<&str>) -> (Vec<Volume>, Vec<VolumeMount>) {
     let spec = &dp.spec;
     let (tmp, tmp_path) = WORKER_TMP_VOLUME;
     let mut volumes =
@@ -153,6 +167,32 @@ fn volumes(dp: &DataPipeline) -> (Vec<Volume>, Vec<VolumeMount>) {
         mounts.push(VolumeMount {
             name: WORKER_CACHE_VOLUME.0.into(),
             mount_path: CACHE_MOUNT.into(),
+            ..Default::default()
+        });
+    }
+    if let Some(audience) = token_audience {
+        let (name, path) = WORKER_TOKEN_VOLUME;
+        volumes.push(Volume {
+            name: name.into(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(vec![VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        audience: Some(audience.into()),
+                        // The kubelet rewrites it at 80% of this; workers read it every minute.
+                        expiration_seconds: Some(3600),
+                        path: "token".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            read_only: Some(true),
             ..Default::default()
         });
     }

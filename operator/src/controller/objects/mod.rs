@@ -31,6 +31,9 @@ pub struct WorkerDefaults {
     pub image: String,
     /// Where workers reach the dispatcher (the operator's Service).
     pub dispatcher_url: String,
+    /// With authentication on: the audience of the token mounted into worker pods, which also
+    /// makes workers admit only readers the dispatcher approves.
+    pub token_audience: Option<String>,
 }
 
 /// Everything the operator applies for one pipeline.
@@ -127,7 +130,11 @@ mod tests {
     }
 
     fn defaults() -> WorkerDefaults {
-        WorkerDefaults { image: "stoker-worker:test".into(), dispatcher_url: "http://d:50051".into() }
+        WorkerDefaults {
+            image: "stoker-worker:test".into(),
+            dispatcher_url: "http://d:50051".into(),
+            token_audience: Some("stoker.dev".into()),
+        }
     }
 
     fn pod(objects: &PipelineObjects) -> &PodSpec {
@@ -220,10 +227,34 @@ mod tests {
         assert_eq!(claims, ["corpus"], "the user's volume beside the operator's scratch volume");
         let mounts: Vec<(&str, &str)> =
             p.containers[0].volume_mounts.iter().flatten().map(|m| (m.name.as_str(), m.mount_path.as_str())).collect();
-        assert_eq!(mounts, [("tmp", "/tmp"), ("data", "/data")]);
+        assert_eq!(
+            mounts,
+            [("tmp", "/tmp"), ("stoker-token", "/var/run/secrets/stoker.dev/serviceaccount"), ("data", "/data")]
+        );
         // The user's env comes after ours, so it wins.
         let last = p.containers[0].env.as_ref().unwrap().iter().rev().find(|e| e.name == "STOKER_LISTEN").unwrap();
         assert_eq!(last.value.as_deref(), Some("0.0.0.0:1"));
+    }
+
+    #[test]
+    fn workers_get_a_stoker_token_and_no_api_server_token_when_authenticating() {
+        let on = build(&pipeline("p", ""), &defaults(), 1, None);
+        let p = pod(&on);
+        assert_eq!(p.automount_service_account_token, Some(false));
+        let projected = p.volumes.iter().flatten().find(|v| v.name == "stoker-token").unwrap().projected.clone();
+        let token = projected.unwrap().sources.unwrap()[0].service_account_token.clone().unwrap();
+        assert_eq!((token.audience.as_deref(), token.path.as_str()), (Some("stoker.dev"), "token"));
+        assert_eq!(
+            env(p, "STOKER_TOKEN_FILE").unwrap().value.as_deref(),
+            Some("/var/run/secrets/stoker.dev/serviceaccount/token")
+        );
+        assert_eq!(env(p, "STOKER_AUTHORIZE_READERS").unwrap().value.as_deref(), Some("true"));
+
+        let open = WorkerDefaults { token_audience: None, ..defaults() };
+        let off = build(&pipeline("p", ""), &open, 1, None);
+        let p = pod(&off);
+        assert!(p.volumes.iter().flatten().all(|v| v.name != "stoker-token"));
+        assert!(env(p, "STOKER_AUTHORIZE_READERS").is_none() && env(p, "STOKER_TOKEN_FILE").is_none());
     }
 
     #[test]
