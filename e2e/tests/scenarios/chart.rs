@@ -150,6 +150,9 @@ pub async fn chart_installs(cluster: &dyn Cluster) -> anyhow::Result<()> {
         ("update", "leases.coordination.k8s.io", Some(OPERATOR_NAMESPACE)),
         // The leader labels its own pod, which the dispatcher Service selects.
         ("patch", "pods", Some(OPERATOR_NAMESPACE)),
+        // The dispatcher's access checks (docs/security.md).
+        ("create", "tokenreviews.authentication.k8s.io", None),
+        ("create", "subjectaccessreviews.authorization.k8s.io", None),
     ];
     let must_not = [
         ("update", "leases.coordination.k8s.io", Some("kube-system")),
@@ -175,6 +178,22 @@ pub async fn chart_installs(cluster: &dyn Cluster) -> anyhow::Result<()> {
         problems.push("cannot create events (neither core nor events.k8s.io) in team-a".into());
     }
     ensure!(problems.is_empty(), "RBAC of ServiceAccount {OPERATOR_NAMESPACE}/{sa_name}:\n  {}", problems.join("\n  "));
+
+    // The consumer role is aggregated into `edit`: whoever may edit a namespace may read its
+    // pipelines (the controller manager's aggregation controller fills `edit` in).
+    let roles = Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client.clone());
+    wait_for(Duration::from_secs(60), "ClusterRole edit to include get on datapipelines/stream", || {
+        let roles = roles.clone();
+        async move {
+            let edit = roles.get("edit").await?;
+            let has = edit.rules.iter().flatten().any(|r| {
+                r.resources.iter().flatten().any(|res| res == "datapipelines/stream")
+                    && r.verbs.iter().any(|v| v == "get")
+            });
+            Ok(if has { Check::Done(()) } else { Check::not_yet("not aggregated yet") })
+        }
+    })
+    .await?;
 
     // The pod template is admissible: the Deployment's pods get created (and, on kind, run).
     let selector = deployment

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use stoker_api::DataPipeline;
 use stoker_api::proto::batch_stream_client::BatchStreamClient;
 use stoker_api::proto::dispatcher_client::DispatcherClient;
@@ -236,8 +237,66 @@ pub async fn tenancy_tokens_and_permissions(cluster: &dyn Cluster) -> anyhow::Re
     })
     .await?;
 
+    api_server_refusals_fail_closed(cluster, &dispatcher, &a).await?;
+
     drop(kubelet);
     delete_namespace(&client, &a, Duration::from_secs(60)).await?;
     delete_namespace(&client, &b, Duration::from_secs(60)).await?;
     Ok(())
+}
+
+/// The API server refusing the operator's TokenReviews (its RBAC taken away): calls fail closed
+/// with UNAVAILABLE naming the cause, and succeed again once the right is back. Only where the
+/// operator runs as the chart's ServiceAccount (real pods); the local provider's operators are
+/// cluster admins, so there the unit test `access::checked` (a failing and a hanging API
+/// server) stands in.
+async fn api_server_refusals_fail_closed(
+    cluster: &dyn Cluster,
+    dispatcher: &DispatcherClient<Channel>,
+    a: &str,
+) -> anyhow::Result<()> {
+    if !cluster.provider().real_pods() {
+        println!("  API-server refusal: needs the chart's RBAC (real pods); unit-tested in access::checked here");
+        return Ok(());
+    }
+    let client = cluster.client();
+    let roles = Api::<ClusterRole>::all(client.clone());
+    let name = stoker_e2e::RELEASE;
+    let original = roles.get(name).await?;
+    let mut reduced = original.clone();
+    reduced.metadata.managed_fields = None;
+    for rules in reduced.rules.iter_mut() {
+        rules.retain(|r| !r.resources.iter().flatten().any(|res| res == "tokenreviews"));
+    }
+    roles.replace(name, &PostParams::default(), &reduced).await?;
+    // A fresh token each time: a token reviewed before is answered from the cache.
+    let refused = wait_for(Duration::from_secs(60), "a call to fail closed without TokenReview rights", || {
+        let (client, mut d, a) = (client.clone(), dispatcher.clone(), a.to_string());
+        async move {
+            grant_reader(&client, &a, (&a, "late")).await?;
+            let fresh = token(&client, &a, "late", AUDIENCE).await?;
+            Ok(match d.register_client(with_token(register_client(&a), Some(&fresh))).await {
+                Err(s) if s.code() == Code::Unavailable => Check::Done(s.message().to_string()),
+                other => Check::not_yet(format!("{other:?}")),
+            })
+        }
+    })
+    .await;
+    let mut restored = roles.get(name).await?;
+    restored.rules = original.rules.clone();
+    roles.replace(name, &PostParams::default(), &restored).await?;
+    let refused = refused?;
+    ensure!(refused.contains("TokenReview"), "the refusal names its cause: {refused}");
+    println!("  API server refusing TokenReviews: {refused}");
+    wait_for(Duration::from_secs(60), "calls to succeed again with the right restored", || {
+        let (client, mut d, a) = (client.clone(), dispatcher.clone(), a.to_string());
+        async move {
+            let fresh = token(&client, &a, "late", AUDIENCE).await?;
+            Ok(match d.register_client(with_token(register_client(&a), Some(&fresh))).await {
+                Ok(_) => Check::Done(()),
+                Err(s) => Check::not_yet(format!("{s}")),
+            })
+        }
+    })
+    .await
 }
