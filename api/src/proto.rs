@@ -69,7 +69,10 @@ impl HintBytes {
     /// a worker sums its splits and the dispatcher its workers.
     pub fn add_into(totals: &mut Vec<HintBytes>, more: &HintBytes) {
         match totals.iter_mut().find(|t| t.at == more.at) {
-            Some(t) => (t.elements, t.bytes) = (t.elements + more.elements, t.bytes + more.bytes),
+            // Saturating: the dispatcher sums what workers report.
+            Some(t) => {
+                (t.elements, t.bytes) = (t.elements.saturating_add(more.elements), t.bytes.saturating_add(more.bytes))
+            }
             None => totals.push(*more),
         }
     }

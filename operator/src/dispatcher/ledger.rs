@@ -213,8 +213,8 @@ impl Job {
             }
         }
         while plan.splits > 0 && job.current.done.len() as u64 == plan.splits {
-            job.current = job.next.take().unwrap_or_else(|| Pass::full(plan, job.epoch + 1));
-            job.epoch += 1;
+            job.current = job.next.take().unwrap_or_else(|| Pass::full(plan, job.epoch.saturating_add(1)));
+            job.epoch = job.epoch.saturating_add(1);
         }
         job
     }
@@ -325,9 +325,10 @@ impl Job {
         if self.current.done.len() as u64 != splits {
             return None;
         }
-        let next = self.next.take().unwrap_or_else(|| Pass::full(plan, self.epoch + 1));
+        // Saturating: a job may start at any epoch a worker names, u64::MAX too.
+        let next = self.next.take().unwrap_or_else(|| Pass::full(plan, self.epoch.saturating_add(1)));
         let finished = std::mem::replace(&mut self.current, next);
-        self.epoch += 1;
+        self.epoch = self.epoch.saturating_add(1);
         finished.started.map(|t| (finished.action(), now.saturating_duration_since(t).as_secs_f64()))
     }
 

@@ -21,4 +21,4 @@ pub use ledger::{Assignment, JobSummary};
 pub use members::{Progress, Timeouts};
 pub use ranks::{Quota, Received};
 pub use service::{Dispatcher, DispatcherService, HEARTBEAT_INTERVAL, serve};
-pub use state::{DispatchError, DispatcherState, WorkerRegistration};
+pub use state::{DispatchError, DispatcherState, MAX_ID_BYTES, MAX_SPLITS, WorkerRegistration};

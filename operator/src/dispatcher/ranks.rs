@@ -23,6 +23,10 @@ pub use stoker_api::ranks::{Quota, Received};
 /// before for a rank that has not seen its final quota yet.
 const KEPT_EPOCHS: usize = 4;
 
+/// The most rounds an epoch's order holds that not every rank has yielded. Ranks hold a few
+/// batches each ahead of their training loop, far fewer than this.
+pub const MAX_ORDER_ROUNDS: usize = 1 << 14;
+
 /// The ranks of one job and what each received of its recent epochs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ranks {
@@ -70,7 +74,8 @@ impl Ranks {
     /// A rank rejoined this dispatcher with `open` as its job's open epoch: it may be reading
     /// that epoch or the next under another dispatcher's order.
     pub fn rejoined(&mut self, open: u64) {
-        let through = open + 1;
+        // Saturating: the epoch is the client's word, and may be u64::MAX.
+        let through = open.saturating_add(1);
         self.unordered_through = Some(self.unordered_through.map_or(through, |t| t.max(through)));
     }
 
@@ -85,12 +90,13 @@ impl Ranks {
         }
         let e = self.epochs.entry(epoch).or_default();
         let got = e.ranks.entry(rank).or_default();
-        self.dropped_rows += r.dropped_rows.saturating_sub(got.dropped_rows);
+        self.dropped_rows = self.dropped_rows.saturating_add(r.dropped_rows.saturating_sub(got.dropped_rows));
         got.batches = got.batches.max(r.batches);
         got.ended |= r.ended;
         got.dropped_rows = got.dropped_rows.max(r.dropped_rows);
         got.position = got.position.max(r.position);
-        for (worker, n) in r.rounds {
+        // No worker has a longer id; a longer one would be copied into every round of the order.
+        for (worker, n) in r.rounds.into_iter().filter(|(w, _)| w.len() <= super::state::MAX_ID_BYTES) {
             let rounds = got.rounds.entry(worker).or_default();
             *rounds = (*rounds).max(n);
         }
@@ -136,15 +142,24 @@ impl Order {
                 (everyone > taken).then(|| (w.clone(), taken, everyone))
             })
             .collect();
-        for (worker, _, everyone) in &ready {
-            self.taken.insert(worker.clone(), *everyone);
-        }
-        while !ready.is_empty() {
-            for (worker, next, _) in ready.iter_mut() {
-                self.rounds.push_back(RoundRef { worker: worker.clone(), index: *next });
-                *next += 1;
+        // The counts are the clients' word: at most MAX_ORDER_ROUNDS rounds wait in the order
+        // (u64::MAX of them would never fit), the rest join with a later report once the ranks
+        // have yielded some.
+        let mut room = MAX_ORDER_ROUNDS.saturating_sub(self.rounds.len());
+        let mut added = true;
+        while added {
+            added = false;
+            for (worker, next, end) in ready.iter_mut() {
+                if *next < *end && room > 0 {
+                    self.rounds.push_back(RoundRef { worker: worker.clone(), index: *next });
+                    *next += 1;
+                    room -= 1;
+                    added = true;
+                }
             }
-            ready.retain(|(_, next, end)| next < end);
+        }
+        for (worker, next, _) in ready {
+            self.taken.insert(worker, next);
         }
         let yielded = ranks.values().map(|r| r.position).min().unwrap_or(0);
         while self.base < yielded && self.rounds.pop_front().is_some() {
@@ -169,6 +184,18 @@ mod tests {
     fn rounds(of: &[(&str, u64)], position: u64) -> Received {
         let rounds = of.iter().map(|&(w, n)| (w.to_string(), n)).collect();
         Received { batches: of.iter().map(|(_, n)| n).sum(), rounds, position, ..Received::default() }
+    }
+
+    trait With {
+        fn with(self, of: &[(&str, u64)]) -> Received;
+    }
+
+    impl With for Received {
+        /// These rounds, without summing them into `batches` (u64::MAX would overflow).
+        fn with(mut self, of: &[(&str, u64)]) -> Received {
+            self.rounds = of.iter().map(|&(w, n)| (w.to_string(), n)).collect();
+            self
+        }
     }
 
     fn order(ranks: &Ranks, epoch: u64) -> (u64, Vec<(String, u64)>) {
@@ -270,5 +297,40 @@ mod tests {
         plain.report(0, 0, rounds(&[("a", 1)], 0));
         plain.report(1, 0, rounds(&[("a", 1)], 0));
         assert_eq!(plain.quotas(), [(0, quota(1, false))], "not coordinated: no order");
+    }
+
+    #[test]
+    fn rounds_counts_a_client_makes_up_fill_the_order_only_so_far() {
+        // Both ranks claiming u64::MAX rounds of a worker looped until memory ran out.
+        let claim = |of: &[(&str, u64)], position| Received { batches: 1, ..rounds(&of[..0], position) }.with(of);
+        let mut ranks = Ranks::new(2, true);
+        ranks.report(0, 0, claim(&[("a", u64::MAX), ("b", 2)], 0));
+        ranks.report(1, 0, claim(&[("a", u64::MAX), ("b", 2)], 0));
+        let (base, taken) = order(&ranks, 0);
+        assert_eq!((base, taken.len()), (0, MAX_ORDER_ROUNDS));
+        assert_eq!(taken[..4], [r("a", 0), r("b", 0), r("a", 1), r("b", 1)], "in turn, as before");
+        // Once the ranks have yielded some, their next reports take as many more, in order.
+        for _ in 0..2 {
+            ranks.report(0, 0, claim(&[("a", u64::MAX)], 10));
+            ranks.report(1, 0, claim(&[("a", u64::MAX)], 10));
+        }
+        let (base, taken) = order(&ranks, 0);
+        assert_eq!((base, taken.len()), (10, MAX_ORDER_ROUNDS));
+        assert_eq!(taken.last(), Some(&r("a", MAX_ORDER_ROUNDS as u64 + 7)));
+        // A worker id longer than any the dispatcher accepts is not copied into the order.
+        let long = "w".repeat(crate::dispatcher::MAX_ID_BYTES + 1);
+        let mut other = Ranks::new(2, true);
+        other.report(0, 0, rounds(&[(&long, 3)], 0));
+        other.report(1, 0, rounds(&[(&long, 3)], 0));
+        assert_eq!(order(&other, 0), (0, vec![]));
+    }
+
+    #[test]
+    fn dropped_rows_saturate() {
+        let mut ranks = Ranks::new(1, false);
+        for epoch in 0..2 {
+            ranks.report(0, epoch, Received { dropped_rows: u64::MAX, ..Received::default() });
+        }
+        assert_eq!(ranks.dropped_rows(), u64::MAX);
     }
 }

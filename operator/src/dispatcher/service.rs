@@ -113,7 +113,12 @@ impl Dispatcher {
     }
 
     pub fn into_server(self: Arc<Self>) -> DispatcherServer<DispatcherService> {
-        DispatcherServer::new(DispatcherService(self))
+        DispatcherServer::new(self.into_service())
+    }
+
+    /// The RPC handlers without the transport, for calling them directly (the fuzz targets).
+    pub fn into_service(self: Arc<Self>) -> DispatcherService {
+        DispatcherService(self)
     }
 
     /// Refused calls: the counter for the registry, the tally for Events.

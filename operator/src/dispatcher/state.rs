@@ -19,6 +19,15 @@ use super::ranks::{Quota, Ranks, Received};
 use crate::autocache::plan::{Directive, Measured};
 use crate::key::PipelineKey;
 
+/// The most splits a pipeline's plan may have: each job keeps a queue of every split of its
+/// epoch (and of the next), so a worker's word alone must not size it. Rows name their split
+/// in 32 bits anyway (`stoker_api::row`), and no listing comes near 16 million shards.
+pub const MAX_SPLITS: u64 = 1 << 24;
+
+/// The longest worker or client id a registration may ask to keep: ids are copied into every
+/// round of a coordinated job's order, and the ones the dispatcher hands out are short.
+pub const MAX_ID_BYTES: usize = 253;
+
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DispatchError {
     /// The id is unknown (e.g. the dispatcher restarted): register again.
@@ -203,6 +212,10 @@ impl DispatcherState {
         if r.splits == 0 {
             return Err(DispatchError::Invalid("a worker must plan at least one split".into()));
         }
+        if r.splits > MAX_SPLITS {
+            return Err(DispatchError::Invalid(format!("{} splits is above the limit of {MAX_SPLITS}", r.splits)));
+        }
+        check_id(r.worker_id.as_deref())?;
         // A new process at a live worker's address (a pod's IP given to its replacement, a
         // container restarted in its pod): that worker is gone, whatever its heartbeats say.
         let replaced: Vec<String> = self
@@ -390,6 +403,7 @@ impl DispatcherState {
     pub fn register_client(&mut self, r: ClientRegistration, now: Instant) -> Result<Registered, DispatchError> {
         let ClientRegistration { pipeline, job, consumer_index, consumers, coordinated, client_id, rejoin, resume } = r;
         stoker_api::proto::check_rank(consumer_index, consumers).map_err(DispatchError::Invalid)?;
+        check_id(client_id.as_deref())?;
         if coordinated && consumers < 2 {
             return Err(DispatchError::Invalid(
                 "coordinated mode lines up the batches of a job's ranks: declare consumers (2 or more)".into(),
@@ -602,8 +616,9 @@ fn measured<'a>(workers: impl Iterator<Item = &'a Worker>) -> Measured {
         let (p, c) = (&w.progress, &w.progress.cache);
         m.workers += 1;
         m.threads = m.threads.max(w.threads);
-        m.splits += c.splits_measured;
-        m.elements += p.elements.saturating_sub(c.elements_read);
+        // Saturating: the counts are the workers' word.
+        m.splits = m.splits.saturating_add(c.splits_measured);
+        m.elements = m.elements.saturating_add(p.elements.saturating_sub(c.elements_read));
         if m.op_seconds.len() < p.op_seconds.len() {
             m.op_seconds.resize(p.op_seconds.len(), 0.0);
         }
@@ -620,6 +635,16 @@ fn measured<'a>(workers: impl Iterator<Item = &'a Worker>) -> Measured {
     m
 }
 
+/// An id a registration asks to keep must be short (see `MAX_ID_BYTES`).
+fn check_id(id: Option<&str>) -> Result<(), DispatchError> {
+    match id {
+        Some(id) if id.len() > MAX_ID_BYTES => {
+            Err(DispatchError::Invalid(format!("an id of {} bytes is longer than {MAX_ID_BYTES}", id.len())))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// A number for a dispatcher's start, from its instance name: never 0 (a standalone worker's).
 fn incarnation(instance: &str) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -634,3 +659,7 @@ mod gather;
 #[cfg(test)]
 #[path = "state_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "state_bounds_tests.rs"]
+mod bounds_tests;
