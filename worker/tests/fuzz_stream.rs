@@ -126,6 +126,7 @@ fn valid(r: &StreamRequest) -> bool {
 
 #[test]
 fn every_request_is_refused_exactly_when_invalid_and_a_valid_one_streams_within_its_limit() {
+    let _serial = fuzz_support::serial();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     let service = StreamService::new(source());
     let tensor_bytes = 2 * 96 * 96 * 3 + 2 * 8;
@@ -139,7 +140,7 @@ fn every_request_is_refused_exactly_when_invalid_and_a_valid_one_streams_within_
             Ok::<_, tonic::Status>(chunks.collect::<Vec<_>>().await)
         });
         // Two small batches: nothing near a message limit of up to 256 MiB is allocated.
-        let peak = fuzz_support::peak() - before;
+        let peak = fuzz_support::peak().saturating_sub(before);
         prop_assert!(peak < 8 << 20, "the call took {} bytes at its peak", peak);
         match answer {
             Ok(chunks) => {
@@ -243,6 +244,7 @@ fn body(input: &Wire) -> (&'static str, Bytes) {
 
 #[test]
 fn bytes_that_are_not_a_stream_request_get_a_status_and_the_worker_streams_on() {
+    let _serial = fuzz_support::serial();
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("a runtime");
     let worker = runtime.block_on(stream_support::start_with(StreamService::new(source()), ServerOptions::default()));

@@ -14,6 +14,13 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 
 /// Cases each target runs by default: together the fuzz targets stay within about a minute in
 /// a debug build on two cores. `STOKER_FUZZ_CASES` runs more (or fewer) by hand.
+/// Held by each test of a fuzz binary: the allocation counters are process-wide, so a test
+/// measuring its peak must not run beside another allocating test.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub fn cases(default: u32) -> u32 {
     std::env::var("STOKER_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
