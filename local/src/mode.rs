@@ -104,7 +104,7 @@ impl Local {
                 book: book.clone(),
                 scaler: Shared(workers.clone()),
                 every: autoscaling::ROUND,
-                budget: options.budget,
+                caps: stoker_operator::autoscaling::budget::Caps { cluster: options.budget, namespace: None },
             };
             let (policy, scope_key) = (spec.autoscaling.policy.clone(), key.clone());
             let pipelines = move |book: &ScalingBook| {
