@@ -174,6 +174,6 @@ impl Local {
     /// Stops scaling and the dispatcher, and terminates the workers.
     pub async fn shutdown(self) {
         self.stop.send_replace(true);
-        let _ = self.workers.scale(&self.key, 0).await;
+        self.workers.stop_all().await;
     }
 }
