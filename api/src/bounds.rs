@@ -129,20 +129,20 @@ pub(crate) fn check(spec: &DataPlaneSpec, err: &mut impl FnMut(&str, String)) {
             }
             Transform::RandomFlip(_) | Transform::Filter(_) | Transform::Autocache(_) => None,
         };
-        if let Some((field, image)) = touched.and_then(|f| Some((f, *images.get(f)?))) {
-            if let Some(bytes) = image.bytes().filter(|b| *b > MAX_ELEMENT_BYTES) {
-                err(
-                    &at,
-                    format!(
-                        "makes field {field:?} {} = {bytes} bytes per element, above the limit of \
-                         {MAX_ELEMENT_BYTES} bytes ({} MiB); use a smaller size or dtype",
-                        image.describe(),
-                        MAX_ELEMENT_BYTES >> 20
-                    ),
-                );
-                // Counted once: later ops on the field would repeat the same complaint.
-                images.remove(field);
-            }
+        if let Some((field, image)) = touched.and_then(|f| Some((f, *images.get(f)?)))
+            && let Some(bytes) = image.bytes().filter(|b| *b > MAX_ELEMENT_BYTES)
+        {
+            err(
+                &at,
+                format!(
+                    "makes field {field:?} {} = {bytes} bytes per element, above the limit of \
+                     {MAX_ELEMENT_BYTES} bytes ({} MiB); use a smaller size or dtype",
+                    image.describe(),
+                    MAX_ELEMENT_BYTES >> 20
+                ),
+            );
+            // Counted once: later ops on the field would repeat the same complaint.
+            images.remove(field);
         }
     }
 
