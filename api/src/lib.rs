@@ -1,6 +1,7 @@
 //! Types shared by every Stoker component. Nothing here talks to a cluster: the worker and the
 //! clients depend on this crate without pulling in a Kubernetes client.
 
+pub mod bounds;
 pub mod chunk;
 pub mod fingerprint;
 pub mod order;

@@ -104,8 +104,9 @@ pub enum SourceFormat {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Shuffle {
-    /// Elements held in the shuffle buffer; larger mixes better and costs memory.
-    #[schemars(range(min = 1))]
+    /// Elements held in the shuffle buffer (at most 16777216); larger mixes better and costs
+    /// memory. A worker stops growing the buffer at half its memory budget and says so in its log.
+    #[schemars(range(min = 1, max = crate::bounds::MAX_SHUFFLE_BUFFER))]
     pub buffer_size: u32,
     /// Overrides spec.seed for the shuffle only.
     #[serde(default, skip_serializing_if = "Option::is_none")]

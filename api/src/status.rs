@@ -68,7 +68,8 @@ pub struct AutoscalerStatus {
     /// Where the search is: Growing, Bisecting, Converged, Idle...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
-    /// Workers this pipeline wanted beyond its share of the cluster-wide worker budget.
+    /// Workers this pipeline wanted beyond its share of the cluster-wide worker budget or its
+    /// namespace's worker cap.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub held_back_by_budget: u32,
     /// Newest last; bounded.

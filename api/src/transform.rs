@@ -70,11 +70,14 @@ fn three() -> u8 {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Resize {
-    /// [height, width].
+    /// [height, width], each at most 8192 px.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(inner(range(min = 1, max = crate::bounds::MAX_IMAGE_SIDE)))]
     pub size: Option<[u32; 2]>,
+    /// At most 8192 px; the longer side follows the image's aspect ratio and is refused per
+    /// element above 8192 px.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_IMAGE_SIDE))]
     pub shorter_side: Option<u32>,
     #[serde(default = "image_field")]
     pub field: String,
@@ -83,7 +86,8 @@ pub struct Resize {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CenterCrop {
-    /// [height, width].
+    /// [height, width], each at most 8192 px.
+    #[schemars(inner(range(min = 1, max = crate::bounds::MAX_IMAGE_SIDE)))]
     pub size: [u32; 2],
     #[serde(default = "image_field")]
     pub field: String,
@@ -94,7 +98,8 @@ pub struct CenterCrop {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RandomResizedCrop {
-    /// [height, width].
+    /// [height, width], each at most 8192 px.
+    #[schemars(inner(range(min = 1, max = crate::bounds::MAX_IMAGE_SIDE)))]
     pub size: [u32; 2],
     #[serde(default = "default_scale")]
     pub scale: [f64; 2],

@@ -179,6 +179,8 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
         }
     }
 
+    crate::bounds::check(&spec.data_plane, &mut err);
+
     if spec.cache.mode == CacheMode::Always && hints == 0 {
         err(
             "spec.cache.mode",

@@ -60,6 +60,7 @@ async fn values_reach_the_operator() {
     let objects = render(&[
         "leaderElection.enabled=false",
         "workerBudget=40",
+        "namespaceWorkerCap=8",
         "logLevel=debug",
         "images.worker.repository=registry.example/worker",
         "images.worker.tag=v9",
@@ -78,13 +79,16 @@ async fn values_reach_the_operator() {
     ] {
         assert!(args.contains(expected), "{expected:?} in {args}");
     }
+    let env = &find(&objects, "Deployment").unwrap()["spec"]["template"]["spec"]["containers"][0]["env"];
+    let cap = env.as_array().unwrap().iter().find(|e| e["name"] == "STOKER_NAMESPACE_WORKER_CAP");
+    assert_eq!(cap.map(|e| &e["value"]), Some(&Value::from("8")), "{env}");
     assert!(find(&objects, "ServiceMonitor").is_some());
     assert!(find(&objects, "CustomResourceDefinition").is_none());
 }
 
 #[tokio::test]
 async fn the_values_schema_refuses_bad_values() {
-    for bad in ["logFormat=xml", "workerBudget=-1", "replicaCount=0"] {
+    for bad in ["logFormat=xml", "workerBudget=-1", "namespaceWorkerCap=-1", "replicaCount=0"] {
         let err = render(&[bad]).await.expect_err(bad);
         assert!(format!("{err:#}").contains("values don't meet the specifications of the schema"), "{bad}: {err:#}");
     }

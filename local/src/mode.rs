@@ -104,7 +104,7 @@ impl Local {
                 book: book.clone(),
                 scaler: Shared(workers.clone()),
                 every: autoscaling::ROUND,
-                budget: options.budget,
+                caps: stoker_operator::autoscaling::budget::Caps { cluster: options.budget, namespace: None },
             };
             let (policy, scope_key) = (spec.autoscaling.policy.clone(), key.clone());
             let pipelines = move |book: &ScalingBook| {
@@ -174,6 +174,6 @@ impl Local {
     /// Stops scaling and the dispatcher, and terminates the workers.
     pub async fn shutdown(self) {
         self.stop.send_replace(true);
-        let _ = self.workers.scale(&self.key, 0).await;
+        self.workers.stop_all().await;
     }
 }

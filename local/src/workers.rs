@@ -1,14 +1,30 @@
 //! The local-processes scaler: runs a pipeline's workers as `stoker-worker` child processes
 //! attached to the dispatcher, for `stoker local`, the demo and tests.
+//!
+//! No worker outlives this process, however it ends:
+//! - killed outright (SIGKILL, a crash): each worker has `PR_SET_PDEATHSIG(SIGKILL)`. That
+//!   signal fires when the *thread* that forked the worker exits, not the process, and tokio's
+//!   threads come and go, so every worker is forked by one dedicated thread that lives as long
+//!   as the process (`spawner`); and a worker whose parent died before the prctl took effect
+//!   exits at once (the `getppid` check).
+//! - stopped (SIGTERM to `stoker local`, the end of a test): [`LocalWorkers::stop_all`] stops
+//!   scaling up, terminates every worker and waits for it, killing what outlasts the grace.
+//! - dropped: a [`Worker`] kills its process on drop.
+//!
+//! Each worker runs in a process group of its own, signalled as a group, so a Ctrl-C in the
+//! terminal reaches only `stoker local` (which then stops the workers in order) and anything a
+//! worker might start goes with it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::sync::Mutex;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use stoker_api::WorkerPipeline;
-use tokio::process::{Child, Command};
 
 use stoker_operator::autoscaling::Scaler;
 use stoker_operator::key::PipelineKey;
@@ -46,22 +62,102 @@ pub fn worker_binary() -> PathBuf {
     PathBuf::from("stoker-worker")
 }
 
+/// How long a stopping worker gets between SIGTERM and SIGKILL: enough to hand back what it
+/// holds (its own grace after SIGTERM is shorter).
+const GRACE: Duration = Duration::from_secs(10);
+
+type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// The thread every worker is forked from: it lives as long as the process, so the workers'
+/// parent-death signal fires when the process dies and not before.
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnJob>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name("stoker-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("starting the worker spawner thread");
+        Mutex::new(tx)
+    })
+}
+
+fn spawn_from_spawner(command: Command) -> std::io::Result<Child> {
+    let (tx, rx) = mpsc::channel();
+    spawner().lock().unwrap_or_else(|e| e.into_inner()).send((command, tx)).expect("the spawner thread lives");
+    rx.recv().expect("the spawner thread replies")
+}
+
+/// A worker process, in its own process group; killed (the group) and reaped on drop.
+pub struct Worker {
+    child: Child,
+    exited: bool,
+}
+
+impl Worker {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn running(&mut self) -> bool {
+        if !self.exited {
+            self.exited = !matches!(self.child.try_wait(), Ok(None));
+        }
+        !self.exited
+    }
+
+    /// Signals the worker's process group; not once it has been reaped (its id may be reused).
+    fn signal(&mut self, signal: i32) {
+        if self.running() {
+            // SAFETY: kill(2) on the group of our own unreaped child (its id is the group's).
+            unsafe { libc::kill(-(self.child.id() as i32), signal) };
+        }
+    }
+
+    /// SIGTERM, then up to `grace` for it to exit, then SIGKILL.
+    async fn stop(mut self, grace: Duration) {
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while self.running() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Drop kills what is left and reaps.
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.signal(libc::SIGKILL);
+        if !self.exited {
+            // SIGKILL cannot be caught: this returns as soon as the kernel has ended it.
+            let _ = self.child.wait();
+        }
+    }
+}
+
 struct Running {
     pipeline: WorkerPipeline,
     /// What the cache directory may hold (`--cache-cap-bytes`); the worker's default if None.
     cache_cap_bytes: Option<u64>,
-    children: Vec<Child>,
+    children: Vec<Worker>,
     started: u64,
 }
 
 pub struct LocalWorkers {
     config: LocalWorkerConfig,
     pipelines: Mutex<BTreeMap<PipelineKey, Running>>,
+    /// Set by `stop_all`: no worker is started after it (a scaling round racing the shutdown
+    /// would otherwise start one nobody stops).
+    closed: AtomicBool,
 }
 
 impl LocalWorkers {
     pub fn new(config: LocalWorkerConfig) -> Self {
-        LocalWorkers { config, pipelines: Mutex::new(BTreeMap::new()) }
+        LocalWorkers { config, pipelines: Mutex::new(BTreeMap::new()), closed: AtomicBool::new(false) }
     }
 
     /// Makes the pipeline known; it runs no worker until scaled.
@@ -77,26 +173,43 @@ impl LocalWorkers {
     pub fn running(&self, pipeline: &PipelineKey) -> usize {
         let mut pipelines = self.pipelines.lock().unwrap();
         let Some(running) = pipelines.get_mut(pipeline) else { return 0 };
-        running.children.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+        running.children.retain_mut(Worker::running);
         running.children.len()
     }
 
     /// Process ids of a pipeline's running workers.
     pub fn pids(&self, pipeline: &PipelineKey) -> Vec<u32> {
-        let pipelines = self.pipelines.lock().unwrap();
-        pipelines.get(pipeline).map(|r| r.children.iter().filter_map(|c| c.id()).collect()).unwrap_or_default()
+        let mut pipelines = self.pipelines.lock().unwrap();
+        let Some(running) = pipelines.get_mut(pipeline) else { return Vec::new() };
+        running.children.retain_mut(Worker::running);
+        running.children.iter().map(Worker::pid).collect()
     }
 
     /// Kills one worker abruptly (SIGKILL), as a crash would: for failure tests.
     pub fn kill_one(&self, pipeline: &PipelineKey) -> Option<u32> {
         let mut pipelines = self.pipelines.lock().unwrap();
-        let child = pipelines.get_mut(pipeline)?.children.pop()?;
-        let pid = child.id();
-        drop(child); // kill_on_drop
-        pid
+        let worker = pipelines.get_mut(pipeline)?.children.pop()?;
+        let pid = worker.pid();
+        drop(worker); // kills and reaps
+        Some(pid)
     }
 
-    fn spawn(&self, pipeline: &WorkerPipeline, cache_cap_bytes: Option<u64>, n: u64) -> anyhow::Result<Child> {
+    /// Stops every worker of every pipeline and waits until they have exited (SIGTERM, then
+    /// SIGKILL after the grace period); none is started afterwards.
+    pub async fn stop_all(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let workers: Vec<Worker> = {
+            let mut pipelines = self.pipelines.lock().unwrap();
+            pipelines.values_mut().flat_map(|r| r.children.drain(..)).collect()
+        };
+        let stopping: Vec<_> = workers.into_iter().map(|w| tokio::spawn(w.stop(GRACE))).collect();
+        for stopped in stopping {
+            let _ = stopped.await;
+        }
+    }
+
+    fn spawn(&self, pipeline: &WorkerPipeline, cache_cap_bytes: Option<u64>, n: u64) -> anyhow::Result<Worker> {
+        use std::os::unix::process::CommandExt as _;
         let c = &self.config;
         let json = serde_json::to_string(pipeline)?;
         let mut command = Command::new(&c.binary);
@@ -109,12 +222,18 @@ impl LocalWorkers {
             .env("STOKER_PIPELINE", json)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .kill_on_drop(true);
-        // A worker dies with `stoker local` even when it is killed outright (no drop runs).
-        // SAFETY: prctl is async-signal-safe and touches nothing of the parent's.
+            .process_group(0);
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
         unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before prctl took effect: nobody would signal us.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
                 Ok(())
             });
         }
@@ -122,7 +241,8 @@ impl LocalWorkers {
             let path = dir.join(format!("{}-{}.log", pipeline.name, n));
             command.stderr(std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?);
         }
-        command.spawn().with_context(|| format!("starting {}", c.binary.display()))
+        let child = spawn_from_spawner(command).with_context(|| format!("starting {}", c.binary.display()))?;
+        Ok(Worker { child, exited: false })
     }
 }
 
@@ -132,7 +252,10 @@ impl Scaler for LocalWorkers {
         {
             let mut pipelines = self.pipelines.lock().unwrap();
             let running = pipelines.get_mut(pipeline).with_context(|| format!("no local pipeline {pipeline}"))?;
-            running.children.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+            running.children.retain_mut(Worker::running);
+            if self.closed.load(Ordering::SeqCst) && workers > 0 {
+                anyhow::bail!("the local workers are stopped; not starting {workers} for {pipeline}");
+            }
             while running.children.len() < workers as usize {
                 running.started += 1;
                 let child = self.spawn(&running.pipeline, running.cache_cap_bytes, running.started)?;
@@ -142,17 +265,11 @@ impl Scaler for LocalWorkers {
                 stopping.push(running.children.pop().expect("more than wanted"));
             }
         }
-        // Newest first, gracefully: SIGTERM lets a worker finish handing out what it holds.
-        for mut child in stopping {
-            if let Some(pid) = child.id() {
-                // SAFETY: plain kill(2) on our own child's pid.
-                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-            }
-            tokio::spawn(async move {
-                if tokio::time::timeout(std::time::Duration::from_secs(10), child.wait()).await.is_err() {
-                    let _ = child.kill().await;
-                }
-            });
+        // Newest first, gracefully: SIGTERM lets a worker finish handing out what it holds. Not
+        // awaited, so scaling goes on; a worker still stopping when the runtime ends is killed
+        // by its drop.
+        for worker in stopping {
+            tokio::spawn(worker.stop(GRACE));
         }
         Ok(())
     }

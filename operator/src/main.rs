@@ -80,6 +80,10 @@ struct RunArgs {
     /// autoscaler shares it out by marginal gain, never below a pipeline's min.
     #[arg(long, env = "STOKER_WORKER_BUDGET", default_value_t = 0)]
     worker_budget: u32,
+    /// Cap on the worker pods of one namespace's BatchTime pipelines together (0 = no cap),
+    /// beside --worker-budget, so one tenant cannot take it all; never below the pipelines' mins.
+    #[arg(long, env = "STOKER_NAMESPACE_WORKER_CAP", default_value_t = 0)]
+    namespace_worker_cap: u32,
 
     /// How callers of the dispatcher and workers prove who they are: `kubernetes` (a
     /// ServiceAccount token checked with TokenReview and SubjectAccessReview) or `none`
@@ -190,7 +194,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         _ = leading.wait_for(|l| *l) => {}
         _ = waiting.wait_for(|s| *s) => return finish(server, elector).await,
     }
-    info!(%identity, worker_image = %args.worker_image, worker_budget = args.worker_budget, "leading: starting the controller");
+    info!(%identity, worker_image = %args.worker_image, worker_budget = args.worker_budget, namespace_worker_cap = args.namespace_worker_cap, "leading: starting the controller");
 
     let defaults = WorkerDefaults {
         image: args.worker_image.clone(),
@@ -246,7 +250,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         book: book.clone(),
         scaler: DeploymentScaler::new(book.clone(), reconcile_tx.clone()),
         every: autoscaling::ROUND,
-        budget: (args.worker_budget > 0).then_some(args.worker_budget),
+        caps: autoscaling::budget::Caps::from_flags(args.worker_budget, args.namespace_worker_cap),
     };
     let store = store_tx.subscribe();
     let after_round =

@@ -199,8 +199,22 @@ fn the_budget_share_is_greedy_on_log_speedup() {
     };
     // a: data-bound at 1 worker (100 ms, 70% waiting): needs ~4. b: barely data-bound.
     let wishes = vec![
-        Wish { key: "a".into(), min: 1, wants: 8, current: 1, model: Some(Model::from_window(&w(1, 0.100, 0.7))) },
-        Wish { key: "b".into(), min: 1, wants: 8, current: 1, model: Some(Model::from_window(&w(1, 0.100, 0.1))) },
+        Wish {
+            key: "a".into(),
+            namespace: "a".into(),
+            min: 1,
+            wants: 8,
+            current: 1,
+            model: Some(Model::from_window(&w(1, 0.100, 0.7))),
+        },
+        Wish {
+            key: "b".into(),
+            namespace: "b".into(),
+            min: 1,
+            wants: 8,
+            current: 1,
+            model: Some(Model::from_window(&w(1, 0.100, 0.1))),
+        },
     ];
     let grants = budget::share(wishes, Some(4));
     assert_eq!((grants["a"].granted, grants["b"].granted), (3, 1), "{grants:?}");

@@ -96,6 +96,11 @@ impl Rows {
         self.bytes
     }
 
+    /// The whole budget's limit.
+    pub fn limit(&self) -> usize {
+        self.budget.limit
+    }
+
     /// Corrects the reservation to `bytes` without waiting (an estimate made before the rows
     /// existed).
     pub fn resize(&mut self, bytes: usize) {

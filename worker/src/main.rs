@@ -156,6 +156,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let bound = listener.local_addr()?;
     tracing::info!(splits = engine.splits().len(), listen = %bound, "serving batches");
     let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
+    let mut stopped_early = stopping.clone();
     tokio::spawn(async move {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
@@ -181,7 +182,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(url) => {
             let engine = Arc::new(engine);
             let address = args.advertise.unwrap_or_else(|| advertised(bound));
-            let link = Link::register(&url, &engine, address, TokenSource::discover(None)).await?;
+            // Registration retries while the dispatcher is unreachable; a SIGTERM meanwhile
+            // (its parent going away) must end the worker, not wait for a dispatcher that is gone.
+            let link = tokio::select! {
+                link = Link::register(&url, &engine, address, TokenSource::discover(None)) => link?,
+                _ = stopped_early.wait_for(|s| *s) => {
+                    tracing::info!("stopped before registering with the dispatcher");
+                    return Ok(());
+                }
+            };
             let abandoned_after = std::time::Duration::from_secs(args.abandoned_after_seconds);
             let source = DispatchedSource::new(engine.clone(), link.clone(), args.max_batch_rate, abandoned_after);
             link.spawn_heartbeats(engine, source.errors.clone(), HEARTBEAT_INTERVAL);

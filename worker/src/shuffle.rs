@@ -1,5 +1,7 @@
 //! The shuffle buffer: holds up to `capacity` elements and releases a random one for each new
-//! element, like tf.data's shuffle. Seeded per (seed, epoch) so runs repeat exactly.
+//! element, like tf.data's shuffle. Seeded per (seed, epoch) so runs repeat exactly. The
+//! engine may stop it growing below `capacity` (the memory budget's cap, see the batcher);
+//! from then on it behaves exactly as a buffer made with the smaller capacity.
 
 /// SplitMix64: tiny, fast and well mixed; plenty for choosing buffer slots.
 #[derive(Clone, Debug)]
@@ -62,6 +64,17 @@ impl<T> ShuffleBuffer<T> {
         self.items.len()
     }
 
+    /// Whether the next push adds an element rather than swapping one out.
+    pub fn is_growing(&self) -> bool {
+        self.items.len() < self.capacity
+    }
+
+    /// Makes the current length the capacity (at least 1). Growing a buffer only appends
+    /// without drawing, so the output is what a buffer made with this capacity gives.
+    pub fn stop_growing(&mut self) {
+        self.capacity = self.items.len().max(1);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
@@ -102,6 +115,23 @@ mod tests {
             (0..400).map(|s| shuffled(100, 100, s, 0).iter().position(|&x| x == 99).unwrap() as f64).sum::<f64>()
                 / 400.0;
         assert!((35.0..65.0).contains(&mean), "mean position {mean}");
+    }
+
+    #[test]
+    fn a_buffer_stopped_at_n_elements_shuffles_as_one_made_with_capacity_n() {
+        for (n, seed) in [(1, 1), (17, 2), (64, 3)] {
+            let mut buf = ShuffleBuffer::new(1 << 30, seed, 5);
+            let mut out = Vec::new();
+            for i in 0..1000u32 {
+                out.extend(buf.push(i));
+                if buf.len() == n && buf.is_growing() {
+                    buf.stop_growing();
+                }
+            }
+            assert!(!buf.is_growing() && buf.len() == n);
+            out.extend(buf.drain());
+            assert_eq!(out, shuffled(1000, n, seed, 5), "capped at {n}");
+        }
     }
 
     #[test]

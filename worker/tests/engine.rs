@@ -151,6 +151,70 @@ async fn a_slow_client_stops_production_at_the_memory_budget() {
     assert_eq!(held, 4, "the other four batches follow once the first two are released");
 }
 
+/// The huge shuffle buffer: bufferSize four billion and a 256 KiB budget. The buffer
+/// stops growing at half the budget instead of holding the whole corpus, every element still
+/// arrives exactly once, and the capped shuffle repeats for the same seed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_huge_shuffle_buffer_is_capped_by_the_memory_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    // 4 shards of 500 elements, each with 256 float64 values (2 KiB): 4 MiB of data in all,
+    // sixteen times the budget.
+    for shard in 0..4 {
+        let lines: String = (0..500)
+            .map(|i| format!("{{\"id\": {}, \"v\": [{}]}}\n", shard * 500 + i, vec!["0.5"; 256].join(",")))
+            .collect();
+        std::fs::write(dir.path().join(format!("{shard}.jsonl")), lines).unwrap();
+    }
+    let manifest = format!(
+        "source: {{uri: '{}', format: jsonl}}\nbatchSize: 16\nshuffle: {{bufferSize: 4000000000, seed: 5}}\n",
+        uri(dir.path())
+    );
+    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
+    let budget = 256 << 10;
+    // Each batch is dropped as soon as its ids are read: holding them would hold their share of
+    // this small budget and stop production.
+    let run = || async {
+        let config = EngineConfig { memory_budget: budget, ..config(2) };
+        let engine = Engine::open(WorkerPipeline::new("ns", "huge", &spec), config).await.unwrap();
+        let (tx, rx) = sync_channel(2);
+        let producer = tokio::task::spawn_blocking(move || {
+            let splits = engine.splits().to_vec();
+            engine.run_epoch(0, &splits, &tx).map(|()| engine)
+        });
+        let ids = tokio::task::spawn_blocking(move || {
+            rx.iter()
+                .flat_map(|r| {
+                    r.batch.tensors["id"]
+                        .data
+                        .chunks(8)
+                        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                        .collect::<Vec<_>>()
+                })
+                .collect::<Vec<i64>>()
+        });
+        let ids = tokio::time::timeout(Duration::from_secs(120), ids).await.expect("the epoch finishes").unwrap();
+        (ids, producer.await.unwrap().unwrap())
+    };
+    let (order, engine) = run().await;
+
+    let cap = engine.stats.shuffle_cap.lock().unwrap().expect("the buffer was capped");
+    let peak = engine.stats.shuffle_peak_bytes.load(std::sync::atomic::Ordering::Relaxed) as usize;
+    // One element costs its 2056 data bytes plus the row's bookkeeping (under 1.5 KiB).
+    let element = 2056 + 1536;
+    assert!(peak <= budget / 2 + element, "the buffer held {peak} bytes, over half the {budget}-byte budget");
+    assert!(peak >= budget / 2, "the buffer filled its share: {peak} bytes");
+    assert!((20..80).contains(&cap.elements) && cap.requested == 4_000_000_000, "{cap:?}");
+    assert_eq!(cap.bytes, peak);
+
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(sorted, (0..2000).collect::<Vec<i64>>(), "every element exactly once");
+    assert_ne!(order, sorted, "still shuffled");
+    let (again, engine) = run().await;
+    assert_eq!(again, order, "the same seed and cap give the same order");
+    assert_eq!(*engine.stats.shuffle_cap.lock().unwrap(), Some(cap));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_missing_source_is_a_clear_error() {
     let err = Engine::open(resnet50_train("file:///nonexistent/stoker/", 8), config(1)).await.map(|_| ()).unwrap_err();

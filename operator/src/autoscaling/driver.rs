@@ -17,7 +17,7 @@ use stoker_api::window::Window;
 use stoker_api::{AutoscalingPolicy, ScalingStep};
 
 use super::ScalingRecord;
-use super::budget::{self, Model};
+use super::budget::{self, Caps, Grant, Model};
 use super::policy::{self, Decision, Limits, Policy, PolicyState};
 use crate::dispatcher::JobWindows;
 use crate::key::PipelineKey;
@@ -70,15 +70,15 @@ type Reasons = BTreeMap<PipelineKey, String>;
 
 impl Driver {
     /// One round: `elapsed` since the last one, the windows taken from the dispatcher, the
-    /// pipelines in scope, and the cluster-wide budget (None: unlimited). Returns the rescales
-    /// and each pipeline's new record.
+    /// pipelines in scope, and the caps (the cluster-wide budget and the per-namespace cap).
+    /// Returns the rescales and each pipeline's new record.
     pub fn round(
         &mut self,
         elapsed: Duration,
         now: &str,
         windows: Vec<JobWindows>,
         pipelines: &[Scaled],
-        budget: Option<u32>,
+        caps: Caps,
         previous: &BTreeMap<PipelineKey, ScalingRecord>,
     ) -> (Vec<Rescale>, BTreeMap<PipelineKey, ScalingRecord>) {
         self.forget_all_but(pipelines);
@@ -86,7 +86,7 @@ impl Driver {
         let due = self.due(elapsed, pipelines);
         let mut reasons = self.judge(&due, pipelines);
         let wishes = self.wishes(elapsed, pipelines, &attached, &mut reasons);
-        let grants = self.grant(pipelines, &wishes, budget);
+        let grants = self.grant(pipelines, &wishes, caps);
         self.records(now, pipelines, &attached, &wishes, &grants, reasons, previous)
     }
 
@@ -189,29 +189,33 @@ impl Driver {
         wishes
     }
 
-    /// Workers granted to each pipeline under the cluster-wide budget (None: all it wishes).
+    /// Workers granted to each pipeline under the caps (none: all it wishes).
     fn grant(
         &self,
         pipelines: &[Scaled],
         wishes: &BTreeMap<PipelineKey, u32>,
-        budget: Option<u32>,
-    ) -> BTreeMap<PipelineKey, u32> {
-        let shared = budget::share(
+        caps: Caps,
+    ) -> BTreeMap<PipelineKey, Grant> {
+        let shared = budget::share_capped(
             pipelines
                 .iter()
                 .map(|p| budget::Wish {
                     key: p.key.to_string(),
+                    namespace: p.key.namespace.clone(),
                     min: p.min,
                     wants: wishes[&p.key],
                     current: p.workers,
                     model: self.model(&p.key),
                 })
                 .collect(),
-            budget,
+            caps,
         );
         pipelines
             .iter()
-            .map(|p| (p.key.clone(), shared.get(&p.key.to_string()).map_or(wishes[&p.key], |g| g.granted)))
+            .map(|p| {
+                let wish = Grant { granted: wishes[&p.key], held_back: 0, by: None };
+                (p.key.clone(), shared.get(&p.key.to_string()).copied().unwrap_or(wish))
+            })
             .collect()
     }
 
@@ -224,14 +228,14 @@ impl Driver {
         pipelines: &[Scaled],
         attached: &BTreeSet<PipelineKey>,
         wishes: &BTreeMap<PipelineKey, u32>,
-        grants: &BTreeMap<PipelineKey, u32>,
+        grants: &BTreeMap<PipelineKey, Grant>,
         mut reasons: Reasons,
         previous: &BTreeMap<PipelineKey, ScalingRecord>,
     ) -> (Vec<Rescale>, BTreeMap<PipelineKey, ScalingRecord>) {
         let mut rescales = Vec::new();
         let mut records = BTreeMap::new();
         for p in pipelines {
-            let granted = grants[&p.key];
+            let Grant { granted, by, .. } = grants[&p.key];
             let held_back = wishes[&p.key].saturating_sub(granted);
             let mut record = previous.get(&p.key).cloned().unwrap_or_default();
             let last = self.last_window(&p.key);
@@ -245,8 +249,8 @@ impl Driver {
             record.state = Some(PolicyState::shown(states).unwrap_or(PolicyState::Idle));
             if granted != p.workers {
                 let mut reason = reasons.remove(&p.key).unwrap_or_else(|| "following the policy".into());
-                if held_back > 0 {
-                    reason.push_str(&format!(" (held back by {held_back} by the cluster-wide worker budget)"));
+                if let Some(cap) = by.filter(|_| held_back > 0) {
+                    reason.push_str(&format!(" (held back by {held_back} by {})", cap.describe()));
                 }
                 record.history.push(ScalingStep {
                     time: now.to_string(),
@@ -439,7 +443,10 @@ mod tests {
         let mut d = Driver::default();
         let pipelines = [scaled("a", 1, 8, 1), scaled("b", 1, 8, 1)];
         let wishes = BTreeMap::from([(key("a"), 6), (key("b"), 6)]);
-        assert_eq!(d.grant(&pipelines, &wishes, None), wishes);
+        let granted = |grants: BTreeMap<PipelineKey, Grant>| -> BTreeMap<PipelineKey, u32> {
+            grants.into_iter().map(|(k, g)| (k, g.granted)).collect()
+        };
+        assert_eq!(granted(d.grant(&pipelines, &wishes, Caps::default())), wishes);
         // a's clients wait 90% of the time at 1 worker, b's 10%: a gains more from each worker.
         for (name, wait) in [("a", 0.9), ("b", 0.1)] {
             let w = window(1, 0.1, wait);
@@ -453,7 +460,7 @@ mod tests {
                 },
             );
         }
-        let grants = d.grant(&pipelines, &wishes, Some(6));
+        let grants = granted(d.grant(&pipelines, &wishes, Caps { cluster: Some(6), namespace: None }));
         assert_eq!(grants.values().sum::<u32>(), 6);
         assert!(grants[&key("a")] > grants[&key("b")], "{grants:?}");
         assert!(grants[&key("b")] >= 1, "every pipeline keeps its min");
@@ -474,7 +481,10 @@ mod tests {
         );
         let attached = BTreeSet::from([key("a")]);
         let wishes = BTreeMap::from([(key("a"), 6), (key("b"), 3)]);
-        let grants = BTreeMap::from([(key("a"), 4), (key("b"), 3)]);
+        let grants = BTreeMap::from([
+            (key("a"), Grant { granted: 4, held_back: 2, by: Some(budget::Cap::Cluster) }),
+            (key("b"), Grant { granted: 3, held_back: 0, by: None }),
+        ]);
         let reasons = Reasons::from([(key("a"), "job j: growing".to_string())]);
         let (rescales, records) = d.records("t0", &pipelines, &attached, &wishes, &grants, reasons, &BTreeMap::new());
         assert_eq!(rescales.len(), 1, "b runs what it was granted");
@@ -507,13 +517,13 @@ mod tests {
         let mut d = Driver::default();
         let pipelines = [scaled("a", 1, 8, 1)];
         let hungry = || vec![job_windows("a", "j", vec![window(1, 0.1, 0.9)])];
-        let (rescales, _) = d.round(SECOND, "t1", hungry(), &pipelines, None, &BTreeMap::new());
+        let (rescales, _) = d.round(SECOND, "t1", hungry(), &pipelines, Caps::default(), &BTreeMap::new());
         assert!(rescales.is_empty(), "not due after one second of a two-second window");
         let mut rounds = 1;
         let (rescales, records) = loop {
             rounds += 1;
             let (rescales, records) =
-                d.round(SECOND, &format!("t{rounds}"), hungry(), &pipelines, None, &BTreeMap::new());
+                d.round(SECOND, &format!("t{rounds}"), hungry(), &pipelines, Caps::default(), &BTreeMap::new());
             if !rescales.is_empty() || rounds == 20 {
                 break (rescales, records);
             }

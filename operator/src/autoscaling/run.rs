@@ -8,6 +8,7 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
 
 use super::ScalingBook;
+use super::budget::Caps;
 use super::driver::{Driver, Rescale, Scaled};
 use super::scaler::Scaler;
 use crate::dispatcher::Dispatcher;
@@ -18,8 +19,8 @@ pub struct Loop<S> {
     pub scaler: S,
     /// Time between rounds: the policy's window.
     pub every: Duration,
-    /// Cluster-wide cap on workers (None: no cap).
-    pub budget: Option<u32>,
+    /// Caps on workers: cluster-wide and per namespace.
+    pub caps: Caps,
 }
 
 impl<S: Scaler> Loop<S> {
@@ -47,7 +48,7 @@ impl<S: Scaler> Loop<S> {
             let scope = pipelines(&self.book);
             let windows = self.dispatcher.with_state(|s| s.take_windows());
             let (rescales, records) =
-                driver.round(elapsed, &Timestamp::now().to_string(), windows, &scope, self.budget, &self.book.all());
+                driver.round(elapsed, &Timestamp::now().to_string(), windows, &scope, self.caps, &self.book.all());
             let mut changed = false;
             for (key, record) in records {
                 changed |= self.book.update(&key, |r| *r = record);

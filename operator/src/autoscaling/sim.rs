@@ -275,6 +275,7 @@ pub fn multi_tenant(trainers: &[Trainer], mins: &[u32], budget: u32, rounds: u32
         let wishes = (0..worlds.len())
             .map(|i| Wish {
                 key: format!("t{i:02}"),
+                namespace: format!("t{i:02}"),
                 min: mins[i].max(1),
                 wants: wants[i],
                 current: worlds[i].workers,

@@ -4,11 +4,13 @@
 //! split is done only once all its data is on its way to a client.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use stoker_api::WorkerPipeline;
 
-use super::Ready;
 use super::stack::{self, BatchError, Row};
+use super::{Ready, ShuffleCap, Stats};
 use crate::budget::{self, Rows};
 use crate::shuffle::ShuffleBuffer;
 
@@ -24,6 +26,13 @@ pub(super) struct Batcher<S> {
     epoch: u64,
     /// Rows with their provenance (`stoker_api::row`).
     shuffle: Option<ShuffleBuffer<(u64, Row)>>,
+    /// What the rows in the shuffle buffer cost (`row_cost`), and the most they may cost
+    /// before the buffer stops growing.
+    shuffle_bytes: usize,
+    shuffle_share: usize,
+    /// `shuffle.bufferSize`.
+    requested: usize,
+    stats: Arc<Stats>,
     queued: Option<Chunk>,
     /// The rows of the batch being filled, and the provenance of each.
     rows: Vec<Row>,
@@ -54,20 +63,41 @@ fn row_bytes(row: &Row) -> usize {
     row.values().map(|t| t.data.len()).sum()
 }
 
+/// What a buffered row costs in memory: its tensors' bytes plus the allocations around them.
+/// The data bytes alone would let a buffer of millions of tiny rows (jsonl labels) hold
+/// gigabytes of map nodes. A row is a BTreeMap whose first node holds 11 entries (about
+/// 1 KB), and each field adds its name, shape and shared-bytes header (about 128 bytes).
+fn row_cost(row: &Row) -> usize {
+    1024 + row.values().map(|t| t.data.len() + 128).sum::<usize>()
+}
+
+/// The share of the memory budget the shuffle buffer may fill before it stops growing. The
+/// other half is for the rest the engine holds at once: the chunk being transformed, the
+/// chunk queued, the batch being filled and the batches in flight to the client.
+pub(super) fn shuffle_share(budget_limit: usize) -> usize {
+    budget_limit / 2
+}
+
 impl<S: FnMut(Ready) -> bool> Batcher<S> {
-    pub(super) fn new(pipeline: &WorkerPipeline, epoch: u64, held: Rows, send: S) -> Self {
+    /// The shuffle buffer's capacity is `shuffle.bufferSize`, or the cap an earlier epoch of
+    /// the engine hit (in `stats`) when smaller.
+    pub(super) fn new(pipeline: &WorkerPipeline, epoch: u64, held: Rows, stats: Arc<Stats>, send: S) -> Self {
         let seed = pipeline.data_plane.seed.unwrap_or(0);
         let size = pipeline.data_plane.batch_size as usize;
+        let capped = stats.shuffle_cap.lock().unwrap().map(|c| c.elements);
         Batcher {
             size,
             pad: pipeline.data_plane.pad_value,
             drop_remainder: pipeline.data_plane.drop_remainder,
             epoch,
-            shuffle: pipeline
-                .data_plane
-                .shuffle
-                .as_ref()
-                .map(|s| ShuffleBuffer::new(s.buffer_size as usize, s.seed.unwrap_or(seed), epoch)),
+            shuffle: pipeline.data_plane.shuffle.as_ref().map(|s| {
+                let capacity = capped.map_or(s.buffer_size as usize, |c| c.min(s.buffer_size as usize));
+                ShuffleBuffer::new(capacity, s.seed.unwrap_or(seed), epoch)
+            }),
+            shuffle_bytes: 0,
+            shuffle_share: shuffle_share(held.limit()),
+            requested: pipeline.data_plane.shuffle.as_ref().map_or(0, |s| s.buffer_size as usize),
+            stats,
             queued: None,
             rows: Vec::with_capacity(size),
             origins: Vec::with_capacity(size),
@@ -122,10 +152,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
                 self.track.parsed(chunk.split);
             }
             let origin = stoker_api::row(chunk.split, position);
-            let row = match self.shuffle.as_mut() {
-                Some(buffer) => buffer.push((origin, row)),
-                None => Some((origin, row)),
-            };
+            let row = if self.shuffle.is_some() { self.shuffle_push((origin, row)) } else { Some((origin, row)) };
             if let Some(row) = row {
                 self.push(row);
                 if self.rows.len() == self.size && !self.emit(chunk.split)? {
@@ -147,6 +174,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         }
         if let Some(mut buffer) = self.shuffle.take() {
             for row in buffer.drain() {
+                self.shuffle_bytes -= row_cost(&row.1);
                 self.push(row);
                 if self.rows.len() == self.size && !self.emit(self.last_split)? {
                     return Ok(Vec::new());
@@ -159,6 +187,34 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         // Rows dropped as the remainder leave their splits complete too.
         self.drop_rows();
         Ok(std::mem::take(&mut self.track.completed))
+    }
+
+    /// Puts a row into the shuffle buffer, counting what it holds; once that reaches the
+    /// buffer's share of the memory budget the buffer stops growing (ever after, for this
+    /// engine), so a huge bufferSize costs a bounded amount of memory instead of an OOM kill.
+    fn shuffle_push(&mut self, row: (u64, Row)) -> Option<(u64, Row)> {
+        let buffer = self.shuffle.as_mut().expect("called with a shuffle buffer");
+        self.shuffle_bytes += row_cost(&row.1);
+        let out = buffer.push(row);
+        if let Some((_, r)) = &out {
+            self.shuffle_bytes -= row_cost(r);
+        }
+        self.stats.shuffle_peak_bytes.fetch_max(self.shuffle_bytes as u64, Ordering::Relaxed);
+        if buffer.is_growing() && self.shuffle_bytes >= self.shuffle_share {
+            buffer.stop_growing();
+            let cap = ShuffleCap { elements: buffer.len(), bytes: self.shuffle_bytes, requested: self.requested };
+            let mut known = self.stats.shuffle_cap.lock().unwrap();
+            if known.is_none_or(|k| k.elements > cap.elements) {
+                tracing::warn!(
+                    elements = cap.elements,
+                    bytes = cap.bytes,
+                    budget = self.held.limit(),
+                    "{cap}: raise the worker's memory budget (--memory-budget) for a larger buffer"
+                );
+                *known = Some(cap);
+            }
+        }
+        out
     }
 
     fn push(&mut self, (origin, row): (u64, Row)) {
@@ -252,7 +308,7 @@ mod tests {
         let budget = Arc::new(MemoryBudget::new(1 << 30));
         let (tx, rx) = channel();
         let send: Box<dyn FnMut(Ready) -> bool> = Box::new(move |ready| tx.send(ready).is_ok());
-        (Batcher::new(pipeline, 3, budget.reserve_rows(0), send), rx, budget)
+        (Batcher::new(pipeline, 3, budget.reserve_rows(0), Arc::default(), send), rx, budget)
     }
 
     /// A row with one int32 field `x` of `values` (shape `[values.len()]`).
@@ -401,6 +457,53 @@ mod tests {
         read_split(&mut b, &budget, 0, &[1]);
         drop(rx);
         assert_eq!(b.finish().unwrap(), Vec::<u64>::new());
+    }
+
+    /// A bufferSize far beyond the budget: the buffer stops growing at half the budget, says
+    /// so in the stats, shuffles exactly as a buffer of the capped size would, and keeps the
+    /// cap in the next epoch.
+    #[test]
+    fn a_huge_shuffle_buffer_stops_growing_at_its_share_of_the_budget() {
+        let p = pipeline("batchSize: 7\nshuffle: {bufferSize: 4000000000, seed: 9}\n");
+        // Each one-int32 row costs 1024 + 4 + 128 bytes: 28 rows stay under the 32 KiB share,
+        // the 29th reaches it.
+        let budget = Arc::new(MemoryBudget::new(64 << 10));
+        let stats = Arc::new(Stats::default());
+        let run = |epoch: u64| {
+            let (tx, rx) = channel();
+            let send: Box<dyn FnMut(Ready) -> bool> = Box::new(move |ready| tx.send(ready).is_ok());
+            let mut b = Batcher::new(&p, epoch, budget.reserve_rows(0), stats.clone(), send);
+            for split in 0..10 {
+                read_split(&mut b, &budget, split, &[50]);
+            }
+            b.finish().unwrap();
+            rx.try_iter().flat_map(|r| values(&r)).collect::<Vec<i32>>()
+        };
+        let out = run(3);
+        let cap = stats.shuffle_cap.lock().unwrap().expect("capped");
+        assert_eq!(cap, ShuffleCap { elements: 29, bytes: 29 * 1156, requested: 4_000_000_000 });
+        assert_eq!(
+            cap.to_string(),
+            "shuffle buffer capped at 29 elements (33524 bytes) by the memory budget; shuffle.bufferSize asks for 4000000000"
+        );
+        assert!(stats.shuffle_peak_bytes.load(Ordering::Relaxed) <= 29 * 1156);
+
+        let mut sorted = out.clone();
+        sorted.sort();
+        let all: Vec<i32> = (0..10).flat_map(|s| (0..50).map(move |i| 100 * s + i)).collect();
+        assert_eq!(sorted, all, "every row exactly once");
+        let mut reference = ShuffleBuffer::new(29, 9, 3);
+        let mut expected: Vec<i32> = all.iter().filter_map(|v| reference.push(*v)).collect();
+        expected.extend(reference.drain());
+        assert_eq!(out, expected, "the same shuffle as a buffer made with the cap");
+
+        // The next epoch starts at the cap: the same shuffle as a buffer of 29 for epoch 4.
+        let next = run(4);
+        let mut reference = ShuffleBuffer::new(29, 9, 4);
+        let mut expected: Vec<i32> = all.iter().filter_map(|v| reference.push(*v)).collect();
+        expected.extend(reference.drain());
+        assert_eq!(next, expected);
+        assert_eq!(budget.used(), 0, "every row's reservation released");
     }
 
     /// Through a shuffle buffer rows leave in random order, yet every split completes exactly

@@ -85,6 +85,30 @@ pub struct Stats {
     pub skipped: Mutex<BTreeMap<&'static str, u64>>,
     /// Time per transform index, summed over threads.
     pub op_time: Mutex<Vec<Duration>>,
+    /// Set once the memory budget has capped the shuffle buffer below `shuffle.bufferSize`.
+    pub shuffle_cap: Mutex<Option<ShuffleCap>>,
+    /// The most bytes the shuffle buffer held (as `batcher::row_cost` counts them).
+    pub shuffle_peak_bytes: AtomicU64,
+}
+
+/// The shuffle buffer stopped growing at `elements`, holding `bytes`, its share of the memory
+/// budget, though `shuffle.bufferSize` asked for `requested`. Later epochs of the engine keep
+/// the cap, so the shuffle stays the same for a given seed and cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShuffleCap {
+    pub elements: usize,
+    pub bytes: usize,
+    pub requested: usize,
+}
+
+impl std::fmt::Display for ShuffleCap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "shuffle buffer capped at {} elements ({} bytes) by the memory budget; shuffle.bufferSize asks for {}",
+            self.elements, self.bytes, self.requested
+        )
+    }
 }
 
 impl Stats {
@@ -226,7 +250,7 @@ impl Engine {
         out: &std::sync::mpsc::SyncSender<Ready>,
     ) -> Result<Vec<u64>, EngineError> {
         let send = |ready: Ready| self.send(ready, out);
-        let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.reserve_rows(0), send);
+        let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.reserve_rows(0), self.stats.clone(), send);
         for (Assigned { split, cache, skip }, fetched) in Prefetch::new(self, splits.into_iter()) {
             let (mut elements, plan) = self.elements(&split, &cache, fetched)?;
             self.read_order(epoch, split.id, &skip, &mut elements);

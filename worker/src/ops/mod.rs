@@ -33,6 +33,8 @@ pub enum OpError {
     UnsupportedImage(String),
     #[error("image of {have:?} (height, width) is smaller than the requested {want:?}")]
     TooSmall { have: [usize; 2], want: [usize; 2] },
+    #[error("output of {want:?} (height, width) is above the limit of {limit} px per side")]
+    TooLarge { want: [usize; 2], limit: u32 },
     #[error("expected {expected} channel values, got {actual}")]
     ChannelMismatch { expected: usize, actual: usize },
     #[error("expected a uint8 [height, width, channels] image, got {dtype:?} {shape:?}")]
@@ -48,6 +50,7 @@ impl OpError {
             OpError::CorruptImage(_) => "corrupt_image",
             OpError::UnsupportedImage(_) => "unsupported_image",
             OpError::TooSmall { .. } => "too_small",
+            OpError::TooLarge { .. } => "too_large",
             OpError::ChannelMismatch { .. } => "channel_mismatch",
             OpError::NotAnImage { .. } => "not_an_image",
             OpError::InvalidParameter(_) => "invalid_parameter",

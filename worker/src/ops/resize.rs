@@ -59,6 +59,12 @@ pub(crate) fn resize_region(
     if oh == 0 || ow == 0 {
         return Err(OpError::InvalidParameter(format!("cannot resize to {oh}x{ow}")));
     }
+    // Validation bounds the sizes a spec names; this catches those that follow the data (a
+    // shorterSide resize of a very long, thin image) before their output is allocated.
+    let limit = stoker_api::bounds::MAX_IMAGE_SIDE;
+    if oh.max(ow) > limit as usize {
+        return Err(OpError::TooLarge { want: [oh, ow], limit });
+    }
     if rh == 0 || rw == 0 || top + rh > d.h || left + rw > d.w {
         return Err(OpError::TooSmall { have: [d.h, d.w], want: [top + rh, left + rw] });
     }
@@ -319,5 +325,15 @@ mod tests {
         assert!(matches!(resize_exact(&img, [0, 3]), Err(OpError::InvalidParameter(_))));
         let both = Resize { size: Some([2, 2]), shorter_side: Some(2), field: "image".into() };
         assert!(resize(&img, &both).is_err());
+    }
+
+    #[test]
+    fn a_data_dependent_output_above_the_side_limit_is_refused_before_allocating() {
+        // 1 x 100 scaled so the shorter side is 100: the longer side would be 10000 px.
+        let thin = image(1, 100, 3, |_| 9);
+        let err = resize_shorter_side(&thin, 100).unwrap_err();
+        assert_eq!(err, OpError::TooLarge { want: [100, 10000], limit: 8192 });
+        assert_eq!(err.reason(), "too_large");
+        assert_eq!(resize_shorter_side(&thin, 81).unwrap().shape, [81, 8100, 3], "within the limit");
     }
 }
