@@ -218,8 +218,8 @@ mod tests {
         assert_eq!(again.fingerprint(), ca.fingerprint());
         assert!(again.issue(&["x.y.svc".into()], YEAR).is_ok());
 
-        // Helm's genCA makes an RSA CA with its key in PKCS#1 ("RSA PRIVATE KEY"), as this
-        // fixture (openssl, RSA 2048) has it.
+        // Helm's genCA makes an RSA CA with its key in PKCS#1 ("RSA PRIVATE KEY"): this fixture
+        // is the chart's selfSigned CA (`helm template --set tls.enabled=true`).
         let (cert, key) = (include_str!("../testdata/rsa-ca.crt"), include_str!("../testdata/rsa-ca.key"));
         assert!(key.starts_with("-----BEGIN RSA PRIVATE KEY-----"));
         let rsa = Ca::from_pem(cert, key).unwrap();
