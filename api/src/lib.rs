@@ -10,6 +10,7 @@ pub mod ranks;
 mod spec;
 mod status;
 mod tensor;
+pub mod tls;
 pub mod token;
 mod transform;
 mod validate;

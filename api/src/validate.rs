@@ -31,7 +31,7 @@ pub fn invalid_message(errors: &[ValidationError]) -> String {
 /// User volumes go beside the operator's: their names and mount paths must not collide, and a
 /// mount must name a volume, or the Deployment would be refused on every apply.
 fn validate_volumes(w: &Workers, err: &mut impl FnMut(&str, String)) {
-    let ours = [WORKER_TMP_VOLUME, WORKER_CACHE_VOLUME, WORKER_TOKEN_VOLUME];
+    let ours = [WORKER_TMP_VOLUME, WORKER_CACHE_VOLUME, WORKER_TOKEN_VOLUME, crate::tls::WORKER_TLS_VOLUME];
     let volumes = w.volumes.as_deref().unwrap_or_default();
     for (i, v) in volumes.iter().enumerate() {
         let field = format!("spec.workers.volumes[{i}].name");

@@ -23,6 +23,7 @@ use crate::registration::{Registration, Rejoining};
 use crate::resume::Yielded;
 use crate::stats::{Meter, WindowStats};
 use crate::tasks::Tasks;
+use crate::tls::WorkerTls;
 use crate::worker_stream::{open, pump};
 
 /// Streams batches from one or more workers. Dropping it stops the streams.
@@ -72,7 +73,9 @@ impl Client {
             return Err(Error::NoWorkers);
         }
         options.check()?;
-        let streams = futures::future::try_join_all(workers.iter().map(|w| open(w, &options, None))).await?;
+        let streams =
+            futures::future::try_join_all(workers.iter().map(|w| open(w, &options, None, &WorkerTls::ByAddress)))
+                .await?;
         let (tx, rx) = mpsc::channel(options.prefetch);
         let tasks = Tasks::default();
         for (worker, stream) in workers.into_iter().zip(streams) {

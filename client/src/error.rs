@@ -48,6 +48,10 @@ pub enum Error {
         #[source]
         status: Box<tonic::Status>,
     },
+    /// TLS with the dispatcher or a worker failed: its certificate does not verify with the
+    /// client's CA or is not for the expected name, or one side does not speak TLS.
+    #[error("TLS with {peer} failed: {problem}")]
+    Tls { peer: String, problem: String },
     #[error("worker {worker}: {source}")]
     Protocol {
         worker: String,

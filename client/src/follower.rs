@@ -29,6 +29,7 @@ use crate::options::ClientOptions;
 use crate::registration::{RETRY, Registration};
 use crate::stats::Meter;
 use crate::tasks::Tasks;
+use crate::tls::WorkerTls;
 use crate::worker_stream::{open, pump};
 
 /// A worker's address and an epoch: one stream.
@@ -87,6 +88,8 @@ struct State {
     /// Streams that ended normally: their worker made all of that epoch it will.
     finished: HashSet<StreamKey>,
     ended: mpsc::UnboundedSender<Ended>,
+    /// How to dial the listed workers, as the newest list says.
+    tls: WorkerTls,
 }
 
 impl Follower {
@@ -98,6 +101,7 @@ impl Follower {
             streams: HashMap::new(),
             finished: HashSet::new(),
             ended: ended_tx,
+            tls: WorkerTls::Plaintext,
         };
         let mut report = tokio::time::interval(self.link.window);
         report.tick().await;
@@ -193,6 +197,7 @@ impl Follower {
         let ids = list.workers.iter().map(Some).chain(std::iter::repeat(None));
         state.listed = list.addresses.into_iter().zip(ids).map(|(address, id)| worker_key(address, id)).collect();
         state.version = list.version;
+        state.tls = WorkerTls::listed(&list.tls_server_name);
         self.saw_epoch(list.epoch);
         if !list.quotas.is_empty() {
             let mut quotas = self.shared.quotas.lock().unwrap();
@@ -235,7 +240,7 @@ impl Follower {
                 let delivered = Arc::new(AtomicBool::new(false));
                 let stream = stream_from(
                     key.clone(),
-                    self.options.clone(),
+                    (self.options.clone(), state.tls.clone()),
                     tx,
                     state.ended.clone(),
                     delivered.clone(),
@@ -267,7 +272,8 @@ impl Follower {
 /// A worker's answer the training loop must see rather than have hidden by a reconnect.
 fn fatal(e: &Error) -> bool {
     match e {
-        Error::Protocol { .. } => true,
+        // The client's CA, or the worker's certificate, is wrong: no retry fixes it.
+        Error::Protocol { .. } | Error::Tls { .. } => true,
         Error::Status { status, .. } => matches!(
             status.code(),
             Code::InvalidArgument | Code::PermissionDenied | Code::Unauthenticated | Code::FailedPrecondition
@@ -296,14 +302,14 @@ fn address_of(key: &str) -> &str {
 /// stream stops for any reason but a fatal one, which goes to the caller instead.
 async fn stream_from(
     key: StreamKey,
-    options: ClientOptions,
+    (options, tls): (ClientOptions, WorkerTls),
     tx: mpsc::Sender<Item>,
     ended: mpsc::UnboundedSender<Ended>,
     delivered: Arc<AtomicBool>,
     delivery: Delivery,
 ) {
     let worker = key.0.clone();
-    let failure = match open(address_of(&worker), &options, Some(key.1)).await {
+    let failure = match open(address_of(&worker), &options, Some(key.1), &tls).await {
         Ok(stream) => {
             let on_batch = || delivered.store(true, Ordering::Relaxed);
             pump(worker.clone(), stream, &tx, options.max_batch_bytes, Some(&delivery), on_batch).await

@@ -24,6 +24,7 @@ mod registration;
 mod resume;
 pub mod stats;
 mod tasks;
+mod tls;
 pub mod trainer;
 mod worker_stream;
 

@@ -1,5 +1,6 @@
 //! What a client asks its workers (and the dispatcher) for, and the limits it holds them to.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use stoker_api::proto;
@@ -50,6 +51,12 @@ pub struct ClientOptions {
     /// `STOKER_TOKEN_FILE` names, else the default projected-token path
     /// (/var/run/secrets/stoker.dev/serviceaccount/token) if it exists, again every minute.
     pub token: Option<String>,
+    /// The CA certificates (a PEM file) the dispatcher's and the workers' certificates must
+    /// chain to; default: the file `STOKER_CA_FILE` names. With a CA the client speaks TLS to
+    /// the dispatcher unless its URL says `http://`, and to workers whenever the dispatcher
+    /// says they serve TLS (verifying them against the name it gives). An `https://` URL
+    /// without a CA is refused.
+    pub tls_ca: Option<PathBuf>,
     pub connect_timeout: Duration,
     /// HTTP/2 flow-control window per stream: in-flight bytes per worker beyond the prefetch
     /// queue. Large enough for full speed, small enough that a slow trainer stops the worker.
@@ -78,6 +85,7 @@ impl ClientOptions {
             max_batch_bytes: 16 << 30,
             compression: None,
             token: None,
+            tls_ca: None,
             connect_timeout: Duration::from_secs(10),
             stream_window_bytes: 4 << 20,
         }

@@ -45,10 +45,15 @@ impl Registration {
     /// Registers, retrying an unreachable dispatcher for the options' connect timeout.
     pub(crate) async fn register(url: &str, options: &ClientOptions) -> Result<Registration, Error> {
         let dispatcher = |status: Status| Error::Dispatcher { url: url.to_string(), status: Box::new(status) };
-        let channel = Endpoint::from_shared(url.to_string())
+        let (target, tls) = crate::tls::dispatcher(url, options)?;
+        let mut endpoint = Endpoint::from_shared(target)
             .map_err(|e| Error::InvalidOptions(format!("dispatcher url {url:?}: {e}")))?
-            .connect_timeout(options.connect_timeout)
-            .connect_lazy();
+            .connect_timeout(options.connect_timeout);
+        if let Some(tls) = tls {
+            endpoint =
+                endpoint.tls_config(tls).map_err(|e| Error::InvalidOptions(format!("TLS settings for {url}: {e}")))?;
+        }
+        let channel = endpoint.connect_lazy();
         let mut link = Registration {
             url: url.to_string(),
             client: DispatcherClient::new(channel),
@@ -71,6 +76,10 @@ impl Registration {
         loop {
             match link.try_register().await {
                 Ok(()) => return Ok(link),
+                // A certificate that does not verify will not start verifying: say so now.
+                Err(s) if crate::tls::failure(url, &s).is_some() => {
+                    return Err(crate::tls::failure(url, &s).expect("checked above"));
+                }
                 Err(s) if retryable(&s) && tokio::time::Instant::now() < deadline => tokio::time::sleep(RETRY).await,
                 Err(s) => return Err(dispatcher(s)),
             }

@@ -11,28 +11,31 @@ use crate::delivery::Delivery;
 use crate::error::Error;
 use crate::options::ClientOptions;
 use crate::reassemble::Reassembler;
+use crate::tls::WorkerTls;
 
-/// `host:port` or a full URI.
-fn uri(worker: &str) -> String {
-    if worker.contains("://") { worker.to_string() } else { format!("http://{worker}") }
-}
-
-/// Opens a worker's stream: of one `epoch` under the dispatcher, else from `start_epoch` on.
+/// Opens a worker's stream: of one `epoch` under the dispatcher, else from `start_epoch` on;
+/// over TLS as `tls` says.
 pub(crate) async fn open(
     worker: &str,
     options: &ClientOptions,
     epoch: Option<u64>,
+    tls: &WorkerTls,
 ) -> Result<tonic::Streaming<BatchChunk>, Error> {
     let connect = |source| Error::Connect { worker: worker.to_string(), source };
-    let channel: Channel = Endpoint::from_shared(uri(worker))
+    let (uri, tls) = crate::tls::worker(worker, options, tls)?;
+    let mut endpoint = Endpoint::from_shared(uri)
         .map_err(connect)?
         .connect_timeout(options.connect_timeout)
         .tcp_nodelay(true)
         .initial_stream_window_size(options.stream_window_bytes)
-        .initial_connection_window_size(options.stream_window_bytes.saturating_mul(2))
+        .initial_connection_window_size(options.stream_window_bytes.saturating_mul(2));
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls).map_err(connect)?;
+    }
+    let channel: Channel = endpoint
         .connect()
         .await
-        .map_err(connect)?;
+        .map_err(|source| crate::tls::failure(worker, &source).unwrap_or_else(|| connect(source)))?;
     let mut client = BatchStreamClient::new(channel).max_decoding_message_size(options.max_message_bytes);
     if let Some(encoding) = options.compression {
         client = client.accept_compressed(encoding);
@@ -53,7 +56,10 @@ pub(crate) async fn open(
             .map_err(|_| Error::InvalidOptions("the token is not a valid header value".into()))?;
     }
     options.token_source().attach(&mut request);
-    let status = |s| Error::Status { worker: worker.to_string(), status: Box::new(s) };
+    let status = |s: tonic::Status| {
+        crate::tls::failure(worker, &s)
+            .unwrap_or_else(|| Error::Status { worker: worker.to_string(), status: Box::new(s) })
+    };
     Ok(client.stream(request).await.map_err(status)?.into_inner())
 }
 

@@ -93,3 +93,58 @@ async fn the_values_schema_refuses_bad_values() {
         assert!(format!("{err:#}").contains("values don't meet the specifications of the schema"), "{bad}: {err:#}");
     }
 }
+
+fn named<'a>(objects: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    objects.iter().find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+}
+
+#[tokio::test]
+async fn tls_self_signed_makes_a_ca_and_a_dispatcher_certificate_the_operator_mounts() {
+    let off = render(&[]).await.unwrap();
+    assert!(named(&off, "Secret", "stoker-ca-key").is_none(), "off by default");
+    assert!(!operator_args(&off).iter().any(|a| a.starts_with("--tls")));
+
+    let objects = render(&["tls.enabled=true"]).await.unwrap();
+    let args = operator_args(&objects);
+    for flag in ["--tls-cert-file=", "--tls-key-file=", "--tls-ca-cert-file=", "--tls-ca-key-file="] {
+        assert!(args.iter().any(|a| a.starts_with(flag)), "{flag} in {args:?}");
+    }
+    assert!(args.contains(&"https://stoker-dispatcher.stoker-system.svc:50051".to_string()), "{args:?}");
+    let ca = named(&objects, "Secret", "stoker-ca-key").expect("the CA, key included, for the operator only");
+    let dispatcher = named(&objects, "Secret", "stoker-dispatcher-tls").expect("the dispatcher's certificate");
+    assert_eq!(ca["data"]["tls.crt"], dispatcher["data"]["ca.crt"], "issued by that CA");
+    let published = named(&objects, "ConfigMap", "stoker-ca").expect("the CA for clients");
+    assert!(published["data"]["ca.crt"].as_str().unwrap().contains("BEGIN CERTIFICATE"));
+    assert!(!published["data"].to_string().contains("PRIVATE KEY"), "no key where clients copy from");
+    let pod = &find(&objects, "Deployment").unwrap()["spec"]["template"]["spec"];
+    let secrets: Vec<&str> =
+        pod["volumes"].as_array().unwrap().iter().filter_map(|v| v["secret"]["secretName"].as_str()).collect();
+    assert_eq!(secrets, ["stoker-dispatcher-tls", "stoker-ca-key"]);
+    let role = named(&objects, "ClusterRole", "stoker").unwrap().to_string();
+    assert!(role.contains("\"secrets\""), "the operator writes worker certificates: {role}");
+}
+
+#[tokio::test]
+async fn tls_cert_manager_asks_the_issuer_for_both_certificates() {
+    let objects = render(&[
+        "tls.enabled=true",
+        "tls.mode=certManager",
+        "tls.issuerRef.name=corp",
+        "tls.issuerRef.kind=ClusterIssuer",
+    ])
+    .await
+    .unwrap();
+    let dispatcher = named(&objects, "Certificate", "stoker-dispatcher").expect("the dispatcher's Certificate");
+    assert_eq!(dispatcher["spec"]["secretName"], "stoker-dispatcher-tls");
+    assert_eq!(dispatcher["spec"]["issuerRef"]["name"], "corp");
+    assert!(dispatcher["spec"]["dnsNames"].to_string().contains("stoker-dispatcher.stoker-system.svc"));
+    let ca = named(&objects, "Certificate", "stoker-workers-ca").expect("a CA for workers");
+    assert_eq!(
+        (ca["spec"]["isCA"].as_bool(), ca["spec"]["privateKey"]["encoding"].as_str()),
+        (Some(true), Some("PKCS8"))
+    );
+    assert!(named(&objects, "Secret", "stoker-ca-key").is_none(), "cert-manager writes it");
+    let args = operator_args(&objects);
+    assert!(args.contains(&"--tls-ca-bundle-file=/etc/stoker/tls/dispatcher/ca.crt".to_string()), "{args:?}");
+    assert!(render(&["tls.enabled=true", "tls.mode=certManager"]).await.is_err(), "an issuer is required");
+}

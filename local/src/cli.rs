@@ -55,11 +55,13 @@ pub struct LocalSettings {
     pub seconds: Option<u64>,
     /// Default: ~/.cache/stoker/volumes/<namespace>, one per namespace as in a cluster.
     pub cache_dir: Option<PathBuf>,
+    /// Serve TLS with a throwaway CA (written beside the logs, in `tls/`).
+    pub tls: bool,
 }
 
 /// `stoker local`: runs until Ctrl-C or `seconds`, a status line per window, then a summary.
 pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<()> {
-    let LocalSettings { listen, threads, max_batch_rate, window_seconds, seconds, cache_dir: volume } = settings;
+    let LocalSettings { listen, threads, max_batch_rate, window_seconds, seconds, cache_dir: volume, tls } = settings;
     let name = dp.name_any();
     let namespace = dp.namespace().unwrap_or_else(|| "default".into());
     let logs = cache_dir().join("local").join(&name);
@@ -78,13 +80,20 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
             max_batch_rate,
             log_dir: Some(logs.clone()),
             cache_dir: Some(volume),
+            tls: None,
         },
         window: window_seconds.map(|s| Duration::from_secs(u64::from(s))),
         budget: None,
+        tls_dir: tls.then(|| logs.join("tls")),
     })
     .await?;
     println!("Pipeline {namespace}/{name} runs locally. Point training clients at the dispatcher:");
-    println!("    {}   (pipeline {namespace}/{name}; worker logs in {})\n", local.url, logs.display());
+    println!("    {}   (pipeline {namespace}/{name}; worker logs in {})", local.url, logs.display());
+    if let Some(ca) = &local.ca_file {
+        // The exact line the Python TLS test reads the CA from.
+        println!("    TLS on: clients trust the CA in {} (STOKER_CA_FILE={0})", ca.display());
+    }
+    println!();
     println!("{}", crate::mode::VIEW_HEADER);
     let window =
         Duration::from_secs(u64::from(window_seconds.unwrap_or(dp.spec.autoscaling.policy.window_seconds).max(1)));

@@ -99,9 +99,11 @@ pub async fn run(options: &DemoOptions, out: &mut (dyn std::io::Write + Send)) -
             max_batch_rate: Some(options.worker_rate),
             log_dir: Some(logs.clone()),
             cache_dir: None,
+            tls: None,
         },
         window: Some(options.window),
         budget: None,
+        tls_dir: None,
     })
     .await?;
     let optimum = options.optimum();

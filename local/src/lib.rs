@@ -5,11 +5,13 @@
 //! - [`mode`]: starts the dispatcher, the first workers and the scaling loop for one pipeline;
 //! - [`workers`]: the local-processes scaler;
 //! - [`demo`]: a synthetic trainer against a generated corpus, for `stoker demo`;
+//! - [`tls`]: `stoker local --tls`'s throwaway CA and certificates;
 //! - [`cli`]: what the `stoker` subcommands print.
 
 pub mod cli;
 pub mod demo;
 pub mod mode;
+pub mod tls;
 pub mod workers;
 
 pub use mode::{Local, LocalOptions, VIEW_HEADER};

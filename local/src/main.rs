@@ -94,6 +94,10 @@ struct LocalArgs {
     /// ~/.cache/stoker/volumes/<namespace>).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// Serve TLS (dispatcher and workers) with a throwaway CA made at startup; clients trust
+    /// the `ca.crt` it prints. Off by default: local runs stay on loopback.
+    #[arg(long)]
+    tls: bool,
 }
 
 #[tokio::main]
@@ -155,6 +159,7 @@ async fn main() -> anyhow::Result<()> {
                 window_seconds: args.window_seconds,
                 seconds: args.seconds,
                 cache_dir: args.cache_dir,
+                tls: args.tls,
             };
             stoker_local::cli::local(dp, settings).await
         }
@@ -184,6 +189,7 @@ fn explain(samples: &Path, yaml: bool) -> anyhow::Result<()> {
         image: concat!("ghcr.io/stoker-dev/stoker-worker:", env!("CARGO_PKG_VERSION")).into(),
         dispatcher_url: "http://stoker-dispatcher.stoker-system.svc:50051".into(),
         token_audience: Some(stoker_api::token::DEFAULT_AUDIENCE.into()),
+        tls: false,
     };
     println!("What the operator makes of each manifest in {}\n", samples.display());
     for file in files {
@@ -202,7 +208,7 @@ fn explain(samples: &Path, yaml: bool) -> anyhow::Result<()> {
         dp.metadata.namespace.get_or_insert_with(|| "default".into());
         dp.metadata.uid = Some("demo".into());
         let replicas = initial_replicas(&dp.spec);
-        let built = objects::build(&dp, &defaults, replicas, None);
+        let built = objects::build(&dp, &defaults, replicas, None, None);
         println!("✓ {name}: DataPipeline {}", dp.name_any());
         println!(
             "    Deployment {}  replicas {replicas} (workers {}..{}, {:?})",

@@ -2,6 +2,7 @@
 //! Kubernetes. `stoker local` and `stoker demo` run it; so do the real-process tests.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use tokio::sync::watch;
 
 use stoker_operator::autoscaling::replicas::initial_replicas;
 use stoker_operator::autoscaling::{self, Loop, Rescale, Scaled, Scaler, ScalingBook, ScalingRecord};
+use stoker_operator::controller::objects::worker_tls;
 use stoker_operator::dispatcher::{self, Dispatcher, Timeouts};
 use stoker_operator::key::PipelineKey;
 
@@ -29,6 +31,8 @@ pub struct LocalOptions {
     pub window: Option<Duration>,
     /// Cap on worker processes (None: the spec's max).
     pub budget: Option<u32>,
+    /// Serve TLS (dispatcher and workers) with a CA made now, its files written here.
+    pub tls_dir: Option<PathBuf>,
 }
 
 /// The terminal view's header; `view_line` fills it.
@@ -37,6 +41,8 @@ pub const VIEW_HEADER: &str = " time  workers      batch   wait      rate/s  dec
 pub struct Local {
     pub key: PipelineKey,
     pub url: String,
+    /// With TLS: the CA clients must trust.
+    pub ca_file: Option<PathBuf>,
     pub dispatcher: Arc<Dispatcher>,
     pub workers: Arc<LocalWorkers>,
     pub book: Arc<ScalingBook>,
@@ -72,21 +78,37 @@ impl Local {
             Duration::from_secs(1),
         );
         dispatcher.spawn_expiry();
+        let key = PipelineKey::new(&options.namespace, &options.name);
         let listener = tokio::net::TcpListener::bind(options.listen)
             .await
             .with_context(|| format!("listening on {}", options.listen))?;
-        let url = format!("http://{}", listener.local_addr()?);
+        let bound = listener.local_addr()?;
+        let tls = match &options.tls_dir {
+            Some(dir) => Some(crate::tls::generate(dir, bound.ip(), &key)?),
+            None => None,
+        };
+        // As in a cluster: the worker lists name the certificate's name for clients to verify.
+        if tls.is_some() {
+            dispatcher.set_worker_tls_names(worker_tls::server_name);
+        }
+        let url = format!("{}://{bound}", if tls.is_some() { "https" } else { "http" });
         let (stop, stopped) = watch::channel(false);
         {
             let mut stopped = stopped.clone();
-            tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), async move {
+            let server_tls = tls.as_ref().map(|t| t.dispatcher.clone());
+            let serving = dispatcher::serve(listener, dispatcher.clone(), server_tls, async move {
                 let _ = stopped.wait_for(|s| *s).await;
-            }));
+            });
+            tokio::spawn(async move {
+                if let Err(e) = serving.await {
+                    tracing::error!(error = %e, "the dispatcher stopped serving");
+                }
+            });
         }
 
         options.workers.dispatcher_url = url.clone();
+        options.workers.tls = tls.as_ref().map(|t| t.workers.clone());
         let workers = Arc::new(LocalWorkers::new(options.workers.clone()));
-        let key = PipelineKey::new(&options.namespace, &options.name);
         // The directory stands in for a volume of `spec.cache.volumeSize`.
         workers.add(WorkerPipeline::new(&options.namespace, &options.name, spec), spec.cache.cap_bytes());
         let (min, max) = (spec.workers.min.max(1) as u32, spec.workers.max.max(1) as u32);
@@ -118,7 +140,8 @@ impl Local {
             };
             tokio::spawn(scaling.run(pipelines, record, stopped));
         }
-        Ok(Local { key, url, dispatcher, workers, book, rescales, fixed, stop })
+        let ca_file = tls.map(|t| t.ca_file);
+        Ok(Local { key, url, ca_file, dispatcher, workers, book, rescales, fixed, stop })
     }
 
     /// The pipeline's record: workers, batch time, policy state, history.

@@ -29,6 +29,8 @@ use stoker_api::WorkerPipeline;
 use stoker_operator::autoscaling::Scaler;
 use stoker_operator::key::PipelineKey;
 
+use crate::tls::WorkerTlsFiles;
+
 #[derive(Clone, Debug)]
 pub struct LocalWorkerConfig {
     pub binary: PathBuf,
@@ -42,6 +44,8 @@ pub struct LocalWorkerConfig {
     pub log_dir: Option<PathBuf>,
     /// The directory standing in for the namespace's cache volume; no caching when None.
     pub cache_dir: Option<PathBuf>,
+    /// Workers serve TLS with this certificate and verify the dispatcher with its CA.
+    pub tls: Option<WorkerTlsFiles>,
 }
 
 /// The `stoker-worker` next to this executable (cargo puts them side by side), else on PATH.
@@ -219,6 +223,10 @@ impl LocalWorkers {
             .args(c.max_batch_rate.map(|r| format!("--max-batch-rate={r}")))
             .args(c.cache_dir.iter().flat_map(|d| [std::ffi::OsStr::new("--cache-dir"), d.as_os_str()]))
             .args(cache_cap_bytes.map(|b| format!("--cache-cap-bytes={b}")))
+            .args(c.tls.iter().flat_map(|t| {
+                [("--tls-cert-file", &t.cert), ("--tls-key-file", &t.key), ("--ca-file", &t.ca)]
+                    .map(|(flag, path)| format!("{flag}={}", path.display()))
+            }))
             .env("STOKER_PIPELINE", json)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -62,9 +62,11 @@ fn options(name: &str, manifest: &str, volume: &Path, logs: &Path) -> LocalOptio
             max_batch_rate: None,
             log_dir: Some(logs.to_path_buf()),
             cache_dir: Some(volume.to_path_buf()),
+            tls: None,
         },
         window: Some(Duration::from_secs(1)),
         budget: None,
+        tls_dir: None,
     }
 }
 

@@ -38,9 +38,11 @@ fn options(dir: &std::path::Path, logs: &std::path::Path, extra: &str) -> LocalO
             max_batch_rate: Some(WORKER_RATE),
             log_dir: Some(logs.to_path_buf()),
             cache_dir: None,
+            tls: None,
         },
         window: Some(Duration::from_secs(1)),
         budget: None,
+        tls_dir: None,
     }
 }
 

@@ -169,6 +169,7 @@ fn a_worker_outlives_the_thread_that_started_it_but_not_its_owner() {
         max_batch_rate: None,
         log_dir: Some(dir.path().to_path_buf()),
         cache_dir: None,
+        tls: None,
     }));
     workers.add(WorkerPipeline::new("ns", "thread", &spec), None);
     let key = PipelineKey::new("ns", "thread");

@@ -22,3 +22,4 @@ pub mod leader_pod;
 pub mod metrics;
 pub mod names;
 pub mod telemetry;
+pub mod tls;

@@ -1,6 +1,7 @@
 //! `stoker-operator`: `run` the controller, or print the `crd`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,14 +14,15 @@ use stoker_api::DataPipeline;
 use stoker_operator::access::checked::Lifetimes;
 use stoker_operator::access::{Access, Checked, KubeReviewer, Open};
 use stoker_operator::autoscaling::{self, DeploymentScaler, Loop, ScalingBook};
-use stoker_operator::controller::objects::WorkerDefaults;
-use stoker_operator::controller::{self, Context};
+use stoker_operator::controller::objects::{WorkerDefaults, worker_tls};
+use stoker_operator::controller::{self, Context, WorkersTls};
 use stoker_operator::dispatcher::{self, Dispatcher, Timeouts};
 use stoker_operator::http::{self, HttpState, Role};
 use stoker_operator::leader::{LeaderElector, LeaseConfig};
 use stoker_operator::leader_pod::LeaderPod;
 use stoker_operator::metrics::Metrics;
 use stoker_operator::telemetry::{self, LogFormat};
+use stoker_operator::tls::Ca;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
@@ -94,11 +96,67 @@ struct RunArgs {
     #[arg(long, env = "STOKER_TOKEN_AUDIENCE", default_value = stoker_api::token::DEFAULT_AUDIENCE)]
     token_audience: String,
 
+    #[command(flatten)]
+    tls: TlsArgs,
+
     /// Log filter, e.g. `info` or `stoker_operator=debug,kube=info`.
     #[arg(long, env = "STOKER_LOG", default_value = "info")]
     log_level: String,
     #[arg(long, env = "STOKER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+}
+
+/// TLS for the dispatcher and the data plane: all four files, or none (plaintext). With them,
+/// the dispatcher serves TLS and each pipeline's workers serve TLS with a certificate this CA
+/// issues for their Service's name.
+#[derive(clap::Args)]
+struct TlsArgs {
+    /// The dispatcher's certificate chain (PEM); its names must include the dispatcher URL's host.
+    #[arg(long, env = "STOKER_TLS_CERT_FILE")]
+    tls_cert_file: Option<PathBuf>,
+    /// The dispatcher's private key (PEM).
+    #[arg(long, env = "STOKER_TLS_KEY_FILE")]
+    tls_key_file: Option<PathBuf>,
+    /// The certificate (chain) of the CA that signs workers' certificates.
+    #[arg(long, env = "STOKER_TLS_CA_CERT_FILE")]
+    tls_ca_cert_file: Option<PathBuf>,
+    /// That CA's private key (PEM: PKCS#8, or PKCS#1 RSA).
+    #[arg(long, env = "STOKER_TLS_CA_KEY_FILE")]
+    tls_ca_key_file: Option<PathBuf>,
+    /// The CA certificates workers verify the dispatcher with; default: --tls-ca-cert-file.
+    #[arg(long, env = "STOKER_TLS_CA_BUNDLE_FILE")]
+    tls_ca_bundle_file: Option<PathBuf>,
+}
+
+/// The dispatcher's TLS settings and the CA for workers' certificates, read at startup so a
+/// wrong path or a bad file stops the operator with its name.
+struct Tls {
+    server: tonic::transport::ServerTlsConfig,
+    workers: WorkersTls,
+}
+
+impl TlsArgs {
+    fn load(&self) -> anyhow::Result<Option<Tls>> {
+        let files = [&self.tls_cert_file, &self.tls_key_file, &self.tls_ca_cert_file, &self.tls_ca_key_file];
+        let (Some(cert), Some(key), Some(ca_cert), Some(ca_key)) =
+            (&self.tls_cert_file, &self.tls_key_file, &self.tls_ca_cert_file, &self.tls_ca_key_file)
+        else {
+            if files.iter().any(|f| f.is_some()) || self.tls_ca_bundle_file.is_some() {
+                bail!(
+                    "TLS needs all of --tls-cert-file, --tls-key-file (the dispatcher's) and --tls-ca-cert-file,                      --tls-ca-key-file (the CA that signs workers' certificates); some are missing"
+                );
+            }
+            return Ok(None);
+        };
+        let server = stoker_operator::tls::server_config(cert, key)?;
+        let ca = Ca::load(ca_cert, ca_key)?;
+        let bundle = match &self.tls_ca_bundle_file {
+            Some(path) => String::from_utf8(stoker_api::tls::read_pem(path, "CA bundle")?)
+                .with_context(|| format!("{} is not PEM text", path.display()))?,
+            None => ca.cert_pem().to_string(),
+        };
+        Ok(Some(Tls { server, workers: WorkersTls { ca, bundle } }))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -131,6 +189,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let tls = args.tls.load()?;
     let client = Client::try_default().await.context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
     check_crd(&client).await?;
 
@@ -196,18 +255,26 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     info!(%identity, worker_image = %args.worker_image, worker_budget = args.worker_budget, namespace_worker_cap = args.namespace_worker_cap, "leading: starting the controller");
 
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let defaults = WorkerDefaults {
         image: args.worker_image.clone(),
         dispatcher_url: args
             .dispatcher_url
             .clone()
-            .unwrap_or_else(|| format!("http://stoker-dispatcher.{namespace}.svc:50051")),
+            .unwrap_or_else(|| format!("{scheme}://stoker-dispatcher.{namespace}.svc:50051")),
         token_audience: (args.authentication == Authentication::Kubernetes).then(|| args.token_audience.clone()),
+        tls: tls.is_some(),
     };
+    let (server_tls, workers_tls) = tls.map(|t| (t.server, t.workers)).unzip();
     let reporter = Reporter { controller: controller::FIELD_MANAGER.into(), instance: Some(identity.clone()) };
     let book = Arc::new(ScalingBook::default());
     let recorder = Recorder::new(client.clone(), reporter.clone());
-    let ctx = Arc::new(Context::new(client.clone(), defaults, metrics.clone(), recorder.clone(), book.clone()));
+    let mut ctx = Context::new(client.clone(), defaults, metrics.clone(), recorder.clone(), book.clone());
+    if let Some(workers_tls) = workers_tls {
+        info!(ca = %workers_tls.ca.fingerprint(), "TLS on: the dispatcher and workers serve TLS");
+        ctx = ctx.with_tls(workers_tls);
+    }
+    let ctx = Arc::new(ctx);
 
     // The controller stops on shutdown, or when leadership is lost: a process that may no
     // longer lead must stop writing at once, so it exits and restarts as a standby.
@@ -231,6 +298,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     let dispatcher = Dispatcher::guarded(Timeouts::default(), DISPATCHER_WINDOW, access);
+    if ctx.tls.is_some() {
+        dispatcher.set_worker_tls_names(worker_tls::server_name);
+    }
     dispatcher.spawn_expiry();
     if let Err(e) = metrics.registry.register(Box::new(dispatcher.denials().counter())) {
         warn!(error = %e, "could not register the refused-calls counter");
@@ -239,9 +309,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.dispatcher_addr)
         .await
         .with_context(|| format!("listening for the dispatcher on {}", args.dispatcher_addr))?;
-    info!(addr = %args.dispatcher_addr, "dispatcher serving");
+    info!(addr = %args.dispatcher_addr, tls = server_tls.is_some(), "dispatcher serving");
     let mut dispatcher_stop = stop.clone();
-    tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), async move {
+    tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), server_tls, async move {
         let _ = dispatcher_stop.wait_for(|s| *s).await;
     }));
     let (reconcile_tx, reconcile_rx) = tokio::sync::mpsc::unbounded_channel();

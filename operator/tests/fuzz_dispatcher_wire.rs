@@ -156,7 +156,7 @@ fn serve(runtime: &tokio::runtime::Runtime) -> SocketAddr {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a free port");
         let addr = listener.local_addr().expect("its address");
         let d = Dispatcher::new(Timeouts::default(), Duration::from_secs(5));
-        tokio::spawn(dispatcher::serve(listener, d, std::future::pending()));
+        tokio::spawn(dispatcher::serve(listener, d, None, std::future::pending()));
         addr
     })
 }

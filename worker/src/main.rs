@@ -79,6 +79,16 @@ struct RunArgs {
     /// token comes from STOKER_TOKEN_FILE or the default projected-token path.
     #[arg(long, env = "STOKER_AUTHORIZE_READERS", default_value_t = false, action = clap::ArgAction::Set)]
     authorize_readers: bool,
+    /// Serve TLS with this certificate chain (PEM; with --tls-key-file). Under the operator:
+    /// the pipeline's certificate, for its workers Service's name.
+    #[arg(long, env = "STOKER_TLS_CERT_FILE", requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    #[arg(long, env = "STOKER_TLS_KEY_FILE", requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+    /// The CA certificates (PEM) the dispatcher's certificate must chain to; with one, the
+    /// dispatcher is reached over TLS unless its URL says http://.
+    #[arg(long, env = "STOKER_CA_FILE")]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -177,15 +187,20 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tokio::time::sleep(SHUTDOWN_GRACE).await;
         tracing::info!("streams still open after the grace period; exiting");
     };
-    let options = stoker_worker::stream::ServerOptions::default();
-    match args.dispatcher.filter(|_| !args.standalone) {
+    let mut options = stoker_worker::stream::ServerOptions::default();
+    if let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_key_file) {
+        options.tls = Some(stoker_worker::stream::server_tls(cert, key)?);
+        tracing::info!(certificate = %cert.display(), "serving TLS");
+    }
+    match args.dispatcher.clone().filter(|_| !args.standalone) {
         Some(url) => {
             let engine = Arc::new(engine);
-            let address = args.advertise.unwrap_or_else(|| advertised(bound));
+            let address = args.advertise.clone().unwrap_or_else(|| advertised(bound));
+            let (url, tls) = dispatcher_tls(&url, args.ca_file.as_deref())?;
             // Registration retries while the dispatcher is unreachable; a SIGTERM meanwhile
             // (its parent going away) must end the worker, not wait for a dispatcher that is gone.
             let link = tokio::select! {
-                link = Link::register(&url, &engine, address, TokenSource::discover(None)) => link?,
+                link = Link::register(&url, &engine, address, TokenSource::discover(None), tls) => link?,
                 _ = stopped_early.wait_for(|s| *s) => {
                     tracing::info!("stopped before registering with the dispatcher");
                     return Ok(());
@@ -220,6 +235,24 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The dispatcher URL with its scheme, and the TLS settings to reach it: TLS when the URL says
+/// https:// or (without a scheme) when a CA file is given.
+fn dispatcher_tls(
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+) -> anyhow::Result<(String, Option<tonic::transport::ClientTlsConfig>)> {
+    use stoker_api::tls::{Scheme, read_pem, scheme, with_scheme};
+    let scheme = scheme(url, ca_file.is_some(), false).map_err(|e| anyhow::anyhow!("the dispatcher URL: {e}"))?;
+    let tls = match (&scheme, ca_file) {
+        (Scheme::Tls, Some(path)) => {
+            let ca = tonic::transport::Certificate::from_pem(read_pem(path, "CA bundle")?);
+            Some(tonic::transport::ClientTlsConfig::new().ca_certificate(ca))
+        }
+        _ => None,
+    };
+    Ok((with_scheme(url, &scheme), tls))
 }
 
 /// The address to register: the pod's IP in a cluster, loopback otherwise, with the bound port.

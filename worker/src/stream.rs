@@ -63,6 +63,21 @@ pub trait BatchSource: Send + Sync + 'static {
 pub struct ServerOptions {
     /// HTTP/2 window for what clients send us; requests are tiny, so the default suffices.
     pub stream_window_bytes: Option<u32>,
+    /// Serve TLS with this certificate (the pipeline's, from the operator).
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+}
+
+/// TLS settings of a server from its certificate chain and key files (PEM).
+pub fn server_tls(
+    cert_file: &std::path::Path,
+    key_file: &std::path::Path,
+) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+    let cert = stoker_api::tls::read_pem(cert_file, "TLS certificate")?;
+    let key = stoker_api::tls::read_pem(key_file, "TLS key")?;
+    // tonic's TLS server uses rustls's process-wide provider, which rustls cannot choose by
+    // itself with both ring and aws-lc-rs (object_store's) compiled in: ring, as everywhere.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Ok(tonic::transport::ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(cert, key)))
 }
 
 /// The BatchStream gRPC service.
@@ -209,7 +224,12 @@ pub async fn serve_on<S: BatchSource, A: Authenticator>(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &options.tls {
+        // Fails here, at startup, when the certificate or key does not parse.
+        builder = builder.tls_config(tls.clone())?;
+    }
+    builder
         .initial_stream_window_size(options.stream_window_bytes)
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(incoming, shutdown)

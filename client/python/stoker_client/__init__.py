@@ -13,12 +13,17 @@ Under the dispatcher, epoch by epoch:
         for batch in client.iter_epoch():   # the batches of `client.epoch`, each row once
             ...
 
+With TLS, give the CA the dispatcher's and workers' certificates chain to (or set STOKER_CA_FILE):
+
+    client = Client.from_dispatcher("https://stoker-dispatcher.stoker-system.svc:50051", "team-a",
+                                    "imagenet-train", ca_file="/etc/stoker/ca.crt")
+
 PyTorch: `stoker_client.torch.StokerIterableDataset`.
 """
 
 from .batch import Batch
 from .client import Client
-from .errors import ProtocolError, WorkerError
+from .errors import ProtocolError, TlsError, WorkerError
 from .stats import WindowStats
 
-__all__ = ["Batch", "Client", "ProtocolError", "WindowStats", "WorkerError"]
+__all__ = ["Batch", "Client", "ProtocolError", "TlsError", "WindowStats", "WorkerError"]

@@ -9,7 +9,7 @@ from typing import Iterable, List, Optional, Protocol, Tuple
 import grpc
 
 from . import _wire
-from .errors import WorkerError
+from .errors import TlsError, WorkerError
 from .stats import WindowStats
 
 DISPATCHER = "/stoker.v1alpha1.Dispatcher/"
@@ -67,6 +67,15 @@ class Followed(Protocol):
     def stream_as(self, job: str) -> None:
         """The job the client streams as: the job, or the run a resumed job goes on as.
         Called before the first worker list."""
+
+    def set_tls_name(self, name: str) -> None:
+        """The name the listed workers' certificates are for ("" for plaintext workers)."""
+
+    def tls_problem(self, e: grpc.RpcError) -> Optional[str]:
+        """What went wrong in TLS, if `e` is a failed handshake."""
+
+    def plaintext_refused(self, e: grpc.RpcError) -> Optional[str]:
+        """Why a plaintext client kept failing, if the server looks like a TLS one."""
 
     def follow(self, addresses: Iterable[str], epoch: int) -> List[_wire.Held]:
         """Applies a worker list whose job's open epoch is `epoch`: stops streaming from the
@@ -147,7 +156,14 @@ class Follower:
                 self.register()
                 break
             except grpc.RpcError as e:
+                problem = client.tls_problem(e)
+                if problem is not None:
+                    # A certificate that does not verify will not start verifying: say so now.
+                    raise TlsError(target, problem) from None
                 if e.code() not in RETRIED or time.monotonic() > deadline:
+                    hint = client.plaintext_refused(e)
+                    if hint is not None:
+                        raise TlsError(target, hint) from None
                     raise WorkerError(target, e.code(), e.details() or "") from None
                 time.sleep(RETRY)
         client.add_channel(channel)
@@ -238,6 +254,7 @@ class Follower:
                     with self.lock:
                         self.clients = workers.clients
                     self.client.set_quotas(workers.quotas)
+                    self.client.set_tls_name(workers.tls_server_name)
                     held = self.client.follow(workers.keys(), workers.epoch)
                     with self.lock:
                         self.version = workers.version

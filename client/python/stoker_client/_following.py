@@ -3,7 +3,7 @@ dispatcher's quotas), acknowledging completions, and the client as its follower
 (`_dispatcher.Follower`) sees it. With a fixed list of workers none of this runs."""
 
 import time
-from typing import Iterable, List, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 import grpc
 
@@ -206,6 +206,17 @@ class _Followed:
 
     def on_close(self, leave) -> None:
         self._client._on_close = leave
+
+    def tls_problem(self, e) -> Optional[str]:
+        return self._client._tls.problem(e)
+
+    def plaintext_refused(self, e) -> Optional[str]:
+        return self._client._tls.plaintext_refused(e)
+
+    def set_tls_name(self, name: str) -> None:
+        """The name listed workers' certificates are for ("" for plaintext workers)."""
+        with self._client._lock:
+            self._client._tls_name = name
 
     def stream_as(self, job: str) -> None:
         with self._client._lock:

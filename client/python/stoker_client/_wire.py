@@ -338,6 +338,9 @@ class WorkerList(NamedTuple):
     clients: int = 0
     # The id of the worker at each address (a new process at an address is another worker).
     workers: List[str] = []
+    # Set when the workers serve TLS: the name their certificates are for (verified instead of
+    # the IP the client dials); empty for plaintext workers.
+    tls_server_name: str = ""
 
     def keys(self) -> List[str]:
         """How the client keys the listed workers: `address#id` where the id is given, so that
@@ -376,7 +379,7 @@ def _epoch_quota(buf) -> EpochQuota:
 
 def decode_worker_list(message: bytes) -> WorkerList:
     view = memoryview(message)
-    addresses, version, epoch, quotas, incarnation, clients, workers = [], 0, 0, [], 0, 0, []
+    addresses, version, epoch, quotas, incarnation, clients, workers, tls_name = [], 0, 0, [], 0, 0, [], ""
     for field, wire_type, value in _fields(view):
         if field == 1 and wire_type == _LEN:
             addresses.append(bytes(view[value[0]:value[1]]).decode())
@@ -392,7 +395,9 @@ def decode_worker_list(message: bytes) -> WorkerList:
             clients = value
         elif field == 7 and wire_type == _LEN:
             workers.append(bytes(view[value[0]:value[1]]).decode())
-    return WorkerList(addresses, version, epoch, quotas, incarnation, clients, workers)
+        elif field == 8 and wire_type == _LEN:
+            tls_name = bytes(view[value[0]:value[1]]).decode()
+    return WorkerList(addresses, version, epoch, quotas, incarnation, clients, workers, tls_name)
 
 
 def _double(field: int, value: float) -> bytes:

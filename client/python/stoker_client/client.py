@@ -17,11 +17,12 @@ from ._dispatcher import Follower
 from ._following import EPOCH_END, Following, _Followed
 from ._ration import Ration
 from ._rejoin import Received
+from ._tls import Tls
 from ._token import TokenSource
 from ._resume import Yielded
 from ._resume import check as check_resume
 from .batch import DEFAULT_MAX_BATCH_BYTES, Batch, Reassembler
-from .errors import ProtocolError, WorkerError
+from .errors import ProtocolError, TlsError, WorkerError
 from .stats import Meter, WindowStats
 
 STREAM_METHOD = "/stoker.v1alpha1.BatchStream/Stream"
@@ -116,6 +117,7 @@ class Client(Following):
         max_message_bytes: int = 64 << 20,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         token: Optional[str] = None,
+        ca_file: Optional[str] = None,
         _follow: bool = False,
         _prefetch_next_epoch: bool = True,
         _consumers: int = 0,
@@ -134,6 +136,10 @@ class Client(Following):
         self._names = (namespace, pipeline, job, consumer_index)
         self._start_epoch = start_epoch
         self._token = TokenSource(token)
+        # TLS: the CA (ca_file, else STOKER_CA_FILE) and, under the dispatcher, the name the
+        # listed workers' certificates are for (None: a fixed list, each address's own rule).
+        self._tls = Tls(ca_file)
+        self._tls_name: Optional[str] = None
         self._max_message_bytes, self._max_batch_bytes = max_message_bytes, max_batch_bytes
         self._prefetch = prefetch
         self._meter = Meter()
@@ -253,9 +259,13 @@ class Client(Following):
         client = cls([], namespace, pipeline, job=job, consumer_index=consumer_index, start_epoch=start_epoch,
                      _follow=True, _prefetch_next_epoch=prefetch_next_epoch, _consumers=consumers,
                      _coordinated=coordinated, _resume=resume, **options)
-        target = _target(url)
-        Follower(_Followed(client), grpc.insecure_channel(target), target, namespace, pipeline, job,
-                 consumer_index, connect_timeout, consumers=consumers, resume=resume, coordinated=coordinated)
+        try:
+            channel, target = client._tls.channel(url)
+            Follower(_Followed(client), channel, target, namespace, pipeline, job,
+                     consumer_index, connect_timeout, consumers=consumers, resume=resume, coordinated=coordinated)
+        except BaseException:
+            client.close()
+            raise
         if not client._wait_for_list(connect_timeout):
             client.close()
             raise WorkerError(target, grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -280,7 +290,7 @@ class Client(Following):
                                                   self._max_message_bytes)
         # Room for the chunk's own framing beyond the payload limit.
         options = [("grpc.max_receive_message_length", self._max_message_bytes + (1 << 20))]
-        channel = grpc.insecure_channel(_target(worker), options=options)
+        channel, _ = self._tls.channel(worker.split("#", 1)[0], options, self._tls_name)
         stream = channel.unary_stream(STREAM_METHOD, request_serializer=lambda r: r, response_deserializer=_wire.decode_chunk)
         return channel, stream(request, metadata=self._metadata)
 
@@ -342,6 +352,11 @@ class Client(Following):
         except grpc.RpcError as e:
             if self._closed.is_set() or pump.stop.is_set():
                 return "stopped"
+            problem = self._tls.problem(e)
+            if problem is not None:
+                # The CA or the worker's certificate is wrong: no retry fixes it.
+                self._fail(pump, TlsError(worker, problem))
+                return "fatal"
             if self._follow and e.code() not in FATAL_CODES:
                 # The worker may be restarting; if it died, the dispatcher drops it from the list.
                 return "retry"

@@ -13,3 +13,13 @@ class WorkerError(Exception):
     def __init__(self, worker: str, code: grpc.StatusCode, details: str):
         super().__init__(f"worker {worker}: {code.name}: {details}")
         self.worker, self.code, self.details = worker, code, details
+
+
+class TlsError(WorkerError):
+    """TLS with the dispatcher or a worker failed: its certificate does not verify with the
+    client's CA or is not for the expected name, or one side does not speak TLS. Not retried:
+    it does not fix itself."""
+
+    def __init__(self, peer: str, problem: str):
+        Exception.__init__(self, f"TLS with {peer} failed: {problem}")
+        self.worker, self.code, self.details = peer, grpc.StatusCode.UNAVAILABLE, problem

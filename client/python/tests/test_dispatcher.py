@@ -32,12 +32,12 @@ class Local:
     def _read(self):
         for line in self.process.stdout:
             self.lines.append(line)
-            if re.search(r"http://\S+", line):
+            if re.search(r"https?://\S+", line):
                 self.url.set()
 
     def address(self):
         assert self.url.wait(30), "".join(self.lines)
-        return re.search(r"http://(\S+)", "".join(self.lines)).group(1)
+        return re.search(r"https?://(\S+)", "".join(self.lines)).group(1)
 
     def __enter__(self):
         return self

@@ -171,8 +171,13 @@ def test_a_batch_without_rows_has_an_empty_array():
 
 def test_the_worker_list_carries_version_and_epoch():
     message = field(1, b"10.0.0.1:50052") + field(1, b"10.0.0.2:50052") + _wire._key(2, 0) + varint(7) + _wire._key(3, 0) + varint(2)
-    assert _wire.decode_worker_list(message) == (["10.0.0.1:50052", "10.0.0.2:50052"], 7, 2, [], 0, 0, [])
-    assert _wire.decode_worker_list(b"") == ([], 0, 0, [], 0, 0, [])
+    assert _wire.decode_worker_list(message) == (["10.0.0.1:50052", "10.0.0.2:50052"], 7, 2, [], 0, 0, [], "")
+    assert _wire.decode_worker_list(b"") == ([], 0, 0, [], 0, 0, [], "")
+
+
+def test_the_worker_list_names_the_workers_certificates_when_they_serve_tls():
+    message = field(1, b"10.0.0.5:50052") + field(8, b"p-workers.team-a.svc")
+    assert _wire.decode_worker_list(message).tls_server_name == "p-workers.team-a.svc"
 
 
 def test_the_worker_list_names_each_worker_so_a_new_process_at_an_address_is_another():

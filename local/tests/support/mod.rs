@@ -32,7 +32,7 @@ pub async fn dispatched(pipeline: WorkerPipeline, worker_timeout: Duration, max_
     dispatcher.spawn_expiry();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), std::future::pending()));
+    tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), None, std::future::pending()));
     // Not in the data directory: the logs would become shards of the source.
     let logs = tempfile::tempdir().unwrap();
     let workers = workers(&url, max_batch_rate, logs.path());
@@ -73,7 +73,7 @@ impl RestartableDispatcher {
                 }
             };
             let addr = listener.local_addr().unwrap();
-            tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), std::future::pending()));
+            tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), None, std::future::pending()));
             (dispatcher, addr)
         });
         let (dispatcher, addr) = started.await.unwrap();
@@ -113,6 +113,7 @@ pub fn workers(url: &str, max_batch_rate: Option<f64>, logs: &std::path::Path) -
         max_batch_rate,
         log_dir: Some(logs.to_path_buf()),
         cache_dir: None,
+        tls: None,
     })
 }
 

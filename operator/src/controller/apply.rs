@@ -1,8 +1,10 @@
-//! The apply step: server-side apply of the built objects with one field manager, and the
-//! namespace's cache claim created once and never changed.
+//! The apply step: server-side apply of the built objects with one field manager, the
+//! namespace's cache claim created once and never changed, and the workers' certificate
+//! issued when it must be.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -10,7 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use stoker_api::DataPipeline;
 
-use super::objects::{self, PipelineObjects};
+use super::objects::{self, PipelineObjects, worker_tls};
 use super::{Context, Error, FIELD_MANAGER, publish};
 
 fn claims(ctx: &Context, dp: &DataPipeline) -> Api<PersistentVolumeClaim> {
@@ -28,6 +30,43 @@ pub async fn existing_claim(ctx: &Context, dp: &DataPipeline) -> Result<Option<P
         name: objects::CACHE_PVC.into(),
         source,
     })
+}
+
+/// With TLS: the pipeline's worker certificate, issued when missing, issued by another CA or
+/// expiring, else left alone. Returns a digest of the certificate the workers should run with.
+pub async fn worker_certificate(ctx: &Context, dp: &DataPipeline) -> Result<Option<String>, Error> {
+    let Some(tls) = &ctx.tls else { return Ok(None) };
+    let (namespace, name) = (dp.namespace().unwrap_or_default(), worker_tls::secret_name(dp));
+    let api = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
+    let existing = api.get_opt(&name).await.map_err(|source| Error::Apply {
+        kind: "Secret".into(),
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source,
+    })?;
+    let secret = match (worker_tls::reissue(existing.as_ref(), tls.ca.fingerprint(), Timestamp::now()), existing) {
+        (None, Some(kept)) => kept,
+        (why, _) => {
+            let names = worker_tls::certificate_names(dp);
+            let issued = tls.ca.issue(&names, worker_tls::VALIDITY).map_err(|e| Error::Certificate {
+                namespace: namespace.clone(),
+                name: dp.name_any(),
+                message: format!("{e:#}"),
+            })?;
+            let secret = objects::worker_certificate(dp, &issued, &tls.bundle, tls.ca.fingerprint());
+            let applied = apply(&api, &secret).await?;
+            let note = format!(
+                "Issued the workers' TLS certificate for {} ({}), valid until {}",
+                names[0],
+                why.unwrap_or("missing"),
+                Timestamp::from_second(issued.not_after.unix_timestamp()).unwrap_or(Timestamp::MAX)
+            );
+            tracing::info!(pipeline = %dp.name_any(), %namespace, %note);
+            publish(ctx, dp, EventType::Normal, "CertificateIssued", &note).await;
+            applied
+        }
+    };
+    Ok(worker_tls::certificate_digest(&secret))
 }
 
 /// `claim`: the namespace's cache claim as it was found, if it existed.

@@ -45,8 +45,17 @@ pub struct Context {
     pub recorder: Recorder,
     /// The autoscaler's decisions: workers to run and what status says about them.
     pub scaling: Arc<ScalingBook>,
+    /// With TLS: the CA that signs each pipeline's worker certificate.
+    pub tls: Option<Arc<WorkersTls>>,
     /// Consecutive failures per pipeline, for exponential backoff.
     failures: Mutex<HashMap<PipelineKey, u32>>,
+}
+
+/// What the operator issues worker certificates with.
+pub struct WorkersTls {
+    pub ca: crate::tls::Ca,
+    /// The CA certificates workers verify the dispatcher with (`ca.crt` in their Secret).
+    pub bundle: String,
 }
 
 impl Context {
@@ -57,7 +66,13 @@ impl Context {
         recorder: Recorder,
         scaling: Arc<ScalingBook>,
     ) -> Self {
-        Context { client, defaults, metrics, recorder, scaling, failures: Mutex::default() }
+        Context { client, defaults, metrics, recorder, scaling, tls: None, failures: Mutex::default() }
+    }
+
+    /// Issue worker certificates with `tls` (the defaults must say workers serve TLS).
+    pub fn with_tls(mut self, tls: WorkersTls) -> Self {
+        self.tls = Some(Arc::new(tls));
+        self
     }
 }
 
@@ -67,6 +82,8 @@ pub enum Error {
     Apply { kind: String, namespace: String, name: String, source: kube::Error },
     #[error("updating the status of {namespace}/{name}: {source}")]
     Status { namespace: String, name: String, source: kube::Error },
+    #[error("issuing the workers' certificate of {namespace}/{name}: {message}")]
+    Certificate { namespace: String, name: String, message: String },
 }
 
 impl Error {
@@ -74,6 +91,7 @@ impl Error {
         match self {
             Error::Apply { .. } => "apply",
             Error::Status { .. } => "status",
+            Error::Certificate { .. } => "certificate",
         }
     }
 }
@@ -144,8 +162,16 @@ async fn reconcile_pipeline(dp: &DataPipeline, ctx: &Context) -> Result<Action, 
     let replicas = replicas_of(dp, ctx.scaling.get(&PipelineKey::of(dp)).map(|r| r.workers));
     // The namespace's claim, if made already: its size bounds the workers' cache.
     let claim = apply::existing_claim(ctx, dp).await?;
-    let built = objects::build(dp, &ctx.defaults, replicas, claim.as_ref().and_then(objects::claim_size).as_ref());
-    match apply::objects(ctx, dp, &built, claim.as_ref()).await {
+    let size = claim.as_ref().and_then(objects::claim_size);
+    // Before the Deployment, whose pods mount it (and restart when it is new).
+    let applied = match apply::worker_certificate(ctx, dp).await {
+        Ok(certificate) => {
+            let built = objects::build(dp, &ctx.defaults, replicas, size.as_ref(), certificate.as_deref());
+            apply::objects(ctx, dp, &built, claim.as_ref()).await
+        }
+        Err(e) => Err(e),
+    };
+    match applied {
         Ok(deployment) => {
             let ready = deployment.status.and_then(|s| s.ready_replicas).unwrap_or(0);
             update_status(dp, ctx, &Outcome::Applied { desired: replicas, ready }).await?;

@@ -20,5 +20,5 @@ pub use inbox::JobWindows;
 pub use ledger::{Assignment, JobSummary};
 pub use members::{Progress, Timeouts};
 pub use ranks::{Quota, Received};
-pub use service::{Dispatcher, DispatcherService, HEARTBEAT_INTERVAL, serve};
+pub use service::{Dispatcher, DispatcherService, HEARTBEAT_INTERVAL, WorkerTlsNames, serve};
 pub use state::{DispatchError, DispatcherState, MAX_ID_BYTES, MAX_SPLITS, WorkerRegistration};

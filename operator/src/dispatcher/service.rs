@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
@@ -45,7 +45,14 @@ pub struct Dispatcher {
     /// Who may call; `Open` in `stoker local`.
     access: Arc<dyn Access>,
     denials: Denials,
+    /// Set when workers serve TLS: the name a pipeline's worker certificates are for, which
+    /// worker lists tell clients. The operator's naming rule, kept in one place, so clients
+    /// (Rust and Python) need not know it.
+    worker_tls_names: OnceLock<WorkerTlsNames>,
 }
+
+/// The name a pipeline's workers' certificates are for.
+pub type WorkerTlsNames = fn(&PipelineKey) -> String;
 
 impl Dispatcher {
     /// A dispatcher that lets every caller in (`stoker local`, tests).
@@ -65,7 +72,13 @@ impl Dispatcher {
             window,
             access,
             denials: Denials::default(),
+            worker_tls_names: OnceLock::new(),
         })
+    }
+
+    /// Workers serve TLS with certificates for `names(pipeline)`: worker lists say so.
+    pub fn set_worker_tls_names(&self, names: WorkerTlsNames) {
+        let _ = self.worker_tls_names.set(names);
     }
 
     pub fn set_serving(&self, serving: bool) {
@@ -382,6 +395,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let updates = tokio_stream::wrappers::WatchStream::new(self.0.watch(&pipeline));
         let incarnation = self.0.with_state(|s| s.incarnation());
         let job = r.job;
+        let tls_server_name = self.0.worker_tls_names.get().map(|names| names(&pipeline)).unwrap_or_default();
         let lists = updates.map(move |l| {
             let epoch = l.epochs.get(&job).copied().unwrap_or_default();
             let quotas = l
@@ -397,6 +411,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 quotas,
                 incarnation,
                 clients,
+                tls_server_name: tls_server_name.clone(),
             })
         });
         Ok(Response::new(lists.boxed()))
@@ -458,17 +473,20 @@ impl dispatcher_server::Dispatcher for DispatcherService {
     }
 }
 
-/// Serves the dispatcher on a bound listener until `shutdown` completes.
+/// Serves the dispatcher on a bound listener until `shutdown` completes, over TLS when `tls`
+/// is given.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     dispatcher: Arc<Dispatcher>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
-        .add_service(dispatcher.into_server())
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder.add_service(dispatcher.into_server()).serve_with_incoming_shutdown(incoming, shutdown).await
 }
 
 fn held(h: proto::HeldRows) -> Held {

@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use stoker_api::proto::dispatcher_client::DispatcherClient;
 use stoker_api::proto::{self, next_split_response::Next};
 use stoker_api::token::TokenSource;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
 use crate::cached::{EngineCache, SplitCache};
@@ -41,14 +42,20 @@ const RETRY: Duration = Duration::from_millis(250);
 
 impl Link {
     /// Connects lazily and registers, retrying until the dispatcher answers; every call
-    /// carries `token`.
+    /// carries `token`. With `tls` the dispatcher must present a certificate for the URL's host
+    /// from a CA of the bundle.
     pub async fn register(
         url: &str,
         engine: &Engine,
         address: String,
         token: TokenSource,
+        tls: Option<ClientTlsConfig>,
     ) -> anyhow::Result<Arc<Link>> {
-        let channel = Endpoint::from_shared(url.to_string())?.connect_timeout(Duration::from_secs(5)).connect_lazy();
+        let mut endpoint = Endpoint::from_shared(url.to_string())?.connect_timeout(Duration::from_secs(5));
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls).with_context(|| format!("TLS settings for the dispatcher {url}"))?;
+        }
+        let channel = endpoint.connect_lazy();
         let pipeline = engine.pipeline();
         let registration = proto::RegisterWorkerRequest {
             pipeline: Some(proto::PipelineRef { namespace: pipeline.namespace.clone(), name: pipeline.name.clone() }),
@@ -189,7 +196,10 @@ impl Link {
 /// A refused token is a deployment mistake the user must see (it will not fix itself until
 /// someone changes RBAC or the pod's ServiceAccount); an unreachable dispatcher is routine.
 fn log_retry(what: &str, s: &Status) {
-    if matches!(s.code(), Code::Unauthenticated | Code::PermissionDenied) {
+    if let Some(tls) = stoker_api::tls::tls_failure(s) {
+        // A certificate that does not verify is a deployment mistake too.
+        tracing::warn!(problem = %tls, "{what}: TLS with the dispatcher failed; retrying");
+    } else if matches!(s.code(), Code::Unauthenticated | Code::PermissionDenied) {
         tracing::warn!(status = %s, "{what}: the dispatcher refused this worker; retrying");
     } else {
         tracing::debug!(status = %s, "{what}: retrying");

@@ -1,21 +1,23 @@
 //! The workers Deployment: the pipeline's spec (as JSON in the env), the dispatcher's address,
 //! the cache volume when caching, the projected token with Stoker's audience when
-//! authenticating, the user's scheduling, resources, env and volumes; pods non-root with a
-//! read-only root filesystem.
+//! authenticating, the pipeline's certificate with TLS, the user's scheduling, resources, env
+//! and volumes; pods non-root with a read-only root filesystem.
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
     ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ProjectedVolumeSource, SeccompProfile, SecretEnvSource, SecurityContext, ServiceAccountTokenProjection,
-    TCPSocketAction, Volume, VolumeMount, VolumeProjection,
+    ProjectedVolumeSource, SeccompProfile, SecretEnvSource, SecretVolumeSource, SecurityContext,
+    ServiceAccountTokenProjection, TCPSocketAction, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
+use stoker_api::tls::{CA_FILE_ENV, CERT_FILE_ENV, KEY_FILE_ENV, WORKER_TLS_VOLUME};
 use stoker_api::{Cache, DataPipeline, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME, WORKER_TOKEN_VOLUME, WorkerPipeline};
 
+use super::worker_tls::{POD_CERTIFICATE_ANNOTATION, secret_name};
 use super::{CACHE_MOUNT, CACHE_PVC, DATA_PORT, Identity, WorkerDefaults, uses_cache_volume, workers_name};
 
 pub(super) fn build(
@@ -24,9 +26,10 @@ pub(super) fn build(
     defaults: &WorkerDefaults,
     replicas: i32,
     cache_volume: Option<&Quantity>,
+    certificate: Option<&str>,
 ) -> Deployment {
     let spec = &dp.spec;
-    let (volumes, mounts) = volumes(dp, defaults.token_audience.as_deref());
+    let (volumes, mounts) = volumes(dp, defaults.token_audience.as_deref(), defaults.tls);
     let container = Container {
         name: "worker".into(),
         image: Some(spec.workers.image.clone().unwrap_or_else(|| defaults.image.clone())),
@@ -74,7 +77,14 @@ pub(super) fn build(
                 }),
             }),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(identity.labels.clone()), ..Default::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(identity.labels.clone()),
+                    // A new certificate restarts the workers: each reads its certificate at start.
+                    annotations: certificate
+                        .filter(|_| defaults.tls)
+                        .map(|digest| [(POD_CERTIFICATE_ANNOTATION.to_string(), digest.to_string())].into()),
+                    ..Default::default()
+                }),
                 spec: Some(PodSpec {
                     containers: vec![container],
                     volumes: Some(volumes),
@@ -133,6 +143,14 @@ fn env(dp: &DataPipeline, namespace: &str, defaults: &WorkerDefaults, cache_volu
         });
         env.push(EnvVar { name: "STOKER_AUTHORIZE_READERS".into(), value: Some("true".into()), ..Default::default() });
     }
+    if defaults.tls {
+        let file = |name: &str, file: &str| EnvVar {
+            name: name.into(),
+            value: Some(format!("{}/{file}", WORKER_TLS_VOLUME.1)),
+            ..Default::default()
+        };
+        env.extend([file(CERT_FILE_ENV, "tls.crt"), file(KEY_FILE_ENV, "tls.key"), file(CA_FILE_ENV, "ca.crt")]);
+    }
     if uses_cache_volume(spec) {
         env.push(EnvVar { name: "STOKER_CACHE_DIR".into(), value: Some(CACHE_MOUNT.into()), ..Default::default() });
         if let Some(cap) = cache_volume.map_or_else(|| spec.cache.cap_bytes(), Cache::cap_for) {
@@ -147,9 +165,10 @@ fn env(dp: &DataPipeline, namespace: &str, defaults: &WorkerDefaults, cache_volu
     env
 }
 
-/// A writable /tmp (the root filesystem is read-only), the cache volume when caching, and the
-/// user's volumes after ours (validation keeps their names and paths apart).
-fn volumes(dp: &DataPipeline, token_audience: Option<&str>) -> (Vec<Volume>, Vec<VolumeMount>) {
+/// A writable /tmp (the root filesystem is read-only), the cache volume when caching, the token
+/// when authenticating, the certificate with TLS, and the user's volumes after ours
+/// (validation keeps their names and paths apart).
+fn volumes(dp: &DataPipeline, token_audience: Option<&str>, tls: bool) -> (Vec<Volume>, Vec<VolumeMount>) {
     let spec = &dp.spec;
     let (tmp, tmp_path) = WORKER_TMP_VOLUME;
     let mut volumes =
@@ -185,6 +204,25 @@ fn volumes(dp: &DataPipeline, token_audience: Option<&str>) -> (Vec<Volume>, Vec
                     }),
                     ..Default::default()
                 }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    if tls {
+        let (name, path) = WORKER_TLS_VOLUME;
+        volumes.push(Volume {
+            name: name.into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret_name(dp)),
+                // Readable by the worker's user only; fsGroup makes it the pod's group.
+                default_mode: Some(0o440),
                 ..Default::default()
             }),
             ..Default::default()

@@ -4,11 +4,12 @@
 mod cache_claim;
 mod deployment;
 mod service;
+pub mod worker_tls;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, Service};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
@@ -34,6 +35,9 @@ pub struct WorkerDefaults {
     /// With authentication on: the audience of the token mounted into worker pods, which also
     /// makes workers admit only readers the dispatcher approves.
     pub token_audience: Option<String>,
+    /// Workers serve TLS with their pipeline's certificate (Secret `<pipeline>-workers-tls`)
+    /// and verify the dispatcher with the CA bundle in it.
+    pub tls: bool,
 }
 
 /// Everything the operator applies for one pipeline.
@@ -98,19 +102,30 @@ impl Identity {
 
 /// `cache_volume`: the size of the namespace's claim if it exists (made for whichever pipeline
 /// cached first, and never updated), which bounds the workers' cache whatever this spec asks.
+/// `certificate`: with TLS, a digest of the workers' current certificate (a new one restarts them).
 pub fn build(
     dp: &DataPipeline,
     defaults: &WorkerDefaults,
     replicas: i32,
     cache_volume: Option<&Quantity>,
+    certificate: Option<&str>,
 ) -> PipelineObjects {
     let identity = Identity::of(dp);
     PipelineObjects {
-        deployment: deployment::build(dp, &identity, defaults, replicas, cache_volume),
+        deployment: deployment::build(dp, &identity, defaults, replicas, cache_volume, certificate),
         service: service::build(dp, &identity),
         cache_pvc: uses_cache_volume(&dp.spec).then(|| cache_claim::build(&dp.spec, &identity.namespace)),
     }
 }
+
+/// The Secret with the pipeline's worker certificate `issued` by the CA `issuer` (its
+/// fingerprint), and the CA bundle workers verify the dispatcher with.
+pub fn worker_certificate(dp: &DataPipeline, issued: &crate::tls::Issued, ca_bundle: &str, issuer: &str) -> Secret {
+    worker_tls::build(dp, &Identity::of(dp), issued, ca_bundle, issuer)
+}
+
+#[cfg(test)]
+mod tls_tests;
 
 #[cfg(test)]
 mod tests {
@@ -134,6 +149,7 @@ mod tests {
             image: "stoker-worker:test".into(),
             dispatcher_url: "http://d:50051".into(),
             token_audience: Some("stoker.dev".into()),
+            tls: false,
         }
     }
 
@@ -147,7 +163,7 @@ mod tests {
 
     #[test]
     fn deployment_and_service_are_named_labelled_and_owned() {
-        let o = build(&pipeline("imagenet", ""), &defaults(), 3, None);
+        let o = build(&pipeline("imagenet", ""), &defaults(), 3, None, None);
         let d = &o.deployment;
         assert_eq!(d.metadata.name.as_deref(), Some("imagenet-workers"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("team-a"));
@@ -170,7 +186,7 @@ mod tests {
 
     #[test]
     fn pods_are_non_root_with_read_only_root_and_writable_tmp() {
-        let o = build(&pipeline("p", ""), &defaults(), 1, None);
+        let o = build(&pipeline("p", ""), &defaults(), 1, None, None);
         let p = pod(&o);
         assert_eq!(p.security_context.as_ref().unwrap().run_as_non_root, Some(true));
         let c = &p.containers[0];
@@ -182,7 +198,7 @@ mod tests {
 
     #[test]
     fn worker_gets_its_pipeline_dispatcher_and_credentials() {
-        let o = build(&pipeline("p", "transforms:\n- decodeImage: {}\nseed: 7\n"), &defaults(), 1, None);
+        let o = build(&pipeline("p", "transforms:\n- decodeImage: {}\nseed: 7\n"), &defaults(), 1, None, None);
         let p = pod(&o);
         let spec: serde_json::Value =
             serde_json::from_str(env(p, "STOKER_PIPELINE").unwrap().value.as_deref().unwrap()).unwrap();
@@ -209,6 +225,7 @@ mod tests {
             ),
             &defaults(),
             1,
+            None,
             None,
         );
         let p = pod(&o);
@@ -238,7 +255,7 @@ mod tests {
 
     #[test]
     fn workers_get_a_stoker_token_and_no_api_server_token_when_authenticating() {
-        let on = build(&pipeline("p", ""), &defaults(), 1, None);
+        let on = build(&pipeline("p", ""), &defaults(), 1, None, None);
         let p = pod(&on);
         assert_eq!(p.automount_service_account_token, Some(false));
         let projected = p.volumes.iter().flatten().find(|v| v.name == "stoker-token").unwrap().projected.clone();
@@ -251,7 +268,7 @@ mod tests {
         assert_eq!(env(p, "STOKER_AUTHORIZE_READERS").unwrap().value.as_deref(), Some("true"));
 
         let open = WorkerDefaults { token_audience: None, ..defaults() };
-        let off = build(&pipeline("p", ""), &open, 1, None);
+        let off = build(&pipeline("p", ""), &open, 1, None, None);
         let p = pod(&off);
         assert!(p.volumes.iter().flatten().all(|v| v.name != "stoker-token"));
         assert!(env(p, "STOKER_AUTHORIZE_READERS").is_none() && env(p, "STOKER_TOKEN_FILE").is_none());
@@ -259,7 +276,7 @@ mod tests {
 
     #[test]
     fn cache_volume_only_when_caching_and_never_owned() {
-        let off = build(&pipeline("p", ""), &defaults(), 1, None);
+        let off = build(&pipeline("p", ""), &defaults(), 1, None, None);
         assert!(off.cache_pvc.is_none());
         assert!(env(pod(&off), "STOKER_CACHE_DIR").is_none());
         let on = build(
@@ -270,6 +287,7 @@ mod tests {
             &defaults(),
             1,
             None,
+            None,
         );
         let pvc = on.cache_pvc.as_ref().unwrap();
         assert_eq!(pvc.metadata.name.as_deref(), Some(CACHE_PVC));
@@ -278,7 +296,8 @@ mod tests {
         assert_eq!(s.access_modes.as_deref(), Some(&["ReadWriteOnce".to_string()][..]));
         assert_eq!(s.storage_class_name.as_deref(), Some("fast"));
         assert_eq!(s.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0, "20Gi");
-        let default_size = build(&pipeline("p", "cache: {mode: Auto}\n"), &defaults(), 1, None).cache_pvc.unwrap();
+        let default_size =
+            build(&pipeline("p", "cache: {mode: Auto}\n"), &defaults(), 1, None, None).cache_pvc.unwrap();
         assert_eq!(default_size.spec.unwrap().resources.unwrap().requests.unwrap()["storage"].0, "100Gi");
         let p = pod(&on);
         assert_eq!(env(p, "STOKER_CACHE_DIR").unwrap().value.as_deref(), Some(CACHE_MOUNT));
@@ -296,12 +315,13 @@ mod tests {
     #[test]
     fn an_existing_claim_sets_the_cap_and_what_differs_is_said() {
         let asks = "cache: {mode: Auto, volumeSize: 20Gi, storageClassName: fast, accessMode: ReadWriteMany}\n";
-        let made_for = |extra: &str| build(&pipeline("first", extra), &defaults(), 1, None).cache_pvc.unwrap();
+        let made_for = |extra: &str| build(&pipeline("first", extra), &defaults(), 1, None, None).cache_pvc.unwrap();
         let cap = |o: &PipelineObjects| env(pod(o), "STOKER_CACHE_CAP_BYTES").and_then(|e| e.value.clone());
         let ninety_percent_of_gib = |gib: u64| (((gib << 30) as f64 * 0.9) as u64).to_string();
 
-        let on_claim =
-            |claim: &PersistentVolumeClaim| build(&pipeline("p", asks), &defaults(), 1, claim_size(claim).as_ref());
+        let on_claim = |claim: &PersistentVolumeClaim| {
+            build(&pipeline("p", asks), &defaults(), 1, claim_size(claim).as_ref(), None)
+        };
 
         let same_claim = made_for(asks);
         let same = on_claim(&same_claim);
@@ -335,7 +355,7 @@ mod tests {
     #[test]
     fn long_names_fit_kubernetes_limits() {
         let name = format!("{}.train", "a".repeat(240));
-        let o = build(&pipeline(&name, ""), &defaults(), 1, None);
+        let o = build(&pipeline(&name, ""), &defaults(), 1, None, None);
         let n = o.deployment.metadata.name.unwrap();
         assert!(n.len() <= 63 && n.ends_with("-workers"), "{n}");
         for v in o.deployment.metadata.labels.unwrap().values() {
@@ -345,11 +365,12 @@ mod tests {
 
     #[test]
     fn scaling_knobs_do_not_change_the_pod_template() {
-        let a = build(&pipeline("p", "workers: {min: 1, max: 4}\n"), &defaults(), 1, None);
+        let a = build(&pipeline("p", "workers: {min: 1, max: 4}\n"), &defaults(), 1, None, None);
         let b = build(
             &pipeline("p", "workers: {min: 1, max: 9}\nautoscaling: {policy: {windowSeconds: 30}}\n"),
             &defaults(),
             1,
+            None,
             None,
         );
         assert_eq!(a.deployment.spec.template, b.deployment.spec.template);
