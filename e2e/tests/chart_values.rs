@@ -148,3 +148,37 @@ async fn tls_cert_manager_asks_the_issuer_for_both_certificates() {
     assert!(args.contains(&"--tls-ca-bundle-file=/etc/stoker/tls/dispatcher/ca.crt".to_string()), "{args:?}");
     assert!(render(&["tls.enabled=true", "tls.mode=certManager"]).await.is_err(), "an issuer is required");
 }
+
+#[tokio::test]
+async fn auth_and_network_policy_values_reach_the_operator_and_its_rights() {
+    let rules = |objects: &[Value]| {
+        named(objects, "ClusterRole", "stoker").expect("the operator's ClusterRole")["rules"].to_string()
+    };
+    let defaults = render(&[]).await.unwrap();
+    let args = operator_args(&defaults).join(" ");
+    assert!(args.contains("--authentication \"kubernetes\"") || args.contains("--authentication kubernetes"), "{args}");
+    assert!(!args.contains("--network-policy"), "{args}");
+    assert!(rules(&defaults).contains("tokenreviews") && rules(&defaults).contains("subjectaccessreviews"));
+    assert!(!rules(&defaults).contains("networkpolicies"));
+    let consumer = named(&defaults, "ClusterRole", "stoker-consumer").expect("the consumer role");
+    assert_eq!(consumer["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"], "true");
+    assert!(consumer["rules"].to_string().contains("datapipelines/stream"));
+
+    let changed =
+        render(&["auth.mode=none", "networkPolicy.enabled=true", "auth.consumerRole.create=false"]).await.unwrap();
+    let args = operator_args(&changed).join(" ");
+    assert!(args.contains("none") && args.contains("--network-policy=true"), "{args}");
+    assert!(!rules(&changed).contains("tokenreviews"), "no review rights without authentication");
+    assert!(rules(&changed).contains("networkpolicies"));
+    assert!(named(&changed, "ClusterRole", "stoker-consumer").is_none());
+    assert!(render(&["auth.mode=maybe"]).await.is_err(), "the schema refuses unknown modes");
+
+    // `helm upgrade --reuse-values` from a release made before these keys existed: the chart
+    // renders with the defaults instead of failing on a missing key.
+    let old = ["auth=null", "tls=null", "networkPolicy=null", "namespaceWorkerCap=null"];
+    let upgraded = render(&old).await.unwrap();
+    let args = operator_args(&upgraded).join(" ");
+    assert!(args.contains("kubernetes") && args.contains("stoker.dev") && !args.contains("--tls"), "{args}");
+    assert!(rules(&upgraded).contains("tokenreviews"));
+    assert!(named(&upgraded, "ClusterRole", "stoker-consumer").is_some());
+}

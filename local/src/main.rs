@@ -190,6 +190,7 @@ fn explain(samples: &Path, yaml: bool) -> anyhow::Result<()> {
         dispatcher_url: "http://stoker-dispatcher.stoker-system.svc:50051".into(),
         token_audience: Some(stoker_api::token::DEFAULT_AUDIENCE.into()),
         tls: false,
+        network_policy: None,
     };
     println!("What the operator makes of each manifest in {}\n", samples.display());
     for file in files {

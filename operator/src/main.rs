@@ -92,6 +92,10 @@ struct RunArgs {
     /// (anyone who can reach them; for clusters whose network already isolates tenants).
     #[arg(long, env = "STOKER_AUTHENTICATION", value_enum, default_value_t = Authentication::Kubernetes)]
     authentication: Authentication,
+    /// Give each pipeline a NetworkPolicy that admits to its workers only pods of its own
+    /// namespace and of the operator's (the lease namespace).
+    #[arg(long, env = "STOKER_NETWORK_POLICY", default_value_t = false, action = clap::ArgAction::Set)]
+    network_policy: bool,
     /// The audience Stoker tokens must carry; worker pods get a projected token for it.
     #[arg(long, env = "STOKER_TOKEN_AUDIENCE", default_value = stoker_api::token::DEFAULT_AUDIENCE)]
     token_audience: String,
@@ -264,6 +268,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| format!("{scheme}://stoker-dispatcher.{namespace}.svc:50051")),
         token_audience: (args.authentication == Authentication::Kubernetes).then(|| args.token_audience.clone()),
         tls: tls.is_some(),
+        network_policy: args.network_policy.then(|| namespace.clone()),
     };
     let (server_tls, workers_tls) = tls.map(|t| (t.server, t.workers)).unzip();
     let reporter = Reporter { controller: controller::FIELD_MANAGER.into(), instance: Some(identity.clone()) };

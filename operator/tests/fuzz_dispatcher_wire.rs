@@ -29,7 +29,7 @@ static ALLOCATOR: Counting = Counting;
 /// Inputs per run by default.
 const CASES: u32 = 1500;
 
-const METHODS: [&str; 8] = [
+const METHODS: [&str; 9] = [
     "/stoker.v1alpha1.Dispatcher/RegisterWorker",
     "/stoker.v1alpha1.Dispatcher/WorkerHeartbeat",
     "/stoker.v1alpha1.Dispatcher/NextSplit",
@@ -38,6 +38,7 @@ const METHODS: [&str; 8] = [
     "/stoker.v1alpha1.Dispatcher/WatchWorkers",
     "/stoker.v1alpha1.Dispatcher/ReportWindow",
     "/stoker.v1alpha1.Dispatcher/Acknowledge",
+    "/stoker.v1alpha1.Dispatcher/AuthorizeReader",
 ];
 
 /// What goes on the wire.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use stoker_api::DataPipeline;
@@ -58,7 +59,8 @@ pub async fn tenancy_tokens_and_permissions(cluster: &dyn Cluster) -> anyhow::Re
             return Ok(());
         }
     };
-    cluster.operator_start(OperatorOptions::default()).await?;
+    // With a NetworkPolicy per pipeline, as the chart's networkPolicy.enabled gives.
+    cluster.operator_start(OperatorOptions::default().arg("--network-policy=true")).await?;
     let client = cluster.client();
     let a = fresh_namespace(&client, "e2e-tenant-a").await?;
     let b = fresh_namespace(&client, "e2e-tenant-b").await?;
@@ -78,6 +80,21 @@ pub async fn tenancy_tokens_and_permissions(cluster: &dyn Cluster) -> anyhow::Re
     let dp: DataPipeline = serde_yaml::from_str(&manifest)?;
     let pipelines = Api::<DataPipeline>::namespaced(client.clone(), &a);
     pipelines.patch(NAME, &PatchParams::apply("e2e").force(), &Patch::Apply(&dp)).await?;
+
+    // The workers' NetworkPolicy admits only A's pods and the operator's namespace.
+    let policies = Api::<NetworkPolicy>::namespaced(client.clone(), &a);
+    let policy = wait_for(Duration::from_secs(60), "the workers' NetworkPolicy", || {
+        let policies = policies.clone();
+        async move {
+            Ok(match policies.get_opt(&format!("{NAME}-workers")).await? {
+                Some(p) => Check::Done(p),
+                None => Check::not_yet("none yet"),
+            })
+        }
+    })
+    .await?;
+    let rules = serde_json::to_string(&policy.spec)?;
+    ensure!(rules.contains(stoker_e2e::OPERATOR_NAMESPACE) && rules.contains("Ingress"), "{rules}");
 
     let channel = Channel::from_shared(url.clone())?.connect_lazy();
     let dispatcher = DispatcherClient::new(channel);

@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
@@ -101,6 +102,9 @@ pub async fn objects(
         (None, _) => {}
     }
     apply(&Api::<Service>::namespaced(ctx.client.clone(), &ns), &built.service).await?;
+    if let Some(policy) = &built.network_policy {
+        apply(&Api::<NetworkPolicy>::namespaced(ctx.client.clone(), &ns), policy).await?;
+    }
     apply(&Api::<Deployment>::namespaced(ctx.client.clone(), &ns), &built.deployment).await
 }
 

@@ -30,6 +30,7 @@ enum Answer {
     Client { id: String, job: String, incarnation: u64 },
     Next(proto::NextSplitResponse),
     Listed(Option<Result<proto::WorkerList, Status>>),
+    Reader(String),
     Empty,
 }
 
@@ -123,6 +124,9 @@ impl Harness {
                 }
             }
             Filled::Acknowledge(r) => live_client(&r.client_id),
+            // Access is open here: any pipeline's reader is let in, a missing pipeline is not.
+            Filled::AuthorizeReader(r) if !ours(&r.pipeline) => vec![InvalidArgument],
+            Filled::AuthorizeReader(_) => vec![Ok],
         }
     }
 
@@ -183,6 +187,7 @@ impl Harness {
             (Filled::Acknowledge(r), Answer::Empty) if r.leaving => {
                 self.seen.clients.remove(&r.client_id);
             }
+            (Filled::AuthorizeReader(_), Answer::Reader(who)) if who == "system:anonymous" => {}
             (_, Answer::Empty) => {}
             _ => return Err("an answer of the wrong kind".into()),
         }
@@ -280,6 +285,9 @@ async fn dispatch(service: &DispatcherService, request: &Filled) -> Result<Answe
             service.acknowledge(Request::new(r.clone())).await?;
             Answer::Empty
         }
+        Filled::AuthorizeReader(r) => {
+            Answer::Reader(service.authorize_reader(Request::new(r.clone())).await?.into_inner().username)
+        }
     })
 }
 
@@ -294,6 +302,7 @@ fn request_len(request: &Filled) -> usize {
         Filled::WatchWorkers(r) => r.encoded_len(),
         Filled::ReportWindow(r) => r.encoded_len(),
         Filled::Acknowledge(r) => r.encoded_len(),
+        Filled::AuthorizeReader(r) => r.encoded_len(),
     }
 }
 

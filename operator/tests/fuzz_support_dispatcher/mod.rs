@@ -164,6 +164,7 @@ pub enum Op {
     WatchWorkers { r: proto::WatchWorkersRequest, job: Job },
     ReportWindow { r: proto::ReportWindowRequest, id: Id },
     Acknowledge { r: proto::AcknowledgeRequest, id: Id },
+    AuthorizeReader { r: proto::AuthorizeReaderRequest },
     Expire,
 }
 
@@ -319,8 +320,11 @@ pub fn ops() -> impl Strategy<Value = Op> {
             id,
         },
     );
+    let authorize = (pipeline(), text())
+        .prop_map(|(pipeline, token)| Op::AuthorizeReader { r: proto::AuthorizeReaderRequest { pipeline, token } });
     prop_oneof![
         3 => register_worker(),
+        1 => authorize,
         2 => heartbeat(),
         4 => next_split,
         1 => return_splits,
@@ -399,6 +403,7 @@ pub fn request(op: &Op, seen: &Seen) -> Option<(&'static str, Vec<u8>)> {
             "RegisterClient" => "/stoker.v1alpha1.Dispatcher/RegisterClient",
             "WatchWorkers" => "/stoker.v1alpha1.Dispatcher/WatchWorkers",
             "ReportWindow" => "/stoker.v1alpha1.Dispatcher/ReportWindow",
+            "AuthorizeReader" => "/stoker.v1alpha1.Dispatcher/AuthorizeReader",
             _ => "/stoker.v1alpha1.Dispatcher/Acknowledge",
         }
     };
@@ -411,6 +416,7 @@ pub fn request(op: &Op, seen: &Seen) -> Option<(&'static str, Vec<u8>)> {
         Filled::WatchWorkers(r) => (path("WatchWorkers"), r.encode_to_vec()),
         Filled::ReportWindow(r) => (path("ReportWindow"), r.encode_to_vec()),
         Filled::Acknowledge(r) => (path("Acknowledge"), r.encode_to_vec()),
+        Filled::AuthorizeReader(r) => (path("AuthorizeReader"), r.encode_to_vec()),
     })
 }
 
@@ -423,6 +429,7 @@ pub enum Filled {
     WatchWorkers(proto::WatchWorkersRequest),
     ReportWindow(proto::ReportWindowRequest),
     Acknowledge(proto::AcknowledgeRequest),
+    AuthorizeReader(proto::AuthorizeReaderRequest),
 }
 
 /// The request with its names resolved; None for the clock.
@@ -464,6 +471,7 @@ pub fn filled(op: &Op, seen: &Seen) -> Option<Filled> {
             r.client_id = seen.client(&id);
             Filled::Acknowledge(r)
         }
+        Op::AuthorizeReader { r } => Filled::AuthorizeReader(r),
         Op::Expire => return None,
     })
 }

@@ -3,6 +3,7 @@
 
 mod cache_claim;
 mod deployment;
+mod network_policy;
 mod service;
 pub mod worker_tls;
 
@@ -10,6 +11,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
@@ -38,6 +40,9 @@ pub struct WorkerDefaults {
     /// Workers serve TLS with their pipeline's certificate (Secret `<pipeline>-workers-tls`)
     /// and verify the dispatcher with the CA bundle in it.
     pub tls: bool,
+    /// With `--network-policy`: the operator's namespace, whose pods (with the pipeline's own
+    /// namespace's) are the only ones a pipeline's NetworkPolicy lets reach its workers.
+    pub network_policy: Option<String>,
 }
 
 /// Everything the operator applies for one pipeline.
@@ -47,6 +52,8 @@ pub struct PipelineObjects {
     pub service: Service,
     /// Present when the pipeline may cache; created if absent, never updated or deleted.
     pub cache_pvc: Option<PersistentVolumeClaim>,
+    /// Present with `--network-policy`.
+    pub network_policy: Option<NetworkPolicy>,
 }
 
 pub fn workers_name(dp: &DataPipeline) -> String {
@@ -115,6 +122,7 @@ pub fn build(
         deployment: deployment::build(dp, &identity, defaults, replicas, cache_volume, certificate),
         service: service::build(dp, &identity),
         cache_pvc: uses_cache_volume(&dp.spec).then(|| cache_claim::build(&dp.spec, &identity.namespace)),
+        network_policy: defaults.network_policy.as_deref().map(|ns| network_policy::build(dp, &identity, ns)),
     }
 }
 
@@ -150,7 +158,31 @@ mod tests {
             dispatcher_url: "http://d:50051".into(),
             token_audience: Some("stoker.dev".into()),
             tls: false,
+            network_policy: None,
         }
+    }
+
+    #[test]
+    fn a_network_policy_admits_only_the_pipelines_namespace_and_the_operators() {
+        assert!(build(&pipeline("p", ""), &defaults(), 1, None, None).network_policy.is_none());
+        let on = WorkerDefaults { network_policy: Some("stoker-system".into()), ..defaults() };
+        let o = build(&pipeline("p", ""), &on, 1, None, None);
+        let policy = o.network_policy.unwrap();
+        assert_eq!(policy.metadata.name.as_deref(), Some("p-workers"));
+        assert_eq!(policy.metadata.owner_references.as_ref().unwrap()[0].kind, "DataPipeline");
+        let spec = policy.spec.unwrap();
+        // The workers the Deployment runs, selected the same way.
+        assert_eq!(spec.pod_selector.unwrap().match_labels, o.deployment.spec.selector.match_labels);
+        assert_eq!(spec.policy_types.as_deref(), Some(&["Ingress".to_string()][..]));
+        let rules = spec.ingress.unwrap();
+        assert_eq!(rules.len(), 1, "one rule: anything else is denied");
+        let from = rules[0].from.as_ref().unwrap();
+        assert_eq!(from.len(), 2);
+        assert!(from[0].namespace_selector.is_none() && from[0].pod_selector.is_some(), "this namespace's pods");
+        let operator = from[1].namespace_selector.as_ref().unwrap().match_labels.as_ref().unwrap();
+        assert_eq!(operator["kubernetes.io/metadata.name"], "stoker-system");
+        let port = &rules[0].ports.as_ref().unwrap()[0];
+        assert_eq!(port.port, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("data".into())));
     }
 
     fn pod(objects: &PipelineObjects) -> &PodSpec {

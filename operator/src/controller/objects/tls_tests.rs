@@ -94,6 +94,7 @@ fn defaults() -> WorkerDefaults {
         dispatcher_url: "https://d:50051".into(),
         token_audience: None,
         tls: true,
+        network_policy: None,
     }
 }
 
