@@ -48,6 +48,9 @@ pub async fn install_chart(cluster: &dyn Cluster, extra: &[&str], pods_reachable
         .arg(&chart)
         .args(["--namespace", OPERATOR_NAMESPACE, "--create-namespace"])
         .args(["--set", &operator, "--set", &worker, "--set", &tags])
+        // Each pipeline gets its NetworkPolicy, as in local mode's operators (the tenancy
+        // scenario checks it): the chart's path to `--network-policy` and its RBAC.
+        .args(["--set", "networkPolicy.enabled=true"])
         .args(extra)
         // Helm waits until every replica is Ready, the standby too.
         .args(["--wait", "--timeout", "5m"])

@@ -157,6 +157,8 @@ impl LocalOperators {
                 format!("--lease-name={LEASE_NAME}"),
                 "--log-level=info".to_string(),
                 "--log-format=text".to_string(),
+                // As the in-cluster tier installs the chart: a NetworkPolicy per pipeline.
+                "--network-policy=true".to_string(),
             ];
             if self.dispatcher_flag == Some(true) {
                 args.push(format!("--dispatcher-addr={}", slot.dispatcher));

@@ -59,8 +59,9 @@ pub async fn tenancy_tokens_and_permissions(cluster: &dyn Cluster) -> anyhow::Re
             return Ok(());
         }
     };
-    // With a NetworkPolicy per pipeline, as the chart's networkPolicy.enabled gives.
-    cluster.operator_start(OperatorOptions::default().arg("--network-policy=true")).await?;
+    // The harness runs the operator with a NetworkPolicy per pipeline (chart:
+    // networkPolicy.enabled) on both providers.
+    cluster.operator_start(OperatorOptions::default()).await?;
     let client = cluster.client();
     let a = fresh_namespace(&client, "e2e-tenant-a").await?;
     let b = fresh_namespace(&client, "e2e-tenant-b").await?;
