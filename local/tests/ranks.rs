@@ -95,8 +95,17 @@ async fn two_ranks_with_a_worker_killed(coordinated: bool) -> Vec<Vec<Got>> {
     }
     let jobs = s.dispatcher.with_state(|st| st.jobs(&s.key));
     assert!(jobs[0].requeued >= 1, "the dead worker's split was produced again: {:?}", jobs[0]);
-    let delivery = s.dispatcher.with_state(|st| st.delivery_statuses()).remove(&s.key).unwrap();
     let dropped: u64 = got.iter().flatten().map(|g| g.dropped_rows).sum();
+    // The ranks tell the dispatcher what they dropped in their acknowledgements, which may still
+    // be on their way when the last batch was read (a race CI found): wait for them, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let delivery = loop {
+        let delivery = s.dispatcher.with_state(|st| st.delivery_statuses()).remove(&s.key).unwrap();
+        if delivery.rows_dropped_for_equal_ranks == dropped || std::time::Instant::now() > deadline {
+            break delivery;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(delivery.rows_dropped_for_equal_ranks, dropped, "status counts the dropped rows");
     assert_eq!(delivery.splits_repeated, 0);
     got
