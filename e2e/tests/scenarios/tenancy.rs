@@ -76,7 +76,7 @@ pub async fn tenancy_tokens_and_permissions(cluster: &dyn Cluster) -> anyhow::Re
          source: {{uri: 'file://{}/', format: jsonl}}\n  batchSize: 10\n  \
          autoscaling: {{mode: Fixed, replicas: 1}}\n  workers: {{{}}}\n",
         seen_as.path,
-        seen_as.more_fields()
+        seen_as.fields
     );
     let dp: DataPipeline = serde_yaml::from_str(&manifest)?;
     let pipelines = Api::<DataPipeline>::namespaced(client.clone(), &a);
