@@ -136,6 +136,24 @@ impl NodeCluster {
         Ok(format!("http://{ip}:{port}"))
     }
 
+    /// The last `lines` log lines of every worker pod (a few at most), for diagnostics.
+    async fn worker_logs(&self, lines: usize) -> String {
+        let pods = Api::<k8s_openapi::api::core::v1::Pod>::all(self.client.clone())
+            .list(&kube::api::ListParams::default().labels("app.kubernetes.io/component=worker"))
+            .await;
+        let Ok(pods) = pods else { return "(cannot list worker pods)".into() };
+        let mut out = String::new();
+        for pod in pods.items.iter().take(8) {
+            let (Some(ns), Some(name)) = (pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref()) else {
+                continue;
+            };
+            let tail = lines.to_string();
+            let logs = self.kubectl(&["logs", "-n", ns, name, "--tail", &tail]).await;
+            out += &format!("[{ns}/{name}]\n{}\n", logs.unwrap_or_else(|e| format!("{e:#}")));
+        }
+        out
+    }
+
     fn log_tails(&self, lines: usize) -> String {
         let daemons = self.daemons.lock().unwrap_or_else(|e| e.into_inner());
         let tails: String = daemons
@@ -235,8 +253,9 @@ impl Cluster for NodeCluster {
         let pods = self.kubectl(&["get", "pods", "-A", "-o", "wide"]).await.unwrap_or_else(|e| format!("{e:#}"));
         let engine = self.engine.lock().await.log_tail(15);
         format!(
-            "--- pods ---\n{pods}\n--- operator logs ---\n{}{}\n--- dockerd ---\n{engine}",
+            "--- pods ---\n{pods}\n--- operator logs ---\n{}\n--- worker logs ---\n{}{}\n--- dockerd ---\n{engine}",
             self.operator_logs(40).await,
+            self.worker_logs(20).await,
             self.log_tails(15)
         )
     }

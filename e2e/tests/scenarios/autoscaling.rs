@@ -108,13 +108,18 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
         })
     };
     let steps = || seen.steps.load(Ordering::Relaxed);
+    let trainer_error = || seen.error.lock().unwrap().clone();
     // The trainer takes 100 more steps within `timeout` (after `what`).
     let keeps_training = |timeout: Duration, what: &'static str| async move {
         let before = steps();
         let waited = format!("the trainer to keep training {what}");
         wait_for(timeout, waited, || async move {
             let since = steps() - before;
-            Ok(if since >= 100 { Check::Done(()) } else { Check::not_yet(format!("{since} steps since")) })
+            Ok(if since >= 100 {
+                Check::Done(())
+            } else {
+                Check::not_yet(format!("{since} steps since; trainer error: {:?}", trainer_error()))
+            })
         })
         .await
     };
@@ -221,7 +226,8 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
             // behind the newest is complete.
             let finished: Vec<u64> = epochs.keys().copied().filter(|e| *e >= epoch_at_kill && e + 1 < last).collect();
             Ok(if finished.is_empty() {
-                Check::not_yet(format!("epochs {:?}", epochs.keys().collect::<Vec<_>>()))
+                let error = seen.error.lock().unwrap().clone();
+                Check::not_yet(format!("epochs {:?}; trainer error: {error:?}", epochs.keys().collect::<Vec<_>>()))
             } else {
                 Check::Done(finished)
             })
