@@ -20,6 +20,11 @@ pub struct DataPipelineStatus {
     pub cache: Option<CacheStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<DeliveryStatus>,
+    /// What the workers changed of the spec to stay within their bounds, e.g. a shuffle buffer
+    /// capped by the memory budget (see docs/security.md#bounds). Empty when they run it as
+    /// written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// Ready, Progressing and Degraded, each with a reason and a message.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -169,4 +174,45 @@ pub mod condition {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+/// The most warnings a status (and a worker's report) holds: workers are many, and what they
+/// report is their word, so it is bounded before it is kept.
+pub const MAX_WARNINGS: usize = 8;
+/// The longest warning kept, in bytes (longer ones are cut at a character boundary).
+pub const MAX_WARNING_BYTES: usize = 512;
+
+/// `warnings` bounded as a status holds them: each cut to `MAX_WARNING_BYTES`, duplicates
+/// (the same warning from several workers) once, sorted, at most `MAX_WARNINGS`.
+pub fn bounded_warnings(warnings: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut kept = std::collections::BTreeSet::new();
+    for mut w in warnings {
+        if w.len() > MAX_WARNING_BYTES {
+            let mut end = MAX_WARNING_BYTES;
+            while !w.is_char_boundary(end) {
+                end -= 1;
+            }
+            w.truncate(end);
+        }
+        kept.insert(w);
+    }
+    kept.into_iter().take(MAX_WARNINGS).collect()
+}
+
+#[cfg(test)]
+mod warnings_tests {
+    use super::*;
+
+    #[test]
+    fn warnings_are_cut_deduplicated_and_capped() {
+        let long = "é".repeat(MAX_WARNING_BYTES); // 2 bytes each: cut inside a character
+        let many = (0..20).map(|i| format!("w{i:02}"));
+        let bounded = bounded_warnings(many.chain([long, "w00".into()]));
+        assert_eq!(bounded.len(), MAX_WARNINGS);
+        assert_eq!(bounded[0], "w00");
+        assert_eq!(bounded.iter().filter(|w| *w == "w00").count(), 1);
+        let cut = bounded_warnings(["é".repeat(MAX_WARNING_BYTES)]);
+        assert_eq!(cut[0].len(), MAX_WARNING_BYTES);
+        assert!(cut[0].chars().all(|c| c == 'é'));
+    }
 }

@@ -102,6 +102,7 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
     tick.tick().await;
     let (mut seen, mut last_elements, mut last) = (0, local.elements(), Instant::now());
     let mut shown_cache: Option<String> = None;
+    let mut shown_warnings = std::collections::BTreeSet::new();
     // The run ends after `seconds`, on Ctrl-C, or on SIGTERM from whatever started it (a test,
     // a supervisor): either way the workers are stopped below, not left behind.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -132,6 +133,11 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
         if cache.is_some() && cache != shown_cache {
             println!("{}", cache.as_deref().unwrap_or_default());
             shown_cache = cache;
+        }
+        for warning in local.warnings() {
+            if shown_warnings.insert(warning.clone()) {
+                println!("warning: {warning}");
+            }
         }
     }
     let record = local.record();

@@ -189,6 +189,11 @@ impl Local {
         self.dispatcher.with_state(|s| s.cache_status(&self.key))
     }
 
+    /// What the workers changed of the spec to stay within their bounds (the status's warnings).
+    pub fn warnings(&self) -> Vec<String> {
+        self.dispatcher.with_state(|s| s.warnings()).remove(&self.key).unwrap_or_default()
+    }
+
     /// Elements produced so far by the live workers.
     pub fn elements(&self) -> u64 {
         self.dispatcher.with_state(|s| s.worker_progress(&self.key)).iter().map(|(_, _, p)| p.elements).sum()

@@ -75,8 +75,7 @@ pub async fn tenancy_tokens_and_permissions(cluster: &dyn Cluster) -> anyhow::Re
         "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {NAME}}}\nspec:\n  \
          source: {{uri: 'file://{}/', format: jsonl}}\n  batchSize: 10\n  \
          autoscaling: {{mode: Fixed, replicas: 1}}\n  workers: {{{}}}\n",
-        seen_as.path,
-        seen_as.fields
+        seen_as.path, seen_as.fields
     );
     let dp: DataPipeline = serde_yaml::from_str(&manifest)?;
     let pipelines = Api::<DataPipeline>::namespaced(client.clone(), &a);

@@ -38,6 +38,8 @@ pub struct ScalingBook {
     caches: Mutex<BTreeMap<PipelineKey, CacheStatus>>,
     /// Each pipeline's delivery counters, as the dispatcher has them.
     deliveries: Mutex<BTreeMap<PipelineKey, DeliveryStatus>>,
+    /// Each pipeline's workers' warnings, as the dispatcher has them.
+    warnings: Mutex<BTreeMap<PipelineKey, Vec<String>>>,
 }
 
 impl ScalingBook {
@@ -86,6 +88,15 @@ impl ScalingBook {
     /// Replaces the delivery counters; returns whether anything changed.
     pub fn set_deliveries(&self, deliveries: BTreeMap<PipelineKey, DeliveryStatus>) -> bool {
         replace(&self.deliveries, deliveries)
+    }
+
+    pub fn warnings(&self, pipeline: &PipelineKey) -> Option<Vec<String>> {
+        self.warnings.lock().unwrap().get(pipeline).cloned()
+    }
+
+    /// Replaces the warnings; returns whether anything changed.
+    pub fn set_warnings(&self, warnings: BTreeMap<PipelineKey, Vec<String>>) -> bool {
+        replace(&self.warnings, warnings)
     }
 
     pub fn remove(&self, pipeline: &PipelineKey) {

@@ -27,6 +27,8 @@ pub struct Observed<'a> {
     pub scaling: Option<&'a ScalingRecord>,
     pub cache: Option<&'a CacheStatus>,
     pub delivery: Option<&'a DeliveryStatus>,
+    /// The workers' warnings (None: no worker has reported to this leader yet).
+    pub warnings: Option<&'a [String]>,
 }
 
 pub fn next(
@@ -37,7 +39,7 @@ pub fn next(
     observed: &Observed,
     now: &Time,
 ) -> DataPipelineStatus {
-    let Observed { scaling, cache, delivery } = *observed;
+    let Observed { scaling, cache, delivery, warnings } = *observed;
     let previous = previous.cloned().unwrap_or_default();
     let (phase, ready, progressing, degraded) = match outcome {
         Outcome::Invalid(errors) => {
@@ -124,6 +126,8 @@ pub fn next(
         }),
         // A new leader's dispatcher has counted nothing yet: keep what the last one showed.
         delivery: delivery.cloned().or(previous.delivery),
+        // Likewise: a new leader keeps the last warnings until a worker reports.
+        warnings: warnings.map_or(previous.warnings, <[String]>::to_vec),
         conditions,
         observed_generation: generation,
     }
@@ -263,5 +267,21 @@ mod tests {
             &at(2),
         );
         assert_eq!(first, after_round);
+    }
+
+    #[test]
+    fn warnings_come_from_the_workers_and_survive_a_new_leader() {
+        let s = spec("");
+        let applied = Outcome::Applied { desired: 1, ready: 1 };
+        let capped = vec!["shuffle buffer capped at 29 elements".to_string()];
+        let observed = Observed { warnings: Some(&capped), ..Observed::default() };
+        let warned = next(&s, Some(1), None, &applied, &observed, &at(1));
+        assert_eq!(warned.warnings, capped);
+        // A new leader whose dispatcher has heard from no worker yet keeps them.
+        let new_leader = next(&s, Some(1), Some(&warned), &applied, &Observed::default(), &at(2));
+        assert_eq!(new_leader.warnings, capped);
+        // Workers that report none clear them.
+        let cleared = Observed { warnings: Some(&[]), ..Observed::default() };
+        assert!(next(&s, Some(1), Some(&warned), &applied, &cleared, &at(3)).warnings.is_empty());
     }
 }

@@ -32,6 +32,8 @@ pub struct Progress {
     pub op_seconds: Vec<f64>,
     pub error: Option<String>,
     pub cache: CacheProgress,
+    /// Bounded (`stoker_api::bounded_warnings`) as it arrives.
+    pub warnings: Vec<String>,
 }
 
 pub struct Worker {

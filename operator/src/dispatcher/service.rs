@@ -23,15 +23,18 @@ use super::ledger::Held;
 use super::members::{Progress, Timeouts};
 use super::ranks::Received;
 use super::state::{ClientRegistration, DispatchError, DispatcherState, Listing, Rejoin, Resume, WorkerRegistration};
-use crate::access::{Access, Denials, Identity, Need, Open};
+use crate::access::{Access, Denials, Identity, Need, Open, Refusal};
 use crate::autocache::plan::Directive;
 use crate::key::PipelineKey;
 
 /// How often workers heartbeat; the dead-worker timeout is several of these.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
-/// How long a worker may rely on a reader's admission before asking again; an open stream is
-/// not cut when it ends.
-const READER_VERDICT: Duration = Duration::from_secs(30);
+/// How long a worker may rely on a reader's admission before asking again, in ms; an open
+/// stream is not cut when it ends.
+const READER_VERDICT: u32 = 30_000;
+/// How long a worker may rely on a reader's refusal, in ms: short, so a RoleBinding made after
+/// a refusal takes effect soon.
+const READER_REFUSAL: u32 = 5_000;
 /// How long a worker waits before asking again while an epoch drains.
 const DRAINING_RETRY: Duration = Duration::from_millis(50);
 
@@ -272,6 +275,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             op_seconds: p.op_seconds,
             error: (!p.error.is_empty()).then_some(p.error),
             cache: p.cache.map(cache_progress).unwrap_or_default(),
+            warnings: stoker_api::bounded_warnings(p.warnings),
         };
         self.0.with_state(|s| s.heartbeat(&r.worker_id, progress, Instant::now())).map_err(|e| self.status(e))?;
         Ok(Response::new(proto::WorkerHeartbeatResponse {}))
@@ -462,14 +466,26 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let pipeline = pipeline_key(request.get_ref().pipeline.clone())?;
         self.admit("AuthorizeReader", &request, Need::Work(&pipeline)).await?;
         let token = request.get_ref().token.as_str();
-        let reader = self.0.access.check(Some(token), Need::Read(&pipeline)).await.map_err(|refusal| {
-            self.0.denials.record("Stream", Some(&pipeline), &refusal);
-            refusal.to_status()
-        })?;
-        Ok(Response::new(proto::AuthorizeReaderResponse {
-            username: reader.username,
-            valid_for_ms: READER_VERDICT.as_millis() as u32,
-        }))
+        // The reader's refusal is an answer, not an error: an error would read to the worker
+        // as its own call failing.
+        let verdict = match self.0.access.check(Some(token), Need::Read(&pipeline)).await {
+            Ok(reader) => proto::AuthorizeReaderResponse {
+                username: reader.username,
+                valid_for_ms: READER_VERDICT,
+                refused: None,
+            },
+            Err(Refusal::Unavailable(why)) => return Err(Refusal::Unavailable(why).to_status()),
+            Err(refusal) => {
+                self.0.denials.record("Stream", Some(&pipeline), &refusal);
+                let unauthenticated = refusal.to_status().code() == tonic::Code::Unauthenticated;
+                proto::AuthorizeReaderResponse {
+                    username: String::new(),
+                    valid_for_ms: READER_REFUSAL,
+                    refused: Some(proto::ReaderRefusal { unauthenticated, message: refusal.to_string() }),
+                }
+            }
+        };
+        Ok(Response::new(verdict))
     }
 }
 
@@ -506,3 +522,7 @@ fn cache_progress(c: proto::CacheProgress) -> CacheProgress {
         elements_read: c.elements_read,
     }
 }
+
+#[cfg(test)]
+#[path = "service_access_tests.rs"]
+mod access_tests;

@@ -586,6 +586,16 @@ impl DispatcherState {
             .collect()
     }
 
+    /// Every pipeline's workers' warnings, bounded as a status holds them (a pipeline whose
+    /// workers have none: empty, so a cleared warning leaves the status).
+    pub fn warnings(&self) -> BTreeMap<PipelineKey, Vec<String>> {
+        let mut all: BTreeMap<PipelineKey, Vec<String>> = BTreeMap::new();
+        for w in self.members.workers.values() {
+            all.entry(w.pipeline.clone()).or_default().extend(w.progress.warnings.iter().cloned());
+        }
+        all.into_iter().map(|(key, w)| (key, stoker_api::bounded_warnings(w))).collect()
+    }
+
     /// Every (pipeline, job) with live clients, with the windows reported since the last call.
     pub fn take_windows(&mut self) -> Vec<JobWindows> {
         self.inbox.take(&self.members.clients)

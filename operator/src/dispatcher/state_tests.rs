@@ -557,3 +557,19 @@ fn splits_a_stopped_producer_returns_go_back_to_the_queue() {
     again.sort_unstable();
     assert_eq!(again, [0, 1, 2], "the returned splits come back with the rest");
 }
+
+#[test]
+fn workers_warnings_are_merged_per_pipeline_and_leave_with_them() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+    let a = s.register_worker(registration("a:1", 2), t).unwrap();
+    let b = s.register_worker(registration("b:1", 2), t).unwrap();
+    assert_eq!(s.warnings()[&key()], Vec::<String>::new(), "a pipeline with workers and no warning: empty");
+    let capped = Progress { warnings: vec!["shuffle buffer capped".into()], ..Progress::default() };
+    s.heartbeat(&a, capped.clone(), t).unwrap();
+    s.heartbeat(&b, capped, t).unwrap();
+    assert_eq!(s.warnings()[&key()], vec!["shuffle buffer capped".to_string()], "the same warning once");
+    // The workers go (their spec changed): so does the warning.
+    s.expire(t + Duration::from_secs(6));
+    assert!(s.warnings().get(&key()).is_none_or(Vec::is_empty));
+}

@@ -218,6 +218,7 @@ fn progress(engine: &Engine, error: Option<String>) -> proto::WorkerProgress {
         op_seconds: stats.op_time.lock().unwrap().iter().map(Duration::as_secs_f64).collect(),
         error: error.unwrap_or_default(),
         cache: engine.cache.as_ref().map(|c| c.progress()),
+        warnings: stats.warnings(),
     }
 }
 

@@ -1,8 +1,9 @@
 //! Who may stream from a worker under the operator: the worker asks the dispatcher, which
 //! reviews the client's token with the API server (TokenReview, then SubjectAccessReview of
 //! `get` on `datapipelines/stream`), so worker pods need no API-server rights of their own.
-//! Answers are kept briefly (bounded), per token and pipeline: a stream costs one question, a
-//! reconnecting client none.
+//! Answers are kept as long as the dispatcher says (bounded in count), per token and pipeline:
+//! a stream costs one question, a reconnecting client none. A failed question (the dispatcher
+//! unreachable, or refusing this worker itself) is no verdict: the client is told to retry.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -15,8 +16,6 @@ use tonic::{Code, Status};
 use super::link::DispatcherRpc;
 use crate::stream::{Authenticator, Caller};
 
-/// How long a refusal is remembered: short, so a RoleBinding just made soon counts.
-const REFUSED_FOR: Duration = Duration::from_secs(5);
 /// Longest wait for the dispatcher's answer before the stream is refused as UNAVAILABLE.
 const DEADLINE: Duration = Duration::from_secs(10);
 const CAPACITY: usize = 4096;
@@ -59,13 +58,20 @@ impl Authenticator for DispatcherReaders {
             Ok(Ok(response)) => {
                 let response = response.into_inner();
                 let ttl = Duration::from_millis(u64::from(response.valid_for_ms));
-                (Ok(response.username), ttl)
+                match response.refused {
+                    None => (Ok(response.username), ttl),
+                    Some(r) => {
+                        let code = if r.unauthenticated { Code::Unauthenticated } else { Code::PermissionDenied };
+                        (Err((code, r.message)), ttl)
+                    }
+                }
             }
-            Ok(Err(s)) if matches!(s.code(), Code::Unauthenticated | Code::PermissionDenied) => {
-                (Err((s.code(), s.message().to_string())), REFUSED_FOR)
-            }
-            // Nothing learnt: refuse this stream (fail closed) and ask again on the next.
+            // The call itself failed, this worker's own token refused included: the reader
+            // was not judged, so its client is told to retry, not that it was refused.
             Ok(Err(s)) => {
+                if matches!(s.code(), Code::Unauthenticated | Code::PermissionDenied) {
+                    tracing::warn!(status = %s, "the dispatcher refused this worker's question about a reader");
+                }
                 return Err(Status::unavailable(format!(
                     "cannot check this reader with the dispatcher now ({}); retry",
                     s.message()

@@ -112,6 +112,11 @@ impl std::fmt::Display for ShuffleCap {
 }
 
 impl Stats {
+    /// What this engine changed of the spec to stay within its bounds, for the status.
+    pub fn warnings(&self) -> Vec<String> {
+        self.shuffle_cap.lock().unwrap().iter().map(ToString::to_string).collect()
+    }
+
     fn skip(&self, reason: &'static str) {
         *self.skipped.lock().unwrap().entry(reason).or_default() += 1;
     }
