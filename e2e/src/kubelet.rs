@@ -1,14 +1,18 @@
 //! Plays the kubelet for worker Deployments on the local provider, which has none: runs as many
 //! `stoker-worker` processes as each workers Deployment of a namespace asks for, with the pod
-//! template's environment, so scaling decisions become real processes.
+//! template's environment and its token and Secret volumes as directories, so scaling
+//! decisions become real processes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams};
+use stoker_api::tls::{Scheme, with_scheme};
 
 use crate::process::ManagedProcess;
 
@@ -39,16 +43,19 @@ impl ProcessKubelet {
             let client = api.clone().into_client();
             tokio::spawn(async move {
                 let mut started = 0u64;
-                let mut tokens = Tokens::default();
+                let mut volumes = Volumes::default();
                 loop {
                     match api.list(&ListParams::default().labels(WORKER_SELECTOR)).await {
                         Ok(list) => {
-                            for d in &list.items {
-                                if let Err(e) = tokens.project(&client, d, &log_dir).await {
-                                    eprintln!("kubelet: projecting a token for {:?}: {e:#}", d.metadata.name);
+                            let mut ready = Vec::new();
+                            for d in list.items {
+                                match volumes.project(&client, &d, &log_dir).await {
+                                    Ok(()) => ready.push(d),
+                                    // As a kubelet does, the pod waits for its volumes.
+                                    Err(e) => eprintln!("kubelet: volumes of {:?} not ready: {e:#}", d.metadata.name),
                                 }
                             }
-                            sync(&pods, &list.items, &binary, &dispatcher_url, &log_dir, &tokens, &mut started)
+                            sync(&pods, &ready, &binary, &dispatcher_url, &log_dir, &volumes, &mut started)
                         }
                         Err(e) => eprintln!("kubelet: listing Deployments: {e}"),
                     }
@@ -93,7 +100,7 @@ fn sync(
     binary: &std::path::Path,
     dispatcher_url: &str,
     log_dir: &std::path::Path,
-    tokens: &Tokens,
+    volumes: &Volumes,
     started: &mut u64,
 ) {
     let mut pods = pods.lock().unwrap();
@@ -111,7 +118,7 @@ fn sync(
         }
         while running.len() < want {
             *started += 1;
-            match spawn(d, binary, dispatcher_url, log_dir, tokens, *started) {
+            match spawn(d, binary, dispatcher_url, log_dir, volumes, *started) {
                 Ok(p) => running.push(p),
                 Err(e) => {
                     eprintln!("kubelet: starting a worker for {name}: {e:#}");
@@ -129,7 +136,7 @@ fn spawn(
     binary: &std::path::Path,
     dispatcher_url: &str,
     log_dir: &std::path::Path,
-    tokens: &Tokens,
+    projected: &Volumes,
     n: u64,
 ) -> anyhow::Result<ManagedProcess> {
     let container = d
@@ -155,20 +162,25 @@ fn spawn(
             }
         }
     }
-    // A projected token volume becomes the directory its token was written to.
+    // A projected token or Secret volume becomes the directory its files were written to.
     for mount in container.volume_mounts.iter().flatten() {
-        if let Some(dir) =
-            tokens.dirs.get(&(namespace.to_string(), mount.name.clone(), d.metadata.name.clone().unwrap_or_default()))
-        {
+        if let Some(dir) = projected.dirs.get(&(
+            namespace.to_string(),
+            mount.name.clone(),
+            d.metadata.name.clone().unwrap_or_default(),
+        )) {
             let prefix = format!("{}/", mount.mount_path.trim_end_matches('/'));
             for (_, value) in env.iter_mut().filter(|(_, v)| v.starts_with(&prefix)) {
                 *value = format!("{}/{}", dir.display(), &value[prefix.len()..]);
             }
         }
     }
+    // The dispatcher is reached where this machine has it, over TLS when the pod's is.
+    let tls = env.iter().any(|(k, v)| k == "STOKER_DISPATCHER" && v.starts_with("https://"));
+    let scheme = if tls { Scheme::Tls } else { Scheme::Plaintext };
     env.retain(|(k, _)| !matches!(k.as_str(), "STOKER_LISTEN" | "STOKER_DISPATCHER" | "STOKER_THREADS"));
     env.push(("STOKER_LISTEN".into(), "127.0.0.1:0".into()));
-    env.push(("STOKER_DISPATCHER".into(), dispatcher_url.into()));
+    env.push(("STOKER_DISPATCHER".into(), with_scheme(dispatcher_url, &scheme)));
     // One transform thread per worker: this machine's cores are shared by all of them.
     env.push(("STOKER_THREADS".into(), "1".into()));
     let name = format!("{}-{n}", d.metadata.name.as_deref().unwrap_or("worker"));
@@ -176,16 +188,19 @@ fn spawn(
     ManagedProcess::spawn(&name, binary, &Vec::<String>::new(), &env, &log)
 }
 
-/// Projected ServiceAccount tokens, as the kubelet makes them: one TokenRequest per
-/// Deployment's volume (for the pod's ServiceAccount and the volume's audience), written to a
-/// directory that stands in for the mount.
+/// What the kubelet puts in a pod's volumes: projected ServiceAccount tokens (one TokenRequest
+/// per Deployment's volume, for the pod's ServiceAccount and the volume's audience) and Secrets
+/// (their keys as files, written again when the Secret changes), each in a directory that
+/// stands in for the mount.
 #[derive(Default)]
-struct Tokens {
-    /// (namespace, volume, deployment) -> the directory holding the token files.
+struct Volumes {
+    /// (namespace, volume, deployment) -> the directory holding the volume's files.
     dirs: HashMap<(String, String, String), PathBuf>,
 }
 
-impl Tokens {
+impl Volumes {
+    /// Writes the Deployment's token and Secret volumes; an error when one cannot be (a Secret
+    /// not made yet): its pods wait, as a kubelet's do.
     async fn project(
         &mut self,
         client: &kube::Client,
@@ -198,11 +213,24 @@ impl Tokens {
         let account = pod.service_account_name.clone().unwrap_or_else(|| "default".into());
         for volume in pod.volumes.iter().flatten() {
             let key = (namespace.clone(), volume.name.clone(), name.clone());
+            let dir = log_dir.join("volumes-of-pods").join(&namespace).join(&name).join(&volume.name);
+            if let Some(secret) = volume.secret.as_ref().and_then(|s| s.secret_name.clone()) {
+                let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+                let data = secrets.get(&secret).await.with_context(|| format!("Secret {namespace}/{secret}"))?.data;
+                std::fs::create_dir_all(&dir)?;
+                for (file, bytes) in data.unwrap_or_default() {
+                    let path = dir.join(&file);
+                    if std::fs::read(&path).ok().as_deref() != Some(&bytes.0[..]) {
+                        std::fs::write(&path, &bytes.0)?;
+                    }
+                }
+                self.dirs.insert(key, dir);
+                continue;
+            }
             if self.dirs.contains_key(&key) {
                 continue;
             }
             let projections = volume.projected.as_ref().and_then(|p| p.sources.clone()).unwrap_or_default();
-            let dir = log_dir.join("tokens").join(&namespace).join(&name).join(&volume.name);
             let mut wrote = false;
             for token in projections.iter().filter_map(|p| p.service_account_token.as_ref()) {
                 let audience = token.audience.clone().unwrap_or_default();

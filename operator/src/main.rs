@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::{Api, Client, CustomResourceExt};
 use stoker_api::DataPipeline;
+use stoker_api::tls::{Scheme, with_scheme};
 use stoker_operator::access::checked::Lifetimes;
 use stoker_operator::access::{Access, Checked, KubeReviewer, Open};
 use stoker_operator::autoscaling::{self, DeploymentScaler, Loop, ScalingBook};
@@ -259,13 +260,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     info!(%identity, worker_image = %args.worker_image, worker_budget = args.worker_budget, namespace_worker_cap = args.namespace_worker_cap, "leading: starting the controller");
 
-    let scheme = if tls.is_some() { "https" } else { "http" };
+    // The dispatcher serves TLS or plaintext, never both: the workers' URL says which.
+    let scheme = if tls.is_some() { Scheme::Tls } else { Scheme::Plaintext };
+    let given = args.dispatcher_url.clone().unwrap_or_else(|| format!("stoker-dispatcher.{namespace}.svc:50051"));
+    let dispatcher_url = with_scheme(&given, &scheme);
+    if args.dispatcher_url.as_ref().is_some_and(|g| g.contains("://") && *g != dispatcher_url) {
+        warn!(given = %given, used = %dispatcher_url, "--dispatcher-url's scheme contradicts the dispatcher's TLS setting: workers use the one that works");
+    }
     let defaults = WorkerDefaults {
         image: args.worker_image.clone(),
-        dispatcher_url: args
-            .dispatcher_url
-            .clone()
-            .unwrap_or_else(|| format!("{scheme}://stoker-dispatcher.{namespace}.svc:50051")),
+        dispatcher_url,
         token_audience: (args.authentication == Authentication::Kubernetes).then(|| args.token_audience.clone()),
         tls: tls.is_some(),
         network_policy: args.network_policy.then(|| namespace.clone()),

@@ -10,6 +10,7 @@ pub mod operator;
 pub mod pipelines;
 pub mod sample_pods;
 pub mod tenancy;
+pub mod tls;
 
 use futures::future::BoxFuture;
 use stoker_e2e::Cluster;
@@ -42,6 +43,7 @@ pub static ALL: &[Scenario] = scenarios![
     autoscaling::batch_time_autoscaling,
     caching::cache_decision_in_status,
     tenancy::tenancy_tokens_and_permissions,
+    tls::tls_end_to_end,
     // Last: it reinstalls the chart, and the dispatcher Service's address changes.
     chart::chart_upgrade_and_uninstall,
 ];

@@ -1,0 +1,170 @@
+//! Transport security through a real API server: the operator serves the dispatcher over TLS
+//! and, from the CA it is given, issues each pipeline's workers a certificate for their
+//! Service (a Secret in the pipeline's namespace, mounted into the worker pods), so a training
+//! client that trusts the CA reads every element over TLS, and one that does not, or that
+//! speaks plaintext, is refused.
+//!
+//! Local provider: the operator runs with the TLS flags and the harness's kubelet mounts the
+//! Secret. Real pods: the chart's TLS (`tls.enabled`) is rendered and checked by
+//! `tests/chart_values.rs`; the dispatcher's certificate names its Service, which this machine
+//! cannot resolve, so the scenario runs on the local provider.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use stoker_api::DataPipeline;
+use stoker_client::{Client, ClientOptions};
+use stoker_e2e::k8s::{delete_namespace, fresh_namespace};
+use stoker_e2e::{Check, Cluster, OperatorOptions, Provider, wait_for};
+use stoker_operator::tls::Ca;
+
+const NAME: &str = "private";
+const ROWS: i64 = 200;
+
+/// A CA, and the dispatcher's certificate from it for this machine's loopback, as files.
+struct Pki {
+    ca_cert: std::path::PathBuf,
+    ca_key: std::path::PathBuf,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+fn pki(dir: &std::path::Path, name: &str) -> anyhow::Result<Pki> {
+    std::fs::create_dir_all(dir)?;
+    let valid = Duration::from_secs(24 * 3600);
+    let (ca, ca_key_pem) = Ca::generate(&format!("e2e {name} CA"), valid)?;
+    let issued = ca.issue(&["127.0.0.1".into(), "localhost".into()], valid)?;
+    let pki = Pki {
+        ca_cert: dir.join(format!("{name}-ca.crt")),
+        ca_key: dir.join(format!("{name}-ca.key")),
+        cert: dir.join(format!("{name}-dispatcher.crt")),
+        key: dir.join(format!("{name}-dispatcher.key")),
+    };
+    std::fs::write(&pki.ca_cert, ca.cert_pem())?;
+    std::fs::write(&pki.ca_key, ca_key_pem)?;
+    std::fs::write(&pki.cert, &issued.cert_pem)?;
+    std::fs::write(&pki.key, &issued.key_pem)?;
+    Ok(pki)
+}
+
+pub async fn tls_end_to_end(cluster: &dyn Cluster) -> anyhow::Result<()> {
+    if cluster.provider() != Provider::Local {
+        println!(
+            "tls_end_to_end runs on the local provider only: the dispatcher's certificate names its Service, which \
+             this machine does not resolve (the chart's TLS objects are checked in tests/chart_values.rs)"
+        );
+        return Ok(());
+    }
+    let dir = cluster.workdir().join("tls");
+    let ours = pki(&dir, "ours")?;
+    let theirs = pki(&dir, "theirs")?;
+    let flag = |name: &str, path: &std::path::Path| format!("--{name}={}", path.display());
+    // Running operators keep their flags: stop them, and start them again with TLS.
+    cluster.operator_stop().await?;
+    cluster
+        .operator_start(
+            OperatorOptions::default()
+                .arg(flag("tls-cert-file", &ours.cert))
+                .arg(flag("tls-key-file", &ours.key))
+                .arg(flag("tls-ca-cert-file", &ours.ca_cert))
+                .arg(flag("tls-ca-key-file", &ours.ca_key)),
+        )
+        .await?;
+    let result = scenario(cluster, &ours, &theirs).await;
+    // The scenarios after this one run with a plaintext operator.
+    cluster.operator_stop().await?;
+    cluster.operator_start(OperatorOptions::default()).await?;
+    result
+}
+
+async fn scenario(cluster: &dyn Cluster, ours: &Pki, theirs: &Pki) -> anyhow::Result<()> {
+    let client = cluster.client();
+    let ns = fresh_namespace(&client, "e2e-tls").await?;
+    let kubelet = cluster.run_workers(&ns)?;
+    let data = cluster.workdir().join(format!("{ns}-data"));
+    std::fs::create_dir_all(&data)?;
+    let lines: String = (0..ROWS).map(|i| format!("{{\"id\": {i}}}\n")).collect();
+    std::fs::write(data.join("00.jsonl"), lines)?;
+    let seen_as = cluster.worker_data(&data);
+    let manifest = format!(
+        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {NAME}}}\nspec:\n  \
+         source: {{uri: 'file://{}/', format: jsonl}}\n  batchSize: 10\n  \
+         autoscaling: {{mode: Fixed, replicas: 1}}\n  workers: {{{}}}\n",
+        seen_as.path, seen_as.fields
+    );
+    let dp: DataPipeline = serde_yaml::from_str(&manifest)?;
+    Api::<DataPipeline>::namespaced(client.clone(), &ns)
+        .patch(NAME, &PatchParams::apply("e2e").force(), &Patch::Apply(&dp))
+        .await?;
+
+    // The operator issued the workers a certificate for their Service, from our CA, and the
+    // pods mount it.
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let secret = wait_for(Duration::from_secs(60), "the workers' certificate Secret", || {
+        let secrets = secrets.clone();
+        async move {
+            Ok(match secrets.get_opt(&format!("{NAME}-workers-tls")).await? {
+                Some(s) => Check::Done(s),
+                None => Check::not_yet("no Secret yet"),
+            })
+        }
+    })
+    .await?;
+    let data = secret.data.unwrap_or_default();
+    let ca_in_secret = data.get("ca.crt").map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
+    ensure!(
+        ca_in_secret.contains(std::fs::read_to_string(&ours.ca_cert)?.trim()),
+        "the workers trust our CA: {ca_in_secret}"
+    );
+    ensure!(data.contains_key("tls.crt") && data.contains_key("tls.key"), "a certificate and key: {:?}", data.keys());
+    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns).get(&format!("{NAME}-workers")).await?;
+    let pod = deployment.spec.template.spec.context("a pod template")?;
+    ensure!(
+        pod.volumes
+            .iter()
+            .flatten()
+            .any(|v| v.secret.as_ref().and_then(|s| s.secret_name.as_deref()) == Some(&format!("{NAME}-workers-tls"))),
+        "the worker pods mount the certificate"
+    );
+
+    // A trainer trusting our CA reads a whole epoch, every element once, over TLS.
+    let url = cluster.dispatcher_url()?;
+    let https = url.replacen("http://", "https://", 1);
+    let mut options: ClientOptions = stoker_e2e::tenants::reader_options(&client, &ns, NAME).await?;
+    options.tls_ca = Some(ours.ca_cert.clone());
+    let mut trainer = Client::from_dispatcher(&https, options.clone()).await.context("the trainer over TLS")?;
+    let mut ids: BTreeMap<i64, u32> = BTreeMap::new();
+    tokio::time::timeout(Duration::from_secs(90), async {
+        while ids.len() < ROWS as usize {
+            let batch = trainer.next().await.context("the stream ended")??;
+            if batch.epoch == 0 {
+                for c in batch.tensors["id"].data.chunks(8) {
+                    *ids.entry(i64::from_le_bytes(c.try_into()?)).or_default() += 1;
+                }
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .context("epoch 0 within 90 s over TLS")??;
+    ensure!(ids.values().all(|n| *n == 1) && ids.len() == ROWS as usize, "every element once: {ids:?}");
+    drop(trainer);
+
+    // Refused: a client trusting another CA, and one speaking plaintext.
+    let mut stranger = options.clone();
+    stranger.tls_ca = Some(theirs.ca_cert.clone());
+    match Client::from_dispatcher(&https, stranger).await {
+        Err(e) => ensure!(format!("{e}").to_lowercase().contains("certificate"), "another CA: {e}"),
+        Ok(_) => anyhow::bail!("a client trusting another CA connected"),
+    }
+    let mut plaintext = options;
+    plaintext.tls_ca = None;
+    ensure!(Client::from_dispatcher(&url, plaintext).await.is_err(), "a plaintext client connected");
+
+    drop(kubelet);
+    delete_namespace(&client, &ns, Duration::from_secs(120)).await
+}
