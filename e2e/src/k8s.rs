@@ -58,6 +58,43 @@ where
     .await
 }
 
+/// Waits until object `name` exists (made by the operator) and returns it.
+pub async fn wait_until_made<K>(api: &Api<K>, name: &str, timeout: Duration) -> anyhow::Result<K>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&K::DynamicType::default()).to_string();
+    wait_for(timeout, format!("{kind} {name} to be made"), || async move {
+        Ok(match api.get_opt(name).await? {
+            Some(obj) => Check::Done(obj),
+            None => Check::not_yet("not yet"),
+        })
+    })
+    .await
+}
+
+/// Applies DataPipeline `namespace/name`: one fixed worker reading a JSONL file of `rows`
+/// records `{"id": i}` (written here), in batches of 10.
+pub async fn ids_pipeline(cluster: &dyn crate::Cluster, namespace: &str, name: &str, rows: i64) -> anyhow::Result<()> {
+    let data = cluster.workdir().join(format!("{namespace}-data"));
+    std::fs::create_dir_all(&data)?;
+    let lines: String = (0..rows).map(|i| format!("{{\"id\": {i}}}\n")).collect();
+    std::fs::write(data.join("00.jsonl"), lines)?;
+    let seen_as = cluster.worker_data(&data);
+    let manifest = format!(
+        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {name}}}\nspec:\n  \
+         source: {{uri: 'file://{}/', format: jsonl}}\n  batchSize: 10\n  \
+         autoscaling: {{mode: Fixed, replicas: 1}}\n  workers: {{{}}}\n",
+        seen_as.path, seen_as.fields
+    );
+    let dp: stoker_api::DataPipeline = serde_yaml::from_str(&manifest)?;
+    Api::<stoker_api::DataPipeline>::namespaced(cluster.client(), namespace)
+        .patch(name, &kube::api::PatchParams::apply("e2e").force(), &kube::api::Patch::Apply(&dp))
+        .await?;
+    Ok(())
+}
+
 /// Whether the RBAC authorizer lets ServiceAccount `namespace/name` do `verb` on `resource`
 /// (`"deployments.apps"`, `"datapipelines.stoker.dev/status"`, `"pods"`) in `in_namespace`
 /// (`None`: cluster-wide), asked through a SubjectAccessReview.

@@ -9,12 +9,11 @@ use anyhow::{Context as _, ensure};
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use stoker_api::DataPipeline;
+use kube::api::{Api, ListParams, PostParams};
 use stoker_api::proto::batch_stream_client::BatchStreamClient;
 use stoker_api::proto::dispatcher_client::DispatcherClient;
 use stoker_api::proto::{self, PipelineRef};
-use stoker_e2e::k8s::{delete_namespace, fresh_namespace};
+use stoker_e2e::k8s::{delete_namespace, fresh_namespace, ids_pipeline, wait_until_made};
 use stoker_e2e::tenants::{grant_reader, reader_token, token};
 use stoker_e2e::{Check, Cluster, OperatorOptions, wait_for};
 use tonic::transport::Channel;
@@ -66,33 +65,11 @@ pub async fn tenancy_tokens_and_permissions(cluster: &dyn Cluster) -> anyhow::Re
     let a = fresh_namespace(&client, "e2e-tenant-a").await?;
     let b = fresh_namespace(&client, "e2e-tenant-b").await?;
     let kubelet = cluster.run_workers(&a)?;
-    let data = cluster.workdir().join(format!("{a}-data"));
-    std::fs::create_dir_all(&data)?;
-    let lines: String = (0..200).map(|i| format!("{{\"id\": {i}}}\n")).collect();
-    std::fs::write(data.join("00.jsonl"), lines)?;
-    let seen_as = cluster.worker_data(&data);
-    let manifest = format!(
-        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {NAME}}}\nspec:\n  \
-         source: {{uri: 'file://{}/', format: jsonl}}\n  batchSize: 10\n  \
-         autoscaling: {{mode: Fixed, replicas: 1}}\n  workers: {{{}}}\n",
-        seen_as.path, seen_as.fields
-    );
-    let dp: DataPipeline = serde_yaml::from_str(&manifest)?;
-    let pipelines = Api::<DataPipeline>::namespaced(client.clone(), &a);
-    pipelines.patch(NAME, &PatchParams::apply("e2e").force(), &Patch::Apply(&dp)).await?;
+    ids_pipeline(cluster, &a, NAME, 200).await?;
 
     // The workers' NetworkPolicy admits only A's pods and the operator's namespace.
     let policies = Api::<NetworkPolicy>::namespaced(client.clone(), &a);
-    let policy = wait_for(Duration::from_secs(60), "the workers' NetworkPolicy", || {
-        let policies = policies.clone();
-        async move {
-            Ok(match policies.get_opt(&format!("{NAME}-workers")).await? {
-                Some(p) => Check::Done(p),
-                None => Check::not_yet("none yet"),
-            })
-        }
-    })
-    .await?;
+    let policy = wait_until_made(&policies, &format!("{NAME}-workers"), Duration::from_secs(60)).await?;
     let rules = serde_json::to_string(&policy.spec)?;
     ensure!(rules.contains(stoker_e2e::OPERATOR_NAMESPACE) && rules.contains("Ingress"), "{rules}");
 

@@ -15,11 +15,10 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams};
-use stoker_api::DataPipeline;
+use kube::api::Api;
 use stoker_client::{Client, ClientOptions};
-use stoker_e2e::k8s::{delete_namespace, fresh_namespace};
-use stoker_e2e::{Check, Cluster, OperatorOptions, Provider, wait_for};
+use stoker_e2e::k8s::{delete_namespace, fresh_namespace, ids_pipeline, wait_until_made};
+use stoker_e2e::{Cluster, OperatorOptions, Provider};
 use stoker_operator::tls::Ca;
 
 const NAME: &str = "private";
@@ -85,35 +84,12 @@ async fn scenario(cluster: &dyn Cluster, ours: &Pki, theirs: &Pki) -> anyhow::Re
     let client = cluster.client();
     let ns = fresh_namespace(&client, "e2e-tls").await?;
     let kubelet = cluster.run_workers(&ns)?;
-    let data = cluster.workdir().join(format!("{ns}-data"));
-    std::fs::create_dir_all(&data)?;
-    let lines: String = (0..ROWS).map(|i| format!("{{\"id\": {i}}}\n")).collect();
-    std::fs::write(data.join("00.jsonl"), lines)?;
-    let seen_as = cluster.worker_data(&data);
-    let manifest = format!(
-        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {NAME}}}\nspec:\n  \
-         source: {{uri: 'file://{}/', format: jsonl}}\n  batchSize: 10\n  \
-         autoscaling: {{mode: Fixed, replicas: 1}}\n  workers: {{{}}}\n",
-        seen_as.path, seen_as.fields
-    );
-    let dp: DataPipeline = serde_yaml::from_str(&manifest)?;
-    Api::<DataPipeline>::namespaced(client.clone(), &ns)
-        .patch(NAME, &PatchParams::apply("e2e").force(), &Patch::Apply(&dp))
-        .await?;
+    ids_pipeline(cluster, &ns, NAME, ROWS).await?;
 
     // The operator issued the workers a certificate for their Service, from our CA, and the
     // pods mount it.
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
-    let secret = wait_for(Duration::from_secs(60), "the workers' certificate Secret", || {
-        let secrets = secrets.clone();
-        async move {
-            Ok(match secrets.get_opt(&format!("{NAME}-workers-tls")).await? {
-                Some(s) => Check::Done(s),
-                None => Check::not_yet("no Secret yet"),
-            })
-        }
-    })
-    .await?;
+    let secret = wait_until_made(&secrets, &format!("{NAME}-workers-tls"), Duration::from_secs(60)).await?;
     let data = secret.data.unwrap_or_default();
     let ca_in_secret = data.get("ca.crt").map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
     ensure!(
