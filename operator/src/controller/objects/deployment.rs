@@ -170,70 +170,53 @@ fn env(dp: &DataPipeline, namespace: &str, defaults: &WorkerDefaults, cache_volu
 /// (validation keeps their names and paths apart).
 fn volumes(dp: &DataPipeline, token_audience: Option<&str>, tls: bool) -> (Vec<Volume>, Vec<VolumeMount>) {
     let spec = &dp.spec;
-    let (tmp, tmp_path) = WORKER_TMP_VOLUME;
-    let mut volumes =
-        vec![Volume { name: tmp.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() }];
-    let mut mounts = vec![VolumeMount { name: tmp.into(), mount_path: tmp_path.into(), ..Default::default() }];
+    // ((name, mount path), read-only, the volume's source).
+    let mut ours = vec![(
+        WORKER_TMP_VOLUME,
+        false,
+        Volume { empty_dir: Some(EmptyDirVolumeSource::default()), ..Default::default() },
+    )];
     if uses_cache_volume(spec) {
-        volumes.push(Volume {
-            name: WORKER_CACHE_VOLUME.0.into(),
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: CACHE_PVC.into(),
-                read_only: None,
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: WORKER_CACHE_VOLUME.0.into(),
-            mount_path: CACHE_MOUNT.into(),
-            ..Default::default()
-        });
+        let claim = PersistentVolumeClaimVolumeSource { claim_name: CACHE_PVC.into(), read_only: None };
+        ours.push((
+            (WORKER_CACHE_VOLUME.0, CACHE_MOUNT),
+            false,
+            Volume { persistent_volume_claim: Some(claim), ..Default::default() },
+        ));
     }
     if let Some(audience) = token_audience {
-        let (name, path) = WORKER_TOKEN_VOLUME;
-        volumes.push(Volume {
-            name: name.into(),
-            projected: Some(ProjectedVolumeSource {
-                sources: Some(vec![VolumeProjection {
-                    service_account_token: Some(ServiceAccountTokenProjection {
-                        audience: Some(audience.into()),
-                        // The kubelet rewrites it at 80% of this; workers read it every minute.
-                        expiration_seconds: Some(3600),
-                        path: "token".into(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
+        let token = ServiceAccountTokenProjection {
+            audience: Some(audience.into()),
+            // The kubelet rewrites it at 80% of this; workers read it every minute.
+            expiration_seconds: Some(3600),
+            path: "token".into(),
             ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: name.into(),
-            mount_path: path.into(),
-            read_only: Some(true),
-            ..Default::default()
-        });
+        };
+        let sources = vec![VolumeProjection { service_account_token: Some(token), ..Default::default() }];
+        let projected = ProjectedVolumeSource { sources: Some(sources), ..Default::default() };
+        ours.push((WORKER_TOKEN_VOLUME, true, Volume { projected: Some(projected), ..Default::default() }));
     }
     if tls {
-        let (name, path) = WORKER_TLS_VOLUME;
-        volumes.push(Volume {
-            name: name.into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(secret_name(dp)),
-                // Readable by the worker's user only; fsGroup makes it the pod's group.
-                default_mode: Some(0o440),
-                ..Default::default()
-            }),
+        let secret = SecretVolumeSource {
+            secret_name: Some(secret_name(dp)),
+            // Readable by the worker's user only; fsGroup makes it the pod's group.
+            default_mode: Some(0o440),
             ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: name.into(),
-            mount_path: path.into(),
-            read_only: Some(true),
-            ..Default::default()
-        });
+        };
+        ours.push((WORKER_TLS_VOLUME, true, Volume { secret: Some(secret), ..Default::default() }));
     }
+    let (mut volumes, mut mounts): (Vec<Volume>, Vec<VolumeMount>) = ours
+        .into_iter()
+        .map(|((name, path), read_only, volume)| {
+            let mount = VolumeMount {
+                name: name.into(),
+                mount_path: path.into(),
+                read_only: read_only.then_some(true),
+                ..Default::default()
+            };
+            (Volume { name: name.into(), ..volume }, mount)
+        })
+        .unzip();
     volumes.extend(spec.workers.volumes.iter().flatten().cloned());
     mounts.extend(spec.workers.volume_mounts.iter().flatten().cloned());
     (volumes, mounts)
