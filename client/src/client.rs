@@ -73,9 +73,11 @@ impl Client {
             return Err(Error::NoWorkers);
         }
         options.check()?;
-        let streams =
-            futures::future::try_join_all(workers.iter().map(|w| open(w, &options, None, &WorkerTls::ByAddress)))
-                .await?;
+        let token = options.token_source();
+        let streams = futures::future::try_join_all(
+            workers.iter().map(|w| open(w, (&options, &token), None, &WorkerTls::ByAddress)),
+        )
+        .await?;
         let (tx, rx) = mpsc::channel(options.prefetch);
         let tasks = Tasks::default();
         for (worker, stream) in workers.into_iter().zip(streams) {

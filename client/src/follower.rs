@@ -18,6 +18,7 @@ use futures::StreamExt;
 use futures::task::AtomicWaker;
 use stoker_api::proto;
 use stoker_api::ranks::Quota;
+use stoker_api::token::TokenSource;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tonic::Code;
@@ -240,7 +241,7 @@ impl Follower {
                 let delivered = Arc::new(AtomicBool::new(false));
                 let stream = stream_from(
                     key.clone(),
-                    (self.options.clone(), state.tls.clone()),
+                    (self.options.clone(), state.tls.clone(), self.link.token().clone()),
                     tx,
                     state.ended.clone(),
                     delivered.clone(),
@@ -302,14 +303,14 @@ fn address_of(key: &str) -> &str {
 /// stream stops for any reason but a fatal one, which goes to the caller instead.
 async fn stream_from(
     key: StreamKey,
-    (options, tls): (ClientOptions, WorkerTls),
+    (options, tls, token): (ClientOptions, WorkerTls, TokenSource),
     tx: mpsc::Sender<Item>,
     ended: mpsc::UnboundedSender<Ended>,
     delivered: Arc<AtomicBool>,
     delivery: Delivery,
 ) {
     let worker = key.0.clone();
-    let failure = match open(address_of(&worker), &options, Some(key.1), &tls).await {
+    let failure = match open(address_of(&worker), (&options, &token), Some(key.1), &tls).await {
         Ok(stream) => {
             let on_batch = || delivered.store(true, Ordering::Relaxed);
             pump(worker.clone(), stream, &tx, options.max_batch_bytes, Some(&delivery), on_batch).await

@@ -86,6 +86,11 @@ impl Registration {
         }
     }
 
+    /// The client's token source, shared with its worker streams (one file read a minute).
+    pub(crate) fn token(&self) -> &stoker_api::token::TokenSource {
+        &self.token
+    }
+
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         self.token.attach(&mut request);

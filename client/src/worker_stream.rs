@@ -4,6 +4,7 @@
 use stoker_api::Batch;
 use stoker_api::proto::batch_stream_client::BatchStreamClient;
 use stoker_api::proto::{self, BatchChunk, PipelineRef, StreamRequest};
+use stoker_api::token::TokenSource;
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 
@@ -14,10 +15,10 @@ use crate::reassemble::Reassembler;
 use crate::tls::WorkerTls;
 
 /// Opens a worker's stream: of one `epoch` under the dispatcher, else from `start_epoch` on;
-/// over TLS as `tls` says.
+/// over TLS as `tls` says, with the client's one `token` source.
 pub(crate) async fn open(
     worker: &str,
-    options: &ClientOptions,
+    (options, token): (&ClientOptions, &TokenSource),
     epoch: Option<u64>,
     tls: &WorkerTls,
 ) -> Result<tonic::Streaming<BatchChunk>, Error> {
@@ -55,7 +56,7 @@ pub(crate) async fn open(
             .parse::<tonic::metadata::MetadataValue<_>>()
             .map_err(|_| Error::InvalidOptions("the token is not a valid header value".into()))?;
     }
-    options.token_source().attach(&mut request);
+    token.attach(&mut request);
     let status = |s: tonic::Status| {
         crate::tls::failure(worker, &s)
             .unwrap_or_else(|| Error::Status { worker: worker.to_string(), status: Box::new(s) })
