@@ -132,6 +132,10 @@ pub struct DispatchedSource {
 /// (30 s by default), so a client that reconnects within it finds its epoch where it was. A job whose clients left would otherwise keep a blocked
 /// producer, its memory reservations and a thread on every worker for good.
 pub const ABANDONED_AFTER: Duration = Duration::from_secs(60);
+/// The most epochs this worker produces at once, over all jobs: a job reads two at most (the
+/// current and the next), so this is room for 32 jobs. Each is a thread and its queues; a
+/// reader naming ever new jobs or epochs gets RESOURCE_EXHAUSTED instead of more.
+pub const MAX_EPOCH_PRODUCERS: usize = 64;
 
 impl DispatchedSource {
     /// `max_batch_rate` caps the batches per second this worker sends per job and epoch; an
@@ -173,47 +177,56 @@ impl DispatchedSource {
         }
     }
 
-    fn epoch(&self, key: EpochKey, consumers: u32, coordinated: bool) -> Arc<EpochJob> {
-        let next_send = self
-            .next_sends
-            .lock()
-            .unwrap()
-            .entry(key.0.clone())
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(tokio::time::Instant::now())))
-            .clone();
+    fn epoch(&self, key: EpochKey, consumers: u32, coordinated: bool) -> Result<Arc<EpochJob>, Status> {
         let mut epochs = self.epochs.lock().unwrap();
-        epochs
-            .entry(key.clone())
-            .or_insert_with(|| {
-                // Workers begin dealing at different ranks, and each epoch at another one.
-                let first = fnv1a(self.link.registration.address.as_bytes()).wrapping_add(key.1);
-                let (mut deal, hands) = if coordinated {
-                    Deal::in_rounds(consumers, 1, self.link.id())
-                } else {
-                    Deal::new(consumers, 1, first)
-                };
-                let batches = hands.into_iter().map(|rx| Arc::new(tokio::sync::Mutex::new(rx))).collect();
-                let epoch_job = Arc::new(EpochJob {
-                    batches,
-                    consumers,
-                    coordinated,
-                    next_send,
-                    attached: Mutex::new((0, Some(std::time::Instant::now()))),
-                });
-                let this = Arc::downgrade(&epoch_job);
-                let (engine, link, errors, epochs, busy) = (
-                    self.engine.clone(),
-                    self.link.clone(),
-                    self.errors.clone(),
-                    self.epochs.clone(),
-                    self.busy.clone(),
-                );
-                // Busy until its first answer: a later epoch's producer started at the same
-                // moment must not take the splits first.
-                busy.set(&key.0, key.1, true);
-                std::thread::Builder::new()
-                    .name(format!("stoker-job-{}-{}", key.0, key.1))
+        if let Some(epoch_job) = epochs.get(&key) {
+            return Ok(epoch_job.clone());
+        }
+        if epochs.len() >= MAX_EPOCH_PRODUCERS {
+            return Err(Status::resource_exhausted(format!(
+                "this worker already produces {} epochs (jobs read two at most); job {:?} epoch {} must wait for one to end",
+                epochs.len(),
+                key.0,
+                key.1
+            )));
+        }
+        let next_send = {
+            let mut next_sends = self.next_sends.lock().unwrap();
+            // Only jobs with an epoch in production keep their pace.
+            next_sends.retain(|job, _| *job == key.0 || epochs.keys().any(|(j, _)| j == job));
+            next_sends
+                .entry(key.0.clone())
+                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(tokio::time::Instant::now())))
+                .clone()
+        };
+        let made: Result<Arc<EpochJob>, Status> = {
+            // Workers begin dealing at different ranks, and each epoch at another one.
+            let first = fnv1a(self.link.registration.address.as_bytes()).wrapping_add(key.1);
+            let (mut deal, hands) = if coordinated {
+                Deal::in_rounds(consumers, 1, self.link.id())
+            } else {
+                Deal::new(consumers, 1, first)
+            };
+            let batches = hands.into_iter().map(|rx| Arc::new(tokio::sync::Mutex::new(rx))).collect();
+            let epoch_job = Arc::new(EpochJob {
+                batches,
+                consumers,
+                coordinated,
+                next_send,
+                attached: Mutex::new((0, Some(std::time::Instant::now()))),
+            });
+            let this = Arc::downgrade(&epoch_job);
+            let (engine, link, errors, epochs, busy) =
+                (self.engine.clone(), self.link.clone(), self.errors.clone(), self.epochs.clone(), self.busy.clone());
+            // Busy until its first answer: a later epoch's producer started at the same
+            // moment must not take the splits first.
+            busy.set(&key.0, key.1, true);
+            let thread = format!("stoker-job-{}", key.1);
+            let key_in_thread = key.clone();
+            std::thread::Builder::new()
+                    .name(thread)
                     .spawn(move || {
+                        let key = key_in_thread;
                         let (job, epoch) = (&key.0, key.1);
                         let taken = Mutex::new(BTreeSet::new());
                         let result = produce(&engine, &link, &busy, job, epoch, &mut deal, &taken);
@@ -238,10 +251,15 @@ impl DispatchedSource {
                             epochs.remove(&key);
                         }
                     })
-                    .expect("spawning an epoch producer");
-                epoch_job
-            })
-            .clone()
+                    .map(|_| epoch_job)
+                    .map_err(|e| {
+                        self.busy.set(&key.0, key.1, false);
+                        Status::resource_exhausted(format!("this worker cannot start another producer now: {e}"))
+                    })
+        };
+        let epoch_job = made?;
+        epochs.insert(key, epoch_job.clone());
+        Ok(epoch_job)
     }
 }
 
@@ -253,7 +271,8 @@ impl BatchSource for DispatchedSource {
             ));
         };
         tracing::info!(job = %subscription.job, epoch, consumer = subscription.consumer_index, "consumer attached");
-        let epoch_job = self.epoch((subscription.job.clone(), epoch), subscription.consumers, subscription.coordinated);
+        let epoch_job =
+            self.epoch((subscription.job.clone(), epoch), subscription.consumers, subscription.coordinated)?;
         let declared = (epoch_job.consumers.max(1), epoch_job.coordinated);
         if declared != (subscription.consumers.max(1), subscription.coordinated) {
             let mode = |c: bool| if c { "coordinated" } else { "not coordinated" };
