@@ -3,46 +3,19 @@
 //!
 //! Each child runs in its own process group with its output in a log file. Teardown is by
 //! process id: SIGTERM to the group, SIGKILL after a grace period; [`ManagedProcess`] does it on
-//! drop, so a panicking test still cleans up. Children also get `PR_SET_PDEATHSIG(SIGKILL)`, so
-//! even a harness killed with SIGKILL leaves nothing running. Because that signal fires when the
-//! *thread* that forked dies, every child is forked from one dedicated thread that lives as long
-//! as the process.
+//! drop, so a panicking test still cleans up. Children start through
+//! `stoker_local::children` (`PR_SET_PDEATHSIG(SIGKILL)`), so even a harness killed with SIGKILL
+//! leaves nothing running.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
 /// How long a process gets between SIGTERM and SIGKILL.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
-
-type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
-
-fn spawner() -> &'static Mutex<mpsc::Sender<SpawnJob>> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
-    SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnJob>();
-        std::thread::Builder::new()
-            .name("e2e-spawner".into())
-            .spawn(move || {
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
-                }
-            })
-            .expect("starting the spawner thread");
-        Mutex::new(tx)
-    })
-}
-
-fn spawn_from_spawner_thread(cmd: Command) -> std::io::Result<Child> {
-    let (tx, rx) = mpsc::channel();
-    spawner().lock().unwrap_or_else(|e| e.into_inner()).send((cmd, tx)).expect("spawner thread is alive");
-    rx.recv().expect("spawner thread replies")
-}
 
 /// A child process in its own process group, logging to a file, terminated on drop.
 pub struct ManagedProcess {
@@ -64,7 +37,6 @@ impl ManagedProcess {
         envs: &[(String, String)],
         log: &Path,
     ) -> anyhow::Result<Self> {
-        use std::os::unix::process::CommandExt as _;
         let name = name.into();
         let file = File::options()
             .create(true)
@@ -76,24 +48,9 @@ impl ManagedProcess {
             .envs(envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
-            .stderr(file)
-            .process_group(0);
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The parent may have died before prctl took effect.
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
-        let child =
-            spawn_from_spawner_thread(cmd).with_context(|| format!("starting {name} ({})", program.display()))?;
+            .stderr(file);
+        let child = stoker_local::children::spawn_tied(cmd)
+            .with_context(|| format!("starting {name} ({})", program.display()))?;
         Ok(ManagedProcess { name, child, log: log.to_path_buf(), exited: None, reaped: false, grace: DEFAULT_GRACE })
     }
 

@@ -4,10 +4,12 @@
 //!
 //! - [`mode`]: starts the dispatcher, the first workers and the scaling loop for one pipeline;
 //! - [`workers`]: the local-processes scaler;
+//! - [`children`]: child processes that die with this one (workers, and the e2e harness's);
 //! - [`demo`]: a synthetic trainer against a generated corpus, for `stoker demo`;
 //! - [`tls`]: `stoker local --tls`'s throwaway CA and certificates;
 //! - [`cli`]: what the `stoker` subcommands print.
 
+pub mod children;
 pub mod cli;
 pub mod demo;
 pub mod mode;

@@ -2,11 +2,8 @@
 //! attached to the dispatcher, for `stoker local`, the demo and tests.
 //!
 //! No worker outlives this process, however it ends:
-//! - killed outright (SIGKILL, a crash): each worker has `PR_SET_PDEATHSIG(SIGKILL)`. That
-//!   signal fires when the *thread* that forked the worker exits, not the process, and tokio's
-//!   threads come and go, so every worker is forked by one dedicated thread that lives as long
-//!   as the process (`spawner`); and a worker whose parent died before the prctl took effect
-//!   exits at once (the `getppid` check).
+//! - killed outright (SIGKILL, a crash): each worker is started by [`crate::children`], with
+//!   `PR_SET_PDEATHSIG(SIGKILL)` from a thread that lives as long as the process.
 //! - stopped (SIGTERM to `stoker local`, the end of a test): [`LocalWorkers::stop_all`] stops
 //!   scaling up, terminates every worker and waits for it, killing what outlasts the grace.
 //! - dropped: a [`Worker`] kills its process on drop.
@@ -15,12 +12,12 @@
 //! terminal reaches only `stoker local` (which then stops the workers in order) and anything a
 //! worker might start goes with it.
 
+use crate::children::spawn_tied;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -69,32 +66,6 @@ pub fn worker_binary() -> PathBuf {
 /// How long a stopping worker gets between SIGTERM and SIGKILL: enough to hand back what it
 /// holds (its own grace after SIGTERM is shorter).
 const GRACE: Duration = Duration::from_secs(10);
-
-type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
-
-/// The thread every worker is forked from: it lives as long as the process, so the workers'
-/// parent-death signal fires when the process dies and not before.
-fn spawner() -> &'static Mutex<mpsc::Sender<SpawnJob>> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
-    SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnJob>();
-        std::thread::Builder::new()
-            .name("stoker-spawner".into())
-            .spawn(move || {
-                for (mut command, reply) in rx {
-                    let _ = reply.send(command.spawn());
-                }
-            })
-            .expect("starting the worker spawner thread");
-        Mutex::new(tx)
-    })
-}
-
-fn spawn_from_spawner(command: Command) -> std::io::Result<Child> {
-    let (tx, rx) = mpsc::channel();
-    spawner().lock().unwrap_or_else(|e| e.into_inner()).send((command, tx)).expect("the spawner thread lives");
-    rx.recv().expect("the spawner thread replies")
-}
 
 /// A worker process, in its own process group; killed (the group) and reaped on drop.
 pub struct Worker {
@@ -213,7 +184,6 @@ impl LocalWorkers {
     }
 
     fn spawn(&self, pipeline: &WorkerPipeline, cache_cap_bytes: Option<u64>, n: u64) -> anyhow::Result<Worker> {
-        use std::os::unix::process::CommandExt as _;
         let c = &self.config;
         let json = serde_json::to_string(pipeline)?;
         let mut command = Command::new(&c.binary);
@@ -229,27 +199,12 @@ impl LocalWorkers {
             }))
             .env("STOKER_PIPELINE", json)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .process_group(0);
-        let parent = std::process::id() as libc::pid_t;
-        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The parent may have died before prctl took effect: nobody would signal us.
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
+            .stdout(Stdio::null());
         if let Some(dir) = &c.log_dir {
             let path = dir.join(format!("{}-{}.log", pipeline.name, n));
             command.stderr(std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?);
         }
-        let child = spawn_from_spawner(command).with_context(|| format!("starting {}", c.binary.display()))?;
+        let child = spawn_tied(command).with_context(|| format!("starting {}", c.binary.display()))?;
         Ok(Worker { child, exited: false })
     }
 }
