@@ -221,7 +221,10 @@ impl DispatchedSource {
             // Busy until its first answer: a later epoch's producer started at the same
             // moment must not take the splits first.
             busy.set(&key.0, key.1, true);
-            let thread = format!("stoker-job-{}", key.1);
+            // A reader names the job: only its plain characters go into the thread's name (a
+            // NUL would fail the spawn; Linux shows 15 bytes of it anyway).
+            let plain: String = key.0.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(32).collect();
+            let thread = format!("stoker-job-{plain}-{}", key.1);
             let key_in_thread = key.clone();
             std::thread::Builder::new()
                     .name(thread)
