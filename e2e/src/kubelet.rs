@@ -190,12 +190,15 @@ fn spawn(
 
 /// What the kubelet puts in a pod's volumes: projected ServiceAccount tokens (one TokenRequest
 /// per Deployment's volume, for the pod's ServiceAccount and the volume's audience) and Secrets
-/// (their keys as files, written again when the Secret changes), each in a directory that
+/// (their keys as files, written again when the pod template changes), each in a directory that
 /// stands in for the mount.
 #[derive(Default)]
 struct Volumes {
     /// (namespace, volume, deployment) -> the directory holding the volume's files.
     dirs: HashMap<(String, String, String), PathBuf>,
+    /// The Deployment generation each Secret volume was written at: a renewed certificate
+    /// changes the pod template (its digest annotation), so the Secret is read again only then.
+    secrets_at: HashMap<(String, String, String), Option<i64>>,
 }
 
 impl Volumes {
@@ -215,6 +218,9 @@ impl Volumes {
             let key = (namespace.clone(), volume.name.clone(), name.clone());
             let dir = log_dir.join("volumes-of-pods").join(&namespace).join(&name).join(&volume.name);
             if let Some(secret) = volume.secret.as_ref().and_then(|s| s.secret_name.clone()) {
+                if self.secrets_at.get(&key) == Some(&d.metadata.generation) {
+                    continue;
+                }
                 let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
                 let data = secrets.get(&secret).await.with_context(|| format!("Secret {namespace}/{secret}"))?.data;
                 std::fs::create_dir_all(&dir)?;
@@ -224,6 +230,7 @@ impl Volumes {
                         std::fs::write(&path, &bytes.0)?;
                     }
                 }
+                self.secrets_at.insert(key.clone(), d.metadata.generation);
                 self.dirs.insert(key, dir);
                 continue;
             }

@@ -474,10 +474,10 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 valid_for_ms: READER_VERDICT,
                 refused: None,
             },
-            Err(Refusal::Unavailable(why)) => return Err(Refusal::Unavailable(why).to_status()),
+            Err(unavailable @ Refusal::Unavailable(_)) => return Err(unavailable.to_status()),
             Err(refusal) => {
                 self.0.denials.record("Stream", Some(&pipeline), &refusal);
-                let unauthenticated = refusal.to_status().code() == tonic::Code::Unauthenticated;
+                let unauthenticated = matches!(refusal, Refusal::NoToken { .. } | Refusal::BadToken(_));
                 proto::AuthorizeReaderResponse {
                     username: String::new(),
                     valid_for_ms: READER_REFUSAL,

@@ -199,68 +199,61 @@ impl DispatchedSource {
                 .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(tokio::time::Instant::now())))
                 .clone()
         };
-        let made: Result<Arc<EpochJob>, Status> = {
-            // Workers begin dealing at different ranks, and each epoch at another one.
-            let first = fnv1a(self.link.registration.address.as_bytes()).wrapping_add(key.1);
-            let (mut deal, hands) = if coordinated {
-                Deal::in_rounds(consumers, 1, self.link.id())
-            } else {
-                Deal::new(consumers, 1, first)
-            };
-            let batches = hands.into_iter().map(|rx| Arc::new(tokio::sync::Mutex::new(rx))).collect();
-            let epoch_job = Arc::new(EpochJob {
-                batches,
-                consumers,
-                coordinated,
-                next_send,
-                attached: Mutex::new((0, Some(std::time::Instant::now()))),
-            });
-            let this = Arc::downgrade(&epoch_job);
-            let (engine, link, errors, epochs, busy) =
-                (self.engine.clone(), self.link.clone(), self.errors.clone(), self.epochs.clone(), self.busy.clone());
-            // Busy until its first answer: a later epoch's producer started at the same
-            // moment must not take the splits first.
-            busy.set(&key.0, key.1, true);
-            // A reader names the job: only its plain characters go into the thread's name (a
-            // NUL would fail the spawn; Linux shows 15 bytes of it anyway).
-            let plain: String = key.0.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(32).collect();
-            let thread = format!("stoker-job-{plain}-{}", key.1);
-            let key_in_thread = key.clone();
-            std::thread::Builder::new()
-                    .name(thread)
-                    .spawn(move || {
-                        let key = key_in_thread;
-                        let (job, epoch) = (&key.0, key.1);
-                        let taken = Mutex::new(BTreeSet::new());
-                        let result = produce(&engine, &link, &busy, job, epoch, &mut deal, &taken);
-                        busy.set(job, epoch, false);
-                        let undelivered: Vec<u64> = taken.into_inner().unwrap().into_iter().collect();
-                        if deal.is_closed() && !undelivered.is_empty() {
-                            // Stopped as abandoned: the splits it held go back to the queue.
-                            if let Err(e) = link.return_splits(job, epoch, undelivered) {
-                                tracing::warn!(%job, epoch, error = %e, "returning the splits of a stopped producer failed");
-                            }
-                        }
-                        if let Err(e) = result {
-                            let message = format!("{e:#}");
-                            tracing::error!(%job, epoch, error = %message, "the job's producer stopped");
-                            errors.lock().unwrap().get_or_insert(message.clone());
-                            deal.fail(Status::failed_precondition(format!("the pipeline failed: {message}")));
-                        }
-                        // Consumers arriving later start a producer that learns the epoch is over
-                        // (unless this one was stopped as abandoned and another runs already).
-                        let mut epochs = epochs.lock().unwrap();
-                        if epochs.get(&key).is_some_and(|e| std::ptr::eq(Arc::as_ptr(e), this.as_ptr())) {
-                            epochs.remove(&key);
-                        }
-                    })
-                    .map(|_| epoch_job)
-                    .map_err(|e| {
-                        self.busy.set(&key.0, key.1, false);
-                        Status::resource_exhausted(format!("this worker cannot start another producer now: {e}"))
-                    })
-        };
-        let epoch_job = made?;
+        // Workers begin dealing at different ranks, and each epoch at another one.
+        let first = fnv1a(self.link.registration.address.as_bytes()).wrapping_add(key.1);
+        let (mut deal, hands) =
+            if coordinated { Deal::in_rounds(consumers, 1, self.link.id()) } else { Deal::new(consumers, 1, first) };
+        let batches = hands.into_iter().map(|rx| Arc::new(tokio::sync::Mutex::new(rx))).collect();
+        let epoch_job = Arc::new(EpochJob {
+            batches,
+            consumers,
+            coordinated,
+            next_send,
+            attached: Mutex::new((0, Some(std::time::Instant::now()))),
+        });
+        let this = Arc::downgrade(&epoch_job);
+        let (engine, link, errors, registry, busy) =
+            (self.engine.clone(), self.link.clone(), self.errors.clone(), self.epochs.clone(), self.busy.clone());
+        // Busy until its first answer: a later epoch's producer started at the same
+        // moment must not take the splits first.
+        busy.set(&key.0, key.1, true);
+        // A reader names the job: only its plain characters go into the thread's name (a
+        // NUL would fail the spawn; Linux shows 15 bytes of it anyway).
+        let plain: String = key.0.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(32).collect();
+        let thread = format!("stoker-job-{plain}-{}", key.1);
+        let key_in_thread = key.clone();
+        std::thread::Builder::new()
+            .name(thread)
+            .spawn(move || {
+                let key = key_in_thread;
+                let (job, epoch) = (&key.0, key.1);
+                let taken = Mutex::new(BTreeSet::new());
+                let result = produce(&engine, &link, &busy, job, epoch, &mut deal, &taken);
+                busy.set(job, epoch, false);
+                let undelivered: Vec<u64> = taken.into_inner().unwrap().into_iter().collect();
+                if deal.is_closed() && !undelivered.is_empty() {
+                    // Stopped as abandoned: the splits it held go back to the queue.
+                    if let Err(e) = link.return_splits(job, epoch, undelivered) {
+                        tracing::warn!(%job, epoch, error = %e, "returning the splits of a stopped producer failed");
+                    }
+                }
+                if let Err(e) = result {
+                    let message = format!("{e:#}");
+                    tracing::error!(%job, epoch, error = %message, "the job's producer stopped");
+                    errors.lock().unwrap().get_or_insert(message.clone());
+                    deal.fail(Status::failed_precondition(format!("the pipeline failed: {message}")));
+                }
+                // Consumers arriving later start a producer that learns the epoch is over
+                // (unless this one was stopped as abandoned and another runs already).
+                let mut epochs = registry.lock().unwrap();
+                if epochs.get(&key).is_some_and(|e| std::ptr::eq(Arc::as_ptr(e), this.as_ptr())) {
+                    epochs.remove(&key);
+                }
+            })
+            .map_err(|e| {
+                self.busy.set(&key.0, key.1, false);
+                Status::resource_exhausted(format!("this worker cannot start another producer now: {e}"))
+            })?;
         epochs.insert(key, epoch_job.clone());
         Ok(epoch_job)
     }
