@@ -5,7 +5,7 @@ CACHE := $(or $(STOKER_CACHE),$(HOME)/.cache/stoker)
 VENV := $(CACHE)/venv
 export PATH := $(CACHE)/bin:$(PATH)
 
-.PHONY: demo test tools generate lint python
+.PHONY: demo test tools generate lint python venv
 
 # Runs the local demo: no cluster needed. Release build: the workers really decode JPEGs.
 demo:
@@ -16,9 +16,9 @@ demo:
 # and e2e on a real control plane; then the e2e scenarios again on real pods (a kubelet on
 # Docker, images built here), and on kind where docker and kind exist (otherwise it says why it
 # is skipped). The worker's benchmarks (its `bench` feature) are built so their tests run too.
-test: lint tools
+test: lint tools venv
 	$(CARGO) build --workspace --bins --features stoker-worker/bench
-	$(CARGO) test --workspace --no-fail-fast --features stoker-worker/bench
+	STOKER_PYTHON=$(VENV)/bin/python $(CARGO) test --workspace --no-fail-fast --features stoker-worker/bench
 	$(MAKE) python
 	STOKER_E2E_PROVIDER=kubelet $(CARGO) test -p stoker-e2e --test e2e
 	STOKER_E2E_PROVIDER=kind $(CARGO) test -p stoker-e2e --test e2e
@@ -27,10 +27,13 @@ test: lint tools
 # cache; the package is reinstalled each run so edits are picked up. PyTorch (with its CUDA
 # wheels from PyPI, about 5 GB installed; a minute here the first time) is installed too, so
 # the PyTorch adaptor's tests run rather than skip.
-python:
+python: venv
+	STOKER_PYTHON=$(VENV)/bin/python $(VENV)/bin/python -m pytest -q -rs client/python/tests
+
+# The venv the Python tests and the workers' `python` transforms run in (STOKER_PYTHON).
+venv:
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check './client/python[torch]' pytest
-	$(VENV)/bin/python -m pytest -q -rs client/python/tests
 
 # etcd, kube-apiserver, kube-controller-manager, kubectl, helm into ~/.cache/stoker/bin.
 tools:

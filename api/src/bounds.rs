@@ -127,6 +127,11 @@ pub(crate) fn check(spec: &DataPlaneSpec, err: &mut impl FnMut(&str, String)) {
                 images.extend(moved);
                 None
             }
+            // Its output is unknown until it runs: the worker bounds each element it returns.
+            Transform::Python(_) => {
+                images.clear();
+                None
+            }
             Transform::RandomFlip(_) | Transform::Filter(_) | Transform::Autocache(_) => None,
         };
         if let Some((field, image)) = touched.and_then(|f| Some((f, *images.get(f)?)))

@@ -2,6 +2,7 @@
 //! clients depend on this crate without pulling in a Kubernetes client.
 
 pub mod bounds;
+pub mod children;
 pub mod chunk;
 pub mod fingerprint;
 pub mod order;

@@ -29,6 +29,13 @@ impl DType {
             DType::Float64 => "float64",
         }
     }
+
+    /// The type of a numpy name ([`DType::numpy_name`]'s inverse).
+    pub fn from_numpy_name(name: &str) -> Option<DType> {
+        [DType::Uint8, DType::Int32, DType::Int64, DType::Float16, DType::Float32, DType::Float64]
+            .into_iter()
+            .find(|d| d.numpy_name() == name)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -19,6 +19,8 @@ pub enum Transform {
     SelectFields(SelectFields),
     RenameFields(RenameFields),
     Filter(Filter),
+    /// A user's Python function, run in Python processes beside the worker's Rust ops.
+    Python(Python),
     /// A place where caching is allowed; the operator decides whether to cache there.
     Autocache(Autocache),
 }
@@ -37,13 +39,19 @@ impl Transform {
             Transform::SelectFields(_) => "selectFields",
             Transform::RenameFields(_) => "renameFields",
             Transform::Filter(_) => "filter",
+            Transform::Python(_) => "python",
             Transform::Autocache(_) => "autocache",
         }
     }
 
-    /// Random ops give different output every epoch, so nothing after them may be cached.
+    /// Random ops give different output every epoch, so nothing after them may be cached. A
+    /// `python` op is random unless it declares itself deterministic: its code is opaque.
     pub fn is_random(&self) -> bool {
-        matches!(self, Transform::RandomResizedCrop(_) | Transform::RandomFlip(_))
+        match self {
+            Transform::RandomResizedCrop(_) | Transform::RandomFlip(_) => true,
+            Transform::Python(p) => !p.deterministic,
+            _ => false,
+        }
     }
 }
 
@@ -206,3 +214,44 @@ pub enum FilterOp {
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct Autocache {}
+
+/// `module.function(element, rng)`: takes an element (a dict of numpy arrays, and `bytes` for
+/// byte fields) and a `numpy.random.Generator` seeded from (seed, epoch, element, op), and
+/// returns an element (a dict) or `None` to drop it. It runs in a pool of Python processes
+/// (one per worker thread) that exchange arrays with the worker through shared memory.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Python {
+    /// The module to import, e.g. `augment` or `mypkg.transforms`.
+    #[schemars(length(min = 1, max = 253))]
+    pub module: String,
+    /// The function in `module`.
+    #[schemars(length(min = 1, max = 253))]
+    pub function: String,
+    /// A directory put first on the module search path, e.g. where a ConfigMap holding the
+    /// code is mounted (`spec.workers.volumes` and `volumeMounts`); without it the module
+    /// comes from the worker image's Python path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The function's output depends only on its input element (it ignores `rng` and keeps
+    /// no state), so an autocache hint may follow it. Unset, the op counts as random.
+    #[serde(default)]
+    pub deterministic: bool,
+    /// Seconds one call may take; a call past it has its process replaced and its element
+    /// counted as failed (spec.onError).
+    #[serde(default = "python_timeout")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub timeout_seconds: u32,
+    /// Resident memory (MiB) a Python process may reach; above it the process is replaced
+    /// and the element it was working on counted as failed (spec.onError).
+    #[serde(default = "python_memory")]
+    #[schemars(range(min = 64, max = 65536))]
+    pub memory_limit_mib: u32,
+}
+
+fn python_timeout() -> u32 {
+    60
+}
+fn python_memory() -> u32 {
+    2048
+}

@@ -169,6 +169,33 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
                     err(&field, "every std value must be > 0".into());
                 }
             }
+            Transform::Python(p) => {
+                let dotted = |name: &str| {
+                    !name.is_empty()
+                        && name.split('.').all(|part| {
+                            part.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_')
+                                && part.chars().all(|c| c.is_alphanumeric() || c == '_')
+                        })
+                };
+                if !dotted(&p.module) {
+                    err(
+                        &field,
+                        format!("module {:?} is not a Python module name (like `augment` or `pkg.mod`)", p.module),
+                    );
+                }
+                if !dotted(&p.function) || p.function.contains('.') {
+                    err(&field, format!("function {:?} is not a Python identifier", p.function));
+                }
+                if p.path.as_deref().is_some_and(|path| !path.starts_with('/')) {
+                    err(&field, "path must be absolute (where the code is mounted in the workers)".into());
+                }
+                if !(1..=3600).contains(&p.timeout_seconds) {
+                    err(&field, format!("timeoutSeconds {} is outside 1..=3600", p.timeout_seconds));
+                }
+                if !(64..=65536).contains(&p.memory_limit_mib) {
+                    err(&field, format!("memoryLimitMib {} is outside 64..=65536", p.memory_limit_mib));
+                }
+            }
             Transform::RenameFields(r) if r.mapping.is_empty() => {
                 err(&field, "mapping is empty; name at least one field to rename".into())
             }
@@ -268,6 +295,34 @@ mod tests {
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].field, "spec.transforms[2].autocache");
         assert!(e[0].message.contains("random op randomFlip at spec.transforms[1]"), "{e:?}");
+    }
+
+    #[test]
+    fn a_python_op_is_random_unless_declared_deterministic() {
+        let det = "transforms:\n- python: {module: aug, function: f, deterministic: true}\n- autocache: {}\n";
+        assert_eq!(validate(&spec(&format!("{BASE}{det}"))), Ok(()));
+        let e = errors("transforms:\n- python: {module: aug, function: f}\n- autocache: {}\n");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].message.contains("random op python at spec.transforms[0]"), "{e:?}");
+    }
+
+    #[test]
+    fn python_names_paths_and_limits_are_checked() {
+        let e = errors(
+            "transforms:\n- python: {module: 'my-mod', function: 'a.b', path: rel/dir, timeoutSeconds: 0, memoryLimitMib: 1}\n",
+        );
+        let text = format!("{e:?}");
+        for part in [
+            "not a Python module name",
+            "not a Python identifier",
+            "path must be absolute",
+            "timeoutSeconds 0",
+            "memoryLimitMib 1",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        let ok = "transforms:\n- python: {module: pkg.aug_2, function: _f, path: /etc/code}\n";
+        assert_eq!(validate(&spec(&format!("{BASE}{ok}"))), Ok(()));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! Each child runs in its own process group with its output in a log file. Teardown is by
 //! process id: SIGTERM to the group, SIGKILL after a grace period; [`ManagedProcess`] does it on
 //! drop, so a panicking test still cleans up. Children start through
-//! `stoker_local::children` (`PR_SET_PDEATHSIG(SIGKILL)`), so even a harness killed with SIGKILL
+//! `stoker_api::children` (`PR_SET_PDEATHSIG(SIGKILL)`), so even a harness killed with SIGKILL
 //! leaves nothing running.
 
 use std::fs::File;
@@ -49,7 +49,7 @@ impl ManagedProcess {
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file);
-        let child = stoker_local::children::spawn_tied(cmd)
+        let child = stoker_api::children::spawn_tied(cmd)
             .with_context(|| format!("starting {name} ({})", program.display()))?;
         Ok(ManagedProcess { name, child, log: log.to_path_buf(), exited: None, reaped: false, grace: DEFAULT_GRACE })
     }

@@ -19,6 +19,9 @@ use futures::FutureExt as _;
 use libtest_mimic::{Arguments, Failed, Trial};
 use stoker_e2e::{Cluster, Provider, StartError};
 
+/// Each failed scenario's name and the first line of its error, for the summary at the end.
+static FAILED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 /// A scenario that takes longer than this has hung.
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -113,12 +116,27 @@ fn main() -> ExitCode {
         trials(provider, |s| {
             let cluster = cluster.clone();
             let handle = handle.clone();
-            Trial::test(s.name, move || handle.block_on(run_scenario(s, cluster)).map_err(Failed::from))
+            Trial::test(s.name, move || {
+                handle.block_on(run_scenario(s, cluster)).map_err(|e| {
+                    let first = e.lines().next().unwrap_or_default().chars().take(400).collect::<String>();
+                    FAILED.lock().unwrap_or_else(|p| p.into_inner()).push(format!("{}: {first}", s.name));
+                    Failed::from(e)
+                })
+            })
         }),
     );
 
     eprintln!("e2e: tearing the {provider} cluster down");
     runtime.block_on(cluster.shutdown());
+    // Last, where a CI log's tail shows it: why each scenario failed (the full reports with
+    // diagnostics are above).
+    let failed = FAILED.lock().unwrap_or_else(|p| p.into_inner());
+    if !failed.is_empty() {
+        eprintln!("e2e: {} scenario(s) failed on the {provider} provider:", failed.len());
+        for line in failed.iter() {
+            eprintln!("  {line}");
+        }
+    }
     drop(cluster);
     // Also drops the signal task's reference, and with it the cluster (its files).
     drop(runtime);

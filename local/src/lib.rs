@@ -9,7 +9,6 @@
 //! - [`tls`]: `stoker local --tls`'s throwaway CA and certificates;
 //! - [`cli`]: what the `stoker` subcommands print.
 
-pub mod children;
 pub mod cli;
 pub mod demo;
 pub mod mode;

@@ -12,13 +12,13 @@
 //! terminal reaches only `stoker local` (which then stops the workers in order) and anything a
 //! worker might start goes with it.
 
-use crate::children::spawn_tied;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use stoker_api::children::spawn_tied;
 
 use anyhow::Context as _;
 use stoker_api::WorkerPipeline;

@@ -8,6 +8,8 @@
 //! A pod can carry a stale mark: its leader process exited and restarted as a standby in the
 //! same pod, or hangs. So a process clears its own pod's mark before it reports Ready, and a
 //! new leader clears the mark from every other pod of its release before it marks its own.
+//! The leader checks its mark every few seconds and marks again if it is gone: a former
+//! leader's `mark` still in flight when it stepped down clears the new leader's.
 
 use std::collections::BTreeMap;
 
@@ -35,6 +37,12 @@ impl LeaderPod {
     /// Removes the mark from this process's own pod (a standby, or a leader starting over).
     pub async fn clear_own(&self) -> anyhow::Result<()> {
         self.set(&self.name, None).await
+    }
+
+    /// Whether this pod carries the mark.
+    pub async fn is_marked(&self) -> anyhow::Result<bool> {
+        let own = self.api.get(&self.name).await.with_context(|| format!("reading this pod ({})", self.name))?;
+        Ok(own.metadata.labels.is_some_and(|l| l.get(LABEL).is_some_and(|v| v == "true")))
     }
 
     /// Marks this pod as the leader's, after clearing the mark from the release's other pods.

@@ -337,7 +337,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::spawn(scaling.run(move |book: &ScalingBook| autoscaling::in_scope(&store, book), after_round, stop.clone()));
     role_tx.send_replace(Role::Leading);
     if let Some(pod) = leader_pod {
-        tokio::spawn(mark_until_done(pod, stop.clone()));
+        tokio::spawn(keep_marked(pod, stop.clone()));
     }
     controller::run(ctx, stop, store_tx, reconcile_rx).await;
     role_tx.send_replace(Role::Starting);
@@ -390,16 +390,32 @@ async fn publish_refusals(
     }
 }
 
-/// Marks the leader's pod, retrying until it succeeds or leadership ends: until then the
-/// dispatcher Service has no endpoint.
-async fn mark_until_done(pod: LeaderPod, mut stop: watch::Receiver<bool>) {
+/// Keeps the leader's pod marked while it leads: until it is, the dispatcher Service has no
+/// endpoint. The mark is checked again every few seconds, because a former leader whose
+/// `mark` was still in flight when it stepped down clears it (found on real pods: a standby
+/// being deleted took the lease for a moment during a restart of every replica, and its mark
+/// landed after the new leader's). A request in flight when leadership ends is abandoned.
+async fn keep_marked(pod: LeaderPod, mut stop: watch::Receiver<bool>) {
     loop {
-        match pod.mark().await {
-            Ok(()) => return,
-            Err(e) => warn!(error = format!("{e:#}"), "could not mark this pod as the leader's; retrying"),
-        }
+        let step = async {
+            match pod.is_marked().await {
+                Ok(true) => Ok(()),
+                Ok(false) => pod.mark().await,
+                Err(e) => Err(e),
+            }
+        };
+        let wait = tokio::select! {
+            result = step => match result {
+                Ok(()) => Duration::from_secs(5),
+                Err(e) => {
+                    warn!(error = format!("{e:#}"), "could not mark this pod as the leader's; retrying");
+                    Duration::from_secs(2)
+                }
+            },
+            _ = stop.wait_for(|s| *s) => return,
+        };
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
     }

@@ -9,6 +9,7 @@ use stoker_api::{DType, FilterOp, Tensor, Transform};
 
 use crate::element::{Element, Field};
 use crate::ops::{self, OpError};
+use crate::python::PythonPool;
 
 /// Where an element sits in the run, for its random ops.
 #[derive(Clone, Copy, Debug)]
@@ -26,6 +27,8 @@ pub enum ElementError {
     MissingField { index: usize, op: &'static str, field: String },
     #[error("transforms[{index}].{op}: field {field:?} is {have}, expected {want}")]
     FieldType { index: usize, op: &'static str, field: String, have: &'static str, want: &'static str },
+    #[error("transforms[{index}].python {function}: {failure}")]
+    Python { index: usize, function: String, failure: crate::python::Failure },
 }
 
 impl ElementError {
@@ -35,31 +38,37 @@ impl ElementError {
             ElementError::Op { source, .. } => source.reason(),
             ElementError::MissingField { .. } => "missing_field",
             ElementError::FieldType { .. } => "field_type",
+            ElementError::Python { failure, .. } => failure.reason(),
         }
+    }
+
+    /// Whether no element can succeed after this one (no Python process starts): the engine
+    /// stops whatever spec.onError says.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, ElementError::Python { failure: crate::python::Failure::Start(_), .. })
     }
 }
 
-/// Applies `transforms` in order; `Ok(None)` when a filter drops the element. `timings[i]`
-/// accumulates the time spent in transform `i`.
-pub fn apply(
-    transforms: &[Transform],
-    element: Element,
-    key: ElementKey,
-    timings: &mut [Duration],
-) -> Result<Option<Element>, ElementError> {
-    apply_range(transforms, 0..transforms.len(), element, key, timings)
+/// A pipeline's transforms and what runs the ones not in Rust.
+#[derive(Clone, Copy)]
+pub struct Transforms<'a> {
+    pub list: &'a [Transform],
+    /// Set when the pipeline has `python` ops.
+    pub python: Option<&'a PythonPool>,
 }
 
-/// Applies the transforms in `range` only (before or after an autocache hint). Indices, and
-/// so the random streams of random ops, are those of the whole pipeline.
+/// Applies the transforms in `range` (all of them, or those before or after an autocache
+/// hint) in order; `Ok(None)` when a filter drops the element. `timings[i]` accumulates the
+/// time spent in transform `i`. Indices, and so the random streams of random ops, are those of
+/// the whole pipeline.
 pub fn apply_range(
-    transforms: &[Transform],
+    transforms: Transforms<'_>,
     range: std::ops::Range<usize>,
     mut element: Element,
     key: ElementKey,
     timings: &mut [Duration],
 ) -> Result<Option<Element>, ElementError> {
-    for (index, transform) in transforms.iter().enumerate().take(range.end).skip(range.start) {
+    for (index, transform) in transforms.list.iter().enumerate().take(range.end).skip(range.start) {
         let started = Instant::now();
         let op = transform.name();
         let fail = |source| ElementError::Op { index, op, source };
@@ -111,6 +120,18 @@ pub fn apply_range(
                 if !keeps(value, f.op, &f.value) {
                     timings[index] += started.elapsed();
                     return Ok(None);
+                }
+            }
+            Transform::Python(p) => {
+                let pool = transforms.python.expect("the engine starts a Python pool for a pipeline with python ops");
+                let function = || format!("{}.{}", p.module, p.function);
+                match pool.call(index, key, std::mem::take(&mut element)) {
+                    Ok(Some(out)) => element = out,
+                    Ok(None) => {
+                        timings[index] += started.elapsed();
+                        return Ok(None);
+                    }
+                    Err(failure) => return Err(ElementError::Python { index, function: function(), failure }),
                 }
             }
             Transform::Autocache(_) => {}
@@ -211,7 +232,8 @@ mod tests {
 
     fn run(ts: &[Transform], el: Element) -> Result<Option<Element>, ElementError> {
         let mut timings = vec![Duration::ZERO; ts.len()];
-        apply(ts, el, ElementKey { seed: 1, epoch: 0, element: 0 }, &mut timings)
+        let transforms = Transforms { list: ts, python: None };
+        apply_range(transforms, 0..ts.len(), el, ElementKey { seed: 1, epoch: 0, element: 0 }, &mut timings)
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod element;
 pub mod engine;
 pub mod formats;
 pub mod ops;
+pub mod python;
 pub mod serve;
 pub mod shuffle;
 pub mod source;

@@ -160,7 +160,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(threads) = args.threads {
         config.threads = threads;
     }
-    let engine = Engine::open(pipeline, config).await.context("opening the pipeline's source")?;
+    let engine = Engine::open(pipeline, config).await.context("opening the pipeline")?;
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let bound = listener.local_addr()?;

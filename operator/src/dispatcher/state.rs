@@ -591,7 +591,10 @@ impl DispatcherState {
     pub fn warnings(&self) -> BTreeMap<PipelineKey, Vec<String>> {
         let mut all: BTreeMap<PipelineKey, Vec<String>> = BTreeMap::new();
         for w in self.members.workers.values() {
-            all.entry(w.pipeline.clone()).or_default().extend(w.progress.warnings.iter().cloned());
+            let warnings = all.entry(w.pipeline.clone()).or_default();
+            // A worker that stopped producing (onError: fail) says why here too.
+            warnings.extend(w.progress.error.iter().map(|e| format!("a worker stopped: {e}")));
+            warnings.extend(w.progress.warnings.iter().cloned());
         }
         all.into_iter().map(|(key, w)| (key, stoker_api::bounded_warnings(w))).collect()
     }

@@ -49,7 +49,7 @@ impl AtHints {
 /// Runs one element through `plan`: the segments between the hints, measuring (and for a put,
 /// encoding) the element at each.
 pub(super) fn run_plan(
-    transforms: &[stoker_api::Transform],
+    transforms: apply::Transforms<'_>,
     plan: &SplitPlan,
     position: u64,
     mut element: Element,
@@ -72,7 +72,7 @@ pub(super) fn run_plan(
             at_hints.count += 1;
         }
     }
-    apply::apply_range(transforms, from..transforms.len(), element, key, timings)
+    apply::apply_range(transforms, from..transforms.list.len(), element, key, timings)
 }
 
 /// What a split's chunks left at the hints so far: its chunk file being written (for a put)

@@ -61,14 +61,24 @@ pub enum EngineError {
     Source(#[from] SourceError),
     #[error("corrupt record (onError: fail): {0}")]
     Corrupt(Corrupt),
-    #[error("element {element} of split {split} (onError: fail): {source}")]
-    Element { split: u64, element: u64, source: ElementError },
+    // The inner errors are part of the message, not `source`s: a `{:#}` chain would say them
+    // twice.
+    #[error("element {element} of split {split} (onError: fail): {error}")]
+    Element { split: u64, element: u64, error: ElementError },
     #[error("batching: {0}")]
-    Batch(#[from] BatchError),
+    Batch(BatchError),
     #[error("building the transform pool: {0}")]
     Pool(String),
     #[error("opening the cache volume: {0}")]
     Cache(std::io::Error),
+    #[error("{0}")]
+    Python(String),
+}
+
+impl From<BatchError> for EngineError {
+    fn from(e: BatchError) -> Self {
+        EngineError::Batch(e)
+    }
 }
 
 /// Counters of everything the engine did, for logs, metrics and heartbeats.
@@ -89,6 +99,15 @@ pub struct Stats {
     pub shuffle_cap: Mutex<Option<ShuffleCap>>,
     /// The most bytes the shuffle buffer held (as `batcher::row_cost` counts them).
     pub shuffle_peak_bytes: AtomicU64,
+    /// Elements `python` ops failed on, by op index.
+    pub python_failures: Mutex<BTreeMap<usize, PythonFailures>>,
+}
+
+/// What one `python` op failed on: counts by reason and the last failure's message.
+#[derive(Default, Debug, Clone)]
+pub struct PythonFailures {
+    pub by_reason: BTreeMap<&'static str, u64>,
+    pub last: String,
 }
 
 /// The shuffle buffer stopped growing at `elements`, holding `bytes`, its share of the memory
@@ -114,7 +133,26 @@ impl std::fmt::Display for ShuffleCap {
 impl Stats {
     /// What this engine changed of the spec to stay within its bounds, for the status.
     pub fn warnings(&self) -> Vec<String> {
-        self.shuffle_cap.lock().unwrap().iter().map(ToString::to_string).collect()
+        let mut warnings: Vec<String> = self.shuffle_cap.lock().unwrap().iter().map(ToString::to_string).collect();
+        for (index, f) in self.python_failures.lock().unwrap().iter() {
+            let total: u64 = f.by_reason.values().sum();
+            let reasons: Vec<String> = f.by_reason.iter().map(|(r, n)| format!("{n} {r}")).collect();
+            warnings.push(format!(
+                "transforms[{index}].python failed on {total} elements ({}); last: {}",
+                reasons.join(", "),
+                f.last
+            ));
+        }
+        warnings
+    }
+
+    fn python_failed(&self, error: &ElementError) {
+        if let ElementError::Python { index, failure, .. } = error {
+            let mut failures = self.python_failures.lock().unwrap();
+            let f = failures.entry(*index).or_default();
+            *f.by_reason.entry(failure.reason()).or_default() += 1;
+            f.last = error.to_string();
+        }
     }
 
     fn skip(&self, reason: &'static str) {
@@ -166,6 +204,8 @@ pub struct Engine {
     labels: BTreeMap<String, i64>,
     config: EngineConfig,
     pool: rayon::ThreadPool,
+    /// The processes of the pipeline's `python` ops, if it has any.
+    python: Option<crate::python::PythonPool>,
     budget: Arc<MemoryBudget>,
     runtime: tokio::runtime::Handle,
     pub stats: Arc<Stats>,
@@ -200,6 +240,15 @@ impl Engine {
             .thread_name(|i| format!("stoker-transform-{i}"))
             .build()
             .map_err(|e| EngineError::Pool(e.to_string()))?;
+        let python = match crate::python::PythonOps::of(&pipeline.data_plane.transforms) {
+            Some(ops) => Some(
+                tokio::task::spawn_blocking(move || crate::python::PythonPool::start(ops))
+                    .await
+                    .map_err(|e| EngineError::Python(e.to_string()))?
+                    .map_err(EngineError::Python)?,
+            ),
+            None => None,
+        };
         let stats = Arc::new(Stats::default());
         *stats.op_time.lock().unwrap() = vec![Duration::ZERO; pipeline.data_plane.transforms.len()];
         Ok(Engine {
@@ -211,6 +260,7 @@ impl Engine {
             labels,
             config,
             pool,
+            python,
             stats,
             cache,
         })

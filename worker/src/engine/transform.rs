@@ -76,7 +76,7 @@ impl Engine {
                     let mut timings = vec![Duration::ZERO; p.data_plane.transforms.len()];
                     let mut at_hints = AtHints::default();
                     let result = hints::run_plan(
-                        &p.data_plane.transforms,
+                        apply::Transforms { list: &p.data_plane.transforms, python: self.python.as_ref() },
                         plan,
                         position,
                         element,
@@ -104,11 +104,15 @@ impl Engine {
                 Ok(None) => {
                     self.stats.filtered.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(error) if p.data_plane.on_error == OnError::Skip => {
+                Err(error) if p.data_plane.on_error == OnError::Skip && !error.is_fatal() => {
                     tracing::warn!(split, element = position, %error, "skipping an element");
                     self.stats.skip(error.reason());
+                    self.stats.python_failed(&error);
                 }
-                Err(source) => return Err(EngineError::Element { split, element: position, source }),
+                Err(error) => {
+                    self.stats.python_failed(&error);
+                    return Err(EngineError::Element { split, element: position, error });
+                }
             }
         }
         for (total, t) in self.stats.op_time.lock().unwrap().iter_mut().zip(op_time) {

@@ -3,7 +3,8 @@
 //! the *thread* that forked the child exits, not the process, and tokio's threads come and go,
 //! so every child is forked by one dedicated thread that lives as long as the process; and a
 //! child whose parent died before the prctl took effect exits at once (the `getppid` check).
-//! `stoker local`'s workers and the e2e harness's processes start here.
+//! `stoker local`'s workers, the e2e harness's processes and a worker's Python processes start
+//! here.
 
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command};

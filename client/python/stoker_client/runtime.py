@@ -1,0 +1,202 @@
+"""The Python side of a worker's `python` transforms: one process of the worker's pool.
+
+The worker runs this file's source with `python -c` (the copy built into the worker binary, so
+the two sides always speak the same protocol); only numpy and the standard library are needed
+where it runs. It is importable too, for `element_rng`, which gives the same generator a
+transform receives, so a training job or a test can reproduce a transform's output.
+
+Protocol (the worker's side is worker/src/python/):
+- argv: `--path DIR` (repeatable, put first on sys.path) and `--op INDEX=MODULE:FUNCTION`
+  (repeatable). File descriptor 3 is a shared memory file (memfd) mapped by both sides.
+- Messages both ways are a 4-byte little-endian length and a JSON object; requests come on
+  stdin, replies go to the original stdout. The user's code prints to stderr (the worker's log)
+  instead: its `print` must not corrupt the replies.
+- Once the ops are imported: {"status": "ready"}, or {"status": "fatal", "error": ...} and exit.
+- Request: {"op": INDEX, "rng": [seed, epoch, element, op], "size": BYTES (the file's),
+  "out": OFFSET (where the output may start: past the input), "fields": [FIELD...]}
+  with FIELD {"name", "kind": "array", "dtype", "shape", "offset", "length"} (a view of the
+  shared memory, no copy), {"name", "kind": "bytes", "offset", "length"}, or {"name", "kind":
+  "list", "offset", "lengths"} (byte strings one after another).
+- Reply: {"status": "ok", "size": BYTES, "fields": [...]} with the output in the shared memory
+  after the input (the file grown if it must be), {"status": "drop"}, or {"status": "error",
+  "error": "Type: message", "traceback": ...}.
+"""
+
+import importlib
+import json
+import mmap
+import os
+import struct
+import sys
+import traceback
+
+import numpy as np
+
+SHARED_FD = 3
+ALIGN = 64
+DTYPES = {"uint8", "int32", "int64", "float16", "float32", "float64"}
+
+
+def element_rng(seed: int, epoch: int, element: int, op: int) -> np.random.Generator:
+    """The generator a `python` op gets for an element: `element` is the row id a batch
+    reports (`Batch.rows`, split << 32 | position) and `op` the op's index in spec.transforms."""
+    return np.random.default_rng([seed, epoch, element, op])
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class _Shared:
+    """The shared memory file, mapped again whenever either side grows it. Old mappings are
+    left to the garbage collector: the user's code may still hold views of them."""
+
+    def __init__(self):
+        self.size = 0
+        self.map = None
+
+    def ensure(self, size: int):
+        if size > self.size:
+            if os.fstat(SHARED_FD).st_size < size:
+                os.ftruncate(SHARED_FD, size)
+            self.map = mmap.mmap(SHARED_FD, size)
+            self.size = size
+
+
+def _inputs(shared: _Shared, fields):
+    element = {}
+    for f in fields:
+        kind, offset = f["kind"], f["offset"]
+        if kind == "array":
+            element[f["name"]] = np.ndarray(tuple(f["shape"]), dtype=np.dtype(f["dtype"]).newbyteorder("<"),
+                                            buffer=shared.map, offset=offset)
+        elif kind == "bytes":
+            element[f["name"]] = bytes(shared.map[offset:offset + f["length"]])
+        else:
+            values = []
+            for length in f["lengths"]:
+                values.append(bytes(shared.map[offset:offset + length]))
+                offset += length
+            element[f["name"]] = values
+    return element
+
+
+def _as_output(name, value):
+    """(kind, payload) for one returned field, or a TypeError saying what to return instead."""
+    if isinstance(value, str):
+        return "bytes", value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytes", bytes(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (bytes, str)) for v in value):
+        return "list", [v.encode() if isinstance(v, str) else bytes(v) for v in value]
+    array = np.asarray(value)
+    if array.dtype == np.bool_:
+        array = array.astype(np.uint8)
+    if array.dtype.name not in DTYPES:
+        raise TypeError(f"field {name!r}: {type(value).__name__} of dtype {array.dtype} has no Stoker form; "
+                        f"return an array of {', '.join(sorted(DTYPES))}, bytes or str")
+    # Not ascontiguousarray: it makes a 0-d array (a scalar field) 1-d.
+    return "array", np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
+
+
+def _outputs(shared: _Shared, start: int, element) -> list:
+    if not isinstance(element, dict):
+        raise TypeError(f"the function returned {type(element).__name__}; return a dict of fields or None")
+    converted = [(str(name), *_as_output(name, value)) for name, value in element.items()]
+    sizes = []
+    for _, kind, payload in converted:
+        if kind == "array":
+            sizes.append(payload.nbytes)
+        elif kind == "bytes":
+            sizes.append(len(payload))
+        else:
+            sizes.append(sum(len(v) for v in payload))
+    end = start
+    for size in sizes:
+        end = _aligned(end) + size
+    shared.ensure(end)
+    fields, offset = [], start
+    for (name, kind, payload), size in zip(converted, sizes):
+        offset = _aligned(offset)
+        view = np.frombuffer(shared.map, dtype=np.uint8, count=size, offset=offset)
+        if kind == "array":
+            view[:] = payload.reshape(-1).view(np.uint8)
+            fields.append({"name": name, "kind": kind, "dtype": payload.dtype.name, "shape": list(payload.shape),
+                           "offset": offset, "length": size})
+        elif kind == "bytes":
+            view[:] = np.frombuffer(payload, dtype=np.uint8)
+            fields.append({"name": name, "kind": kind, "offset": offset, "length": size})
+        else:
+            at = 0
+            for v in payload:
+                view[at:at + len(v)] = np.frombuffer(v, dtype=np.uint8)
+                at += len(v)
+            fields.append({"name": name, "kind": kind, "offset": offset, "lengths": [len(v) for v in payload]})
+        offset += size
+    return fields
+
+
+def _read(stream):
+    header = stream.read(4)
+    if len(header) < 4:
+        return None
+    (length,) = struct.unpack("<I", header)
+    return json.loads(stream.read(length))
+
+
+def _write(stream, message):
+    body = json.dumps(message).encode()
+    stream.write(struct.pack("<I", len(body)) + body)
+    stream.flush()
+
+
+def _parse_args(argv):
+    paths, ops = [], {}
+    it = iter(argv)
+    for arg in it:
+        if arg == "--path":
+            paths.append(next(it))
+        elif arg == "--op":
+            index, target = next(it).split("=", 1)
+            module, function = target.split(":", 1)
+            ops[int(index)] = (module, function)
+    return paths, ops
+
+
+def main(argv):
+    # Replies go to the original stdout; the user's prints go to stderr.
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    requests = sys.stdin.buffer
+    paths, ops = _parse_args(argv)
+    sys.path[:0] = paths
+    functions = {}
+    for index, (module, function) in ops.items():
+        try:
+            functions[index] = getattr(importlib.import_module(module), function)
+        except Exception:  # noqa: BLE001 - told to the worker, which stops with it
+            _write(replies, {"status": "fatal", "error": f"transforms[{index}].python: loading {module}.{function}: "
+                                                           + traceback.format_exc(limit=-3).strip()})
+            return 1
+    _write(replies, {"status": "ready"})
+    shared = _Shared()
+    while True:
+        request = _read(requests)
+        if request is None:
+            return 0
+        shared.ensure(request["size"])
+        try:
+            element = _inputs(shared, request["fields"])
+            out = functions[request["op"]](element, element_rng(*request["rng"]))
+            if out is None:
+                _write(replies, {"status": "drop"})
+                continue
+            fields = _outputs(shared, request["out"], out)
+            _write(replies, {"status": "ok", "size": shared.size, "fields": fields})
+        except Exception as e:  # noqa: BLE001 - the element's failure, reported per onError
+            _write(replies, {"status": "error", "error": f"{type(e).__name__}: {e}"[:1000],
+                             "traceback": traceback.format_exc()[-8000:]})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,138 @@
+"""`python` transforms in a real worker give exactly what the same function gives in plain
+Python on the same elements with the same generators (`stoker_client.runtime.element_rng`):
+after the worker's own decode and crop (images through shared memory), and on JSONL records.
+"""
+
+import os
+import sys
+import textwrap
+
+import numpy as np
+
+from conftest import Worker, within
+from stoker_client import Client
+from stoker_client.runtime import element_rng
+
+# The workers run the op with this interpreter (it has numpy).
+os.environ.setdefault("STOKER_PYTHON", sys.executable)
+
+AUGMENT = textwrap.dedent("""
+    import numpy as np
+
+    def augment(element, rng):
+        image = element["image"]
+        if rng.random() < 0.5:
+            image = image[:, ::-1]
+        noise = rng.integers(-8, 9, size=image.shape)
+        element["image"] = np.clip(image.astype(np.int16) + noise, 0, 255).astype(np.uint8)
+        element["brightness"] = np.float32(image.mean())
+        return element
+
+    def scale(element, rng):
+        n = int(element["n"])
+        if n % 7 == 3:
+            return None
+        return {"n": element["n"], "y": element["x"] * rng.normal(size=element["x"].shape), "name": f"row {n}"}
+""")
+
+SEED = 11
+
+
+def write_module(directory):
+    code = directory / "code"
+    code.mkdir()
+    (code / "user_augment.py").write_text(AUGMENT)
+    return code
+
+
+def image_pipeline(directory, corpus, with_python, code):
+    python = (f"  - python: {{module: user_augment, function: augment, path: '{code}'}}\n" if with_python else "")
+    path = directory / ("with.yaml" if with_python else "without.yaml")
+    path.write_text(
+        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
+        f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
+        "  transforms:\n"
+        "  - decodeImage: {channels: 3}\n"
+        "  - centerCrop: {size: [48, 40]}\n"
+        f"{python}"
+        "  batchSize: 5\n"
+        f"  seed: {SEED}\n"
+    )
+    return path
+
+
+def rows_of(address, epochs):
+    """{(epoch, row): {field: array}} of everything a standalone worker serves."""
+    out = {}
+    with Client([address], "test", "py") as client:
+        for batch in client:
+            for i, row in enumerate(batch.rows.tolist()):
+                out[(batch.epoch, row)] = {name: t[i] for name, t in batch.tensors.items()}
+    assert {epoch for epoch, _ in out} == set(range(epochs))
+    return out
+
+
+def test_an_image_augmentation_equals_plain_python_after_the_rust_decode(tmp_path, corpus):
+    code = write_module(tmp_path)
+    sys.path.insert(0, str(code))
+    import user_augment
+
+    workers = [Worker(image_pipeline(tmp_path, corpus, w, code), tmp_path / f"worker-{w}.log", epochs=2)
+               for w in (False, True)]
+    try:
+        plain = within(120, rows_of, workers[0].address, 2)
+        augmented = within(120, rows_of, workers[1].address, 2)
+    finally:
+        for w in workers:
+            w.stop()
+    assert plain.keys() == augmented.keys() and len(plain) == 2 * 24
+    op = 2  # the python op's index in spec.transforms
+    flipped = 0
+    for (epoch, row), element in plain.items():
+        inputs = {"image": element["image"].copy(), "label": element["label"]}
+        want = user_augment.augment(inputs, element_rng(SEED, epoch, row, op))
+        got = augmented[(epoch, row)]
+        assert got["image"].dtype == np.uint8 and got["image"].shape == (48, 40, 3)
+        np.testing.assert_array_equal(got["image"], want["image"])
+        assert got["brightness"] == want["brightness"]
+        assert got["label"] == element["label"]
+        flipped += int(not np.array_equal(got["image"][:, ::-1], got["image"]))
+    # Each epoch draws anew: the same image gets different noise in epochs 0 and 1.
+    rows = [row for (epoch, row) in plain if epoch == 0]
+    assert any(not np.array_equal(augmented[(0, r)]["image"], augmented[(1, r)]["image"]) for r in rows)
+
+
+def test_records_and_dropping_equal_plain_python(tmp_path):
+    code = write_module(tmp_path)
+    sys.path.insert(0, str(code))
+    import user_augment
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in range(3):
+        (data / f"{f}.jsonl").write_text("".join(
+            f'{{"n": {n}, "x": [{n}.25, {n}.5, {n}.75]}}\n' for n in range(f * 20, (f + 1) * 20)))
+    pipeline = tmp_path / "records.yaml"
+    pipeline.write_text(
+        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
+        f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
+        "  transforms:\n"
+        "  - selectFields: {fields: [n, x]}\n"
+        f"  - python: {{module: user_augment, function: scale, path: '{code}', deterministic: false}}\n"
+        "  batchSize: 4\n"
+        "  padValue: 0\n"
+        f"  seed: {SEED}\n"
+    )
+    worker = Worker(pipeline, tmp_path / "worker.log", epochs=1)
+    try:
+        got = within(120, rows_of, worker.address, 1)
+    finally:
+        worker.stop()
+    assert sorted(int(e["n"]) for e in got.values()) == [n for n in range(60) if n % 7 != 3]
+    for (epoch, row), element in got.items():
+        n = int(element["n"])
+        inputs = {"n": np.int64(n), "x": np.array([n + 0.25, n + 0.5, n + 0.75])}
+        want = user_augment.scale(inputs, element_rng(SEED, epoch, row, 1))
+        np.testing.assert_array_equal(element["y"], want["y"])
+        text = bytes(element["name"]).rstrip(b"\0").decode()
+        assert text == want["name"]

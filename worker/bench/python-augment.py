@@ -1,0 +1,156 @@
+"""A Python augmentation through Stoker beside the same function in a PyTorch DataLoader.
+
+    cargo build --release -p stoker-worker
+    pip install torch torchvision     # the peer's strongest recipe: torchvision.io + transforms v2
+    python worker/bench/python-augment.py --corpus /tmp/stoker-bench-corpus [--rounds 3]
+
+Both sides run ResNet-50 training preprocessing with `color_jitter` from
+manifests/samples/python/augment.py between the crop/flip and normalize, into float32
+[64, 224, 224, 3] batches read by this process:
+
+- Stoker: a standalone `stoker-worker --threads 2` (decode, randomResizedCrop and flip in
+  Rust; color_jitter in its pool of 2 Python processes; normalize in Rust), read with
+  `stoker_client.Client`.
+- PyTorch: `DataLoader(num_workers=2)` over the files, each sample read with
+  `torchvision.io.read_file` + `decode_jpeg`, `transforms.v2.RandomResizedCrop(224)` and
+  `RandomHorizontalFlip`, then the same color_jitter on the HWC array, then normalize.
+
+Rounds alternate the two; each reports the best of `--epochs` epochs after a warm-up epoch,
+in images per second.
+"""
+
+import argparse
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CODE = ROOT / "manifests" / "samples" / "python"
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+BATCH = 64
+
+
+def stoker_epochs(worker_bin, corpus, epochs, threads):
+    from stoker_client import Client
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pipeline = pathlib.Path(tmp) / "pipeline.yaml"
+        pipeline.write_text(
+            "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: bench, namespace: bench}\nspec:\n"
+            f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
+            "  transforms:\n"
+            "  - decodeImage: {channels: 3}\n"
+            "  - randomResizedCrop: {size: [224, 224]}\n"
+            "  - randomFlip: {horizontal: true}\n"
+            f"  - python: {{module: augment, function: color_jitter, path: '{CODE}'}}\n"
+            "  - normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}\n"
+            f"  batchSize: {BATCH}\n"
+            "  seed: 1\n")
+        log_path = pathlib.Path(tmp) / "worker.log"
+        with open(log_path, "w") as log:
+            env = {**os.environ, "STOKER_PYTHON": sys.executable, "NO_COLOR": "1", "RUST_LOG": "info"}
+            worker = subprocess.Popen([worker_bin, "--standalone", "--pipeline", str(pipeline), "--listen",
+                                       "127.0.0.1:0", "--epochs", str(epochs + 1), "--threads", str(threads)],
+                                      stdout=log, stderr=subprocess.STDOUT, env=env)
+            try:
+                address = wait_for_address(log_path, worker)
+                end, images = {}, {}
+                with Client([address], "bench", "bench", max_message_bytes=64 << 20) as client:
+                    for batch in client:
+                        end[batch.epoch] = time.perf_counter()
+                        images[batch.epoch] = images.get(batch.epoch, 0) + batch["image"].shape[0]
+                return periods(end, images, epochs), images[1]
+            finally:
+                worker.terminate()
+                worker.wait(timeout=30)
+
+
+def wait_for_address(log_path, process, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = re.search(r"listen\S*?=(127\.0\.0\.1:\d+)", re.sub(r"\x1b\[[0-9;]*m", "", log_path.read_text()))
+        if match:
+            return match.group(1)
+        if process.poll() is not None:
+            raise RuntimeError(f"the worker exited: {log_path.read_text()}")
+        time.sleep(0.05)
+    raise TimeoutError(log_path.read_text())
+
+
+class Files:
+    """The corpus as a map-style dataset: (file, class) pairs, transformed per item."""
+
+    def __init__(self, corpus):
+        import torch
+        from torchvision.transforms import v2
+
+        sys.path.insert(0, str(CODE))
+        import augment
+
+        self.jitter = augment.color_jitter
+        classes = sorted(p.name for p in pathlib.Path(corpus).iterdir() if p.is_dir())
+        self.items = [(str(f), i) for i, c in enumerate(classes) for f in sorted((pathlib.Path(corpus) / c).glob("*.jpg"))]
+        self.crop = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()])
+        self.torch = torch
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, index):
+        from torchvision.io import decode_jpeg, read_file
+
+        path, label = self.items[index]
+        image = self.crop(decode_jpeg(read_file(path)))           # uint8 [3, 224, 224]
+        element = {"image": image.permute(1, 2, 0).numpy(), "label": np.int64(label)}
+        element = self.jitter(element, np.random.default_rng([1, index]))
+        normalized = (element["image"].astype(np.float32) / 255.0 - MEAN) / STD
+        return self.torch.from_numpy(normalized), label
+
+
+def dataloader_epochs(corpus, epochs, workers):
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(Files(corpus), batch_size=BATCH, shuffle=True, num_workers=workers,
+                        persistent_workers=True, prefetch_factor=4)
+    end, images = {}, {}
+    for epoch in range(epochs + 1):
+        for batch, _ in loader:
+            images[epoch] = images.get(epoch, 0) + batch.shape[0]
+        end[epoch] = time.perf_counter()
+    del loader
+    return periods(end, images, epochs), images[1]
+
+
+def periods(end, images, epochs):
+    """Images per second of each epoch after the warm-up, measured from the end of the epoch
+    before to its own end: what a training loop reading back to back sees (a side that works
+    ahead across epochs gets no credit for the head start)."""
+    return [images[e] / (end[e] - end[e - 1]) for e in range(1, epochs + 1)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", required=True)
+    ap.add_argument("--worker-bin", default=str(ROOT / "target" / "release" / "stoker-worker"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--processes", type=int, default=2, help="Stoker worker threads = DataLoader workers")
+    args = ap.parse_args()
+    print(f"machine: {os.cpu_count()} cores; {args.processes} processes per side; best of {args.epochs} epochs")
+    for round in range(1, args.rounds + 1):
+        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes)
+        print(f"round {round} stoker:      best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
+        rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes)
+        print(f"round {round} dataloader:  best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+//! `python` transforms: the user's functions run in a pool of Python processes beside the
+//! Rust ops. Each transform thread that reaches a `python` op takes an idle process (or starts
+//! one: at most one per thread, so every core is used and none is oversubscribed), hands it the
+//! element through shared memory, and gives it back. A process that hangs past the op's
+//! timeout, dies, or grows past its memory limit is dropped (killed) and the element reported;
+//! the next call starts a fresh one. No other element is lost.
+
+mod exchange;
+mod process;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use stoker_api::Transform;
+
+use crate::apply::ElementKey;
+use crate::element::Element;
+use exchange::{Reply, Request};
+use process::PythonProcess;
+
+/// The `python` ops of a pipeline and the interpreter that runs them.
+pub struct PythonOps {
+    /// `STOKER_PYTHON`, else `python3`: a Python with numpy.
+    pub python: String,
+    /// Every op's `path`, in op order, deduplicated.
+    pub paths: Vec<String>,
+    pub ops: Vec<PythonOp>,
+}
+
+pub struct PythonOp {
+    pub index: usize,
+    pub spec: stoker_api::Python,
+}
+
+impl PythonOps {
+    /// The pipeline's `python` ops, or None when it has none.
+    pub fn of(transforms: &[Transform]) -> Option<PythonOps> {
+        let ops: Vec<PythonOp> = transforms
+            .iter()
+            .enumerate()
+            .filter_map(|(index, t)| match t {
+                Transform::Python(spec) => Some(PythonOp { index, spec: spec.clone() }),
+                _ => None,
+            })
+            .collect();
+        if ops.is_empty() {
+            return None;
+        }
+        let mut paths: Vec<String> = Vec::new();
+        for path in ops.iter().filter_map(|op| op.spec.path.clone()) {
+            if !paths.contains(&path) {
+                paths.push(path);
+            }
+        }
+        let python = std::env::var("STOKER_PYTHON").unwrap_or_else(|_| "python3".into());
+        Some(PythonOps { python, paths, ops })
+    }
+}
+
+/// Why a call gave no element.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Failure {
+    /// The function raised; the process lives on.
+    #[error("raised {0}")]
+    Exception(String),
+    #[error("did not return within {0:?}; its process was replaced")]
+    Timeout(Duration),
+    #[error("its process reached {resident} bytes resident, above the limit of {limit}; it was replaced")]
+    Memory { resident: u64, limit: u64 },
+    #[error("its process died ({0}); it was replaced")]
+    Died(String),
+    /// The function's output has no Stoker form or is too large.
+    #[error("returned an unusable element: {0}")]
+    BadOutput(String),
+    /// No process could be started: the same for every element (the engine stops).
+    #[error("cannot start Python: {0}")]
+    Start(String),
+}
+
+impl Failure {
+    /// A stable label for metrics and the status summary.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Failure::Exception(_) => "python_exception",
+            Failure::Timeout(_) => "python_timeout",
+            Failure::Memory { .. } => "python_memory",
+            Failure::Died(_) => "python_died",
+            Failure::BadOutput(_) => "python_bad_output",
+            Failure::Start(_) => "python_start",
+        }
+    }
+}
+
+pub struct PythonPool {
+    ops: PythonOps,
+    idle: Mutex<Vec<PythonProcess>>,
+}
+
+impl PythonPool {
+    /// Starts one process, so that a module that does not import stops the pipeline at once
+    /// with the reason rather than failing every element.
+    pub fn start(ops: PythonOps) -> Result<PythonPool, String> {
+        let first = PythonProcess::start(&ops)?;
+        Ok(PythonPool { ops, idle: Mutex::new(vec![first]) })
+    }
+
+    /// Runs op `index` (a `python` op of the pipeline) on `element`: Some(element), or None
+    /// when the function dropped it.
+    pub fn call(&self, index: usize, key: ElementKey, element: Element) -> Result<Option<Element>, Failure> {
+        let op = self.ops.ops.iter().find(|op| op.index == index).expect("the pool knows every python op");
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut process = match idle {
+            Some(p) => p,
+            None => PythonProcess::start(&self.ops).map_err(Failure::Start)?,
+        };
+        let (fields, out) = exchange::place(element, process.shared())
+            .map_err(|e| Failure::Died(format!("writing the element to shared memory: {e}")))?;
+        let request = Request {
+            op: index,
+            rng: [key.seed, key.epoch, key.element, index as u64],
+            size: process.shared().len(),
+            out,
+            fields,
+        };
+        let timeout = Duration::from_secs(op.spec.timeout_seconds.into());
+        let memory = u64::from(op.spec.memory_limit_mib) << 20;
+        // A failed call has killed its process: it is not given back.
+        let reply = process.call(&request, timeout, memory)?;
+        let result = match reply {
+            Reply::Ok { fields, .. } => {
+                exchange::take(&fields, process.shared(), stoker_api::bounds::MAX_ELEMENT_BYTES as usize)
+                    .map(Some)
+                    .map_err(Failure::BadOutput)
+            }
+            Reply::Drop => Ok(None),
+            Reply::Error { error, traceback } => {
+                tracing::warn!(op = index, module = %op.spec.module, function = %op.spec.function, %traceback, "a python transform raised");
+                Err(Failure::Exception(error))
+            }
+            other => Err(Failure::BadOutput(format!("an unexpected reply {other:?}"))),
+        };
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(process);
+        result
+    }
+}

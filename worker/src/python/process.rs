@@ -1,0 +1,176 @@
+//! One Python process of the pool: started with the runtime's source, the shared memory file
+//! as fd 3 and pipes for the messages; a call waits for the reply while watching the clock
+//! and the process's resident memory, and a process that overstays either is killed.
+
+use std::io::{BufReader, Read, Write};
+use std::os::unix::process::CommandExt as _;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::exchange::{Reply, Request, Shared};
+use super::{Failure, PythonOps};
+
+/// The runtime, built into the worker so the two sides always speak the same protocol.
+const RUNTIME: &str = include_str!("../../../client/python/stoker_client/runtime.py");
+
+/// The shared memory file's first size; it grows with the largest element.
+const INITIAL_SHARED: usize = 4 << 20;
+
+/// How often a waiting call looks at the clock and the process's memory.
+const WATCH: Duration = Duration::from_millis(20);
+
+/// How long the runtime may take to import the user's modules.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Replies describe fields; their data is in the shared memory.
+const MAX_REPLY: usize = 16 << 20;
+
+/// A message from the process: a reply, or why none will come.
+type Received = Result<Reply, String>;
+
+pub struct PythonProcess {
+    child: Child,
+    requests: ChildStdin,
+    replies: mpsc::Receiver<Received>,
+    shared: Shared,
+}
+
+impl PythonProcess {
+    /// Starts a process and waits until it has imported every op's module; an import that
+    /// fails is the error (with the Python traceback's last lines).
+    pub fn start(ops: &PythonOps) -> Result<PythonProcess, String> {
+        let shared = Shared::new(INITIAL_SHARED).map_err(|e| format!("creating the shared memory: {e}"))?;
+        let mut command = Command::new(&ops.python);
+        command.arg("-c").arg(RUNTIME);
+        for path in &ops.paths {
+            command.arg("--path").arg(path);
+        }
+        for op in &ops.ops {
+            command.arg("--op").arg(format!("{}={}:{}", op.index, op.spec.module, op.spec.function));
+        }
+        command.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let fd = shared.fd();
+        // SAFETY: dup2 is async-signal-safe; it gives the child the memory file as fd 3
+        // (without close-on-exec, which dup2 clears).
+        unsafe {
+            command.pre_exec(move || {
+                if libc::dup2(fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = stoker_api::children::spawn_tied(command)
+            .map_err(|e| format!("starting {} (set STOKER_PYTHON to a Python with numpy): {e}", ops.python))?;
+        let requests = child.stdin.take().expect("stdin is piped");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (tx, replies) = mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("stoker-python-{}", child.id()))
+            .spawn(move || read_replies(stdout, tx))
+            .map_err(|e| format!("starting the reply reader: {e}"))?;
+        let mut process = PythonProcess { child, requests, replies, shared };
+        match process.replies.recv_timeout(START_TIMEOUT) {
+            Ok(Ok(Reply::Ready)) => Ok(process),
+            Ok(Ok(Reply::Fatal { error })) => Err(error),
+            Ok(Ok(other)) => Err(format!("the Python runtime said {other:?} before it was ready")),
+            Ok(Err(e)) => Err(format!("{} exited before it was ready ({e}); its stderr is in this log", ops.python)),
+            Err(_) => {
+                process.kill();
+                Err(format!("{} did not import the modules within {START_TIMEOUT:?}", ops.python))
+            }
+        }
+    }
+
+    pub fn shared(&mut self) -> &mut Shared {
+        &mut self.shared
+    }
+
+    /// Sends `request` and waits for the reply, at most `timeout`, while the process stays
+    /// under `memory_limit` bytes resident. A [`Failure`] other than an exception leaves the
+    /// process killed: the pool drops it.
+    pub fn call(&mut self, request: &Request, timeout: Duration, memory_limit: u64) -> Result<Reply, Failure> {
+        let body = serde_json::to_vec(request).expect("a request serializes");
+        let frame = [&(body.len() as u32).to_le_bytes()[..], &body].concat();
+        if let Err(e) = self.requests.write_all(&frame).and_then(|()| self.requests.flush()) {
+            return Err(self.died(format!("writing to it failed: {e}")));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.replies.recv_timeout(WATCH) {
+                Ok(Ok(reply)) => {
+                    if let Reply::Ok { size, .. } = &reply {
+                        self.shared
+                            .ensure(*size)
+                            .map_err(|e| Failure::BadOutput(format!("mapping its output: {e}")))?;
+                    }
+                    return Ok(reply);
+                }
+                Ok(Err(e)) => return Err(self.died(e)),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(self.died("its output closed".into())),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                return Err(Failure::Timeout(timeout));
+            }
+            if let Some(resident) = self.resident_bytes().filter(|r| *r > memory_limit) {
+                self.kill();
+                return Err(Failure::Memory { resident, limit: memory_limit });
+            }
+        }
+    }
+
+    /// Resident memory from /proc (None once the process is gone).
+    fn resident_bytes(&self) -> Option<u64> {
+        let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.child.id())).ok()?;
+        let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+        Some(pages * page)
+    }
+
+    fn died(&mut self, why: String) -> Failure {
+        self.kill();
+        let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+        Failure::Died(format!("{why}; {status}"))
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PythonProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Reads length-prefixed JSON replies until the pipe closes or a frame is malformed.
+fn read_replies(stdout: std::process::ChildStdout, tx: mpsc::Sender<Received>) {
+    let mut reader = BufReader::new(stdout);
+    loop {
+        let mut header = [0u8; 4];
+        if let Err(e) = reader.read_exact(&mut header) {
+            let _ = tx.send(Err(format!("its output ended ({e})")));
+            return;
+        }
+        let length = u32::from_le_bytes(header) as usize;
+        if length > MAX_REPLY {
+            let _ = tx.send(Err(format!("a reply of {length} bytes (the runtime's replies are small)")));
+            return;
+        }
+        let mut body = vec![0u8; length];
+        let received = match reader.read_exact(&mut body) {
+            Ok(()) => serde_json::from_slice(&body).map_err(|e| format!("an unreadable reply: {e}")),
+            Err(e) => Err(format!("its output ended inside a reply ({e})")),
+        };
+        let failed = received.is_err();
+        if tx.send(received).is_err() || failed {
+            return;
+        }
+    }
+}
