@@ -33,7 +33,7 @@ python: venv
 # The venv the Python tests and the workers' `python` transforms run in (STOKER_PYTHON).
 venv:
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check './client/python[torch]' pytest
+	$(VENV)/bin/pip install -q --disable-pip-version-check './client/python[torch]' pytest tokenizers
 
 # etcd, kube-apiserver, kube-controller-manager, kubectl, helm into ~/.cache/stoker/bin.
 tools:

@@ -132,7 +132,7 @@ pub(crate) fn check(spec: &DataPlaneSpec, err: &mut impl FnMut(&str, String)) {
                 images.clear();
                 None
             }
-            Transform::RandomFlip(_) | Transform::Filter(_) | Transform::Autocache(_) => None,
+            Transform::RandomFlip(_) | Transform::Filter(_) | Transform::Autocache(_) | Transform::Tokenize(_) => None,
         };
         if let Some((field, image)) = touched.and_then(|f| Some((f, *images.get(f)?)))
             && let Some(bytes) = image.bytes().filter(|b| *b > MAX_ELEMENT_BYTES)

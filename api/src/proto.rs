@@ -87,6 +87,7 @@ impl From<crate::DType> for Dtype {
             crate::DType::Float16 => Dtype::Float16,
             crate::DType::Float32 => Dtype::Float32,
             crate::DType::Float64 => Dtype::Float64,
+            crate::DType::Bytes => Dtype::Bytes,
         }
     }
 }
@@ -102,6 +103,7 @@ impl Dtype {
             Dtype::Float16 => crate::DType::Float16,
             Dtype::Float32 => crate::DType::Float32,
             Dtype::Float64 => crate::DType::Float64,
+            Dtype::Bytes => crate::DType::Bytes,
         })
     }
 }

@@ -8,14 +8,21 @@ use bytes::Bytes;
 use crate::DType;
 
 impl DType {
-    /// Bytes per element.
+    /// Bytes per element of a fixed-width type; 0 for [`DType::Bytes`], whose elements have
+    /// their own lengths (callers that size buffers check [`DType::is_fixed`] first).
     pub fn size(self) -> usize {
         match self {
             DType::Uint8 => 1,
             DType::Float16 => 2,
             DType::Int32 | DType::Float32 => 4,
             DType::Int64 | DType::Float64 => 8,
+            DType::Bytes => 0,
         }
+    }
+
+    /// Whether every element has the same width ([`DType::size`]): all but `Bytes`.
+    pub fn is_fixed(self) -> bool {
+        self != DType::Bytes
     }
 
     /// The numpy name of the type (`uint8`, `float16`, ...).
@@ -27,12 +34,13 @@ impl DType {
             DType::Float16 => "float16",
             DType::Float32 => "float32",
             DType::Float64 => "float64",
+            DType::Bytes => "bytes",
         }
     }
 
     /// The type of a numpy name ([`DType::numpy_name`]'s inverse).
     pub fn from_numpy_name(name: &str) -> Option<DType> {
-        [DType::Uint8, DType::Int32, DType::Int64, DType::Float16, DType::Float32, DType::Float64]
+        [DType::Uint8, DType::Int32, DType::Int64, DType::Float16, DType::Float32, DType::Float64, DType::Bytes]
             .into_iter()
             .find(|d| d.numpy_name() == name)
     }
@@ -42,7 +50,9 @@ impl DType {
 pub struct Tensor {
     pub dtype: DType,
     pub shape: Vec<usize>,
-    /// Row-major, little-endian; exactly `len() * dtype.size()` bytes.
+    /// Row-major, little-endian; exactly `len() * dtype.size()` bytes. For [`DType::Bytes`]:
+    /// `len() + 1` little-endian u64 offsets into the strings that follow them (the first 0,
+    /// non-decreasing, the last the strings' total length), then the strings concatenated.
     pub data: Bytes,
 }
 
@@ -57,11 +67,43 @@ pub struct ShapeMismatch {
 
 impl Tensor {
     pub fn new(dtype: DType, shape: Vec<usize>, data: Bytes) -> Result<Self, ShapeMismatch> {
-        let expected = shape.iter().product::<usize>() * dtype.size();
-        if data.len() != expected {
+        let count = shape.iter().try_fold(1usize, |n, d| n.checked_mul(*d));
+        let expected = match (dtype, count) {
+            (DType::Bytes, Some(n)) => string_layout_len(n, &data),
+            (_, Some(n)) => n.checked_mul(dtype.size()),
+            (_, None) => None,
+        };
+        if expected != Some(data.len()) {
+            let expected = expected.unwrap_or(usize::MAX);
             return Err(ShapeMismatch { dtype, shape, expected, actual: data.len() });
         }
         Ok(Tensor { dtype, shape, data })
+    }
+
+    /// A [`DType::Bytes`] tensor of `shape` holding `strings` in row-major order.
+    pub fn strings<S: AsRef<[u8]>>(shape: Vec<usize>, strings: &[S]) -> Result<Self, ShapeMismatch> {
+        let total: usize = strings.iter().map(|s| s.as_ref().len()).sum();
+        let mut data = Vec::with_capacity(8 * (strings.len() + 1) + total);
+        let mut offset = 0u64;
+        data.extend_from_slice(&offset.to_le_bytes());
+        for s in strings {
+            offset += s.as_ref().len() as u64;
+            data.extend_from_slice(&offset.to_le_bytes());
+        }
+        for s in strings {
+            data.extend_from_slice(s.as_ref());
+        }
+        Tensor::new(DType::Bytes, shape, Bytes::from(data))
+    }
+
+    /// The strings of a [`DType::Bytes`] tensor in row-major order (empty for other types).
+    pub fn string_values(&self) -> impl Iterator<Item = &[u8]> {
+        let n = if self.dtype == DType::Bytes { self.len() } else { 0 };
+        let payload = 8 * (n + 1);
+        let offset = move |i: usize| {
+            u64::from_le_bytes(self.data[8 * i..8 * i + 8].try_into().expect("8 bytes")) as usize + payload
+        };
+        (0..n).map(move |i| &self.data[offset(i)..offset(i + 1)])
     }
 
     /// Number of elements.
@@ -72,6 +114,22 @@ impl Tensor {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The data length of `n` strings in the [`DType::Bytes`] layout if `data` holds that layout
+/// (offsets from 0, non-decreasing, ending at the strings' length).
+fn string_layout_len(n: usize, data: &[u8]) -> Option<usize> {
+    let header = n.checked_add(1)?.checked_mul(8)?;
+    let offsets = data.get(..header)?;
+    let mut last = 0u64;
+    for (i, chunk) in offsets.chunks_exact(8).enumerate() {
+        let o = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+        if (i == 0 && o != 0) || o < last {
+            return None;
+        }
+        last = o;
+    }
+    header.checked_add(usize::try_from(last).ok()?)
 }
 
 /// A batch of named tensors, with where it came from so clients can account for what they got.
@@ -136,5 +194,24 @@ mod tests {
         assert_eq!(t.len(), 6);
         let e = Tensor::new(DType::Float32, vec![2, 3], Bytes::from(vec![0u8; 12])).unwrap_err();
         assert_eq!((e.expected, e.actual), (24, 12));
+    }
+
+    #[test]
+    fn strings_round_trip_and_a_bad_layout_is_refused() {
+        let t = Tensor::strings(vec![3], &["héllo", "", "wörld"]).unwrap();
+        assert_eq!(t.string_values().collect::<Vec<_>>(), ["héllo".as_bytes(), b"", "wörld".as_bytes()]);
+        assert_eq!(t.data.len(), 8 * 4 + 12);
+        // Taken apart and put together again.
+        assert_eq!(Tensor::new(DType::Bytes, vec![3], t.data.clone()).unwrap(), t);
+        assert!(Tensor::new(DType::Bytes, vec![4], t.data.clone()).is_err(), "fewer offsets than strings");
+        let mut bad = t.data.to_vec();
+        bad[8..16].copy_from_slice(&100u64.to_le_bytes());
+        assert!(Tensor::new(DType::Bytes, vec![3], Bytes::from(bad)).is_err(), "offsets past the end");
+        let mut decreasing = t.data.to_vec();
+        decreasing[16..24].copy_from_slice(&0u64.to_le_bytes());
+        assert!(Tensor::new(DType::Bytes, vec![3], Bytes::from(decreasing)).is_err());
+        assert!(Tensor::new(DType::Bytes, vec![usize::MAX, 2], Bytes::new()).is_err(), "no overflow");
+        let scalar = Tensor::strings(vec![], &["one"]).unwrap();
+        assert_eq!(scalar.string_values().collect::<Vec<_>>(), [b"one"]);
     }
 }

@@ -21,6 +21,8 @@ pub enum Transform {
     Filter(Filter),
     /// A user's Python function, run in Python processes beside the worker's Rust ops.
     Python(Python),
+    /// Text to token ids with a Hugging Face tokenizer.
+    Tokenize(Tokenize),
     /// A place where caching is allowed; the operator decides whether to cache there.
     Autocache(Autocache),
 }
@@ -40,6 +42,7 @@ impl Transform {
             Transform::RenameFields(_) => "renameFields",
             Transform::Filter(_) => "filter",
             Transform::Python(_) => "python",
+            Transform::Tokenize(_) => "tokenize",
             Transform::Autocache(_) => "autocache",
         }
     }
@@ -174,6 +177,9 @@ pub enum DType {
     Float16,
     Float32,
     Float64,
+    /// Byte strings (text), each of its own length: `cast` a text field to it to keep it text
+    /// in the batch (see [`crate::Tensor`] for the layout).
+    Bytes,
 }
 
 /// Keeps only these fields of each element.
@@ -247,6 +253,41 @@ pub struct Python {
     #[serde(default = "python_memory")]
     #[schemars(range(min = 64, max = 65536))]
     pub memory_limit_mib: u32,
+}
+
+/// Text to token ids with a Hugging Face tokenizer (`tokenizer.json`, any model the `tokenizers`
+/// library loads: BPE, WordPiece, Unigram, with their normalizers, pre-tokenizers and
+/// post-processors), run by the Rust `tokenizers` library on every worker thread. Output: an
+/// int32 vector.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Tokenize {
+    /// Path of the `tokenizer.json` in the workers: a volume or ConfigMap mounted through
+    /// `spec.workers.volumes`, or a file of the worker image.
+    #[schemars(length(min = 1, max = 4096))]
+    pub tokenizer: String,
+    /// The text: bytes holding UTF-8, or a `bytes` tensor of one string.
+    #[serde(default = "text_field")]
+    pub field: String,
+    /// Where the ids go; the text field is kept (drop it with `selectFields`).
+    #[serde(default = "ids_field")]
+    pub output: String,
+    /// Add the special tokens the tokenizer's post-processor defines (BOS, EOS, CLS, ...), as
+    /// `Tokenizer.encode(text, add_special_tokens=True)` does.
+    #[serde(default = "yes")]
+    pub add_special_tokens: bool,
+    /// Keep at most this many tokens, cut at the end, special tokens included (the library's
+    /// truncation); unset, texts are not cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_length: Option<u32>,
+}
+
+fn text_field() -> String {
+    "text".into()
+}
+fn ids_field() -> String {
+    "input_ids".into()
 }
 
 fn python_timeout() -> u32 {

@@ -168,6 +168,9 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
                 if n.std.iter().any(|s| *s <= 0.0) {
                     err(&field, "every std value must be > 0".into());
                 }
+                if n.dtype == crate::DType::Bytes {
+                    err(&field, "dtype bytes is text; normalize outputs numbers (float32, float16, ...)".into());
+                }
             }
             Transform::Python(p) => {
                 let dotted = |name: &str| {
@@ -194,6 +197,18 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
                 }
                 if !(64..=65536).contains(&p.memory_limit_mib) {
                     err(&field, format!("memoryLimitMib {} is outside 64..=65536", p.memory_limit_mib));
+                }
+            }
+            Transform::Tokenize(t) => {
+                if !t.tokenizer.starts_with('/') {
+                    err(
+                        &field,
+                        "tokenizer must be an absolute path in the workers (where the tokenizer.json is mounted)"
+                            .into(),
+                    );
+                }
+                if t.max_length == Some(0) {
+                    err(&field, "maxLength must be at least 1".into());
                 }
             }
             Transform::RenameFields(r) if r.mapping.is_empty() => {

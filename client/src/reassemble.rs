@@ -125,7 +125,7 @@ impl Reassembler {
         if partial.received != partial.declared {
             return Err(ProtocolError::Truncated { received: partial.received, declared: partial.declared });
         }
-        Ok(Some(partial.finish()))
+        partial.finish().map(Some)
     }
 }
 
@@ -147,9 +147,13 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
             byte_length: meta.byte_length,
         };
         // Checked arithmetic: a hostile header must not overflow its way past the checks.
-        let expected =
-            meta.shape.iter().try_fold(dtype.size() as u64, |acc, &d| acc.checked_mul(d)).ok_or_else(mismatch)?;
-        if expected != meta.byte_length {
+        let count = meta.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(mismatch)?;
+        if dtype.is_fixed() {
+            if count.checked_mul(dtype.size() as u64) != Some(meta.byte_length) {
+                return Err(mismatch());
+            }
+        } else if count.checked_add(1).and_then(|n| n.checked_mul(8)).is_none_or(|offsets| offsets > meta.byte_length) {
+            // Text: at least its offsets; the whole layout is checked once it has arrived.
             return Err(mismatch());
         }
         declared = declared.saturating_add(meta.byte_length);
@@ -200,15 +204,21 @@ impl Partial {
         Ok(())
     }
 
-    fn finish(self) -> Batch {
+    fn finish(self) -> Result<Batch, ProtocolError> {
         let mut tensors = BTreeMap::new();
         for t in self.tensors {
-            let tensor = Tensor { dtype: t.dtype, shape: t.shape, data: t.data.into_bytes() };
+            // Fixed-width lengths were checked against the header; text's offsets are checked here.
+            let tensor =
+                Tensor::new(t.dtype, t.shape, t.data.into_bytes()).map_err(|e| ProtocolError::ShapeMismatch {
+                    tensor: t.name.clone(),
+                    shape: e.shape.iter().map(|d| *d as u64).collect(),
+                    byte_length: e.actual as u64,
+                })?;
             tensors.insert(t.name, tensor);
         }
         let (epoch, split, sequence, completes, rows, incarnation) =
             (self.epoch, self.split, self.sequence, self.completes, self.rows, self.incarnation);
         let round = self.round;
-        Batch { tensors, epoch, split, sequence, completes, rows, incarnation, round }
+        Ok(Batch { tensors, epoch, split, sequence, completes, rows, incarnation, round })
     }
 }

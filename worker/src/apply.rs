@@ -8,8 +8,8 @@ use bytes::Bytes;
 use stoker_api::{DType, FilterOp, Tensor, Transform};
 
 use crate::element::{Element, Field};
+use crate::loaded::Loaded;
 use crate::ops::{self, OpError};
-use crate::python::PythonPool;
 
 /// Where an element sits in the run, for its random ops.
 #[derive(Clone, Copy, Debug)]
@@ -49,12 +49,11 @@ impl ElementError {
     }
 }
 
-/// A pipeline's transforms and what runs the ones not in Rust.
+/// A pipeline's transforms and what its ops loaded.
 #[derive(Clone, Copy)]
 pub struct Transforms<'a> {
     pub list: &'a [Transform],
-    /// Set when the pipeline has `python` ops.
-    pub python: Option<&'a PythonPool>,
+    pub loaded: &'a Loaded,
 }
 
 /// Applies the transforms in `range` (all of them, or those before or after an autocache
@@ -94,14 +93,14 @@ pub fn apply_range(
             }
             Transform::Cast(c) => {
                 let field = element.remove(&c.field).ok_or_else(|| missing(index, op, &c.field))?;
-                let tensor = to_tensor(field).map_err(|have| ElementError::FieldType {
-                    index,
-                    op,
-                    field: c.field.clone(),
-                    have,
-                    want: "numeric",
-                })?;
-                element.insert(c.field.clone(), Field::Tensor(ops::cast(&tensor, c.dtype).map_err(fail)?));
+                let cast = match (field, c.dtype) {
+                    // One text value stays one string (not a vector of its bytes).
+                    (Field::Bytes(text), DType::Bytes) => {
+                        Tensor::strings(vec![], &[text]).expect("one string's layout")
+                    }
+                    (field, dtype) => ops::cast(&to_tensor(field), dtype).map_err(fail)?,
+                };
+                element.insert(c.field.clone(), Field::Tensor(cast));
             }
             Transform::SelectFields(s) => {
                 if let Some(absent) = s.fields.iter().find(|f| !element.contains_key(*f)) {
@@ -123,7 +122,7 @@ pub fn apply_range(
                 }
             }
             Transform::Python(p) => {
-                let pool = transforms.python.expect("the engine starts a Python pool for a pipeline with python ops");
+                let pool = transforms.loaded.python.as_ref().expect("loaded for a pipeline with python ops");
                 let function = || format!("{}.{}", p.module, p.function);
                 match pool.call(index, key, std::mem::take(&mut element)) {
                     Ok(Some(out)) => element = out,
@@ -133,6 +132,25 @@ pub fn apply_range(
                     }
                     Err(failure) => return Err(ElementError::Python { index, function: function(), failure }),
                 }
+            }
+            Transform::Tokenize(t) => {
+                let text = match element.get(&t.field) {
+                    Some(Field::Tensor(s)) if s.dtype == DType::Bytes && s.shape.is_empty() => {
+                        s.string_values().next().map(Bytes::copy_from_slice)
+                    }
+                    Some(field) => field.as_bytes().cloned(),
+                    None => return Err(missing(index, op, &t.field)),
+                };
+                let text = text.ok_or_else(|| ElementError::FieldType {
+                    index,
+                    op,
+                    field: t.field.clone(),
+                    have: element[&t.field].kind(),
+                    want: "text (bytes or one string)",
+                })?;
+                let tokenizer = &transforms.loaded.tokenizers[&index];
+                let ids = ops::tokenize(tokenizer, &text, t.add_special_tokens).map_err(fail)?;
+                element.insert(t.output.clone(), Field::Tensor(ids));
             }
             Transform::Autocache(_) => {}
         }
@@ -181,21 +199,22 @@ fn map_tensor(
 }
 
 /// A field as a tensor for batching: numeric lists of one value become scalars, longer lists
-/// vectors, bytes a uint8 vector. Lists of byte strings have no tensor form.
-pub fn to_tensor(field: Field) -> Result<Tensor, &'static str> {
+/// vectors, bytes a uint8 vector (`cast` it to `bytes` to keep it text), lists of byte strings
+/// a vector of strings.
+pub fn to_tensor(field: Field) -> Tensor {
     fn from_values<T: Copy>(dtype: DType, values: &[T], le: impl Fn(T) -> Vec<u8>) -> Tensor {
         let shape = if values.len() == 1 { vec![] } else { vec![values.len()] };
         let data: Vec<u8> = values.iter().flat_map(|v| le(*v)).collect();
         Tensor::new(dtype, shape, Bytes::from(data)).expect("length matches")
     }
-    Ok(match field {
+    match field {
         Field::Tensor(t) => t,
         Field::Bytes(b) => Tensor::new(DType::Uint8, vec![b.len()], b).expect("length matches"),
         Field::Int64(v) => from_values(DType::Int64, &v, |x| x.to_le_bytes().to_vec()),
         Field::Float32(v) => from_values(DType::Float32, &v, |x| x.to_le_bytes().to_vec()),
         Field::Float64(v) => from_values(DType::Float64, &v, |x| x.to_le_bytes().to_vec()),
-        other @ Field::BytesList(_) => return Err(other.kind()),
-    })
+        Field::BytesList(list) => Tensor::strings(vec![list.len()], &list).expect("the strings' layout"),
+    }
 }
 
 /// Numeric comparison when both sides are numbers, else comparison of the text.
@@ -232,7 +251,8 @@ mod tests {
 
     fn run(ts: &[Transform], el: Element) -> Result<Option<Element>, ElementError> {
         let mut timings = vec![Duration::ZERO; ts.len()];
-        let transforms = Transforms { list: ts, python: None };
+        let loaded = Loaded::default();
+        let transforms = Transforms { list: ts, loaded: &loaded };
         apply_range(transforms, 0..ts.len(), el, ElementKey { seed: 1, epoch: 0, element: 0 }, &mut timings)
     }
 
@@ -273,8 +293,17 @@ mod tests {
         let out = run(&transforms("- cast: {field: x, dtype: float32}"), el).unwrap().unwrap();
         let Field::Tensor(t) = &out["x"] else { panic!("cast makes a tensor") };
         assert_eq!((t.dtype, t.shape.clone()), (DType::Float32, vec![2]));
-        assert_eq!(to_tensor(Field::Int64(vec![7])).unwrap().shape, Vec::<usize>::new(), "one value is a scalar");
-        assert_eq!(to_tensor(Field::Bytes(Bytes::from_static(b"abc"))).unwrap().shape, [3]);
-        assert!(to_tensor(Field::BytesList(vec![])).is_err());
+        assert_eq!(to_tensor(Field::Int64(vec![7])).shape, Vec::<usize>::new(), "one value is a scalar");
+        assert_eq!(to_tensor(Field::Bytes(Bytes::from_static(b"abc"))).shape, [3]);
+        let list = to_tensor(Field::BytesList(vec![Bytes::from_static(b"ab"), Bytes::from_static(b"c")]));
+        assert_eq!((list.dtype, list.shape.clone()), (DType::Bytes, vec![2]));
+        assert_eq!(list.string_values().collect::<Vec<_>>(), [&b"ab"[..], b"c"]);
+        let el = element(&[("t", Field::Bytes(Bytes::from_static(b"text")))]);
+        let out = run(&transforms("- cast: {field: t, dtype: bytes}"), el).unwrap().unwrap();
+        let Field::Tensor(t) = &out["t"] else { panic!("cast makes a tensor") };
+        assert_eq!((t.dtype, t.shape.clone()), (DType::Bytes, vec![]), "one string");
+        let el = element(&[("t", Field::Int64(vec![1]))]);
+        let e = run(&transforms("- cast: {field: t, dtype: bytes}"), el).unwrap_err();
+        assert!(e.to_string().contains("text and numbers do not convert"), "{e}");
     }
 }

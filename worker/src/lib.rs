@@ -13,6 +13,7 @@ pub mod dispatched;
 pub mod element;
 pub mod engine;
 pub mod formats;
+pub mod loaded;
 pub mod ops;
 pub mod python;
 pub mod serve;

@@ -15,9 +15,26 @@ DTYPES = {
     4: np.dtype("<f2"),
     5: np.dtype("<f4"),
     6: np.dtype("<f8"),
+    # Text: offsets then the strings (see _strings); arrives as an object array of `bytes`.
+    7: np.dtype("u1"),
 }
+BYTES = 7
 
 DEFAULT_MAX_BATCH_BYTES = 16 << 30
+
+
+def _strings(meta, data: np.ndarray) -> np.ndarray:
+    """A text tensor's bytes (count + 1 little-endian uint64 offsets, then the strings) as an
+    object array of `bytes` of its shape; `.astype(str)` or `[s.decode() ...]` for text."""
+    count = int(np.prod(meta.shape, dtype=np.int64))
+    head = (count + 1) * 8
+    offsets = data[:head].view("<u8").astype(np.int64)
+    if offsets[0] != 0 or np.any(np.diff(offsets) < 0) or head + offsets[-1] != len(data):
+        raise ProtocolError(f"tensor {meta.name!r}: its string offsets do not match its {len(data)} bytes")
+    payload = data[head:].tobytes()
+    out = np.empty(count, dtype=object)
+    out[:] = [payload[offsets[i]:offsets[i + 1]] for i in range(count)]
+    return out.reshape(meta.shape)
 
 
 class Batch:
@@ -125,7 +142,10 @@ class Reassembler:
             count = 1
             for dim in t.shape:
                 count *= dim
-            if count * dtype.itemsize != t.byte_length:
+            if t.dtype == BYTES:
+                if (count + 1) * 8 > t.byte_length:
+                    raise ProtocolError(f"tensor {t.name!r}: {t.byte_length} bytes cannot hold {count} strings")
+            elif count * dtype.itemsize != t.byte_length:
                 raise ProtocolError(f"tensor {t.name!r}: shape {t.shape} does not match its {t.byte_length} bytes")
             total += t.byte_length
         if total > self.max_batch_bytes:
@@ -163,7 +183,7 @@ class Reassembler:
                     filled += n
                     i += 1
                 data = buf.view(dtype)
-            tensors[t.name] = data.reshape(t.shape)
+            tensors[t.name] = _strings(t, data) if t.dtype == BYTES else data.reshape(t.shape)
             offset = end
         return Batch(tensors, header.epoch, header.split, header.sequence, header.completes, header.rows,
                      header.incarnation, header.round)

@@ -90,6 +90,8 @@ def _as_output(name, value):
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, (bytes, str)) for v in value):
         return "list", [v.encode() if isinstance(v, str) else bytes(v) for v in value]
     array = np.asarray(value)
+    if array.dtype.kind in "OSU" and array.ndim <= 1 and all(isinstance(v, (bytes, str)) for v in array.flat):
+        return "list", [v.encode() if isinstance(v, str) else bytes(v) for v in array.flat]
     if array.dtype == np.bool_:
         array = array.astype(np.uint8)
     if array.dtype.name not in DTYPES:

@@ -67,7 +67,8 @@ def _tensors(batch):
     with warnings.catch_warnings():
         # from_numpy warns on read-only arrays; ours are views of received bytes.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return {name: torch.from_numpy(array) for name, array in batch.items()}
+        # Text (object arrays of bytes) has no tensor form: it stays a numpy array.
+        return {name: array if array.dtype == object else torch.from_numpy(array) for name, array in batch.items()}
 
 
 class StokerIterableDataset(IterableDataset):

@@ -242,6 +242,7 @@ fn dtype_code(dtype: DType) -> u8 {
         DType::Float16 => 3,
         DType::Float32 => 4,
         DType::Float64 => 5,
+        DType::Bytes => 6,
     }
 }
 
@@ -253,6 +254,7 @@ fn dtype_from_code(code: u8) -> Result<DType, String> {
         3 => DType::Float16,
         4 => DType::Float32,
         5 => DType::Float64,
+        6 => DType::Bytes,
         _ => return Err(format!("unknown dtype {code}")),
     })
 }

@@ -24,6 +24,7 @@ use crate::apply::ElementError;
 use crate::budget::MemoryBudget;
 use crate::cached::{CacheConfig, EngineCache, SplitCache};
 use crate::formats::Corrupt;
+use crate::loaded::Loaded;
 use crate::source::{DataSource, SourceError};
 use batcher::Batcher;
 pub use plan::Split;
@@ -72,7 +73,7 @@ pub enum EngineError {
     #[error("opening the cache volume: {0}")]
     Cache(std::io::Error),
     #[error("{0}")]
-    Python(String),
+    Load(String),
 }
 
 impl From<BatchError> for EngineError {
@@ -204,8 +205,8 @@ pub struct Engine {
     labels: BTreeMap<String, i64>,
     config: EngineConfig,
     pool: rayon::ThreadPool,
-    /// The processes of the pipeline's `python` ops, if it has any.
-    python: Option<crate::python::PythonPool>,
+    /// What the pipeline's ops loaded: Python processes, tokenizers.
+    loaded: Loaded,
     budget: Arc<MemoryBudget>,
     runtime: tokio::runtime::Handle,
     pub stats: Arc<Stats>,
@@ -240,15 +241,11 @@ impl Engine {
             .thread_name(|i| format!("stoker-transform-{i}"))
             .build()
             .map_err(|e| EngineError::Pool(e.to_string()))?;
-        let python = match crate::python::PythonOps::of(&pipeline.data_plane.transforms) {
-            Some(ops) => Some(
-                tokio::task::spawn_blocking(move || crate::python::PythonPool::start(ops))
-                    .await
-                    .map_err(|e| EngineError::Python(e.to_string()))?
-                    .map_err(EngineError::Python)?,
-            ),
-            None => None,
-        };
+        let transforms = pipeline.data_plane.transforms.clone();
+        let loaded = tokio::task::spawn_blocking(move || Loaded::load(&transforms))
+            .await
+            .map_err(|e| EngineError::Load(e.to_string()))?
+            .map_err(EngineError::Load)?;
         let stats = Arc::new(Stats::default());
         *stats.op_time.lock().unwrap() = vec![Duration::ZERO; pipeline.data_plane.transforms.len()];
         Ok(Engine {
@@ -260,7 +257,7 @@ impl Engine {
             labels,
             config,
             pool,
-            python,
+            loaded,
             stats,
             cache,
         })

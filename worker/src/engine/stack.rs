@@ -15,8 +15,6 @@ pub enum BatchError {
     DTypeMismatch { field: String, first: DType, other: DType },
     #[error("field {field:?} has shapes {first:?} and {other:?}; set spec.padValue to pad to the largest")]
     ShapeMismatch { field: String, first: Vec<usize>, other: Vec<usize> },
-    #[error("field {field:?} is {kind}, which has no tensor form; drop it with selectFields")]
-    Unbatchable { field: String, kind: &'static str },
     #[error("field {field:?} has ranks {first} and {other}; padding needs equal ranks")]
     RankMismatch { field: String, first: usize, other: usize },
 }
@@ -80,6 +78,9 @@ fn stack(field: &str, rows: &mut [Row], pad: Option<f64>) -> Result<Tensor, Batc
         }
     }
     let dtype = first.dtype;
+    if dtype == DType::Bytes {
+        return stack_strings(field, rows, shape);
+    }
     let item_bytes = shape.iter().product::<usize>() * dtype.size();
     let mut data = BytesMut::with_capacity(item_bytes * column.len());
     let fill = pad_bytes(dtype, pad.unwrap_or(0.0));
@@ -94,6 +95,30 @@ fn stack(field: &str, rows: &mut [Row], pad: Option<f64>) -> Result<Tensor, Batc
     let mut batched = vec![rows.len()];
     batched.extend(shape);
     Ok(Tensor::new(dtype, batched, data.freeze()).expect("stacked length matches the shape"))
+}
+
+/// Text: every row's strings in order, each row's list padded at its end with empty strings
+/// to the longest (padding of higher ranks is refused).
+fn stack_strings(field: &str, rows: &mut [Row], shape: Vec<usize>) -> Result<Tensor, BatchError> {
+    let per_row = shape.iter().product::<usize>();
+    if shape.len() > 1
+        && let Some(other) = rows.iter().map(|r| &r[field].shape).find(|s| **s != shape)
+    {
+        return Err(BatchError::ShapeMismatch { field: field.into(), first: shape.clone(), other: other.clone() });
+    }
+    let mut tensors = Vec::with_capacity(rows.len());
+    for row in rows.iter_mut() {
+        tensors.push(row.remove(field).expect("checked by the caller"));
+    }
+    let mut strings: Vec<&[u8]> = Vec::with_capacity(per_row * tensors.len());
+    for t in &tensors {
+        let before = strings.len();
+        strings.extend(t.string_values());
+        strings.resize(before + per_row, b"");
+    }
+    let mut batched = vec![tensors.len()];
+    batched.extend(shape);
+    Ok(Tensor::strings(batched, &strings).expect("the strings' layout"))
 }
 
 /// Copies `t` into a block of `shape` (every dim >= t's), filling the rest with `fill`.
@@ -134,6 +159,7 @@ fn pad_bytes(dtype: DType, value: f64) -> Vec<u8> {
         DType::Float16 => half::f16::from_f64(value).to_le_bytes().to_vec(),
         DType::Float32 => (value as f32).to_le_bytes().to_vec(),
         DType::Float64 => value.to_le_bytes().to_vec(),
+        DType::Bytes => Vec::new(),
     }
 }
 
@@ -187,6 +213,21 @@ mod tests {
         assert!(matches!(make_batch(&mut [a.clone(), c], None, 0, 0, 0), Err(BatchError::MissingField { .. })));
         let f = row(&[("x", Tensor::new(DType::Uint8, vec![2], Bytes::from_static(&[1, 2])).unwrap())]);
         assert!(matches!(make_batch(&mut [a, f], None, 0, 0, 0), Err(BatchError::DTypeMismatch { .. })));
+    }
+
+    #[test]
+    fn text_stacks_as_text_and_lists_pad_with_empty_strings() {
+        let s = |shape: Vec<usize>, v: &[&str]| Tensor::strings(shape, v).unwrap();
+        let mut rows = [row(&[("t", s(vec![], &["ab"]))]), row(&[("t", s(vec![], &[""]))])];
+        let b = make_batch(&mut rows, None, 0, 0, 0).unwrap();
+        assert_eq!(b.tensors["t"].shape, [2]);
+        assert_eq!(b.tensors["t"].string_values().collect::<Vec<_>>(), [&b"ab"[..], b""]);
+        let mut rows = [row(&[("t", s(vec![1], &["x"]))]), row(&[("t", s(vec![3], &["a", "b", "c"]))])];
+        let b = make_batch(&mut rows, Some(0.0), 0, 0, 0).unwrap();
+        assert_eq!(b.tensors["t"].shape, [2, 3]);
+        assert_eq!(b.tensors["t"].string_values().collect::<Vec<_>>(), [&b"x"[..], b"", b"", b"a", b"b", b"c"]);
+        let mut rows = [row(&[("t", s(vec![1, 2], &["a", "b"]))]), row(&[("t", s(vec![2, 1], &["c", "d"]))])];
+        assert!(matches!(make_batch(&mut rows, Some(0.0), 0, 0, 0), Err(BatchError::ShapeMismatch { .. })));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use stoker_api::OnError;
 
 use super::batcher::Batcher;
 use super::hints::{self, AtHints, SplitPlan, Transformed};
-use super::stack::{BatchError, Row};
+use super::stack::Row;
 use super::{Engine, EngineError, Ready};
 use crate::apply::{self, ElementKey};
 use crate::element::Element;
@@ -76,7 +76,7 @@ impl Engine {
                     let mut timings = vec![Duration::ZERO; p.data_plane.transforms.len()];
                     let mut at_hints = AtHints::default();
                     let result = hints::run_plan(
-                        apply::Transforms { list: &p.data_plane.transforms, python: self.python.as_ref() },
+                        apply::Transforms { list: &p.data_plane.transforms, loaded: &self.loaded },
                         plan,
                         position,
                         element,
@@ -99,7 +99,7 @@ impl Engine {
             match result {
                 Ok(Some(element)) => {
                     self.stats.elements.fetch_add(1, Ordering::Relaxed);
-                    rows.push((position, to_row(element)?));
+                    rows.push((position, to_row(element)));
                 }
                 Ok(None) => {
                     self.stats.filtered.fetch_add(1, Ordering::Relaxed);
@@ -122,12 +122,6 @@ impl Engine {
     }
 }
 
-fn to_row(element: Element) -> Result<Row, EngineError> {
-    element
-        .into_iter()
-        .map(|(name, field)| match apply::to_tensor(field) {
-            Ok(t) => Ok((name, t)),
-            Err(kind) => Err(EngineError::Batch(BatchError::Unbatchable { field: name, kind })),
-        })
-        .collect()
+fn to_row(element: Element) -> Row {
+    element.into_iter().map(|(name, field)| (name, apply::to_tensor(field))).collect()
 }

@@ -1,4 +1,5 @@
-//! cast: converts a tensor's elements to another numeric dtype.
+//! cast: converts a tensor's elements to another numeric dtype. Text (`bytes`) converts to
+//! and from nothing else here: a text field becomes a bytes tensor in `apply`.
 //!
 //! Semantics (unlike numpy's `astype`, nothing wraps around):
 //! - to an integer type, values saturate at the type's range, floats truncate toward zero and
@@ -15,11 +16,18 @@ use super::OpError;
 
 pub fn cast(tensor: &Tensor, to: DType) -> Result<Tensor, OpError> {
     let from = tensor.dtype;
-    if tensor.data.len() != tensor.len() * from.size() {
-        return Err(OpError::InvalidParameter(format!("{from:?} {:?} has {} bytes", tensor.shape, tensor.data.len())));
-    }
     if from == to {
         return Ok(tensor.clone());
+    }
+    if !from.is_fixed() || !to.is_fixed() {
+        return Err(OpError::InvalidParameter(format!(
+            "cannot cast {} to {}: text and numbers do not convert",
+            from.numpy_name(),
+            to.numpy_name()
+        )));
+    }
+    if tensor.data.len() != tensor.len() * from.size() {
+        return Err(OpError::InvalidParameter(format!("{from:?} {:?} has {} bytes", tensor.shape, tensor.data.len())));
     }
     let mut out = Vec::with_capacity(tensor.len() * to.size());
     for e in tensor.data.chunks_exact(from.size()) {
@@ -43,6 +51,7 @@ fn read(dtype: DType, b: &[u8]) -> Value {
         DType::Float16 => Value::Float(f16::from_le_bytes([b[0], b[1]]).to_f64()),
         DType::Float32 => Value::Float(f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
         DType::Float64 => Value::Float(f64::from_le_bytes(b.try_into().unwrap_or_default())),
+        DType::Bytes => unreachable!("cast checks for text first"),
     }
 }
 
@@ -69,6 +78,7 @@ fn write(out: &mut Vec<u8>, dtype: DType, v: Value) {
         DType::Float16 => out.extend_from_slice(&f16::from_f64(as_f64(v)).to_le_bytes()),
         DType::Float32 => out.extend_from_slice(&(as_f64(v) as f32).to_le_bytes()),
         DType::Float64 => out.extend_from_slice(&as_f64(v).to_le_bytes()),
+        DType::Bytes => unreachable!("cast checks for text first"),
     }
 }
 

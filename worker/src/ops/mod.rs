@@ -12,6 +12,7 @@ mod image;
 mod normalize;
 mod resize;
 mod rng;
+mod tokenize;
 
 pub use cast::cast;
 pub use crop::{CropBox, center_crop, crop, random_resized_crop, random_resized_crop_box};
@@ -20,6 +21,7 @@ pub use flip::{flip_horizontal, flip_vertical, random_flip};
 pub use normalize::normalize;
 pub use resize::{resize, resize_exact, resize_shorter_side, shorter_side_size};
 pub use rng::{ElementRng, element_rng};
+pub use tokenize::tokenize;
 
 use stoker_api::DType;
 
@@ -41,6 +43,8 @@ pub enum OpError {
     NotAnImage { dtype: DType, shape: Vec<usize> },
     #[error("invalid parameter: {0}")]
     InvalidParameter(String),
+    #[error("text the tokenizer cannot take: {0}")]
+    InvalidText(String),
 }
 
 impl OpError {
@@ -54,6 +58,7 @@ impl OpError {
             OpError::ChannelMismatch { .. } => "channel_mismatch",
             OpError::NotAnImage { .. } => "not_an_image",
             OpError::InvalidParameter(_) => "invalid_parameter",
+            OpError::InvalidText(_) => "invalid_text",
         }
     }
 }

@@ -126,7 +126,15 @@ pub fn place(element: Element, shared: &mut Shared) -> std::io::Result<(Vec<Plac
             let payload = match field {
                 Field::Bytes(b) => Payload::Bytes(b),
                 Field::BytesList(list) => Payload::List(list),
-                numeric => Payload::Array(to_tensor(numeric).expect("only byte lists have no tensor form")),
+                // Text: one string as bytes, more as a list (flattened, row-major).
+                Field::Tensor(t) if t.dtype == DType::Bytes => {
+                    let strings: Vec<Bytes> = t.string_values().map(|s| t.data.slice_ref(s)).collect();
+                    match t.shape.is_empty() {
+                        true => Payload::Bytes(strings.into_iter().next().unwrap_or_default()),
+                        false => Payload::List(strings),
+                    }
+                }
+                numeric => Payload::Array(to_tensor(numeric)),
             };
             (name, payload)
         })
