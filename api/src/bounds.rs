@@ -133,6 +133,10 @@ pub(crate) fn check(spec: &DataPlaneSpec, err: &mut impl FnMut(&str, String)) {
                 None
             }
             Transform::RandomFlip(_) | Transform::Filter(_) | Transform::Autocache(_) | Transform::Tokenize(_) => None,
+            Transform::Pack(_) => {
+                images.clear();
+                None
+            }
         };
         if let Some((field, image)) = touched.and_then(|f| Some((f, *images.get(f)?)))
             && let Some(bytes) = image.bytes().filter(|b| *b > MAX_ELEMENT_BYTES)

@@ -23,6 +23,8 @@ pub enum Transform {
     Python(Python),
     /// Text to token ids with a Hugging Face tokenizer.
     Tokenize(Tokenize),
+    /// Token sequences packed into rows of a fixed length (the last op).
+    Pack(Pack),
     /// A place where caching is allowed; the operator decides whether to cache there.
     Autocache(Autocache),
 }
@@ -43,6 +45,7 @@ impl Transform {
             Transform::Filter(_) => "filter",
             Transform::Python(_) => "python",
             Transform::Tokenize(_) => "tokenize",
+            Transform::Pack(_) => "pack",
             Transform::Autocache(_) => "autocache",
         }
     }
@@ -281,6 +284,31 @@ pub struct Tokenize {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_length: Option<u32>,
+}
+
+/// Packs each split's token sequences, in the split's order, into rows of exactly `length`
+/// tokens: documents are concatenated (each followed by `separator` when set), a document
+/// longer than what is left of a row continues in the next, and the split's last row is filled
+/// with `padId`. Each row carries `segment_ids` (1, 2, ... for the documents in the row, 0 for
+/// padding) and `position_ids` (each token's position within its document's part in the row,
+/// from 0), what attention masking between packed documents needs. Every other field is
+/// dropped. Deterministic: the same split gives the same rows.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Pack {
+    /// Tokens per row.
+    #[schemars(range(min = 1, max = 1048576))]
+    pub length: u32,
+    /// The token ids to pack (an int32 or int64 vector, e.g. `tokenize`'s output).
+    #[serde(default = "ids_field")]
+    pub field: String,
+    /// A token id put after each document (an end-of-document token), unless the document
+    /// already ends with it; unset, documents are joined as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub separator: Option<i32>,
+    /// The id filling the end of a split's last row.
+    #[serde(default)]
+    pub pad_id: i32,
 }
 
 fn text_field() -> String {

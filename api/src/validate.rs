@@ -211,6 +211,14 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
                     err(&field, "maxLength must be at least 1".into());
                 }
             }
+            Transform::Pack(p) => {
+                if i + 1 != spec.data_plane.transforms.len() {
+                    err(&field, "pack must be the last transform: it makes rows out of whole splits".into());
+                }
+                if !(1..=1 << 20).contains(&p.length) {
+                    err(&field, format!("length {} is outside 1..=1048576", p.length));
+                }
+            }
             Transform::RenameFields(r) if r.mapping.is_empty() => {
                 err(&field, "mapping is empty; name at least one field to rename".into())
             }
@@ -338,6 +346,14 @@ mod tests {
         }
         let ok = "transforms:\n- python: {module: pkg.aug_2, function: _f, path: /etc/code}\n";
         assert_eq!(validate(&spec(&format!("{BASE}{ok}"))), Ok(()));
+    }
+
+    #[test]
+    fn pack_comes_last() {
+        let ok = "transforms:\n- tokenize: {tokenizer: /t.json}\n- pack: {length: 2048, separator: 2}\n";
+        assert_eq!(validate(&spec(&format!("{BASE}{ok}"))), Ok(()));
+        let e = errors("transforms:\n- pack: {length: 8}\n- autocache: {}\n");
+        assert!(e[0].message.contains("pack must be the last transform"), "{e:?}");
     }
 
     #[test]

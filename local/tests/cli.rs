@@ -14,15 +14,20 @@ fn samples() -> std::path::PathBuf {
 
 #[test]
 fn check_accepts_the_valid_samples() {
-    let files: Vec<String> =
-        ["image-classification.yaml", "image-python-augment.yaml", "text-jsonl.yaml", "webdataset-fixed.yaml"]
-            .iter()
-            .map(|f| samples().join(f).display().to_string())
-            .collect();
+    let files: Vec<String> = [
+        "image-classification.yaml",
+        "image-python-augment.yaml",
+        "llm-pretraining.yaml",
+        "text-jsonl.yaml",
+        "webdataset-fixed.yaml",
+    ]
+    .iter()
+    .map(|f| samples().join(f).display().to_string())
+    .collect();
     let args: Vec<&str> = std::iter::once("check").chain(files.iter().map(String::as_str)).collect();
     let (ok, out) = stoker(&args);
     assert!(ok, "{out}");
-    assert_eq!(out.matches(" is valid").count(), 4, "{out}");
+    assert_eq!(out.matches(" is valid").count(), 5, "{out}");
 }
 
 #[test]
@@ -49,7 +54,7 @@ fn check_refuses_every_invalid_sample_and_typos() {
 fn explain_walks_through_every_sample() {
     let (ok, out) = stoker(&["explain"]);
     assert!(ok, "{out}");
-    assert_eq!(out.matches("✓ ").count(), 4, "{out}");
+    assert_eq!(out.matches("✓ ").count(), 5, "{out}");
     assert_eq!(out.matches("✗ ").count(), std::fs::read_dir(samples().join("invalid")).unwrap().count(), "{out}");
     assert!(out.contains("Deployment imagenet-train-workers  replicas 1"), "{out}");
 }

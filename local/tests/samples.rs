@@ -16,26 +16,14 @@ fn samples() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/samples")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_python_augmentation_sample_runs_under_stoker_local() {
-    let (data, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let images = 24;
-    corpus::generate(data.path(), &CorpusSpec { images, classes: 3, ..Default::default() }).unwrap();
-    let text = std::fs::read_to_string(samples().join("image-python-augment.yaml")).unwrap();
-    let mut dp = stoker_api::parse_manifest(&text).unwrap();
-    let spec = &mut dp.spec;
-    spec.data_plane.source.uri = format!("file://{}/", data.path().display());
-    spec.data_plane.source.credentials_secret = None;
-    spec.data_plane.batch_size = 8;
-    for t in &mut spec.data_plane.transforms {
-        if let stoker_api::Transform::Python(p) = t {
-            p.path = Some(samples().join("python").display().to_string());
-        }
-    }
+/// Starts `stoker local`'s dispatcher and workers for `spec` and reads one epoch with a client:
+/// every batch.
+async fn one_epoch(name: &str, spec: stoker_api::DataPipelineSpec) -> (Vec<stoker_api::Batch>, Vec<String>) {
+    let logs = tempfile::tempdir().unwrap();
     let local = Local::start(LocalOptions {
         namespace: "samples".into(),
-        name: dp.metadata.name.clone().unwrap(),
-        spec: dp.spec.clone(),
+        name: name.into(),
+        spec,
         listen: "127.0.0.1:0".parse().unwrap(),
         workers: LocalWorkerConfig {
             binary: worker_binary(),
@@ -53,23 +41,109 @@ async fn the_python_augmentation_sample_runs_under_stoker_local() {
     })
     .await
     .unwrap();
-    let options = ClientOptions::new("samples", dp.metadata.name.as_deref().unwrap());
-    let mut client = Client::from_dispatcher(&local.url, options).await.unwrap();
-    let mut rows = 0;
+    let mut client = Client::from_dispatcher(&local.url, ClientOptions::new("samples", name)).await.unwrap();
+    let mut batches = Vec::new();
     let reading = async {
         while let Some(batch) = client.next_in_epoch().await {
-            let batch = batch.expect("no error");
-            let image = &batch.tensors["image"];
-            assert_eq!(image.dtype, stoker_api::DType::Float16, "normalize ran in Rust after the Python op");
-            assert_eq!(&image.shape[1..], [224, 224, 3]);
-            let values: Vec<f32> =
-                image.data.chunks(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
-            assert!(values.iter().all(|v| v.is_finite() && v.abs() < 3.0), "normalized pixels");
-            rows += image.shape[0];
+            batches.push(batch.expect("no error"));
         }
     };
     tokio::time::timeout(Duration::from_secs(120), reading).await.expect("an epoch within 120 s");
-    assert_eq!(rows, images, "every image once");
-    assert!(local.warnings().is_empty(), "no element failed: {:?}", local.warnings());
+    let warnings = local.warnings();
     local.shutdown().await;
+    (batches, warnings)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_augmentation_sample_runs_under_stoker_local() {
+    let data = tempfile::tempdir().unwrap();
+    let images = 24;
+    corpus::generate(data.path(), &CorpusSpec { images, classes: 3, ..Default::default() }).unwrap();
+    let text = std::fs::read_to_string(samples().join("image-python-augment.yaml")).unwrap();
+    let mut dp = stoker_api::parse_manifest(&text).unwrap();
+    let spec = &mut dp.spec;
+    spec.data_plane.source.uri = format!("file://{}/", data.path().display());
+    spec.data_plane.source.credentials_secret = None;
+    spec.data_plane.batch_size = 8;
+    for t in &mut spec.data_plane.transforms {
+        if let stoker_api::Transform::Python(p) = t {
+            p.path = Some(samples().join("python").display().to_string());
+        }
+    }
+    let (batches, warnings) = one_epoch(dp.metadata.name.as_deref().unwrap(), dp.spec.clone()).await;
+    let mut rows = 0;
+    for batch in &batches {
+        let image = &batch.tensors["image"];
+        assert_eq!(image.dtype, stoker_api::DType::Float16, "normalize ran in Rust after the Python op");
+        assert_eq!(&image.shape[1..], [224, 224, 3]);
+        let values: Vec<f32> = image.data.chunks(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect();
+        assert!(values.iter().all(|v| v.is_finite() && v.abs() < 3.0), "normalized pixels");
+        rows += image.shape[0];
+    }
+    assert_eq!(rows, images, "every image once");
+    assert!(warnings.is_empty(), "no element failed: {warnings:?}");
+}
+
+/// A word-level tokenizer.json the `tokenizers` library loads: whitespace pre-tokenizer, the
+/// words below, `</s>` = 2.
+fn word_tokenizer(path: &Path, words: &[&str]) {
+    let mut vocab = serde_json::Map::new();
+    for (i, w) in ["[UNK]", "<s>", "</s>"].iter().chain(words).enumerate() {
+        vocab.insert(w.to_string(), i.into());
+    }
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+    });
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, tokenizer.to_string()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_llm_pretraining_sample_runs_under_stoker_local() {
+    let data = tempfile::tempdir().unwrap();
+    let words = ["gpus", "wait", "for", "data", "stoker", "feeds", "them"];
+    word_tokenizer(&data.path().join("tokenizer/tokenizer.json"), &words);
+    std::fs::create_dir_all(data.path().join("web")).unwrap();
+    let mut tokens = 0;
+    for file in 0..3 {
+        let docs: String = (0..200)
+            .map(|i| {
+                let n = (file * 200 + i) % 40;
+                tokens += n + 1; // and the separator
+                let text: Vec<&str> = (0..n).map(|k| words[k % words.len()]).collect();
+                format!("{{\"text\": \"{}\", \"id\": {i}}}\n", text.join(" "))
+            })
+            .collect();
+        std::fs::write(data.path().join(format!("web/{file}.jsonl")), docs).unwrap();
+    }
+    let text = std::fs::read_to_string(samples().join("llm-pretraining.yaml")).unwrap();
+    let mut dp = stoker_api::parse_manifest(&text).unwrap();
+    let spec = &mut dp.spec;
+    spec.data_plane.source.uri = format!("file://{}/web/", data.path().display());
+    spec.data_plane.batch_size = 4;
+    for t in &mut spec.data_plane.transforms {
+        if let stoker_api::Transform::Tokenize(op) = t {
+            op.tokenizer = data.path().join("tokenizer/tokenizer.json").display().to_string();
+        }
+    }
+    let (batches, warnings) = one_epoch("llm-pretraining", dp.spec.clone()).await;
+    let i32s = |t: &stoker_api::Tensor| -> Vec<i32> {
+        t.data.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+    };
+    let (mut real, mut separators) = (0, 0);
+    for batch in &batches {
+        let ids = &batch.tensors["input_ids"];
+        assert_eq!(&ids.shape[1..], [2048], "rows of the sample's length");
+        assert_eq!(batch.tensors.keys().collect::<Vec<_>>(), ["input_ids", "position_ids", "segment_ids"]);
+        let segments = i32s(&batch.tensors["segment_ids"]);
+        let values = i32s(ids);
+        real += segments.iter().filter(|s| **s > 0).count();
+        separators += values.iter().zip(&segments).filter(|(v, s)| **v == 2 && **s > 0).count();
+        assert!(values.iter().zip(&segments).all(|(v, s)| *s > 0 || *v == 0), "padding is padId");
+    }
+    assert_eq!(real, tokens, "every token and separator once");
+    assert_eq!(separators, 600, "one separator per document");
+    assert!(warnings.is_empty(), "{warnings:?}");
 }

@@ -37,7 +37,7 @@ STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 BATCH = 64
 
 
-def stoker_epochs(worker_bin, corpus, epochs, threads):
+def stoker_epochs(worker_bin, corpus, epochs, threads, jitter):
     from stoker_client import Client
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,8 +49,8 @@ def stoker_epochs(worker_bin, corpus, epochs, threads):
             "  - decodeImage: {channels: 3}\n"
             "  - randomResizedCrop: {size: [224, 224]}\n"
             "  - randomFlip: {horizontal: true}\n"
-            f"  - python: {{module: augment, function: color_jitter, path: '{CODE}'}}\n"
-            "  - normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}\n"
+            + (f"  - python: {{module: augment, function: color_jitter, path: '{CODE}'}}\n" if jitter else "")
+            + "  - normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}\n"
             f"  batchSize: {BATCH}\n"
             "  seed: 1\n")
         log_path = pathlib.Path(tmp) / "worker.log"
@@ -87,14 +87,14 @@ def wait_for_address(log_path, process, timeout=60.0):
 class Files:
     """The corpus as a map-style dataset: (file, class) pairs, transformed per item."""
 
-    def __init__(self, corpus):
+    def __init__(self, corpus, jitter):
         import torch
         from torchvision.transforms import v2
 
         sys.path.insert(0, str(CODE))
         import augment
 
-        self.jitter = augment.color_jitter
+        self.jitter = augment.color_jitter if jitter else (lambda element, rng: element)
         classes = sorted(p.name for p in pathlib.Path(corpus).iterdir() if p.is_dir())
         self.items = [(str(f), i) for i, c in enumerate(classes) for f in sorted((pathlib.Path(corpus) / c).glob("*.jpg"))]
         self.crop = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()])
@@ -114,10 +114,10 @@ class Files:
         return self.torch.from_numpy(normalized), label
 
 
-def dataloader_epochs(corpus, epochs, workers):
+def dataloader_epochs(corpus, epochs, workers, jitter):
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(Files(corpus), batch_size=BATCH, shuffle=True, num_workers=workers,
+    loader = DataLoader(Files(corpus, jitter), batch_size=BATCH, shuffle=True, num_workers=workers,
                         persistent_workers=True, prefetch_factor=4)
     end, images = {}, {}
     for epoch in range(epochs + 1):
@@ -142,12 +142,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--processes", type=int, default=2, help="Stoker worker threads = DataLoader workers")
+    ap.add_argument("--without-python", action="store_true", help="both sides without color_jitter (a baseline)")
     args = ap.parse_args()
-    print(f"machine: {os.cpu_count()} cores; {args.processes} processes per side; best of {args.epochs} epochs")
+    jitter = not args.without_python
+    print(f"machine: {os.cpu_count()} cores; {args.processes} processes per side; best of {args.epochs} epochs; "
+          f"{'with' if jitter else 'without'} color_jitter")
     for round in range(1, args.rounds + 1):
-        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes)
+        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter)
         print(f"round {round} stoker:      best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
-        rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes)
+        rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes, jitter)
         print(f"round {round} dataloader:  best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
         sys.stdout.flush()
 

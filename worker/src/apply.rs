@@ -152,7 +152,8 @@ pub fn apply_range(
                 let ids = ops::tokenize(tokenizer, &text, t.add_special_tokens).map_err(fail)?;
                 element.insert(t.output.clone(), Field::Tensor(ids));
             }
-            Transform::Autocache(_) => {}
+            // Packing takes the split's rows together: the engine does it after the others.
+            Transform::Pack(_) | Transform::Autocache(_) => {}
         }
         timings[index] += started.elapsed();
     }

@@ -115,3 +115,42 @@ def test_text_reaches_a_python_op_and_comes_back_as_text(tmp_path):
         words = (text.split()[:3] + [""] * 3)[:3]
         assert element["words"].dtype == object and element["words"].tolist() == [w.encode() for w in words]
         assert element["n"] == len(text.encode())
+
+
+def test_tokenize_and_pack_lose_no_token_and_mark_documents(tmp_path):
+    tok = train(tmp_path / "tokenizer.json")
+    texts = corpus(90, seed=5)
+    data = tmp_path / "data"
+    data.mkdir()
+    per_file = 30
+    for f in range(3):
+        (data / f"{f}.jsonl").write_text(
+            "".join(json.dumps({"text": t}) + "\n" for t in texts[f * per_file:(f + 1) * per_file]))
+    length = 32
+    rows = serve(tmp_path, data,
+                 f"  - tokenize: {{tokenizer: '{tmp_path / 'tokenizer.json'}', addSpecialTokens: false}}\n"
+                 f"  - pack: {{length: {length}, separator: 2, padId: -1}}\n"
+                 "  batchSize: 4\n")
+    # Without shuffle each split is read in its file's order: its rows, in position order,
+    # hold its documents' tokens in order, each followed by the separator, then padding.
+    by_split = {}
+    for row, element in rows.items():
+        assert set(element) == {"input_ids", "segment_ids", "position_ids"}
+        assert all(element[k].dtype == np.int32 and element[k].shape == (length,) for k in element)
+        by_split.setdefault(row >> 32, []).append((row & 0xFFFFFFFF, element))
+    assert sorted(by_split) == [0, 1, 2]
+    for split, packed in by_split.items():
+        packed.sort(key=lambda p: p[0])
+        assert [p for p, _ in packed] == list(range(len(packed))), "positions number the packed rows"
+        docs = [tok.encode(t, add_special_tokens=False).ids for t in texts[split * per_file:(split + 1) * per_file]]
+        want = [t for d in docs for t in d + ([2] if not d or d[-1] != 2 else [])]
+        ids = np.concatenate([e["input_ids"] for _, e in packed])
+        segments = np.concatenate([e["segment_ids"] for _, e in packed])
+        assert ids[segments > 0].tolist() == want, "every token once, in order"
+        assert (ids[segments == 0] == -1).all() and (segments == 0).sum() < length, "only the last row is padded"
+        for _, e in packed:
+            # Each segment's positions count from 0; a new segment starts where positions do.
+            starts = np.flatnonzero(e["position_ids"] == 0)
+            real = e["segment_ids"] > 0
+            assert (np.diff(e["segment_ids"][real]) >= 0).all()
+            assert all(e["segment_ids"][i] != e["segment_ids"][i - 1] for i in starts if i > 0 and real[i])

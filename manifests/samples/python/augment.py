@@ -6,16 +6,21 @@ element, op), so a run repeats exactly whichever worker processes the element.""
 import numpy as np
 
 STRENGTH = 0.4
-GREY = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+
+
+def grey(image):
+    # Elementwise, not `image @ weights`: a matmul over a contiguous [h, w, 3] array is a BLAS
+    # call per pixel, ten times slower.
+    return 0.299 * image[..., 0] + 0.587 * image[..., 1] + 0.114 * image[..., 2]
 
 
 def color_jitter(element, rng):
     image = element["image"].astype(np.float32)
-    brightness, contrast, saturation = rng.uniform(1 - STRENGTH, 1 + STRENGTH, size=3)
+    brightness, contrast, saturation = rng.uniform(1 - STRENGTH, 1 + STRENGTH, size=3).astype(np.float32)
     image *= brightness
-    grey = image @ GREY
-    image = (image - grey.mean()) * contrast + grey.mean()
-    grey = (image @ GREY)[..., None]
-    image = (image - grey) * saturation + grey
+    mean = grey(image).mean()
+    image = (image - mean) * contrast + mean
+    luma = grey(image)[..., None]
+    image = (image - luma) * saturation + luma
     element["image"] = np.clip(image, 0, 255).astype(np.uint8)
     return element

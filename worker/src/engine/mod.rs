@@ -8,6 +8,7 @@
 
 mod batcher;
 mod hints;
+mod pack;
 mod plan;
 mod read;
 mod stack;
@@ -74,6 +75,8 @@ pub enum EngineError {
     Cache(std::io::Error),
     #[error("{0}")]
     Load(String),
+    #[error("{0}")]
+    Pack(String),
 }
 
 impl From<BatchError> for EngineError {
@@ -305,13 +308,25 @@ impl Engine {
         let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.reserve_rows(0), self.stats.clone(), send);
         for (Assigned { split, cache, skip }, fetched) in Prefetch::new(self, splits.into_iter()) {
             let (mut elements, plan) = self.elements(&split, &cache, fetched)?;
-            self.read_order(epoch, split.id, &skip, &mut elements);
-            if !self.transform_split(epoch, split.id, elements, plan, &mut batcher)? {
+            // Packed rows, not elements, are what a split's positions number then.
+            let packing =
+                self.packer().map(|packer| transform::Packing { packer, next: 0, skip: &skip, stats: &self.stats });
+            let skip_elements: &[u32] = if packing.is_some() { &[] } else { &skip };
+            self.read_order(epoch, split.id, skip_elements, &mut elements);
+            if !self.transform_split(epoch, split.id, elements, plan, packing, &mut batcher)? {
                 return Ok(Vec::new());
             }
             batcher.split_read(split.id);
         }
         Ok(batcher.finish()?)
+    }
+
+    /// A packer when the pipeline ends with `pack`.
+    fn packer(&self) -> Option<pack::Packer> {
+        match self.pipeline.data_plane.transforms.last() {
+            Some(stoker_api::Transform::Pack(op)) => Some(pack::Packer::new(op)),
+            _ => None,
+        }
     }
 
     /// Counts a ready batch and sends it; false when nobody listens.

@@ -9,6 +9,7 @@ use stoker_api::OnError;
 
 use super::batcher::Batcher;
 use super::hints::{self, AtHints, SplitPlan, Transformed};
+use super::pack::{self, Packer};
 use super::stack::Row;
 use super::{Engine, EngineError, Ready};
 use crate::apply::{self, ElementKey};
@@ -24,16 +25,25 @@ impl Engine {
         split: u64,
         elements: Vec<(u64, Element)>,
         mut plan: SplitPlan,
+        packing: Option<Packing<'_>>,
         batcher: &mut Batcher<impl FnMut(Ready) -> bool>,
     ) -> Result<bool, EngineError> {
         let window = (self.config.threads * 64).max(64);
         let mut at_hints = self.start_hints(split, &mut plan);
         let plan = &plan;
         let mut elements = elements.into_iter();
+        let mut packing = packing;
         let listening = std::thread::scope(|scope| -> Result<bool, EngineError> {
             loop {
                 let chunk: Vec<(u64, Element)> = elements.by_ref().take(window).collect();
                 if chunk.is_empty() {
+                    // Packing: the split's last, padded row.
+                    let Some(last) = packing.as_mut().and_then(Packing::finish) else { return Ok(true) };
+                    if !batcher.batch_queued()? {
+                        return Ok(false);
+                    }
+                    let reserved = self.budget.reserve_rows(batcher.row_estimate() * last.len());
+                    batcher.queue(split, last, reserved);
                     return Ok(true);
                 }
                 // The chunk's output is held from before it exists until it is sent: reserve
@@ -46,6 +56,10 @@ impl Engine {
                 }
                 let (rows, chunk_at_hints) = transforming.join().expect("the transform thread does not panic")?;
                 at_hints.record(chunk_at_hints);
+                let rows = match packing.as_mut() {
+                    Some(packing) => packing.pack(rows).map_err(EngineError::Pack)?,
+                    None => rows,
+                };
                 batcher.queue(split, rows, reserved);
             }
         })?;
@@ -119,6 +133,46 @@ impl Engine {
             *total += t;
         }
         Ok((rows, all_hints))
+    }
+}
+
+/// A split's packing: its packer, the next packed row's position, and the positions an earlier
+/// attempt delivered (packed rows are numbered in the split's order, so a split produced again
+/// packs the same rows under the same positions).
+pub(super) struct Packing<'a> {
+    pub(super) packer: Packer,
+    pub(super) next: u64,
+    pub(super) skip: &'a [u32],
+    pub(super) stats: &'a super::Stats,
+}
+
+impl Packing<'_> {
+    fn pack(&mut self, rows: Vec<(u64, Row)>) -> Result<Vec<(u64, Row)>, String> {
+        let mut packed = Vec::new();
+        for (_, row) in rows {
+            let tokens = pack::tokens(&row, self.packer.field())?;
+            for row in self.packer.push(&tokens) {
+                self.keep(row, &mut packed);
+            }
+        }
+        Ok(packed)
+    }
+
+    fn finish(&mut self) -> Option<Vec<(u64, Row)>> {
+        let row = self.packer.finish()?;
+        let mut last = Vec::new();
+        self.keep(row, &mut last);
+        Some(last)
+    }
+
+    fn keep(&mut self, row: Row, out: &mut Vec<(u64, Row)>) {
+        let position = self.next;
+        self.next += 1;
+        if self.skip.binary_search(&(position as u32)).is_ok() {
+            self.stats.redelivery_skipped.fetch_add(1, Ordering::Relaxed);
+        } else {
+            out.push((position, row));
+        }
     }
 }
 
