@@ -1,0 +1,159 @@
+"""Tokenize + pack: Stoker's `tokenize` and `pack` beside Hugging Face `datasets.map`.
+
+    cargo build --release -p stoker-worker
+    pip install datasets tokenizers ./client/python
+    python worker/bench/tokenize-pack.py [--docs 40000] [--rounds 2]
+
+The corpus: `--docs` generated JSONL documents (English-like words of varied lengths and some
+non-ASCII, 40-400 words each) in 8 files, and a byte-level BPE tokenizer (vocabulary 32000)
+trained on it with the `tokenizers` package and saved as tokenizer.json. Both sides turn every
+document into token ids with that tokenizer and pack them into rows of 2048 tokens with an
+end-of-document id between documents:
+
+- Stoker: a standalone `stoker-worker --threads 2` (`tokenize` then `pack: {length: 2048}`,
+  batches of 16 rows) read by `stoker_client.Client` in this process; an epoch after a warm-up
+  epoch, timed from the end of the one before.
+- Hugging Face, its documented recipe (run_clm's): `load_dataset("json")`, then
+  `map(tokenize, batched=True)` with the fast tokenizer (`Tokenizer.encode_batch`) and
+  `map(group_texts, batched=True)` into 2048-token blocks, both `keep_in_memory=True`; timed
+  from the loaded dataset to the packed one. Its best of two ways of using the 2 cores: one
+  process with the tokenizer's own threads, or `num_proc=2` with them off.
+
+Prints tokens per second for each, alternating rounds.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LENGTH = 2048
+EOS = 2
+WORDS = None
+
+
+def words(rng):
+    base = ["data", "input", "pipeline", "training", "accelerator", "stall", "worker", "batch", "token", "model",
+            "language", "the", "a", "of", "and", "to", "in", "is", "that", "for", "it", "with", "as", "on", "was",
+            "naïve", "café", "日本語", "données", "преобразование", "x86", "2048", "GPU's", "(note)", "e.g."]
+    extra = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 12))) for _ in range(3000)]
+    return base + extra
+
+
+def write_corpus(directory, docs, seed=7):
+    rng = random.Random(seed)
+    vocab = words(rng)
+    files = [open(directory / f"{i}.jsonl", "w") for i in range(8)]
+    for n in range(docs):
+        text = " ".join(rng.choice(vocab) for _ in range(rng.randint(40, 400)))
+        files[n % 8].write(json.dumps({"text": text}) + "\n")
+    for f in files:
+        f.close()
+
+
+def train_tokenizer(directory, path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=32000, special_tokens=["<pad>", "<s>", "</s>"])
+    texts = (json.loads(line)["text"] for f in sorted(directory.glob("*.jsonl")) for line in open(f))
+    tok.train_from_iterator(texts, trainer)
+    tok.save(str(path))
+
+
+def stoker_tokens_per_second(worker_bin, data, tokenizer, threads):
+    from stoker_client import Client
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pipeline = pathlib.Path(tmp) / "pipeline.yaml"
+        pipeline.write_text(
+            "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: bench, namespace: bench}\nspec:\n"
+            f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
+            "  transforms:\n"
+            f"  - tokenize: {{tokenizer: '{tokenizer}', addSpecialTokens: false}}\n"
+            f"  - pack: {{length: {LENGTH}, separator: {EOS}}}\n"
+            "  batchSize: 16\n")
+        log_path = pathlib.Path(tmp) / "worker.log"
+        with open(log_path, "w") as log:
+            worker = subprocess.Popen([worker_bin, "--standalone", "--pipeline", str(pipeline), "--listen", "127.0.0.1:0",
+                                       "--epochs", "2", "--threads", str(threads)],
+                                      stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1",
+                                                                                 "RUST_LOG": "info"})
+            try:
+                sys.path.insert(0, str(ROOT / "worker" / "bench"))
+                from importlib import import_module
+                address = import_module("python-augment").wait_for_address(log_path, worker)
+                end, tokens = {}, {}
+                with Client([address], "bench", "bench", max_message_bytes=64 << 20) as client:
+                    for batch in client:
+                        end[batch.epoch] = time.perf_counter()
+                        real = int((batch["segment_ids"] > 0).sum())
+                        tokens[batch.epoch] = tokens.get(batch.epoch, 0) + real
+                return tokens[1] / (end[1] - end[0]), tokens[1]
+            finally:
+                worker.terminate()
+                worker.wait(timeout=30)
+
+
+def hf_tokens_per_second(data, tokenizer_path, num_proc):
+    import datasets
+    from tokenizers import Tokenizer
+
+    datasets.disable_progress_bars()
+    os.environ["TOKENIZERS_PARALLELISM"] = "false" if num_proc > 1 else "true"
+    raw = datasets.load_dataset("json", data_files=sorted(str(p) for p in pathlib.Path(data).glob("*.jsonl")),
+                                split="train", keep_in_memory=True)
+    tok = Tokenizer.from_file(str(tokenizer_path))
+
+    def tokenize(batch):
+        return {"input_ids": [e.ids + [EOS] for e in tok.encode_batch(batch["text"], add_special_tokens=False)]}
+
+    def group_texts(batch):
+        ids = [t for row in batch["input_ids"] for t in row]
+        whole = len(ids) // LENGTH * LENGTH
+        return {"input_ids": [ids[i:i + LENGTH] for i in range(0, whole, LENGTH)]}
+
+    start = time.perf_counter()
+    tokenized = raw.map(tokenize, batched=True, num_proc=num_proc if num_proc > 1 else None, remove_columns=["text"],
+                        keep_in_memory=True)
+    packed = tokenized.map(group_texts, batched=True, num_proc=num_proc if num_proc > 1 else None, keep_in_memory=True)
+    elapsed = time.perf_counter() - start
+    tokens = len(packed) * LENGTH
+    return tokens / elapsed, tokens
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=40000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="Stoker worker threads; HF uses the same cores")
+    ap.add_argument("--dir", default="/tmp/stoker-bench-text")
+    ap.add_argument("--worker-bin", default=str(ROOT / "target" / "release" / "stoker-worker"))
+    args = ap.parse_args()
+    directory = pathlib.Path(args.dir)
+    data, tokenizer = directory / "data", directory / "tokenizer.json"
+    if not tokenizer.exists():
+        data.mkdir(parents=True, exist_ok=True)
+        write_corpus(data, args.docs)
+        train_tokenizer(data, tokenizer)
+    size = sum(p.stat().st_size for p in data.glob("*.jsonl"))
+    print(f"machine: {os.cpu_count()} cores; {args.docs} documents, {size / 1e6:.1f} MB of JSONL; rows of {LENGTH}")
+    for round in range(1, args.rounds + 1):
+        rate, tokens = stoker_tokens_per_second(args.worker_bin, data, tokenizer, args.threads)
+        print(f"round {round} stoker:           {rate / 1e6:6.2f} M tokens/s ({tokens} tokens)")
+        for num_proc in (1, args.threads):
+            rate, tokens = hf_tokens_per_second(data, tokenizer, num_proc)
+            print(f"round {round} datasets.map x{num_proc}:  {rate / 1e6:6.2f} M tokens/s ({tokens} tokens)")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
