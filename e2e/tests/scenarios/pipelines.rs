@@ -12,6 +12,7 @@ use kube::api::{Api, ListParams};
 use kube::{Resource, ResourceExt};
 use stoker_api::{DataPipeline, Phase, condition};
 use stoker_e2e::k8s::{delete_namespace, fresh_namespace, wait_until_gone};
+use stoker_e2e::tools::workspace_root;
 use stoker_e2e::{Check, Cluster, OperatorOptions, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -161,6 +162,24 @@ pub async fn samples_become_workers(cluster: &dyn Cluster) -> anyhow::Result<()>
         ensure!(ready.status == "False" && ready.reason == "WorkersNotReady", "{ready:?}");
         let summary = &dp.status.as_ref().unwrap().workers.as_ref().unwrap().summary;
         ensure!(summary.ends_with(&format!("/{replicas}")), "workers summary {summary}");
+    }
+
+    // The ops beyond the built-in image and record ones (python, tokenize, pack) survive the
+    // API server's structural schema with every field, and the operator takes them.
+    for file in ["manifests/samples/image-python-augment.yaml", "manifests/samples/llm-pretraining.yaml"] {
+        apply_file(cluster, &ns, file).await?;
+        let want = stoker_api::parse_manifest(&std::fs::read_to_string(workspace_root().join(file))?)?;
+        let name = want.name_any();
+        let got = wait_status(cluster, &ns, &name, "phase Pending", |dp| {
+            dp.status.as_ref().and_then(|s| s.phase) == Some(Phase::Pending)
+        })
+        .await?;
+        ensure!(
+            got.spec.data_plane.transforms == want.spec.data_plane.transforms,
+            "{name}: the API server kept {:?} of {:?}",
+            got.spec.data_plane.transforms,
+            want.spec.data_plane.transforms
+        );
     }
 
     // One shared cache volume for the namespace, owned by no pipeline.
