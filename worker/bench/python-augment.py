@@ -22,13 +22,12 @@ in images per second.
 import argparse
 import os
 import pathlib
-import re
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
+
+from standalone import serve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CODE = ROOT / "manifests" / "samples" / "python"
@@ -40,11 +39,7 @@ BATCH = 64
 def stoker_epochs(worker_bin, corpus, epochs, threads, jitter):
     from stoker_client import Client
 
-    with tempfile.TemporaryDirectory() as tmp:
-        pipeline = pathlib.Path(tmp) / "pipeline.yaml"
-        pipeline.write_text(
-            "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: bench, namespace: bench}\nspec:\n"
-            f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
+    spec = (f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
             "  transforms:\n"
             "  - decodeImage: {channels: 3}\n"
             "  - randomResizedCrop: {size: [224, 224]}\n"
@@ -53,35 +48,13 @@ def stoker_epochs(worker_bin, corpus, epochs, threads, jitter):
             + "  - normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}\n"
             f"  batchSize: {BATCH}\n"
             "  seed: 1\n")
-        log_path = pathlib.Path(tmp) / "worker.log"
-        with open(log_path, "w") as log:
-            env = {**os.environ, "STOKER_PYTHON": sys.executable, "NO_COLOR": "1", "RUST_LOG": "info"}
-            worker = subprocess.Popen([worker_bin, "--standalone", "--pipeline", str(pipeline), "--listen",
-                                       "127.0.0.1:0", "--epochs", str(epochs + 1), "--threads", str(threads)],
-                                      stdout=log, stderr=subprocess.STDOUT, env=env)
-            try:
-                address = wait_for_address(log_path, worker)
-                end, images = {}, {}
-                with Client([address], "bench", "bench", max_message_bytes=64 << 20) as client:
-                    for batch in client:
-                        end[batch.epoch] = time.perf_counter()
-                        images[batch.epoch] = images.get(batch.epoch, 0) + batch["image"].shape[0]
-                return periods(end, images, epochs), images[1]
-            finally:
-                worker.terminate()
-                worker.wait(timeout=30)
-
-
-def wait_for_address(log_path, process, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = re.search(r"listen\S*?=(127\.0\.0\.1:\d+)", re.sub(r"\x1b\[[0-9;]*m", "", log_path.read_text()))
-        if match:
-            return match.group(1)
-        if process.poll() is not None:
-            raise RuntimeError(f"the worker exited: {log_path.read_text()}")
-        time.sleep(0.05)
-    raise TimeoutError(log_path.read_text())
+    with serve(worker_bin, spec, epochs + 1, threads, env={"STOKER_PYTHON": sys.executable}) as address:
+        end, images = {}, {}
+        with Client([address], "bench", "bench", max_message_bytes=64 << 20) as client:
+            for batch in client:
+                end[batch.epoch] = time.perf_counter()
+                images[batch.epoch] = images.get(batch.epoch, 0) + batch["image"].shape[0]
+        return periods(end, images, epochs), images[1]
 
 
 class Files:

@@ -27,15 +27,14 @@ import json
 import os
 import pathlib
 import random
-import subprocess
 import sys
-import tempfile
 import time
+
+from standalone import serve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LENGTH = 2048
 EOS = 2
-WORDS = None
 
 
 def words(rng):
@@ -72,35 +71,18 @@ def train_tokenizer(directory, path):
 def stoker_tokens_per_second(worker_bin, data, tokenizer, threads):
     from stoker_client import Client
 
-    with tempfile.TemporaryDirectory() as tmp:
-        pipeline = pathlib.Path(tmp) / "pipeline.yaml"
-        pipeline.write_text(
-            "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: bench, namespace: bench}\nspec:\n"
-            f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
+    spec = (f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
             "  transforms:\n"
             f"  - tokenize: {{tokenizer: '{tokenizer}', addSpecialTokens: false}}\n"
             f"  - pack: {{length: {LENGTH}, separator: {EOS}}}\n"
             "  batchSize: 16\n")
-        log_path = pathlib.Path(tmp) / "worker.log"
-        with open(log_path, "w") as log:
-            worker = subprocess.Popen([worker_bin, "--standalone", "--pipeline", str(pipeline), "--listen", "127.0.0.1:0",
-                                       "--epochs", "2", "--threads", str(threads)],
-                                      stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1",
-                                                                                 "RUST_LOG": "info"})
-            try:
-                sys.path.insert(0, str(ROOT / "worker" / "bench"))
-                from importlib import import_module
-                address = import_module("python-augment").wait_for_address(log_path, worker)
-                end, tokens = {}, {}
-                with Client([address], "bench", "bench", max_message_bytes=64 << 20) as client:
-                    for batch in client:
-                        end[batch.epoch] = time.perf_counter()
-                        real = int((batch["segment_ids"] > 0).sum())
-                        tokens[batch.epoch] = tokens.get(batch.epoch, 0) + real
-                return tokens[1] / (end[1] - end[0]), tokens[1]
-            finally:
-                worker.terminate()
-                worker.wait(timeout=30)
+    with serve(worker_bin, spec, 2, threads) as address:
+        end, tokens = {}, {}
+        with Client([address], "bench", "bench", max_message_bytes=64 << 20) as client:
+            for batch in client:
+                end[batch.epoch] = time.perf_counter()
+                tokens[batch.epoch] = tokens.get(batch.epoch, 0) + int((batch["segment_ids"] > 0).sum())
+        return tokens[1] / (end[1] - end[0]), tokens[1]
 
 
 def hf_tokens_per_second(data, tokenizer_path, num_proc):

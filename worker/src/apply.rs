@@ -136,7 +136,7 @@ pub fn apply_range(
             Transform::Tokenize(t) => {
                 let text = match element.get(&t.field) {
                     Some(Field::Tensor(s)) if s.dtype == DType::Bytes && s.shape.is_empty() => {
-                        s.string_values().next().map(Bytes::copy_from_slice)
+                        s.string_values().next().map(|text| s.data.slice_ref(text))
                     }
                     Some(field) => field.as_bytes().cloned(),
                     None => return Err(missing(index, op, &t.field)),
