@@ -30,6 +30,14 @@ pub const MAX_BATCH_BYTES: u64 = 4 << 30;
 /// anyway (see the worker's shuffle); this stops values that can only be typos.
 pub const MAX_SHUFFLE_BUFFER: u32 = 1 << 24;
 
+/// Sources a mix may name (spec.source.mix): each costs a listing per worker start, and each
+/// is a number in every heartbeat.
+pub const MAX_MIXED_SOURCES: usize = 64;
+
+/// Largest `tokenizer.json` a worker reads from a store: the largest published ones are tens of
+/// MB; this stops a URI naming a dataset from filling a worker's memory.
+pub const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
+
 /// What the ops so far have fixed about an image field. Only fields whose size the spec
 /// determines (a resize to `size`, a crop) are tracked; others depend on the data.
 #[derive(Clone, Copy, Debug)]

@@ -79,13 +79,48 @@ pub struct DataPlaneSpec {
 #[serde(rename_all = "camelCase")]
 pub struct Source {
     /// Where the data lives: file:///path, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix.
-    #[schemars(length(min = 1))]
+    /// Leave it out when `mix` names the sources.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub uri: String,
+    /// The format of every source.
     pub format: SourceFormat,
     /// Secret in the pipeline's namespace whose keys become the workers' environment
     /// (for example AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret: Option<String>,
+    /// Several sources read together, each epoch taking from each a share of its bytes in
+    /// proportion to its weight (e.g. web 0.7, code 0.2, books 0.1); instead of `uri`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::bounds::MAX_MIXED_SOURCES))]
+    pub mix: Vec<MixedSource>,
+}
+
+/// One source of a mix.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MixedSource {
+    #[schemars(length(min = 1))]
+    pub uri: String,
+    /// Relative share of each epoch's bytes; weights need not sum to 1.
+    #[schemars(range(min = 0.000001))]
+    pub weight: f64,
+}
+
+impl Source {
+    /// One source read whole.
+    pub fn single(uri: impl Into<String>, format: SourceFormat) -> Source {
+        Source { uri: uri.into(), format, credentials_secret: None, mix: Vec::new() }
+    }
+
+    /// Every source with its weight: the mix, or `uri` alone with weight 1.
+    pub fn weighted(&self) -> Vec<MixedSource> {
+        if self.mix.is_empty() { vec![MixedSource { uri: self.uri.clone(), weight: 1.0 }] } else { self.mix.clone() }
+    }
+
+    /// The sources' URIs, for logs and messages.
+    pub fn describe(&self) -> String {
+        self.weighted().iter().map(|m| m.uri.as_str()).collect::<Vec<_>>().join(", ")
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

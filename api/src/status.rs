@@ -25,6 +25,10 @@ pub struct DataPipelineStatus {
     /// written.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// With spec.source.mix: each source's weight beside its realised share of the rows the
+    /// live workers produced, in spec order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mix: Vec<MixStatus>,
     /// Ready, Progressing and Degraded, each with a reason and a message.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -214,5 +218,39 @@ mod warnings_tests {
         let cut = bounded_warnings(["é".repeat(MAX_WARNING_BYTES)]);
         assert_eq!(cut[0].len(), MAX_WARNING_BYTES);
         assert!(cut[0].chars().all(|c| c == 'é'));
+    }
+}
+
+/// One source of a mix: its share of the weights beside its share of what was produced.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MixStatus {
+    pub uri: String,
+    /// Its weight over the sum of the weights.
+    pub weight: f64,
+    /// Its rows (elements, or packed rows after `pack`) over all the mix's rows, as the live
+    /// workers counted them since they started, rounded to 0.001; absent until they produced any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub realised: Option<f64>,
+}
+
+/// What a pipeline's live workers report for its status, gathered by the dispatcher.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkersReport {
+    /// What they changed of the spec to stay within bounds, and why any stopped.
+    pub warnings: Vec<String>,
+    /// Each source's share of the rows they produced, in spec.source.mix order, rounded to
+    /// 0.001 so that the status changes only when a share does; empty before any element.
+    pub source_shares: Vec<f64>,
+}
+
+impl WorkersReport {
+    /// Shares of `counts` (rows per source), rounded to 0.001.
+    pub fn shares(counts: &[u64]) -> Vec<f64> {
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return Vec::new();
+        }
+        counts.iter().map(|&n| (n as f64 / total as f64 * 1000.0).round() / 1000.0).collect()
     }
 }

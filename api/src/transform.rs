@@ -265,8 +265,10 @@ pub struct Python {
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Tokenize {
-    /// Path of the `tokenizer.json` in the workers: a volume or ConfigMap mounted through
-    /// `spec.workers.volumes`, or a file of the worker image.
+    /// Path of the `tokenizer.json` in the workers (a volume or ConfigMap mounted through
+    /// `spec.workers.volumes`, or a file of the worker image), or the URI of an object in a
+    /// store the sources could be (`s3://bucket/tokenizer.json`, read with spec.source's
+    /// credentials once per worker).
     #[schemars(length(min = 1, max = 4096))]
     pub tokenizer: String,
     /// The text: bytes holding UTF-8, or a `bytes` tensor of one string.

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::{
-    AutoscalingMode, CacheMode, DataPipelineSpec, Transform, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME,
+    AutoscalingMode, CacheMode, DataPipelineSpec, Source, Transform, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME,
     WORKER_TOKEN_VOLUME, Workers,
 };
 
@@ -61,6 +61,55 @@ fn validate_volumes(w: &Workers, err: &mut impl FnMut(&str, String)) {
     }
 }
 
+/// A source URI's scheme must be one object_store reads, and it must name a bucket or path.
+fn validate_uri(field: &str, uri: &str, err: &mut impl FnMut(&str, String)) {
+    match uri.split_once("://") {
+        Some((scheme, rest)) if SOURCE_SCHEMES.contains(&scheme) => {
+            if rest.trim_matches('/').is_empty() {
+                err(field, format!("{uri:?} names no bucket or path"));
+            }
+        }
+        Some((scheme, _)) => err(
+            field,
+            format!(
+                "unknown scheme {scheme:?}; use one of {}",
+                SOURCE_SCHEMES.iter().map(|s| format!("{s}://")).collect::<Vec<_>>().join(", ")
+            ),
+        ),
+        None => err(field, format!("{uri:?} has no scheme; write e.g. s3://bucket/prefix or file:///data")),
+    }
+}
+
+/// One source in `uri`, or a mix of distinct sources with positive weights.
+fn validate_sources(source: &Source, err: &mut impl FnMut(&str, String)) {
+    match (source.uri.is_empty(), source.mix.is_empty()) {
+        (false, true) => validate_uri("spec.source.uri", &source.uri, err),
+        (true, true) => err("spec.source.uri", "is empty; name the data, or several sources in spec.source.mix".into()),
+        (false, false) => err("spec.source", "has both uri and mix; put every source in mix, or use uri alone".into()),
+        (true, false) => {
+            if source.mix.len() > crate::bounds::MAX_MIXED_SOURCES {
+                err(
+                    "spec.source.mix",
+                    format!(
+                        "names {} sources; at most {} may be mixed",
+                        source.mix.len(),
+                        crate::bounds::MAX_MIXED_SOURCES
+                    ),
+                );
+            }
+            for (i, m) in source.mix.iter().enumerate() {
+                validate_uri(&format!("spec.source.mix[{i}].uri"), &m.uri, err);
+                if !(m.weight.is_finite() && m.weight > 0.0) {
+                    err(&format!("spec.source.mix[{i}].weight"), format!("{} is not a positive number", m.weight));
+                }
+                if source.mix[..i].iter().any(|earlier| earlier.uri == m.uri) {
+                    err(&format!("spec.source.mix[{i}].uri"), format!("{:?} is mixed twice; list it once", m.uri));
+                }
+            }
+        }
+    }
+}
+
 /// All problems of a spec at once, so a user fixes them in one round.
 /// The largest batch: a batch's header lists each row's origin and must fit in one message.
 pub const MAX_BATCH_SIZE: u32 = 65536;
@@ -71,24 +120,7 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
         errors.push(ValidationError { field: field.to_string(), message });
     };
 
-    match spec.data_plane.source.uri.split_once("://") {
-        Some((scheme, rest)) if SOURCE_SCHEMES.contains(&scheme) => {
-            if rest.trim_matches('/').is_empty() {
-                err("spec.source.uri", format!("{:?} names no bucket or path", spec.data_plane.source.uri));
-            }
-        }
-        Some((scheme, _)) => err(
-            "spec.source.uri",
-            format!(
-                "unknown scheme {scheme:?}; use one of {}",
-                SOURCE_SCHEMES.iter().map(|s| format!("{s}://")).collect::<Vec<_>>().join(", ")
-            ),
-        ),
-        None => err(
-            "spec.source.uri",
-            format!("{:?} has no scheme; write e.g. s3://bucket/prefix or file:///data", spec.data_plane.source.uri),
-        ),
-    }
+    validate_sources(&spec.data_plane.source, &mut err);
 
     // Also enforced by the CRD schema; checked here for pipelines that never pass an API server
     // (standalone workers, `stoker check`).
@@ -126,6 +158,14 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
         match t {
             Transform::Autocache(_) => {
                 hints += 1;
+                if spec.data_plane.source.mix.len() > 1 {
+                    err(
+                        &field,
+                        "cannot be used with spec.source.mix yet: the cache keeps a split's elements \
+                         by split, and each epoch of a mix reads other splits of its sources. Remove the hint"
+                            .into(),
+                    );
+                }
                 if let Some((j, name)) = first_random {
                     err(
                         &field,
@@ -200,10 +240,13 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
                 }
             }
             Transform::Tokenize(t) => {
-                if !t.tokenizer.starts_with('/') {
+                if t.tokenizer.contains("://") {
+                    validate_uri(&format!("{field}.tokenizer"), &t.tokenizer, &mut err);
+                } else if !t.tokenizer.starts_with('/') {
                     err(
                         &field,
-                        "tokenizer must be an absolute path in the workers (where the tokenizer.json is mounted)"
+                        "tokenizer must be an absolute path in the workers (where the tokenizer.json is mounted) \
+                         or an object's URI (s3://bucket/tokenizer.json)"
                             .into(),
                     );
                 }
@@ -295,6 +338,33 @@ mod tests {
     }
 
     #[test]
+    fn a_mix_needs_distinct_valid_sources_with_positive_weights() {
+        let mix = |entries: &str| spec(&format!("source:\n  format: jsonl\n  mix: [{entries}]\nbatchSize: 8\n"));
+        let good = mix("{uri: 's3://c/web/', weight: 0.7}, {uri: 's3://c/code/', weight: 0.3}");
+        assert_eq!(validate(&good), Ok(()));
+        let e = validate(&mix(
+            "{uri: 's3://c/web/', weight: 0}, {uri: 'ftp://x/y', weight: 1}, {uri: 's3://c/web/', weight: 1}",
+        ))
+        .unwrap_err();
+        let fields: Vec<&str> = e.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["spec.source.mix[0].weight", "spec.source.mix[1].uri", "spec.source.mix[2].uri"], "{e:?}");
+        assert!(e[2].message.contains("mixed twice"), "{e:?}");
+        let both = spec(
+            "source: {uri: 's3://c/web/', format: jsonl, mix: [{uri: 's3://c/code/', weight: 1}]}\nbatchSize: 8\n",
+        );
+        assert!(validate(&both).unwrap_err()[0].message.contains("both uri and mix"));
+        let neither = spec("source: {format: jsonl}\nbatchSize: 8\n");
+        assert!(validate(&neither).unwrap_err()[0].message.contains("spec.source.mix"));
+        let cached = spec(
+            "source:\n  format: jsonl\n  mix: [{uri: 's3://c/a/', weight: 1}, {uri: 's3://c/b/', weight: 1}]\n\
+             batchSize: 8\ntransforms: [{autocache: {}}]\n",
+        );
+        let e = validate(&cached).unwrap_err();
+        assert!(e[0].field == "spec.transforms[0].autocache" && e[0].message.contains("spec.source.mix"), "{e:?}");
+        assert_eq!(good.data_plane.source.describe(), "s3://c/web/, s3://c/code/");
+    }
+
+    #[test]
     fn unknown_scheme_names_the_known_ones() {
         let s = spec("source: {uri: 'ftp://host/x', format: jsonl}\nbatchSize: 1\n");
         let e = validate(&s).unwrap_err();
@@ -346,6 +416,18 @@ mod tests {
         }
         let ok = "transforms:\n- python: {module: pkg.aug_2, function: _f, path: /etc/code}\n";
         assert_eq!(validate(&spec(&format!("{BASE}{ok}"))), Ok(()));
+    }
+
+    #[test]
+    fn a_tokenizer_is_an_absolute_path_or_an_objects_uri() {
+        for ok in ["/models/t.json", "s3://models/llama/tokenizer.json", "file:///data/tokenizer.json"] {
+            let spec = spec(&format!("{BASE}transforms:\n- tokenize: {{tokenizer: '{ok}'}}\n"));
+            assert_eq!(validate(&spec), Ok(()), "{ok}");
+        }
+        let e = errors("transforms:\n- tokenize: {tokenizer: models/t.json}\n");
+        assert!(e[0].message.contains("absolute path") && e[0].message.contains("URI"), "{e:?}");
+        let e = errors("transforms:\n- tokenize: {tokenizer: 'ftp://host/t.json'}\n");
+        assert_eq!(e[0].field, "spec.transforms[0].tokenize.tokenizer", "{e:?}");
     }
 
     #[test]

@@ -103,6 +103,7 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
     let (mut seen, mut last_elements, mut last) = (0, local.elements(), Instant::now());
     let mut shown_cache: Option<String> = None;
     let mut shown_warnings = std::collections::BTreeSet::new();
+    let mut shown_mix = None;
     // The run ends after `seconds`, on Ctrl-C, or on SIGTERM from whatever started it (a test,
     // a supervisor): either way the workers are stopped below, not left behind.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -134,10 +135,16 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
             println!("{}", cache.as_deref().unwrap_or_default());
             shown_cache = cache;
         }
-        for warning in local.warnings() {
+        let report = local.report();
+        for warning in &report.warnings {
             if shown_warnings.insert(warning.clone()) {
                 println!("warning: {warning}");
             }
+        }
+        let mix = mix_line(&dp.spec.data_plane.source.mix, &report.source_shares);
+        if mix.is_some() && mix != shown_mix {
+            println!("{}", mix.as_deref().unwrap_or_default());
+            shown_mix = mix;
         }
     }
     let record = local.record();
@@ -156,6 +163,21 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
     }
     local.shutdown().await;
     Ok(())
+}
+
+/// A mix's realised shares beside its weights in one line; None without a mix or before any
+/// element.
+pub fn mix_line(mix: &[stoker_api::MixedSource], shares: &[f64]) -> Option<String> {
+    if mix.is_empty() || shares.len() != mix.len() {
+        return None;
+    }
+    let total: f64 = mix.iter().map(|m| m.weight).sum();
+    let parts: Vec<String> = mix
+        .iter()
+        .zip(shares)
+        .map(|(m, share)| format!("{} {share:.3} (weight {:.3})", m.uri, m.weight / total))
+        .collect();
+    Some(format!("mix realised: {}", parts.join(", ")))
 }
 
 /// The cache plan in one line: decision, hint, reason, and epoch times measured.

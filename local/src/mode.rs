@@ -189,9 +189,10 @@ impl Local {
         self.dispatcher.with_state(|s| s.cache_status(&self.key))
     }
 
-    /// What the workers changed of the spec to stay within their bounds (the status's warnings).
-    pub fn warnings(&self) -> Vec<String> {
-        self.dispatcher.with_state(|s| s.warnings()).remove(&self.key).unwrap_or_default()
+    /// What the workers report for the status: what they changed of the spec to stay within
+    /// their bounds, and the mix's realised shares.
+    pub fn report(&self) -> stoker_api::WorkersReport {
+        self.dispatcher.with_state(|s| s.reports()).remove(&self.key).unwrap_or_default()
     }
 
     /// Elements produced so far by the live workers.

@@ -109,7 +109,7 @@ async fn failures_cost_only_their_own_element_and_reach_the_status() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let reasons = ["python_exception", "python_timeout", "python_died", "python_memory"];
     let warning = loop {
-        let warnings = s.dispatcher.with_state(|st| st.warnings()).remove(&s.key).unwrap_or_default();
+        let warnings = s.report().warnings;
         let python = warnings.into_iter().find(|w| w.starts_with("transforms[0].python failed on"));
         if let Some(w) = python.as_ref().filter(|w| reasons.iter().all(|r| w.contains(r))) {
             break w.clone();
@@ -160,7 +160,7 @@ async fn with_on_error_fail_the_first_exception_stops_the_pipeline_and_says_why(
     let _client = Client::from_dispatcher(&s.url, ClientOptions::new("ns", "py")).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let error = loop {
-        let warnings = s.dispatcher.with_state(|st| st.warnings()).remove(&s.key).unwrap_or_default();
+        let warnings = s.report().warnings;
         if let Some(w) = warnings.into_iter().find(|w| w.starts_with("a worker stopped")) {
             break w;
         }

@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use stoker_api::WorkersReport;
 use stoker_client::{Client, ClientOptions};
 use stoker_local::workers::{LocalWorkerConfig, worker_binary};
 use stoker_local::{Local, LocalOptions};
@@ -17,8 +18,9 @@ fn samples() -> std::path::PathBuf {
 }
 
 /// Starts `stoker local`'s dispatcher and workers for `spec` and reads one epoch with a client:
-/// every batch.
-async fn one_epoch(name: &str, spec: stoker_api::DataPipelineSpec) -> (Vec<stoker_api::Batch>, Vec<String>) {
+/// every batch, and the workers' report (with a mix, once it holds the shares).
+async fn one_epoch(name: &str, spec: stoker_api::DataPipelineSpec) -> (Vec<stoker_api::Batch>, WorkersReport) {
+    let mixed = spec.data_plane.source.mix.len();
     let logs = tempfile::tempdir().unwrap();
     let local = Local::start(LocalOptions {
         namespace: "samples".into(),
@@ -49,9 +51,16 @@ async fn one_epoch(name: &str, spec: stoker_api::DataPipelineSpec) -> (Vec<stoke
         }
     };
     tokio::time::timeout(Duration::from_secs(120), reading).await.expect("an epoch within 120 s");
-    let warnings = local.warnings();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let report = loop {
+        let report = local.report();
+        if report.source_shares.len() == mixed || tokio::time::Instant::now() > deadline {
+            break report;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     local.shutdown().await;
-    (batches, warnings)
+    (batches, report)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,7 +79,8 @@ async fn the_python_augmentation_sample_runs_under_stoker_local() {
             p.path = Some(samples().join("python").display().to_string());
         }
     }
-    let (batches, warnings) = one_epoch(dp.metadata.name.as_deref().unwrap(), dp.spec.clone()).await;
+    let (batches, report) = one_epoch(dp.metadata.name.as_deref().unwrap(), dp.spec.clone()).await;
+    let warnings = report.warnings;
     let mut rows = 0;
     for batch in &batches {
         let image = &batch.tensors["image"];
@@ -105,30 +115,42 @@ async fn the_llm_pretraining_sample_runs_under_stoker_local() {
     let data = tempfile::tempdir().unwrap();
     let words = ["gpus", "wait", "for", "data", "stoker", "feeds", "them"];
     word_tokenizer(&data.path().join("tokenizer/tokenizer.json"), &words);
-    std::fs::create_dir_all(data.path().join("web")).unwrap();
+    // The sample mixes web 0.7 and code 0.3: seven web files and three code files of the same
+    // bytes make an epoch read each file once.
     let mut tokens = 0;
-    for file in 0..3 {
-        let docs: String = (0..200)
-            .map(|i| {
-                let n = (file * 200 + i) % 40;
-                tokens += n + 1; // and the separator
-                let text: Vec<&str> = (0..n).map(|k| words[k % words.len()]).collect();
-                format!("{{\"text\": \"{}\", \"id\": {i}}}\n", text.join(" "))
-            })
-            .collect();
-        std::fs::write(data.path().join(format!("web/{file}.jsonl")), docs).unwrap();
+    for (source, files) in [("web", 7), ("code", 3)] {
+        std::fs::create_dir_all(data.path().join(source)).unwrap();
+        for file in 0..files {
+            let docs: String = (0..100)
+                .map(|i| {
+                    let n = i % 40;
+                    tokens += n + 1; // and the separator
+                    let text: Vec<&str> = (0..n).map(|k| words[k % words.len()]).collect();
+                    format!("{{\"text\": \"{}\", \"id\": {i:>3}}}\n", text.join(" "))
+                })
+                .collect();
+            std::fs::write(data.path().join(format!("{source}/{file}.jsonl")), docs).unwrap();
+        }
     }
     let text = std::fs::read_to_string(samples().join("llm-pretraining.yaml")).unwrap();
     let mut dp = stoker_api::parse_manifest(&text).unwrap();
     let spec = &mut dp.spec;
-    spec.data_plane.source.uri = format!("file://{}/web/", data.path().display());
+    let weights: Vec<f64> = spec.data_plane.source.mix.iter().map(|m| m.weight).collect();
+    assert_eq!(weights, [0.7, 0.3], "the sample mixes two sources");
+    for m in &mut spec.data_plane.source.mix {
+        let source = m.uri.trim_end_matches('/').rsplit('/').next().unwrap().to_string();
+        m.uri = format!("file://{}/{source}/", data.path().display());
+    }
     spec.data_plane.batch_size = 4;
+    // The tokenizer read through the object store, as from s3:// (the path form is tested in
+    // client/python/tests/test_text.py).
     for t in &mut spec.data_plane.transforms {
         if let stoker_api::Transform::Tokenize(op) = t {
-            op.tokenizer = data.path().join("tokenizer/tokenizer.json").display().to_string();
+            op.tokenizer = format!("file://{}", data.path().join("tokenizer/tokenizer.json").display());
         }
     }
-    let (batches, warnings) = one_epoch("llm-pretraining", dp.spec.clone()).await;
+    assert_eq!(stoker_api::validate(spec), Ok(()));
+    let (batches, report) = one_epoch("llm-pretraining", dp.spec.clone()).await;
     let i32s = |t: &stoker_api::Tensor| -> Vec<i32> {
         t.data.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
     };
@@ -144,6 +166,9 @@ async fn the_llm_pretraining_sample_runs_under_stoker_local() {
         assert!(values.iter().zip(&segments).all(|(v, s)| *s > 0 || *v == 0), "padding is padId");
     }
     assert_eq!(real, tokens, "every token and separator once");
-    assert_eq!(separators, 600, "one separator per document");
-    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(separators, 1000, "one separator per document");
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    // Packed rows per source: 7 to 3 as the files are, give or take a split read ahead.
+    let shares = &report.source_shares;
+    assert!(shares.len() == 2 && (shares[0] - 0.7).abs() < 0.08, "realised shares {shares:?}");
 }

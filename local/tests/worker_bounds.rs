@@ -34,7 +34,7 @@ async fn a_huge_shuffle_buffer_is_capped_and_the_status_says_so() {
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut batches = 0u64;
     let warnings = loop {
-        let warnings = s.dispatcher.with_state(|st| st.warnings()).remove(&s.key).unwrap_or_default();
+        let warnings = s.report().warnings;
         if !warnings.is_empty() {
             break warnings;
         }

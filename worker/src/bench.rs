@@ -14,7 +14,7 @@ use stoker_api::{Autocache, CacheMode, Resize, Transform, WorkerPipeline};
 
 use crate::cached::{CacheConfig, SplitCache};
 use crate::corpus::resnet50_train;
-use crate::engine::{Assigned, Engine, EngineConfig};
+use crate::engine::{Engine, EngineConfig};
 
 #[derive(Debug)]
 pub struct PreprocessReport {
@@ -62,14 +62,7 @@ async fn timed_epoch(engine: &Arc<Engine>, epoch: u64, cache: SplitCache) -> any
     let started = Instant::now();
     let producer = {
         let engine = engine.clone();
-        tokio::task::spawn_blocking(move || {
-            let splits: Vec<_> = engine
-                .splits()
-                .iter()
-                .map(|s| Assigned { cache: cache.clone(), ..Assigned::whole(s.clone()) })
-                .collect();
-            engine.run_splits(epoch, splits, &tx).map(drop)
-        })
+        tokio::task::spawn_blocking(move || engine.run_splits(epoch, engine.assigned(epoch, &cache), &tx).map(drop))
     };
     let mut images = 0u64;
     while let Ok(ready) = tokio::task::block_in_place(|| rx.recv()) {

@@ -92,7 +92,7 @@ impl EngineCache {
                 (
                     at as u32,
                     fingerprint(
-                        &pipeline.data_plane.source.uri,
+                        &pipeline.data_plane.source.describe(),
                         pipeline.data_plane.source.format,
                         &versions,
                         listing_order,

@@ -133,7 +133,7 @@ pub fn resnet50_train(uri: &str, batch_size: u32) -> WorkerPipeline {
         namespace: "bench".into(),
         name: "resnet50-train".into(),
         data_plane: DataPlaneSpec {
-            source: Source { uri: uri.into(), format: SourceFormat::ImageFolder, credentials_secret: None },
+            source: Source::single(uri, SourceFormat::ImageFolder),
             transforms: vec![
                 Transform::DecodeImage(DecodeImage { channels: 3, field: "image".into() }),
                 Transform::RandomResizedCrop(RandomResizedCrop {

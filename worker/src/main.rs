@@ -148,7 +148,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let pipeline = load(&args)?;
     tracing::info!(
         pipeline = %format!("{}/{}", pipeline.namespace, pipeline.name),
-        source = %pipeline.data_plane.source.uri,
+        source = %pipeline.data_plane.source.describe(),
         ops = ?pipeline.data_plane.transforms.iter().map(|t| t.name()).collect::<Vec<_>>(),
         batch_size = pipeline.data_plane.batch_size,
         "pipeline loaded"
@@ -164,7 +164,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     let bound = listener.local_addr()?;
-    tracing::info!(splits = engine.splits().len(), listen = %bound, "serving batches");
+    tracing::info!(splits = engine.mix().slots(), listen = %bound, "serving batches");
     let (stopping_tx, mut stopping) = tokio::sync::watch::channel(false);
     let mut stopped_early = stopping.clone();
     tokio::spawn(async move {

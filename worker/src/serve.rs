@@ -22,7 +22,6 @@ impl EngineSource {
         let producer = std::thread::Builder::new()
             .name("stoker-engine".into())
             .spawn(move || {
-                let splits = engine.splits().to_vec();
                 let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel::<crate::engine::Ready>(1);
                 // Bridges the engine's blocking channel into the async one. Each batch keeps its
                 // budget share until the stream has sent it (see budget::attach).
@@ -38,8 +37,8 @@ impl EngineSource {
                     if epochs.is_some_and(|n| epoch >= n) {
                         break Ok(());
                     }
-                    tracing::info!(epoch, splits = splits.len(), "epoch starts");
-                    if let Err(e) = engine.run_epoch(epoch, &splits, &ready_tx) {
+                    tracing::info!(epoch, splits = engine.mix().slots(), "epoch starts");
+                    if let Err(e) = engine.run_epoch(epoch, &ready_tx) {
                         break Err(e);
                     }
                     let stats = &engine.stats;

@@ -32,6 +32,8 @@ pub enum SourceError {
     PermissionDenied { uri: String, detail: String },
     #[error("reading {uri}: {source}")]
     Store { uri: String, source: object_store::Error },
+    #[error("{uri} is {size} bytes, more than the {most} a worker reads whole")]
+    TooLarge { uri: String, size: u64, most: u64 },
 }
 
 #[derive(Clone)]
@@ -88,6 +90,18 @@ impl DataSource {
         object.bytes().await.map_err(|e| self.error(e))
     }
 
+    /// One whole object named by its URI (a tokenizer in a bucket), refused when larger than
+    /// `most` bytes.
+    pub async fn object(uri: &str, most: u64) -> Result<Bytes, SourceError> {
+        let source = DataSource::open(uri)?;
+        let meta = source.store.head(&source.prefix).await.map_err(|e| source.error(e))?;
+        if meta.size > most {
+            return Err(SourceError::TooLarge { uri: uri.to_string(), size: meta.size, most });
+        }
+        let shard = Shard { path: source.prefix.to_string(), size: meta.size, version: String::new() };
+        source.read(&shard).await
+    }
+
     /// The part of a shard's path below the source prefix (`label/file.jpg`).
     pub fn relative<'a>(&self, shard: &'a Shard) -> &'a str {
         let prefix = self.prefix.as_ref();
@@ -133,6 +147,18 @@ mod tests {
         let err = source.list().await.unwrap_err();
         assert!(matches!(err, SourceError::NotFound { .. }), "{err:?}");
         assert!(err.to_string().contains("does not exist"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_single_object_is_read_whole_within_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), "{}").unwrap();
+        let uri = format!("file://{}/tokenizer.json", dir.path().display());
+        assert_eq!(DataSource::object(&uri, 2).await.unwrap(), Bytes::from_static(b"{}"));
+        let err = DataSource::object(&uri, 1).await.unwrap_err();
+        assert!(err.to_string().contains("is 2 bytes, more than the 1"), "{err}");
+        let missing = DataSource::object(&format!("file://{}/none.json", dir.path().display()), 9).await.unwrap_err();
+        assert!(matches!(missing, SourceError::NotFound { .. }), "{missing:?}");
     }
 
     #[test]

@@ -7,14 +7,12 @@ use std::sync::mpsc::sync_channel;
 use stoker_api::{Batch, WorkerPipeline};
 use stoker_worker::cached::{CacheConfig, SplitCache};
 use stoker_worker::corpus::{CorpusSpec, generate};
-use stoker_worker::engine::{Assigned, Engine, EngineConfig};
+use stoker_worker::engine::{Engine, EngineConfig};
 
 /// Every batch of one epoch, each split doing `cache`.
 fn run(engine: &Engine, epoch: u64, cache: &SplitCache) -> Vec<Batch> {
     let (tx, rx) = sync_channel(1024);
-    let splits: Vec<_> =
-        engine.splits().iter().map(|s| Assigned { cache: cache.clone(), ..Assigned::whole(s.clone()) }).collect();
-    engine.run_splits(epoch, splits, &tx).unwrap();
+    engine.run_splits(epoch, engine.assigned(epoch, cache), &tx).unwrap();
     drop(tx);
     rx.iter().map(|r| r.batch).collect()
 }
@@ -43,7 +41,7 @@ async fn reading_the_cache_yields_what_computing_does_and_a_corrupt_chunk_is_com
         let cache = engine.cache.clone().expect("a cache volume was configured");
         let (at, fingerprint) = cache.hints[0].clone();
         assert_eq!(at, 2);
-        let splits = engine.splits().len() as u64;
+        let splits = engine.mix().slots();
         assert_eq!(splits, 3);
         let computed = run(&engine, 1, &SplitCache::Compute);
 

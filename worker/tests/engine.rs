@@ -22,10 +22,7 @@ fn uri(dir: &std::path::Path) -> String {
 async fn epoch(pipeline: WorkerPipeline, config: EngineConfig) -> Result<(Vec<Batch>, Engine), EngineError> {
     let engine = Engine::open(pipeline, config).await?;
     let (tx, rx) = sync_channel(2);
-    let producer = tokio::task::spawn_blocking(move || {
-        let splits = engine.splits().to_vec();
-        engine.run_epoch(0, &splits, &tx).map(|()| engine)
-    });
+    let producer = tokio::task::spawn_blocking(move || engine.run_epoch(0, &tx).map(|()| engine));
     let batches = tokio::task::spawn_blocking(move || collect(rx)).await.unwrap();
     let engine = producer.await.unwrap()?;
     Ok((batches, engine))
@@ -36,7 +33,7 @@ async fn epoch(pipeline: WorkerPipeline, config: EngineConfig) -> Result<(Vec<Ba
 async fn run_dispatched(engine: Engine) -> (Vec<Ready>, Vec<u64>) {
     let (tx, rx) = sync_channel(64);
     let leftover = tokio::task::spawn_blocking(move || {
-        let splits: Vec<_> = engine.splits().iter().cloned().map(Assigned::whole).collect();
+        let splits: Vec<_> = engine.mix().epoch(0).into_iter().map(Assigned::whole).collect();
         engine.run_splits(0, splits, &tx)
     })
     .await
@@ -127,10 +124,7 @@ async fn a_slow_client_stops_production_at_the_memory_budget() {
     let config = EngineConfig { memory_budget: 1, ..config(2) };
     let engine = Engine::open(resnet50_train(&uri(dir.path()), 4), config).await.unwrap();
     let (tx, rx) = sync_channel(16);
-    let producer = tokio::task::spawn_blocking(move || {
-        let splits = engine.splits().to_vec();
-        engine.run_epoch(0, &splits, &tx)
-    });
+    let producer = tokio::task::spawn_blocking(move || engine.run_epoch(0, &tx));
     let held = tokio::task::spawn_blocking(move || {
         let first = rx.recv().unwrap();
         // While the first batch is held, only rows transformed with it (one chunk: this
@@ -177,10 +171,7 @@ async fn a_huge_shuffle_buffer_is_capped_by_the_memory_budget() {
         let config = EngineConfig { memory_budget: budget, ..config(2) };
         let engine = Engine::open(WorkerPipeline::new("ns", "huge", &spec), config).await.unwrap();
         let (tx, rx) = sync_channel(2);
-        let producer = tokio::task::spawn_blocking(move || {
-            let splits = engine.splits().to_vec();
-            engine.run_epoch(0, &splits, &tx).map(|()| engine)
-        });
+        let producer = tokio::task::spawn_blocking(move || engine.run_epoch(0, &tx).map(|()| engine));
         let ids = tokio::task::spawn_blocking(move || {
             rx.iter()
                 .flat_map(|r| {
@@ -302,7 +293,7 @@ async fn standalone_epochs_take_splits_and_elements_in_a_seeded_order_of_their_o
             (0..2)
                 .map(|epoch| {
                     let (tx, rx) = sync_channel(64);
-                    engine.run_epoch(epoch, engine.splits(), &tx).unwrap();
+                    engine.run_epoch(epoch, &tx).unwrap();
                     drop(tx);
                     collect(rx)
                         .iter()
@@ -354,7 +345,7 @@ async fn a_split_produced_again_leaves_out_the_positions_delivered_before() {
     let engine = Engine::open(WorkerPipeline::new("ns", "again", &spec), config(1)).await.unwrap();
     let (tx, rx) = sync_channel(64);
     let engine = tokio::task::spawn_blocking(move || {
-        let again = Assigned { skip: vec![1, 4, 9], ..Assigned::whole(engine.splits()[0].clone()) };
+        let again = Assigned { skip: vec![1, 4, 9], ..Assigned::whole(engine.mix().split(0, 0).unwrap()) };
         engine.run_splits(0, [again], &tx).unwrap();
         engine
     })

@@ -164,8 +164,9 @@ pub async fn samples_become_workers(cluster: &dyn Cluster) -> anyhow::Result<()>
         ensure!(summary.ends_with(&format!("/{replicas}")), "workers summary {summary}");
     }
 
-    // The ops beyond the built-in image and record ones (python, tokenize, pack) survive the
-    // API server's structural schema with every field, and the operator takes them.
+    // The ops beyond the built-in image and record ones (python, tokenize, pack) and a mix of
+    // sources survive the API server's structural schema with every field, and the operator
+    // takes them.
     for file in ["manifests/samples/image-python-augment.yaml", "manifests/samples/llm-pretraining.yaml"] {
         apply_file(cluster, &ns, file).await?;
         let want = stoker_api::parse_manifest(&std::fs::read_to_string(workspace_root().join(file))?)?;
@@ -180,6 +181,13 @@ pub async fn samples_become_workers(cluster: &dyn Cluster) -> anyhow::Result<()>
             got.spec.data_plane.transforms,
             want.spec.data_plane.transforms
         );
+        ensure!(got.spec.data_plane.source == want.spec.data_plane.source, "{name}: {:?}", got.spec.data_plane.source);
+        // The status lists a mix's sources with their normalised weights before any worker runs.
+        let mix: Vec<(String, f64)> =
+            got.status.iter().flat_map(|s| s.mix.iter().map(|m| (m.uri.clone(), m.weight))).collect();
+        let expected: Vec<(String, f64)> =
+            want.spec.data_plane.source.mix.iter().map(|m| (m.uri.clone(), m.weight)).collect();
+        ensure!(mix == expected, "{name}: status.mix {mix:?}, weights {expected:?}");
     }
 
     // One shared cache volume for the namespace, owned by no pipeline.

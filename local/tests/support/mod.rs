@@ -20,6 +20,14 @@ pub struct Dispatched {
     _logs: tempfile::TempDir,
 }
 
+#[allow(dead_code)]
+impl Dispatched {
+    /// What the pipeline's workers reported last: warnings and the mix's shares.
+    pub fn report(&self) -> stoker_api::WorkersReport {
+        self.dispatcher.with_state(|s| s.reports()).remove(&self.key).unwrap_or_default()
+    }
+}
+
 /// A dispatcher declaring workers dead after `worker_timeout`, and `pipeline`'s workers
 /// (one transform thread each, each sending at most `max_batch_rate` batches a second, none
 /// started yet: scale them).

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use stoker_api::{CacheStatus, DeliveryStatus, ScalingStep};
+use stoker_api::{CacheStatus, DeliveryStatus, ScalingStep, WorkersReport};
 
 use super::policy::PolicyState;
 use crate::key::PipelineKey;
@@ -38,8 +38,8 @@ pub struct ScalingBook {
     caches: Mutex<BTreeMap<PipelineKey, CacheStatus>>,
     /// Each pipeline's delivery counters, as the dispatcher has them.
     deliveries: Mutex<BTreeMap<PipelineKey, DeliveryStatus>>,
-    /// Each pipeline's workers' warnings, as the dispatcher has them.
-    warnings: Mutex<BTreeMap<PipelineKey, Vec<String>>>,
+    /// Each pipeline's workers' report, as the dispatcher has it.
+    reports: Mutex<BTreeMap<PipelineKey, WorkersReport>>,
 }
 
 impl ScalingBook {
@@ -90,13 +90,13 @@ impl ScalingBook {
         replace(&self.deliveries, deliveries)
     }
 
-    pub fn warnings(&self, pipeline: &PipelineKey) -> Option<Vec<String>> {
-        self.warnings.lock().unwrap().get(pipeline).cloned()
+    pub fn report(&self, pipeline: &PipelineKey) -> Option<WorkersReport> {
+        self.reports.lock().unwrap().get(pipeline).cloned()
     }
 
-    /// Replaces the warnings; returns whether anything changed.
-    pub fn set_warnings(&self, warnings: BTreeMap<PipelineKey, Vec<String>>) -> bool {
-        replace(&self.warnings, warnings)
+    /// Replaces the workers' reports; returns whether anything changed.
+    pub fn set_reports(&self, reports: BTreeMap<PipelineKey, WorkersReport>) -> bool {
+        replace(&self.reports, reports)
     }
 
     pub fn remove(&self, pipeline: &PipelineKey) {

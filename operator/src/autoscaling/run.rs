@@ -55,7 +55,7 @@ impl<S: Scaler> Loop<S> {
             }
             changed |= self.book.set_caches(self.dispatcher.with_state(|s| s.cache_statuses()));
             changed |= self.book.set_deliveries(self.dispatcher.with_state(|s| s.delivery_statuses()));
-            changed |= self.book.set_warnings(self.dispatcher.with_state(|s| s.warnings()));
+            changed |= self.book.set_reports(self.dispatcher.with_state(|s| s.reports()));
             for r in &rescales {
                 tracing::info!(pipeline = %r.pipeline, from = r.from, to = r.to, reason = %r.reason, "rescaling");
                 if let Err(e) = self.scaler.scale(&r.pipeline, r.to).await {

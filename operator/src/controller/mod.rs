@@ -195,7 +195,7 @@ async fn update_status(dp: &DataPipeline, ctx: &Context, outcome: &Outcome) -> R
     let record = ctx.scaling.get(&PipelineKey::of(dp));
     let cache = ctx.scaling.cache(&PipelineKey::of(dp));
     let delivery = ctx.scaling.delivery(&PipelineKey::of(dp));
-    let warnings = ctx.scaling.warnings(&PipelineKey::of(dp));
+    let workers = ctx.scaling.report(&PipelineKey::of(dp));
     let next = status::next(
         &dp.spec,
         dp.metadata.generation,
@@ -205,7 +205,7 @@ async fn update_status(dp: &DataPipeline, ctx: &Context, outcome: &Outcome) -> R
             scaling: record.as_ref(),
             cache: cache.as_ref(),
             delivery: delivery.as_ref(),
-            warnings: warnings.as_deref(),
+            workers: workers.as_ref(),
         },
         &now,
     );

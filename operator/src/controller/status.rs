@@ -3,7 +3,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use stoker_api::{
     AutoscalerStatus, AutoscalingMode, CacheDecision, CacheMode, CacheStatus, DataPipelineSpec, DataPipelineStatus,
-    DeliveryStatus, Phase, ValidationError, WorkersStatus, condition, invalid_message,
+    DeliveryStatus, MixStatus, Phase, ValidationError, WorkersReport, WorkersStatus, condition, invalid_message,
 };
 
 use crate::autoscaling::ScalingRecord;
@@ -27,8 +27,8 @@ pub struct Observed<'a> {
     pub scaling: Option<&'a ScalingRecord>,
     pub cache: Option<&'a CacheStatus>,
     pub delivery: Option<&'a DeliveryStatus>,
-    /// The workers' warnings (None: no worker has reported to this leader yet).
-    pub warnings: Option<&'a [String]>,
+    /// The workers' warnings and mix shares (None: no worker has reported to this leader yet).
+    pub workers: Option<&'a WorkersReport>,
 }
 
 pub fn next(
@@ -39,7 +39,7 @@ pub fn next(
     observed: &Observed,
     now: &Time,
 ) -> DataPipelineStatus {
-    let Observed { scaling, cache, delivery, warnings } = *observed;
+    let Observed { scaling, cache, delivery, workers: report } = *observed;
     let previous = previous.cloned().unwrap_or_default();
     let (phase, ready, progressing, degraded) = match outcome {
         Outcome::Invalid(errors) => {
@@ -126,11 +126,32 @@ pub fn next(
         }),
         // A new leader's dispatcher has counted nothing yet: keep what the last one showed.
         delivery: delivery.cloned().or(previous.delivery),
-        // Likewise: a new leader keeps the last warnings until a worker reports.
-        warnings: warnings.map_or(previous.warnings, <[String]>::to_vec),
+        // Likewise: a new leader keeps the last warnings and shares until a worker reports.
+        warnings: report.map_or(previous.warnings, |w| w.warnings.clone()),
+        mix: mix(spec, report, &previous.mix),
         conditions,
         observed_generation: generation,
     }
+}
+
+/// Each mixed source's normalised weight beside its realised share: the workers' if they
+/// counted any element, else the last status's.
+fn mix(spec: &DataPipelineSpec, workers: Option<&WorkersReport>, previous: &[MixStatus]) -> Vec<MixStatus> {
+    let sources = &spec.data_plane.source.mix;
+    let total: f64 = sources.iter().map(|m| m.weight).sum();
+    let shares = workers.map(|w| w.source_shares.as_slice()).filter(|s| s.len() == sources.len());
+    sources
+        .iter()
+        .enumerate()
+        .map(|(i, m)| MixStatus {
+            uri: m.uri.clone(),
+            weight: (m.weight / total * 1000.0).round() / 1000.0,
+            realised: match shares {
+                Some(shares) => Some(shares[i]),
+                None => previous.iter().find(|p| p.uri == m.uri).and_then(|p| p.realised),
+            },
+        })
+        .collect()
 }
 
 fn cond(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
@@ -274,14 +295,43 @@ mod tests {
         let s = spec("");
         let applied = Outcome::Applied { desired: 1, ready: 1 };
         let capped = vec!["shuffle buffer capped at 29 elements".to_string()];
-        let observed = Observed { warnings: Some(&capped), ..Observed::default() };
+        let report = WorkersReport { warnings: capped.clone(), ..WorkersReport::default() };
+        let observed = Observed { workers: Some(&report), ..Observed::default() };
         let warned = next(&s, Some(1), None, &applied, &observed, &at(1));
         assert_eq!(warned.warnings, capped);
         // A new leader whose dispatcher has heard from no worker yet keeps them.
         let new_leader = next(&s, Some(1), Some(&warned), &applied, &Observed::default(), &at(2));
         assert_eq!(new_leader.warnings, capped);
         // Workers that report none clear them.
-        let cleared = Observed { warnings: Some(&[]), ..Observed::default() };
+        let none = WorkersReport::default();
+        let cleared = Observed { workers: Some(&none), ..Observed::default() };
         assert!(next(&s, Some(1), Some(&warned), &applied, &cleared, &at(3)).warnings.is_empty());
+    }
+
+    #[test]
+    fn a_mix_reports_each_sources_weight_beside_its_realised_share() {
+        let mut s = spec("");
+        s.data_plane.source = stoker_api::from_yaml::<DataPipelineSpec>(
+            "source:\n  format: jsonl\n  mix: [{uri: 's3://c/web/', weight: 7}, {uri: 's3://c/code/', weight: 3}]\nbatchSize: 1\n",
+        )
+        .unwrap()
+        .data_plane
+        .source;
+        let applied = Outcome::Applied { desired: 1, ready: 1 };
+        let before = next(&s, Some(1), None, &applied, &Observed::default(), &at(1));
+        let weights: Vec<(f64, Option<f64>)> = before.mix.iter().map(|m| (m.weight, m.realised)).collect();
+        assert_eq!(weights, [(0.7, None), (0.3, None)], "weights normalised; nothing realised yet");
+        let report = WorkersReport { source_shares: vec![0.688, 0.312], ..WorkersReport::default() };
+        let counted =
+            next(&s, Some(1), None, &applied, &Observed { workers: Some(&report), ..Observed::default() }, &at(2));
+        assert_eq!(counted.mix[0].uri, "s3://c/web/");
+        assert_eq!(counted.mix.iter().map(|m| m.realised).collect::<Vec<_>>(), [Some(0.688), Some(0.312)]);
+        // A new leader that has heard from no worker keeps the shares.
+        let new_leader = next(&s, Some(1), Some(&counted), &applied, &Observed::default(), &at(3));
+        assert_eq!(new_leader.mix, counted.mix);
+        assert!(
+            next(&spec(""), Some(1), None, &applied, &Observed::default(), &at(1)).mix.is_empty(),
+            "no mix, no entries"
+        );
     }
 }

@@ -34,6 +34,8 @@ pub struct Progress {
     pub cache: CacheProgress,
     /// Bounded (`stoker_api::bounded_warnings`) as it arrives.
     pub warnings: Vec<String>,
+    /// Elements from each source of the mix, in spec order.
+    pub source_elements: Vec<u64>,
 }
 
 pub struct Worker {

@@ -276,6 +276,11 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             error: (!p.error.is_empty()).then_some(p.error),
             cache: p.cache.map(cache_progress).unwrap_or_default(),
             warnings: stoker_api::bounded_warnings(p.warnings),
+            source_elements: if p.source_elements.len() <= stoker_api::bounds::MAX_MIXED_SOURCES {
+                p.source_elements
+            } else {
+                Vec::new()
+            },
         };
         self.0.with_state(|s| s.heartbeat(&r.worker_id, progress, Instant::now())).map_err(|e| self.status(e))?;
         Ok(Response::new(proto::WorkerHeartbeatResponse {}))

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use stoker_api::proto::HintBytes;
 use stoker_api::window::Window;
-use stoker_api::{CacheMode, CacheStatus, DeliveryStatus};
+use stoker_api::{CacheMode, CacheStatus, DeliveryStatus, WorkersReport};
 
 use super::cache::{Caches, HintSeen};
 use super::gathering::{Gathered, Gathering};
@@ -586,17 +586,32 @@ impl DispatcherState {
             .collect()
     }
 
-    /// Every pipeline's workers' warnings, bounded as a status holds them (a pipeline whose
-    /// workers have none: empty, so a cleared warning leaves the status).
-    pub fn warnings(&self) -> BTreeMap<PipelineKey, Vec<String>> {
-        let mut all: BTreeMap<PipelineKey, Vec<String>> = BTreeMap::new();
+    /// Every pipeline's workers' report: their warnings, bounded as a status holds them (a
+    /// pipeline whose workers have none: empty, so a cleared warning leaves the status), and
+    /// the shares of the mix's sources in the elements they produced.
+    pub fn reports(&self) -> BTreeMap<PipelineKey, WorkersReport> {
+        let mut all: BTreeMap<PipelineKey, (Vec<String>, Vec<u64>)> = BTreeMap::new();
         for w in self.members.workers.values() {
-            let warnings = all.entry(w.pipeline.clone()).or_default();
+            let (warnings, elements) = all.entry(w.pipeline.clone()).or_default();
             // A worker that stopped producing (onError: fail) says why here too.
             warnings.extend(w.progress.error.iter().map(|e| format!("a worker stopped: {e}")));
             warnings.extend(w.progress.warnings.iter().cloned());
+            if elements.len() < w.progress.source_elements.len() {
+                elements.resize(w.progress.source_elements.len(), 0);
+            }
+            for (sum, n) in elements.iter_mut().zip(&w.progress.source_elements) {
+                *sum += n;
+            }
         }
-        all.into_iter().map(|(key, w)| (key, stoker_api::bounded_warnings(w))).collect()
+        all.into_iter()
+            .map(|(key, (warnings, elements))| {
+                let report = WorkersReport {
+                    warnings: stoker_api::bounded_warnings(warnings),
+                    source_shares: WorkersReport::shares(&elements),
+                };
+                (key, report)
+            })
+            .collect()
     }
 
     /// Every (pipeline, job) with live clients, with the windows reported since the last call.

@@ -559,17 +559,23 @@ fn splits_a_stopped_producer_returns_go_back_to_the_queue() {
 }
 
 #[test]
-fn workers_warnings_are_merged_per_pipeline_and_leave_with_them() {
+fn workers_reports_are_merged_per_pipeline_and_leave_with_them() {
     let t = Instant::now();
     let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
     let a = s.register_worker(registration("a:1", 2), t).unwrap();
     let b = s.register_worker(registration("b:1", 2), t).unwrap();
-    assert_eq!(s.warnings()[&key()], Vec::<String>::new(), "a pipeline with workers and no warning: empty");
-    let capped = Progress { warnings: vec!["shuffle buffer capped".into()], ..Progress::default() };
-    s.heartbeat(&a, capped.clone(), t).unwrap();
-    s.heartbeat(&b, capped, t).unwrap();
-    assert_eq!(s.warnings()[&key()], vec!["shuffle buffer capped".to_string()], "the same warning once");
-    // The workers go (their spec changed): so does the warning.
+    assert_eq!(s.reports()[&key()], WorkersReport::default(), "a pipeline with workers and no warning: empty");
+    let capped = |mix: Vec<u64>| Progress {
+        warnings: vec!["shuffle buffer capped".into()],
+        source_elements: mix,
+        ..Progress::default()
+    };
+    s.heartbeat(&a, capped(vec![500, 250]), t).unwrap();
+    s.heartbeat(&b, capped(vec![200, 50]), t).unwrap();
+    let report = &s.reports()[&key()];
+    assert_eq!(report.warnings, vec!["shuffle buffer capped".to_string()], "the same warning once");
+    assert_eq!(report.source_shares, vec![0.7, 0.3], "the mix's elements summed over the workers");
+    // The workers go (their spec changed): so does the report.
     s.expire(t + Duration::from_secs(6));
-    assert!(s.warnings().get(&key()).is_none_or(Vec::is_empty));
+    assert!(s.reports().get(&key()).is_none_or(|r| *r == WorkersReport::default()));
 }

@@ -15,7 +15,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
 use crate::cached::{EngineCache, SplitCache};
-use crate::engine::{Engine, Split};
+use crate::engine::{Engine, Mix};
 
 /// A dispatcher client that sends the worker's token with every call.
 pub(crate) type DispatcherRpc = DispatcherClient<InterceptedService<Channel, TokenSource>>;
@@ -61,8 +61,8 @@ impl Link {
             pipeline: Some(proto::PipelineRef { namespace: pipeline.namespace.clone(), name: pipeline.name.clone() }),
             address,
             threads: engine.threads() as u32,
-            splits: engine.splits().len() as u64,
-            plan_digest: plan_digest(engine.splits()),
+            splits: engine.mix().slots(),
+            plan_digest: plan_digest(engine.mix()),
             worker_id: String::new(),
             cache_hints: Vec::new(),
             cache_mode: format!("{:?}", pipeline.cache_mode),
@@ -219,14 +219,19 @@ fn progress(engine: &Engine, error: Option<String>) -> proto::WorkerProgress {
         error: error.unwrap_or_default(),
         cache: engine.cache.as_ref().map(|c| c.progress()),
         warnings: stats.warnings(),
+        source_elements: stats.source_rows.lock().unwrap().clone(),
     }
 }
 
 /// A stable digest of the planned splits, so workers that listed different data are caught.
-pub fn plan_digest(splits: &[Split]) -> String {
+pub fn plan_digest(mix: &Mix) -> String {
     let mut bytes = Vec::new();
-    for split in splits {
+    for quota in mix.quotas() {
+        bytes.extend_from_slice(&quota.to_le_bytes());
+    }
+    for split in mix.planned() {
         bytes.extend_from_slice(&split.id.to_le_bytes());
+        bytes.extend_from_slice(&(split.source as u64).to_le_bytes());
         for shard in &split.shards {
             bytes.extend_from_slice(shard.path.as_bytes());
             bytes.extend_from_slice(&shard.size.to_le_bytes());

@@ -316,9 +316,8 @@ fn produce(
 ) -> anyhow::Result<()> {
     let split = |id: u64| {
         engine
-            .splits()
-            .get(id as usize)
-            .cloned()
+            .mix()
+            .split(epoch, id)
             .ok_or_else(|| anyhow::anyhow!("the dispatcher handed out split {id}, beyond this worker's plan"))
     };
     // Asks for the next split once no earlier epoch of the job keeps this worker busy.

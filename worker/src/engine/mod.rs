@@ -8,6 +8,7 @@
 
 mod batcher;
 mod hints;
+mod mix;
 mod pack;
 mod plan;
 mod read;
@@ -28,6 +29,7 @@ use crate::formats::Corrupt;
 use crate::loaded::Loaded;
 use crate::source::{DataSource, SourceError};
 use batcher::Batcher;
+pub use mix::Mix;
 pub use plan::Split;
 use read::Prefetch;
 pub use stack::BatchError;
@@ -105,6 +107,8 @@ pub struct Stats {
     pub shuffle_peak_bytes: AtomicU64,
     /// Elements `python` ops failed on, by op index.
     pub python_failures: Mutex<BTreeMap<usize, PythonFailures>>,
+    /// Rows batched from each source of the mix (elements, or packed rows after `pack`).
+    pub source_rows: Mutex<Vec<u64>>,
 }
 
 /// What one `python` op failed on: counts by reason and the last failure's message.
@@ -159,6 +163,14 @@ impl Stats {
         }
     }
 
+    fn produced(&self, source: usize, rows: usize) {
+        let mut counts = self.source_rows.lock().unwrap();
+        if counts.len() <= source {
+            counts.resize(source + 1, 0);
+        }
+        counts[source] += rows as u64;
+    }
+
     fn skip(&self, reason: &'static str) {
         *self.skipped.lock().unwrap().entry(reason).or_default() += 1;
     }
@@ -203,8 +215,10 @@ impl Ready {
 
 pub struct Engine {
     pipeline: WorkerPipeline,
-    source: DataSource,
-    splits: Vec<Split>,
+    /// Each source of the mix (one when the spec names a single uri).
+    sources: Vec<DataSource>,
+    /// Which split of which source each slot of an epoch reads.
+    mix: Mix,
     labels: BTreeMap<String, i64>,
     config: EngineConfig,
     pool: rayon::ThreadPool,
@@ -217,21 +231,35 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Lists the source and plans its splits. Must be called inside a tokio runtime.
+    /// Lists the sources and plans their splits. Must be called inside a tokio runtime.
     pub async fn open(pipeline: WorkerPipeline, config: EngineConfig) -> Result<Engine, EngineError> {
-        let source = DataSource::open(&pipeline.data_plane.source.uri)?;
-        let shards = source.list().await?;
         let format = pipeline.data_plane.source.format;
         let listing_order = plan::listing_order(format, pipeline.data_plane.shuffle_seed());
-        let (splits, labels) = plan::plan(&source, format, shards.clone(), config.files_per_split, listing_order);
-        if splits.is_empty() {
-            return Err(SourceError::NotFound { uri: pipeline.data_plane.source.uri.clone() }.into());
+        let weighted = pipeline.data_plane.source.weighted();
+        let mut sources = Vec::with_capacity(weighted.len());
+        let mut planned = Vec::with_capacity(weighted.len());
+        let mut shards = Vec::new();
+        let mut classes = std::collections::BTreeSet::new();
+        for (index, mixed) in weighted.iter().enumerate() {
+            let source = DataSource::open(&mixed.uri)?;
+            let listed = source.list().await?;
+            shards.extend(listed.iter().cloned());
+            let (mut splits, labels) = plan::plan(&source, format, listed, config.files_per_split, listing_order);
+            if splits.is_empty() {
+                return Err(SourceError::NotFound { uri: mixed.uri.clone() }.into());
+            }
+            splits.iter_mut().for_each(|s| s.source = index);
+            classes.extend(labels.into_keys());
+            sources.push(source);
+            planned.push((splits, mixed));
         }
+        // Labels index the sorted class folders of every source, so a mix agrees on them.
+        let labels: BTreeMap<String, i64> = classes.into_iter().enumerate().map(|(i, c)| (c, i as i64)).collect();
+        let mix = Mix::new(planned, pipeline.data_plane.seed.unwrap_or(0));
         let cache = match &config.cache {
             Some(c) => {
                 let cache = Arc::new(
-                    EngineCache::new(c, &pipeline, &shards, listing_order, splits.len() as u64)
-                        .map_err(EngineError::Cache)?,
+                    EngineCache::new(c, &pipeline, &shards, listing_order, mix.slots()).map_err(EngineError::Cache)?,
                 );
                 let probing = cache.clone();
                 tokio::task::spawn_blocking(move || probing.probe());
@@ -245,7 +273,8 @@ impl Engine {
             .build()
             .map_err(|e| EngineError::Pool(e.to_string()))?;
         let transforms = pipeline.data_plane.transforms.clone();
-        let loaded = tokio::task::spawn_blocking(move || Loaded::load(&transforms))
+        let fetched = Loaded::fetch(&transforms).await.map_err(EngineError::Load)?;
+        let loaded = tokio::task::spawn_blocking(move || Loaded::load(&transforms, &fetched))
             .await
             .map_err(|e| EngineError::Load(e.to_string()))?
             .map_err(EngineError::Load)?;
@@ -255,8 +284,8 @@ impl Engine {
             budget: Arc::new(MemoryBudget::new(config.memory_budget)),
             runtime: tokio::runtime::Handle::current(),
             pipeline,
-            source,
-            splits,
+            sources,
+            mix,
             labels,
             config,
             pool,
@@ -266,8 +295,9 @@ impl Engine {
         })
     }
 
-    pub fn splits(&self) -> &[Split] {
-        &self.splits
+    /// Which splits each epoch reads.
+    pub fn mix(&self) -> &Mix {
+        &self.mix
     }
 
     pub fn pipeline(&self) -> &WorkerPipeline {
@@ -278,16 +308,17 @@ impl Engine {
         self.config.threads
     }
 
-    /// Produces one epoch's batches from `splits` into `out`, blocking (run it on its own
-    /// thread): with `shuffle`, in the epoch's seeded order of the splits, as the dispatcher
-    /// hands them out. Returns early, without error, when the receiver is gone.
-    pub fn run_epoch(
-        &self,
-        epoch: u64,
-        splits: &[Split],
-        out: &std::sync::mpsc::SyncSender<Ready>,
-    ) -> Result<(), EngineError> {
-        let mut splits = splits.to_vec();
+    /// Every split of `epoch` in slot order, each doing `cache` (benchmarks and tests that
+    /// play the dispatcher).
+    pub fn assigned(&self, epoch: u64, cache: &SplitCache) -> Vec<Assigned> {
+        self.mix.epoch(epoch).into_iter().map(|s| Assigned { cache: cache.clone(), ..Assigned::whole(s) }).collect()
+    }
+
+    /// Produces one epoch's batches into `out`, blocking (run it on its own thread): with
+    /// `shuffle`, in the epoch's seeded order of the splits, as the dispatcher hands them out.
+    /// Returns early, without error, when the receiver is gone.
+    pub fn run_epoch(&self, epoch: u64, out: &std::sync::mpsc::SyncSender<Ready>) -> Result<(), EngineError> {
+        let mut splits = self.mix.epoch(epoch);
         if let Some(seed) = self.pipeline.data_plane.shuffle_seed() {
             stoker_api::order::shuffle(&mut splits, seed, epoch, |s| s.id);
         }
@@ -313,7 +344,7 @@ impl Engine {
                 self.packer().map(|packer| transform::Packing { packer, next: 0, skip: &skip, stats: &self.stats });
             let skip_elements: &[u32] = if packing.is_some() { &[] } else { &skip };
             self.read_order(epoch, split.id, skip_elements, &mut elements);
-            if !self.transform_split(epoch, split.id, elements, plan, packing, &mut batcher)? {
+            if !self.transform_split(epoch, &split, elements, plan, packing, &mut batcher)? {
                 return Ok(Vec::new());
             }
             batcher.split_read(split.id);

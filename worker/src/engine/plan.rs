@@ -10,7 +10,11 @@ use crate::source::{DataSource, Shard};
 /// A unit of work: whole shard files of one format, handed out by the dispatcher later.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Split {
+    /// As planned, the index in its source's splits; in an epoch, the slot the dispatcher
+    /// hands out (see `mix`).
     pub id: u64,
+    /// Which source of the mix it is read from (0 for a single source).
+    pub source: usize,
     pub shards: Vec<Shard>,
 }
 
@@ -53,12 +57,16 @@ pub(super) fn plan(
             let splits = images
                 .chunks(split_size(images.len(), files_per_split))
                 .enumerate()
-                .map(|(i, c)| Split { id: i as u64, shards: c.to_vec() })
+                .map(|(i, c)| Split { id: i as u64, source: 0, shards: c.to_vec() })
                 .collect();
             (splits, labels)
         }
         _ => {
-            let splits = shards.into_iter().enumerate().map(|(i, s)| Split { id: i as u64, shards: vec![s] }).collect();
+            let splits = shards
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| Split { id: i as u64, source: 0, shards: vec![s] })
+                .collect();
             (splits, BTreeMap::new())
         }
     }

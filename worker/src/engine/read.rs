@@ -65,7 +65,7 @@ impl Engine {
             let id = split.id;
             return self.runtime.spawn_blocking(move || Fetched::Cached(entry.read_split(id)));
         }
-        let source = self.source.clone();
+        let source = self.sources[split.source].clone();
         let shards = split.shards.clone();
         let reads = shards.into_iter().map(move |shard| {
             let source = source.clone();
@@ -85,7 +85,7 @@ impl Engine {
                     .manifest()
                     .ok()
                     .flatten()
-                    .is_some_and(|m| m.splits == self.splits.len() as u64);
+                    .is_some_and(|m| m.splits == self.mix.slots());
                 if fits { cache } else { SplitCache::Compute }
             }
             _ => cache,
@@ -157,7 +157,7 @@ impl Engine {
 
     /// Parses a split's records; corrupt ones are counted and skipped, or fatal.
     fn parse(&self, split: &Split, data: Vec<Result<bytes::Bytes, SourceError>>) -> Result<Vec<Element>, EngineError> {
-        let source = &self.source;
+        let source = &self.sources[split.source];
         let mut elements = Vec::new();
         for (shard, bytes) in split.shards.iter().zip(data) {
             let bytes = bytes?;

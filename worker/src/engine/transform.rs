@@ -11,7 +11,7 @@ use super::batcher::Batcher;
 use super::hints::{self, AtHints, SplitPlan, Transformed};
 use super::pack::{self, Packer};
 use super::stack::Row;
-use super::{Engine, EngineError, Ready};
+use super::{Engine, EngineError, Ready, Split};
 use crate::apply::{self, ElementKey};
 use crate::element::Element;
 
@@ -22,12 +22,13 @@ impl Engine {
     pub(super) fn transform_split(
         &self,
         epoch: u64,
-        split: u64,
+        split: &Split,
         elements: Vec<(u64, Element)>,
         mut plan: SplitPlan,
         packing: Option<Packing<'_>>,
         batcher: &mut Batcher<impl FnMut(Ready) -> bool>,
     ) -> Result<bool, EngineError> {
+        let (source, split) = (split.source, split.id);
         let window = (self.config.threads * 64).max(64);
         let mut at_hints = self.start_hints(split, &mut plan);
         let plan = &plan;
@@ -43,6 +44,7 @@ impl Engine {
                         return Ok(false);
                     }
                     let reserved = self.budget.reserve_rows(batcher.row_estimate() * last.len());
+                    self.stats.produced(source, last.len());
                     batcher.queue(split, last, reserved);
                     return Ok(true);
                 }
@@ -60,6 +62,7 @@ impl Engine {
                     Some(packing) => packing.pack(rows).map_err(EngineError::Pack)?,
                     None => rows,
                 };
+                self.stats.produced(source, rows.len());
                 batcher.queue(split, rows, reserved);
             }
         })?;
