@@ -14,6 +14,9 @@
 /// Free memory at the top of a heap beyond this goes back to the OS.
 pub const TRIM_THRESHOLD: usize = 64 << 20;
 
+/// Allocations from this size are mmapped; in the worker, never (`M_MMAP_MAX` 0).
+pub const MMAP_THRESHOLD: usize = 32 << 20;
+
 /// Applies the settings to every allocation after it; call at startup.
 pub fn tune() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -28,7 +31,7 @@ pub fn tune() {
         // glibc's dynamic adjustment; no mmapped chunks means large requests grow the heap
         // (the main one, for sizes a thread's 64 MiB heap cannot hold).
         unsafe {
-            mallopt(M_MMAP_THRESHOLD, 32 << 20);
+            mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD as i32);
             mallopt(M_MMAP_MAX, 0);
             mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD as i32);
         }
