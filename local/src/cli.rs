@@ -191,3 +191,22 @@ pub fn cache_line(c: &stoker_api::CacheStatus) -> String {
     }
     line
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mix_line_shows_each_realised_share_beside_its_weight() {
+        let mix = [
+            stoker_api::MixedSource { uri: "s3://c/web/".into(), weight: 7.0 },
+            stoker_api::MixedSource { uri: "s3://c/code/".into(), weight: 3.0 },
+        ];
+        assert_eq!(
+            mix_line(&mix, &[0.688, 0.312]).as_deref(),
+            Some("mix realised: s3://c/web/ 0.688 (weight 0.700), s3://c/code/ 0.312 (weight 0.300)")
+        );
+        assert_eq!(mix_line(&mix, &[]), None, "nothing produced yet");
+        assert_eq!(mix_line(&[], &[1.0]), None, "one source: no line");
+    }
+}
