@@ -34,6 +34,10 @@ pub const MAX_SHUFFLE_BUFFER: u32 = 1 << 24;
 /// is a number in every heartbeat.
 pub const MAX_MIXED_SOURCES: usize = 64;
 
+/// Most elements of one call of a batched `python` op (its `batch`): the elements of a call are
+/// in the worker's and the Python process's memory at once.
+pub const MAX_PYTHON_BATCH: u32 = 4096;
+
 /// Largest `tokenizer.json` a worker reads from a store: the largest published ones are tens of
 /// MB; this stops a URI naming a dataset from filling a worker's memory.
 pub const MAX_TOKENIZER_BYTES: u64 = 512 << 20;

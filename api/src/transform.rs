@@ -226,7 +226,7 @@ pub struct Autocache {}
 
 /// `module.function(element, rng)`: takes an element (a dict of numpy arrays, and `bytes` for
 /// byte fields) and a `numpy.random.Generator` seeded from (seed, epoch, element, op), and
-/// returns an element (a dict) or `None` to drop it. It runs in a pool of Python processes
+/// returns an element (a dict) or `None` to drop it; with `batch`, lists of both, a list back. It runs in a pool of Python processes
 /// (one per worker thread) that exchange arrays with the worker through shared memory.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -256,6 +256,20 @@ pub struct Python {
     #[serde(default = "python_memory")]
     #[schemars(range(min = 64, max = 65536))]
     pub memory_limit_mib: u32,
+    /// Elements per call (the batched form): the function gets a list of elements and a list
+    /// of their generators and returns a list as long, an element or None for each. Unset: one
+    /// element per call. Which elements share a call is not fixed, so the function must treat
+    /// each on its own (with its own generator) for runs to repeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::bounds::MAX_PYTHON_BATCH))]
+    pub batch: Option<u32>,
+}
+
+impl Python {
+    /// Elements per call when the op is batched.
+    pub fn batched(&self) -> Option<usize> {
+        self.batch.map(|n| n.clamp(1, crate::bounds::MAX_PYTHON_BATCH) as usize)
+    }
 }
 
 /// Text to token ids with a Hugging Face tokenizer (`tokenizer.json`, any model the `tokenizers`

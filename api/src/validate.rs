@@ -232,6 +232,9 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
                 if p.path.as_deref().is_some_and(|path| !path.starts_with('/')) {
                     err(&field, "path must be absolute (where the code is mounted in the workers)".into());
                 }
+                if p.batch.is_some_and(|n| !(1..=crate::bounds::MAX_PYTHON_BATCH).contains(&n)) {
+                    err(&field, format!("batch must be 1 to {}", crate::bounds::MAX_PYTHON_BATCH));
+                }
                 if !(1..=3600).contains(&p.timeout_seconds) {
                     err(&field, format!("timeoutSeconds {} is outside 1..=3600", p.timeout_seconds));
                 }
@@ -402,7 +405,7 @@ mod tests {
     #[test]
     fn python_names_paths_and_limits_are_checked() {
         let e = errors(
-            "transforms:\n- python: {module: 'my-mod', function: 'a.b', path: rel/dir, timeoutSeconds: 0, memoryLimitMib: 1}\n",
+            "transforms:\n- python: {module: 'my-mod', function: 'a.b', path: rel/dir, timeoutSeconds: 0, memoryLimitMib: 1, batch: 0}\n",
         );
         let text = format!("{e:?}");
         for part in [
@@ -411,10 +414,11 @@ mod tests {
             "path must be absolute",
             "timeoutSeconds 0",
             "memoryLimitMib 1",
+            "batch must be 1 to 4096",
         ] {
             assert!(text.contains(part), "{part:?} not in {text}");
         }
-        let ok = "transforms:\n- python: {module: pkg.aug_2, function: _f, path: /etc/code}\n";
+        let ok = "transforms:\n- python: {module: pkg.aug_2, function: _f, path: /etc/code, batch: 64}\n";
         assert_eq!(validate(&spec(&format!("{BASE}{ok}"))), Ok(()));
     }
 

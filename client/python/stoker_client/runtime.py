@@ -20,6 +20,9 @@ Protocol (the worker's side is worker/src/python/):
 - Reply: {"status": "ok", "size": BYTES, "fields": [...]} with the output in the shared memory
   after the input (the file grown if it must be), {"status": "drop"}, or {"status": "error",
   "error": "Type: message", "traceback": ...}.
+- A batched op's request has "rngs": [[seed, epoch, element, op], ...] and "elements":
+  [[FIELD...], ...] instead of "rng" and "fields"; its reply {"status": "ok", "size": BYTES,
+  "elements": [[FIELD...] or null, ...]}, one per element (null: dropped), or an error for all.
 """
 
 import importlib
@@ -101,7 +104,8 @@ def _as_output(name, value):
     return "array", np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
 
 
-def _outputs(shared: _Shared, start: int, element) -> list:
+def _outputs(shared: _Shared, start: int, element):
+    """Writes `element` into the shared memory from `start`: its fields and where they end."""
     if not isinstance(element, dict):
         raise TypeError(f"the function returned {type(element).__name__}; return a dict of fields or None")
     converted = [(str(name), *_as_output(name, value)) for name, value in element.items()]
@@ -135,7 +139,24 @@ def _outputs(shared: _Shared, start: int, element) -> list:
                 at += len(v)
             fields.append({"name": name, "kind": kind, "offset": offset, "lengths": [len(v) for v in payload]})
         offset += size
-    return fields
+    return fields, offset
+
+
+def _call_batched(function, shared: _Shared, request) -> dict:
+    elements = [_inputs(shared, fields) for fields in request["elements"]]
+    out = function(elements, [element_rng(*rng) for rng in request["rngs"]])
+    if not isinstance(out, (list, tuple)) or len(out) != len(elements):
+        got = f"{len(out)} items" if isinstance(out, (list, tuple)) else type(out).__name__
+        raise TypeError(f"the batched function returned {got} for {len(elements)} elements; "
+                        "return a list as long, an element or None for each")
+    replies, offset = [], request["out"]
+    for element in out:
+        if element is None:
+            replies.append(None)
+            continue
+        fields, offset = _outputs(shared, offset, element)
+        replies.append(fields)
+    return {"status": "ok", "size": shared.size, "elements": replies}
 
 
 def _read(stream):
@@ -188,12 +209,16 @@ def main(argv):
             return 0
         shared.ensure(request["size"])
         try:
+            function = functions[request["op"]]
+            if "elements" in request:
+                _write(replies, _call_batched(function, shared, request))
+                continue
             element = _inputs(shared, request["fields"])
-            out = functions[request["op"]](element, element_rng(*request["rng"]))
+            out = function(element, element_rng(*request["rng"]))
             if out is None:
                 _write(replies, {"status": "drop"})
                 continue
-            fields = _outputs(shared, request["out"], out)
+            fields, _ = _outputs(shared, request["out"], out)
             _write(replies, {"status": "ok", "size": shared.size, "fields": fields})
         except Exception as e:  # noqa: BLE001 - the element's failure, reported per onError
             _write(replies, {"status": "error", "error": f"{type(e).__name__}: {e}"[:1000],

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from conftest import Worker, within
 from stoker_client import Client
@@ -33,6 +34,14 @@ AUGMENT = textwrap.dedent("""
         if n % 7 == 3:
             return None
         return {"n": element["n"], "y": element["x"] * rng.normal(size=element["x"].shape), "name": f"row {n}"}
+
+    def scale_batch(elements, rngs):
+        # The batched form: lists in, a list as long back; each element with its own generator.
+        assert len(elements) <= 8 and len(elements) == len(rngs)
+        return [scale(e, r) for e, r in zip(elements, rngs)]
+
+    def short_batch(elements, rngs):
+        return [scale(e, r) for e, r in zip(elements, rngs)][1:]
 """)
 
 SEED = 11
@@ -102,13 +111,9 @@ def test_an_image_augmentation_equals_plain_python_after_the_rust_decode(tmp_pat
     assert any(not np.array_equal(augmented[(0, r)]["image"], augmented[(1, r)]["image"]) for r in rows)
 
 
-def test_records_and_dropping_equal_plain_python(tmp_path):
-    code = write_module(tmp_path)
-    sys.path.insert(0, str(code))
-    import user_augment
-
+def records_pipeline(tmp_path, python):
     data = tmp_path / "data"
-    data.mkdir()
+    data.mkdir(exist_ok=True)
     for f in range(3):
         (data / f"{f}.jsonl").write_text("".join(
             f'{{"n": {n}, "x": [{n}.25, {n}.5, {n}.75]}}\n' for n in range(f * 20, (f + 1) * 20)))
@@ -118,17 +123,49 @@ def test_records_and_dropping_equal_plain_python(tmp_path):
         f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
         "  transforms:\n"
         "  - selectFields: {fields: [n, x]}\n"
-        f"  - python: {{module: user_augment, function: scale, path: '{code}', deterministic: false}}\n"
+        f"  - python: {python}\n"
         "  batchSize: 4\n"
         "  padValue: 0\n"
         f"  seed: {SEED}\n"
     )
+    return pipeline
+
+
+def test_a_batched_function_returning_the_wrong_length_fails_its_elements(tmp_path):
+    code = write_module(tmp_path)
+    pipeline = records_pipeline(
+        tmp_path, f"{{module: user_augment, function: short_batch, path: '{code}', batch: 8}}")
     worker = Worker(pipeline, tmp_path / "worker.log", epochs=1)
+    rows = []
     try:
-        got = within(120, rows_of, worker.address, 1)
+        with Client([worker.address], "test", "py") as client:
+            for batch in client:
+                rows.extend(batch.rows.tolist())
     finally:
         worker.stop()
-    assert sorted(int(e["n"]) for e in got.values()) == [n for n in range(60) if n % 7 != 3]
+    assert rows == [], "every call failed, so every element (onError: skip): none arrives"
+    log = (tmp_path / "worker.log").read_text()
+    assert "the batched function returned 7 items for 8 elements" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("function, batch", [("scale", ""), ("scale_batch", ", batch: 8")])
+def test_records_and_dropping_equal_plain_python(tmp_path, function, batch):
+    """One element per call, and the batched form: the same elements, each as the plain function
+    makes it with its own generator, over two epochs."""
+    code = write_module(tmp_path)
+    sys.path.insert(0, str(code))
+    import user_augment
+
+    pipeline = records_pipeline(
+        tmp_path, f"{{module: user_augment, function: {function}, path: '{code}', deterministic: false{batch}}}")
+    worker = Worker(pipeline, tmp_path / "worker.log", epochs=2)
+    try:
+        got = within(120, rows_of, worker.address, 2)
+    finally:
+        worker.stop()
+    for epoch in (0, 1):
+        ns = sorted(int(e["n"]) for (ep, _), e in got.items() if ep == epoch)
+        assert ns == [n for n in range(60) if n % 7 != 3], f"epoch {epoch}: every element once, the dropped ones not"
     for (epoch, row), element in got.items():
         n = int(element["n"])
         inputs = {"n": np.int64(n), "x": np.array([n + 0.25, n + 0.5, n + 0.75])}

@@ -46,19 +46,21 @@ impl AtHints {
     }
 }
 
-/// Runs one element through `plan`: the segments between the hints, measuring (and for a put,
-/// encoding) the element at each.
+/// Runs one element through the transforms in `range` of `plan`: the segments between the
+/// hints, measuring (and for a put, encoding) the element at each.
+#[allow(clippy::too_many_arguments)] // one element's whole context; a struct would only rename it
 pub(super) fn run_plan(
     transforms: apply::Transforms<'_>,
     plan: &SplitPlan,
+    range: std::ops::Range<usize>,
     position: u64,
     mut element: Element,
     key: ElementKey,
     timings: &mut [Duration],
     at_hints: &mut AtHints,
 ) -> Transformed {
-    let mut from = plan.from;
-    for &at in plan.measure.iter().filter(|&&at| at as usize >= plan.from) {
+    let mut from = range.start;
+    for &at in plan.measure.iter().filter(|&&at| range.contains(&(at as usize))) {
         let to = at as usize + 1;
         element = match apply::apply_range(transforms, from..to, element, key, timings)? {
             Some(e) => e,
@@ -72,7 +74,7 @@ pub(super) fn run_plan(
             at_hints.count += 1;
         }
     }
-    apply::apply_range(transforms, from..transforms.list.len(), element, key, timings)
+    apply::apply_range(transforms, from..range.end, element, key, timings)
 }
 
 /// What a split's chunks left at the hints so far: its chunk file being written (for a put)

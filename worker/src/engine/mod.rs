@@ -1,7 +1,7 @@
 //! The pipeline engine: plans splits from the source's listing, reads them, runs the
 //! transforms on all cores, shuffles and batches, and hands ready batches to the stream under
-//! a memory budget. The stages, in the order data flows through them: `plan`, `read`,
-//! `transform` (with `hints`, the autocache hints), `batcher` (with `stack`, a batch's tensors).
+//! a memory budget. The stages, in the order data flows through them: `plan` (with `mix`), `read`,
+//! `transform` (with `stages`, and `hints`, the autocache hints), `batcher` (with `stack`, a batch's tensors).
 //!
 //! Order: within a split, elements keep their record order through the parallel transform
 //! stage (results are collected in order), so with no shuffle the output is deterministic.
@@ -13,6 +13,7 @@ mod pack;
 mod plan;
 mod read;
 mod stack;
+mod stages;
 mod transform;
 
 use std::collections::BTreeMap;

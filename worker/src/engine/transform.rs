@@ -4,15 +4,15 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use rayon::prelude::*;
 use stoker_api::OnError;
 
 use super::batcher::Batcher;
-use super::hints::{self, AtHints, SplitPlan, Transformed};
+use super::hints::{AtHints, SplitPlan};
 use super::pack::{self, Packer};
 use super::stack::Row;
+use super::stages::InFlight;
 use super::{Engine, EngineError, Ready, Split};
-use crate::apply::{self, ElementKey};
+use crate::apply;
 use crate::element::Element;
 
 impl Engine {
@@ -72,8 +72,8 @@ impl Engine {
         Ok(listening)
     }
 
-    /// Runs the transforms of `plan` on a chunk on every pool thread, keeping the chunk's
-    /// order; what passed the autocache hints is measured and, for a put, encoded.
+    /// Runs the transforms of `plan` on a chunk on every pool thread (`stages`), keeping the
+    /// chunk's order; what passed the autocache hints is measured and, for a put, encoded.
     fn transform(
         &self,
         epoch: u64,
@@ -82,33 +82,11 @@ impl Engine {
         plan: &SplitPlan,
     ) -> Result<(Vec<(u64, Row)>, AtHints), EngineError> {
         let p = &self.pipeline;
-        let seed = p.data_plane.seed.unwrap_or(0);
-        let results: Vec<(u64, Transformed, Vec<Duration>, AtHints)> = self.pool.install(|| {
-            chunk
-                .into_par_iter()
-                .map(|(position, element)| {
-                    // Element ids are stable per (split, position) whatever thread runs them,
-                    // and whether the prefix ran now or before the element was cached.
-                    let key = ElementKey { seed, epoch, element: (split << 32) | position };
-                    let mut timings = vec![Duration::ZERO; p.data_plane.transforms.len()];
-                    let mut at_hints = AtHints::default();
-                    let result = hints::run_plan(
-                        apply::Transforms { list: &p.data_plane.transforms, loaded: &self.loaded },
-                        plan,
-                        position,
-                        element,
-                        key,
-                        &mut timings,
-                        &mut at_hints,
-                    );
-                    (position, result, timings, at_hints)
-                })
-                .collect()
-        });
+        let results = self.run_stages(epoch, split, chunk, plan);
         let mut rows = Vec::with_capacity(results.len());
         let mut op_time = vec![Duration::ZERO; p.data_plane.transforms.len()];
         let mut all_hints = AtHints::default();
-        for (position, result, timings, at_hints) in results {
+        for InFlight { position, result, timings, at_hints, .. } in results {
             for (total, t) in op_time.iter_mut().zip(timings) {
                 *total += t;
             }

@@ -57,14 +57,36 @@ pub struct Request {
     pub fields: Vec<Placed>,
 }
 
+/// A batched op's call: elements one after another in the shared memory.
+#[derive(Serialize, Debug)]
+pub struct BatchRequest {
+    pub op: usize,
+    pub rngs: Vec<[u64; 4]>,
+    pub size: usize,
+    pub out: usize,
+    pub elements: Vec<Vec<Placed>>,
+}
+
 #[derive(Deserialize, Debug)]
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum Reply {
     Ready,
-    Fatal { error: String },
-    Ok { size: usize, fields: Vec<Placed> },
+    Fatal {
+        error: String,
+    },
+    /// `fields` for one element; `elements` for a batched call (None: dropped).
+    Ok {
+        size: usize,
+        #[serde(default)]
+        fields: Vec<Placed>,
+        #[serde(default)]
+        elements: Option<Vec<Option<Vec<Placed>>>>,
+    },
     Drop,
-    Error { error: String, traceback: String },
+    Error {
+        error: String,
+        traceback: String,
+    },
 }
 
 /// The memory file both sides map. Either side may grow it; the other maps it again.
@@ -112,9 +134,9 @@ impl Shared {
     }
 }
 
-/// Writes `element` into `shared` from offset 0: the request's fields and where the output
-/// may start.
-pub fn place(element: Element, shared: &mut Shared) -> std::io::Result<(Vec<Placed>, usize)> {
+/// Writes `element` into `shared` from `start` (aligned): the request's fields and where the
+/// next element or the output may start.
+pub fn place(element: Element, shared: &mut Shared, start: usize) -> std::io::Result<(Vec<Placed>, usize)> {
     enum Payload {
         Array(Tensor),
         Bytes(Bytes),
@@ -144,10 +166,10 @@ pub fn place(element: Element, shared: &mut Shared) -> std::io::Result<(Vec<Plac
         Payload::Bytes(b) => b.len(),
         Payload::List(list) => list.iter().map(Bytes::len).sum(),
     };
-    let end = fields.iter().fold(0, |end, (_, p)| aligned(end) + size(p));
+    let end = fields.iter().fold(aligned(start), |end, (_, p)| aligned(end) + size(p));
     shared.ensure(aligned(end).max(ALIGN))?;
     let mut placed = Vec::with_capacity(fields.len());
-    let mut offset = 0;
+    let mut offset = start;
     for (name, payload) in fields {
         offset = aligned(offset);
         let length = size(&payload);
@@ -242,7 +264,7 @@ mod tests {
             ("tags".to_string(), Field::BytesList(vec![Bytes::from_static(b"a"), Bytes::from_static(b"bc")])),
         ]
         .into();
-        let (placed, out) = place(element, &mut shared).unwrap();
+        let (placed, out) = place(element.clone(), &mut shared, 0).unwrap();
         assert!(out.is_multiple_of(ALIGN) && shared.len() >= out, "the file grew to hold the input");
         assert!(placed.iter().all(|p| match p {
             Placed::Array { offset, .. } | Placed::Bytes { offset, .. } | Placed::List { offset, .. } =>
@@ -254,6 +276,11 @@ mod tests {
         assert_eq!((label.dtype, label.shape.clone()), (DType::Int64, vec![]), "one value is a scalar, as in a batch");
         assert_eq!(back["text"], Field::Bytes(Bytes::from_static(b"hello")));
         assert_eq!(back["tags"], Field::BytesList(vec![Bytes::from_static(b"a"), Bytes::from_static(b"bc")]));
+        // A batched call's next element goes after it, aligned, and leaves the first intact.
+        let (second, end) = place(element, &mut shared, out + 1).unwrap();
+        assert!(end > out && end.is_multiple_of(ALIGN));
+        assert_eq!(take(&second, &shared, 1 << 20).unwrap(), back);
+        assert_eq!(take(&placed, &shared, 1 << 20).unwrap(), back);
     }
 
     #[test]

@@ -104,16 +104,34 @@ impl PythonPool {
         Ok(PythonPool { ops, idle: Mutex::new(vec![first]) })
     }
 
+    fn op(&self, index: usize) -> &PythonOp {
+        self.ops.ops.iter().find(|op| op.index == index).expect("the pool knows every python op")
+    }
+
+    /// An idle process, or a new one.
+    fn take(&self) -> Result<PythonProcess, Failure> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match idle {
+            Some(p) => Ok(p),
+            None => PythonProcess::start(&self.ops).map_err(Failure::Start),
+        }
+    }
+
+    fn give_back(&self, process: PythonProcess) {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(process);
+    }
+
+    fn logged(op: &PythonOp, error: String, traceback: String) -> Failure {
+        tracing::warn!(op = op.index, module = %op.spec.module, function = %op.spec.function, %traceback, "a python transform raised");
+        Failure::Exception(error)
+    }
+
     /// Runs op `index` (a `python` op of the pipeline) on `element`: Some(element), or None
     /// when the function dropped it.
     pub fn call(&self, index: usize, key: ElementKey, element: Element) -> Result<Option<Element>, Failure> {
-        let op = self.ops.ops.iter().find(|op| op.index == index).expect("the pool knows every python op");
-        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut process = match idle {
-            Some(p) => p,
-            None => PythonProcess::start(&self.ops).map_err(Failure::Start)?,
-        };
-        let (fields, out) = exchange::place(element, process.shared())
+        let op = self.op(index);
+        let mut process = self.take()?;
+        let (fields, out) = exchange::place(element, process.shared(), 0)
             .map_err(|e| Failure::Died(format!("writing the element to shared memory: {e}")))?;
         let request = Request {
             op: index,
@@ -133,13 +151,62 @@ impl PythonPool {
                     .map_err(Failure::BadOutput)
             }
             Reply::Drop => Ok(None),
-            Reply::Error { error, traceback } => {
-                tracing::warn!(op = index, module = %op.spec.module, function = %op.spec.function, %traceback, "a python transform raised");
-                Err(Failure::Exception(error))
-            }
+            Reply::Error { error, traceback } => Err(Self::logged(op, error, traceback)),
             other => Err(Failure::BadOutput(format!("an unexpected reply {other:?}"))),
         };
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(process);
+        self.give_back(process);
+        result
+    }
+
+    /// Runs batched op `index` on `elements` in one call: one result per element, in order. A
+    /// failure of the call (an exception, a timeout, a dead process, a list of the wrong
+    /// length) is every element's.
+    pub fn call_batch(
+        &self,
+        index: usize,
+        elements: Vec<(ElementKey, Element)>,
+    ) -> Vec<Result<Option<Element>, Failure>> {
+        let n = elements.len();
+        match self.try_call_batch(index, elements) {
+            Ok(results) => results,
+            Err(failure) => vec![Err(failure); n],
+        }
+    }
+
+    fn try_call_batch(
+        &self,
+        index: usize,
+        elements: Vec<(ElementKey, Element)>,
+    ) -> Result<Vec<Result<Option<Element>, Failure>>, Failure> {
+        let op = self.op(index);
+        let mut process = self.take()?;
+        let (mut placed, mut rngs, mut out) = (Vec::with_capacity(elements.len()), Vec::new(), 0);
+        for (key, element) in elements {
+            let (fields, end) = exchange::place(element, process.shared(), out)
+                .map_err(|e| Failure::Died(format!("writing the elements to shared memory: {e}")))?;
+            placed.push(fields);
+            rngs.push([key.seed, key.epoch, key.element, index as u64]);
+            out = end;
+        }
+        let n = placed.len();
+        let request = exchange::BatchRequest { op: index, rngs, size: process.shared().len(), out, elements: placed };
+        let timeout = Duration::from_secs(op.spec.timeout_seconds.into());
+        let reply = process.call(&request, timeout, u64::from(op.spec.memory_limit_mib) << 20)?;
+        let limit = stoker_api::bounds::MAX_ELEMENT_BYTES as usize;
+        let result = match reply {
+            Reply::Ok { elements: Some(outputs), .. } if outputs.len() == n => Ok(outputs
+                .iter()
+                .map(|fields| match fields {
+                    Some(fields) => {
+                        exchange::take(fields, process.shared(), limit).map(Some).map_err(Failure::BadOutput)
+                    }
+                    None => Ok(None),
+                })
+                .collect()),
+            Reply::Error { error, traceback } => Err(Self::logged(op, error, traceback)),
+            other => Err(Failure::BadOutput(format!("an unexpected reply to a batch of {n}: {other:?}"))),
+        };
+        self.give_back(process);
         result
     }
 }

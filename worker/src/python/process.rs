@@ -8,7 +8,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::exchange::{Reply, Request, Shared};
+use super::exchange::{Reply, Shared};
 use super::{Failure, PythonOps};
 
 /// The runtime, built into the worker so the two sides always speak the same protocol.
@@ -95,7 +95,12 @@ impl PythonProcess {
     /// Sends `request` and waits for the reply, at most `timeout`, while the process stays
     /// under `memory_limit` bytes resident. A [`Failure`] other than an exception leaves the
     /// process killed: the pool drops it.
-    pub fn call(&mut self, request: &Request, timeout: Duration, memory_limit: u64) -> Result<Reply, Failure> {
+    pub fn call(
+        &mut self,
+        request: &impl serde::Serialize,
+        timeout: Duration,
+        memory_limit: u64,
+    ) -> Result<Reply, Failure> {
         let body = serde_json::to_vec(request).expect("a request serializes");
         let frame = [&(body.len() as u32).to_le_bytes()[..], &body].concat();
         if let Err(e) = self.requests.write_all(&frame).and_then(|()| self.requests.flush()) {
