@@ -101,7 +101,13 @@ impl Engine {
     pub async fn bridge_gateway(&self) -> anyhow::Result<Ipv4Addr> {
         let gateway =
             self.docker(&["network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}"]).await?;
-        gateway.trim().parse().with_context(|| format!("the bridge's gateway {gateway:?}"))
+        if !gateway.trim().is_empty() {
+            return gateway.trim().parse().with_context(|| format!("the bridge's gateway {gateway:?}"));
+        }
+        // An engine that made docker0 itself on its first start (no Docker service ran on the
+        // machine before) records only the subnet; its gateway is the subnet's first address.
+        let subnet = self.bridge_subnet().await?;
+        first_host(&subnet).with_context(|| format!("the bridge records no gateway and its subnet is {subnet:?}"))
     }
 
     /// The bridge's subnet (the pods' addresses), e.g. `172.17.0.0/16`.
@@ -128,5 +134,27 @@ impl Drop for Engine {
         if let Some(mut p) = self.process.take() {
             p.terminate();
         }
+    }
+}
+
+/// The first host address of an IPv4 subnet (`172.17.0.0/16` -> 172.17.0.1): the gateway
+/// Docker gives a bridge.
+fn first_host(subnet: &str) -> anyhow::Result<Ipv4Addr> {
+    let (address, bits) = subnet.trim().split_once('/').context("no prefix length")?;
+    let bits: u32 = bits.parse().context("prefix length")?;
+    anyhow::ensure!((1..=30).contains(&bits), "prefix length {bits} leaves no host address");
+    let network = u32::from(address.parse::<Ipv4Addr>()?) & (u32::MAX << (32 - bits));
+    Ok(Ipv4Addr::from(network + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bridge_without_a_recorded_gateway_uses_its_subnets_first_address() {
+        assert_eq!(first_host("172.17.0.0/16").unwrap(), Ipv4Addr::new(172, 17, 0, 1));
+        assert_eq!(first_host("10.1.2.128/25\n").unwrap(), Ipv4Addr::new(10, 1, 2, 129));
+        assert!(first_host("").is_err() && first_host("172.17.0.0/32").is_err() && first_host("x/16").is_err());
     }
 }
