@@ -16,7 +16,8 @@ manifests/samples/python/augment.py between the crop/flip and normalize, into fl
   `RandomHorizontalFlip`, then the same color_jitter on the HWC array, then normalize.
 
 Rounds alternate the two; each reports the best of `--epochs` epochs after a warm-up epoch,
-in images per second.
+in images per second. `--batch N` runs Stoker's op in the batched form (`color_jitter_batch`,
+N elements per call).
 """
 
 import argparse
@@ -36,15 +37,16 @@ STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 BATCH = 64
 
 
-def stoker_epochs(worker_bin, corpus, epochs, threads, jitter):
+def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None):
     from stoker_client import Client
 
+    function, extra = ("color_jitter_batch", f", batch: {batch}") if batch else ("color_jitter", "")
     spec = (f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
             "  transforms:\n"
             "  - decodeImage: {channels: 3}\n"
             "  - randomResizedCrop: {size: [224, 224]}\n"
             "  - randomFlip: {horizontal: true}\n"
-            + (f"  - python: {{module: augment, function: color_jitter, path: '{CODE}'}}\n" if jitter else "")
+            + (f"  - python: {{module: augment, function: {function}, path: '{CODE}'{extra}}}\n" if jitter else "")
             + "  - normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}\n"
             f"  batchSize: {BATCH}\n"
             "  seed: 1\n")
@@ -116,12 +118,14 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--processes", type=int, default=2, help="Stoker worker threads = DataLoader workers")
     ap.add_argument("--without-python", action="store_true", help="both sides without color_jitter (a baseline)")
+    ap.add_argument("--batch", type=int, help="Stoker calls color_jitter_batch on this many elements at once")
     args = ap.parse_args()
     jitter = not args.without_python
     print(f"machine: {os.cpu_count()} cores; {args.processes} processes per side; best of {args.epochs} epochs; "
-          f"{'with' if jitter else 'without'} color_jitter")
+          f"{'with' if jitter else 'without'} color_jitter"
+          + (f"; Stoker's in the batched form, {args.batch} per call" if args.batch and jitter else ""))
     for round in range(1, args.rounds + 1):
-        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter)
+        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch)
         print(f"round {round} stoker:      best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
         rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes, jitter)
         print(f"round {round} dataloader:  best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")

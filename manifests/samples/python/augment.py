@@ -24,3 +24,9 @@ def color_jitter(element, rng):
     image = (image - luma) * saturation + luma
     element["image"] = np.clip(image, 0, 255).astype(np.uint8)
     return element
+
+
+def color_jitter_batch(elements, rngs):
+    """The batched form (`batch: n` on the op): each element with its own generator, so the
+    output is the same as one element per call."""
+    return [color_jitter(element, rng) for element, rng in zip(elements, rngs)]
