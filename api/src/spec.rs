@@ -117,6 +117,12 @@ impl Source {
         if self.mix.is_empty() { vec![MixedSource { uri: self.uri.clone(), weight: 1.0 }] } else { self.mix.clone() }
     }
 
+    /// Each mixed source's weight over the sum of the weights, in spec order.
+    pub fn weight_shares(&self) -> Vec<f64> {
+        let total: f64 = self.mix.iter().map(|m| m.weight).sum();
+        self.mix.iter().map(|m| m.weight / total).collect()
+    }
+
     /// The sources' URIs, for logs and messages.
     pub fn describe(&self) -> String {
         self.weighted().iter().map(|m| m.uri.as_str()).collect::<Vec<_>>().join(", ")

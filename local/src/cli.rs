@@ -141,7 +141,7 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
                 println!("warning: {warning}");
             }
         }
-        let mix = mix_line(&dp.spec.data_plane.source.mix, &report.source_shares);
+        let mix = mix_line(&dp.spec.data_plane.source, &report.source_shares);
         if mix.is_some() && mix != shown_mix {
             println!("{}", mix.as_deref().unwrap_or_default());
             shown_mix = mix;
@@ -167,15 +167,13 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
 
 /// A mix's realised shares beside its weights in one line; None without a mix or before any
 /// element.
-pub fn mix_line(mix: &[stoker_api::MixedSource], shares: &[f64]) -> Option<String> {
-    if mix.is_empty() || shares.len() != mix.len() {
+pub fn mix_line(source: &stoker_api::Source, shares: &[f64]) -> Option<String> {
+    if source.mix.is_empty() || shares.len() != source.mix.len() {
         return None;
     }
-    let total: f64 = mix.iter().map(|m| m.weight).sum();
-    let parts: Vec<String> = mix
-        .iter()
+    let parts: Vec<String> = (source.mix.iter().zip(source.weight_shares()))
         .zip(shares)
-        .map(|(m, share)| format!("{} {share:.3} (weight {:.3})", m.uri, m.weight / total))
+        .map(|((m, weight), share)| format!("{} {share:.3} (weight {weight:.3})", m.uri))
         .collect();
     Some(format!("mix realised: {}", parts.join(", ")))
 }
@@ -198,15 +196,17 @@ mod tests {
 
     #[test]
     fn the_mix_line_shows_each_realised_share_beside_its_weight() {
-        let mix = [
+        let mix = vec![
             stoker_api::MixedSource { uri: "s3://c/web/".into(), weight: 7.0 },
             stoker_api::MixedSource { uri: "s3://c/code/".into(), weight: 3.0 },
         ];
+        let source = stoker_api::Source { mix, ..stoker_api::Source::single("", stoker_api::SourceFormat::Jsonl) };
         assert_eq!(
-            mix_line(&mix, &[0.688, 0.312]).as_deref(),
+            mix_line(&source, &[0.688, 0.312]).as_deref(),
             Some("mix realised: s3://c/web/ 0.688 (weight 0.700), s3://c/code/ 0.312 (weight 0.300)")
         );
-        assert_eq!(mix_line(&mix, &[]), None, "nothing produced yet");
-        assert_eq!(mix_line(&[], &[1.0]), None, "one source: no line");
+        assert_eq!(mix_line(&source, &[]), None, "nothing produced yet");
+        let single = stoker_api::Source::single("s3://c/web/", stoker_api::SourceFormat::Jsonl);
+        assert_eq!(mix_line(&single, &[1.0]), None, "one source: no line");
     }
 }

@@ -124,13 +124,8 @@ pub fn apply_range(
             Transform::Python(p) => {
                 let pool = transforms.loaded.python.as_ref().expect("loaded for a pipeline with python ops");
                 let function = || format!("{}.{}", p.module, p.function);
-                let element_in = std::mem::take(&mut element);
-                // A batched op reached here (from a cache read, or alone) still gets a list.
-                let result = match p.batched() {
-                    Some(_) => pool.call_batch(index, vec![(key, element_in)]).pop().expect("one result per element"),
-                    None => pool.call(index, key, element_in),
-                };
-                match result {
+                debug_assert!(p.batched().is_none(), "engine::stages calls batched ops on groups");
+                match pool.call(index, key, std::mem::take(&mut element)) {
                     Ok(Some(out)) => element = out,
                     Ok(None) => {
                         timings[index] += started.elapsed();

@@ -138,14 +138,14 @@ pub fn next(
 /// counted any element, else the last status's.
 fn mix(spec: &DataPipelineSpec, workers: Option<&WorkersReport>, previous: &[MixStatus]) -> Vec<MixStatus> {
     let sources = &spec.data_plane.source.mix;
-    let total: f64 = sources.iter().map(|m| m.weight).sum();
+    let weights = spec.data_plane.source.weight_shares();
     let shares = workers.map(|w| w.source_shares.as_slice()).filter(|s| s.len() == sources.len());
     sources
         .iter()
         .enumerate()
         .map(|(i, m)| MixStatus {
             uri: m.uri.clone(),
-            weight: (m.weight / total * 1000.0).round() / 1000.0,
+            weight: (weights[i] * 1000.0).round() / 1000.0,
             realised: match shares {
                 Some(shares) => Some(shares[i]),
                 None => previous.iter().find(|p| p.uri == m.uri).and_then(|p| p.realised),

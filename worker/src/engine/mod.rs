@@ -165,11 +165,7 @@ impl Stats {
     }
 
     fn produced(&self, source: usize, rows: usize) {
-        let mut counts = self.source_rows.lock().unwrap();
-        if counts.len() <= source {
-            counts.resize(source + 1, 0);
-        }
-        counts[source] += rows as u64;
+        self.source_rows.lock().unwrap()[source] += rows as u64;
     }
 
     fn skip(&self, reason: &'static str) {
@@ -281,6 +277,7 @@ impl Engine {
             .map_err(EngineError::Load)?;
         let stats = Arc::new(Stats::default());
         *stats.op_time.lock().unwrap() = vec![Duration::ZERO; pipeline.data_plane.transforms.len()];
+        *stats.source_rows.lock().unwrap() = vec![0; sources.len()];
         Ok(Engine {
             budget: Arc::new(MemoryBudget::new(config.memory_budget)),
             runtime: tokio::runtime::Handle::current(),

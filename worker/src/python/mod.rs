@@ -15,8 +15,11 @@ use stoker_api::Transform;
 
 use crate::apply::ElementKey;
 use crate::element::Element;
-use exchange::{Reply, Request};
+use exchange::{Reply, Request, Shared};
 use process::PythonProcess;
+
+/// The most bytes an element the function returns may hold.
+const MAX_ELEMENT: usize = stoker_api::bounds::MAX_ELEMENT_BYTES as usize;
 
 /// The `python` ops of a pipeline and the interpreter that runs them.
 pub struct PythonOps {
@@ -108,54 +111,54 @@ impl PythonPool {
         self.ops.ops.iter().find(|op| op.index == index).expect("the pool knows every python op")
     }
 
-    /// An idle process, or a new one.
-    fn take(&self) -> Result<PythonProcess, Failure> {
+    /// One call of op `index` on an idle process (or a new one): `request` lays the input out
+    /// in the process's shared memory, `read` turns the reply into the result. A failed call
+    /// has killed its process, so only a process that answered goes back to the pool.
+    fn exchange<Q: serde::Serialize, R>(
+        &self,
+        index: usize,
+        request: impl FnOnce(&mut Shared) -> std::io::Result<Q>,
+        read: impl FnOnce(Reply, &Shared) -> Result<R, Failure>,
+    ) -> Result<R, Failure> {
+        let op = self.op(index);
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match idle {
-            Some(p) => Ok(p),
-            None => PythonProcess::start(&self.ops).map_err(Failure::Start),
-        }
-    }
-
-    fn give_back(&self, process: PythonProcess) {
+        let mut process = match idle {
+            Some(p) => p,
+            None => PythonProcess::start(&self.ops).map_err(Failure::Start)?,
+        };
+        let request =
+            request(process.shared()).map_err(|e| Failure::Died(format!("writing the input to shared memory: {e}")))?;
+        let timeout = Duration::from_secs(op.spec.timeout_seconds.into());
+        let reply = process.call(&request, timeout, u64::from(op.spec.memory_limit_mib) << 20)?;
+        let result = match reply {
+            Reply::Error { error, traceback } => {
+                tracing::warn!(op = index, module = %op.spec.module, function = %op.spec.function, %traceback, "a python transform raised");
+                Err(Failure::Exception(error))
+            }
+            reply => read(reply, process.shared()),
+        };
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(process);
-    }
-
-    fn logged(op: &PythonOp, error: String, traceback: String) -> Failure {
-        tracing::warn!(op = op.index, module = %op.spec.module, function = %op.spec.function, %traceback, "a python transform raised");
-        Failure::Exception(error)
+        result
     }
 
     /// Runs op `index` (a `python` op of the pipeline) on `element`: Some(element), or None
     /// when the function dropped it.
     pub fn call(&self, index: usize, key: ElementKey, element: Element) -> Result<Option<Element>, Failure> {
-        let op = self.op(index);
-        let mut process = self.take()?;
-        let (fields, out) = exchange::place(element, process.shared(), 0)
-            .map_err(|e| Failure::Died(format!("writing the element to shared memory: {e}")))?;
-        let request = Request {
-            op: index,
-            rng: [key.seed, key.epoch, key.element, index as u64],
-            size: process.shared().len(),
-            out,
-            fields,
-        };
-        let timeout = Duration::from_secs(op.spec.timeout_seconds.into());
-        let memory = u64::from(op.spec.memory_limit_mib) << 20;
-        // A failed call has killed its process: it is not given back.
-        let reply = process.call(&request, timeout, memory)?;
-        let result = match reply {
-            Reply::Ok { fields, .. } => {
-                exchange::take(&fields, process.shared(), stoker_api::bounds::MAX_ELEMENT_BYTES as usize)
-                    .map(Some)
-                    .map_err(Failure::BadOutput)
-            }
-            Reply::Drop => Ok(None),
-            Reply::Error { error, traceback } => Err(Self::logged(op, error, traceback)),
-            other => Err(Failure::BadOutput(format!("an unexpected reply {other:?}"))),
-        };
-        self.give_back(process);
-        result
+        self.exchange(
+            index,
+            |shared| {
+                let (fields, out) = exchange::place(element, shared, 0)?;
+                let rng = [key.seed, key.epoch, key.element, index as u64];
+                Ok(Request { op: index, rng, size: shared.len(), out, fields })
+            },
+            |reply, shared| match reply {
+                Reply::Ok { fields, .. } => {
+                    exchange::take(&fields, shared, MAX_ELEMENT).map(Some).map_err(Failure::BadOutput)
+                }
+                Reply::Drop => Ok(None),
+                other => Err(Failure::BadOutput(format!("an unexpected reply {other:?}"))),
+            },
+        )
     }
 
     /// Runs batched op `index` on `elements` in one call: one result per element, in order. A
@@ -167,46 +170,31 @@ impl PythonPool {
         elements: Vec<(ElementKey, Element)>,
     ) -> Vec<Result<Option<Element>, Failure>> {
         let n = elements.len();
-        match self.try_call_batch(index, elements) {
-            Ok(results) => results,
-            Err(failure) => vec![Err(failure); n],
-        }
-    }
-
-    fn try_call_batch(
-        &self,
-        index: usize,
-        elements: Vec<(ElementKey, Element)>,
-    ) -> Result<Vec<Result<Option<Element>, Failure>>, Failure> {
-        let op = self.op(index);
-        let mut process = self.take()?;
-        let (mut placed, mut rngs, mut out) = (Vec::with_capacity(elements.len()), Vec::new(), 0);
-        for (key, element) in elements {
-            let (fields, end) = exchange::place(element, process.shared(), out)
-                .map_err(|e| Failure::Died(format!("writing the elements to shared memory: {e}")))?;
-            placed.push(fields);
-            rngs.push([key.seed, key.epoch, key.element, index as u64]);
-            out = end;
-        }
-        let n = placed.len();
-        let request = exchange::BatchRequest { op: index, rngs, size: process.shared().len(), out, elements: placed };
-        let timeout = Duration::from_secs(op.spec.timeout_seconds.into());
-        let reply = process.call(&request, timeout, u64::from(op.spec.memory_limit_mib) << 20)?;
-        let limit = stoker_api::bounds::MAX_ELEMENT_BYTES as usize;
-        let result = match reply {
-            Reply::Ok { elements: Some(outputs), .. } if outputs.len() == n => Ok(outputs
-                .iter()
-                .map(|fields| match fields {
-                    Some(fields) => {
-                        exchange::take(fields, process.shared(), limit).map(Some).map_err(Failure::BadOutput)
-                    }
-                    None => Ok(None),
-                })
-                .collect()),
-            Reply::Error { error, traceback } => Err(Self::logged(op, error, traceback)),
-            other => Err(Failure::BadOutput(format!("an unexpected reply to a batch of {n}: {other:?}"))),
-        };
-        self.give_back(process);
-        result
+        let results = self.exchange(
+            index,
+            |shared| {
+                let (mut placed, mut rngs, mut out) = (Vec::with_capacity(n), Vec::with_capacity(n), 0);
+                for (key, element) in elements {
+                    let (fields, end) = exchange::place(element, shared, out)?;
+                    placed.push(fields);
+                    rngs.push([key.seed, key.epoch, key.element, index as u64]);
+                    out = end;
+                }
+                Ok(exchange::BatchRequest { op: index, rngs, size: shared.len(), out, elements: placed })
+            },
+            |reply, shared| match reply {
+                Reply::Ok { elements: Some(outputs), .. } if outputs.len() == n => Ok(outputs
+                    .iter()
+                    .map(|fields| match fields {
+                        Some(fields) => {
+                            exchange::take(fields, shared, MAX_ELEMENT).map(Some).map_err(Failure::BadOutput)
+                        }
+                        None => Ok(None),
+                    })
+                    .collect()),
+                other => Err(Failure::BadOutput(format!("an unexpected reply to a batch of {n}: {other:?}"))),
+            },
+        );
+        results.unwrap_or_else(|failure| vec![Err(failure); n])
     }
 }
