@@ -57,6 +57,10 @@ pub struct ClientOptions {
     /// says they serve TLS (verifying them against the name it gives). An `https://` URL
     /// without a CA is refused.
     pub tls_ca: Option<PathBuf>,
+    /// The name the dispatcher's certificate must be for, when the URL's host is not it: a
+    /// dispatcher reached by its cluster IP or through `kubectl port-forward` still presents a
+    /// certificate for its Service's DNS name. Default: the URL's host.
+    pub tls_server_name: Option<String>,
     pub connect_timeout: Duration,
     /// HTTP/2 flow-control window per stream: in-flight bytes per worker beyond the prefetch
     /// queue. Large enough for full speed, small enough that a slow trainer stops the worker.
@@ -86,6 +90,7 @@ impl ClientOptions {
             compression: None,
             token: None,
             tls_ca: None,
+            tls_server_name: None,
             connect_timeout: Duration::from_secs(10),
             stream_window_bytes: 4 << 20,
         }

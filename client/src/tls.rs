@@ -51,10 +51,18 @@ fn config(ca: Ca) -> ClientTlsConfig {
 
 /// The dispatcher's URL with its scheme, and TLS settings when it is reached over TLS.
 pub(crate) fn dispatcher(url: &str, options: &ClientOptions) -> Result<(String, Option<ClientTlsConfig>), Error> {
+    by_url(url, options, options.tls_server_name.as_deref())
+}
+
+/// `url` with its scheme and, over TLS, verified against `name` (default: the URL's host).
+fn by_url(url: &str, options: &ClientOptions, name: Option<&str>) -> Result<(String, Option<ClientTlsConfig>), Error> {
     let ca = ca(options)?;
     let scheme = scheme(url, ca.is_some(), options.tls_ca.is_some()).map_err(Error::InvalidOptions)?;
     let tls = match scheme {
-        Scheme::Tls => ca.map(config),
+        Scheme::Tls => ca.map(config).map(|c| match name {
+            Some(name) => c.domain_name(name),
+            None => c,
+        }),
         Scheme::Plaintext => None,
     };
     Ok((with_scheme(url, &scheme), tls))
@@ -67,7 +75,8 @@ pub(crate) fn worker(
     how: &WorkerTls,
 ) -> Result<(String, Option<ClientTlsConfig>), Error> {
     match how {
-        WorkerTls::ByAddress => dispatcher(address, options),
+        // A fixed worker is verified against its own address, never the dispatcher's name.
+        WorkerTls::ByAddress => by_url(address, options, None),
         WorkerTls::Plaintext => Ok((with_scheme(address, &Scheme::Plaintext), None)),
         WorkerTls::Verify(name) => {
             let ca = ca(options)?.ok_or_else(|| Error::Tls {

@@ -14,8 +14,8 @@ use crate::tools::{self, Cmd};
 use crate::wait::{Check, wait_for};
 use crate::{OPERATOR_NAMESPACE, RELEASE};
 
-/// Where the images built by `e2e/cluster/images.sh` are: `<REPOSITORY>/stoker-operator:<tag>`
-/// and `<REPOSITORY>/stoker-worker:<tag>`.
+/// Where the images built by `e2e/cluster/images.sh` are: `<REPOSITORY>/stoker-operator:<tag>`,
+/// `<REPOSITORY>/stoker-worker:<tag>` and `<REPOSITORY>/stoker-worker-python:<tag>`.
 pub const REPOSITORY: &str = "stoker.local";
 /// The tag the e2e tiers build and install.
 pub const TAG: &str = "e2e";

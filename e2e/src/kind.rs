@@ -117,7 +117,7 @@ impl KindCluster {
         if !env_flag("STOKER_KIND_SKIP_BUILD") {
             in_cluster::build_images(None).await?;
         }
-        for target in ["operator", "worker"] {
+        for target in ["operator", "worker", "worker-python"] {
             let image = format!("{REPOSITORY}/stoker-{target}:{TAG}");
             eprintln!("[e2e kind] kind load docker-image {image}");
             Cmd::new(&cluster.kind)

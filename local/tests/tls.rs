@@ -102,6 +102,16 @@ async fn clients_verify_the_dispatcher_and_workers_and_say_why_when_they_cannot(
     assert!(e.to_string().contains("not signed by a CA this client trusts"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(10), "failed fast, not after the connect timeout");
 
+    // A dispatcher dialled by an address its certificate does not name (a cluster IP, a
+    // port-forward) is verified against `tls_server_name` instead: the certificate names
+    // localhost, so that name is accepted and another refused.
+    let mut named = options(Some(&ca));
+    named.tls_server_name = Some("localhost".into());
+    Client::from_dispatcher(&local.url, named.clone()).await.expect("verified as localhost");
+    named.tls_server_name = Some("elsewhere.example".into());
+    let e = Client::from_dispatcher(&local.url, named).await.err().expect("refused");
+    assert!(e.to_string().contains("not for the name this client expects"), "{e}");
+
     // https:// without any CA: refused before dialling.
     let e = Client::from_dispatcher(&local.url, options(None)).await.err().expect("refused");
     assert!(e.to_string().contains("no CA"), "{e}");

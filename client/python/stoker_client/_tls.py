@@ -17,12 +17,16 @@ from .errors import TlsError
 CA_FILE_ENV = "STOKER_CA_FILE"
 
 # What gRPC's C core says when a handshake fails (certificate not verified, peer not TLS).
-_HANDSHAKE_SIGNS = ("handshake failed", "certificate_verify_failed", "ssl_error", "tls", "wrong_version_number")
+_HANDSHAKE_SIGNS = ("handshake failed", "certificate_verify_failed", "ssl_error", "tls", "wrong_version_number",
+                    "hostname verification")
 
 
 class Tls:
-    def __init__(self, ca_file: Optional[str] = None):
+    def __init__(self, ca_file: Optional[str] = None, server_name: Optional[str] = None):
         self.explicit = ca_file is not None
+        # The name the dispatcher's certificate is for, when its URL's host is not that name
+        # (a cluster IP, a port-forward).
+        self.dispatcher_name = server_name
         path = ca_file if ca_file is not None else (os.environ.get(CA_FILE_ENV) or None)
         self.ca_path = path
         self.ca: Optional[bytes] = None
@@ -65,10 +69,18 @@ class Tls:
         credentials = grpc.ssl_channel_credentials(root_certificates=self.ca)
         return grpc.secure_channel(target, credentials, options=options), target
 
+    def dispatcher_channel(self, url: str) -> Tuple[grpc.Channel, str]:
+        """(channel, target) for the dispatcher at `url`, verified as `server_name` if given."""
+        if self.dispatcher_name is None or not self._uses_tls(url):
+            return self.channel(url)
+        return self.channel(url, server_name=self.dispatcher_name)
+
     def problem(self, e: grpc.RpcError) -> Optional[str]:
         """What went wrong in TLS, if `e` is a handshake failure."""
         details = (e.details() or "") if hasattr(e, "details") else str(e)
         if e.code() == grpc.StatusCode.UNAVAILABLE and any(s in details.lower() for s in _HANDSHAKE_SIGNS):
+            if "hostname verification" in details.lower():
+                return f"the handshake failed: the server's certificate is not for the name this client expects ({details})"
             trusted = f"the CA in {self.ca_path}" if self.ca_path else "no CA (plaintext)"
             return f"the handshake failed; the client trusts {trusted} ({details})"
         return None

@@ -118,6 +118,7 @@ class Client(Following):
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         token: Optional[str] = None,
         ca_file: Optional[str] = None,
+        tls_server_name: Optional[str] = None,
         _follow: bool = False,
         _prefetch_next_epoch: bool = True,
         _consumers: int = 0,
@@ -138,7 +139,7 @@ class Client(Following):
         self._token = TokenSource(token)
         # TLS: the CA (ca_file, else STOKER_CA_FILE) and, under the dispatcher, the name the
         # listed workers' certificates are for (None: a fixed list, each address's own rule).
-        self._tls = Tls(ca_file)
+        self._tls = Tls(ca_file, tls_server_name)
         self._tls_name: Optional[str] = None
         self._max_message_bytes, self._max_batch_bytes = max_message_bytes, max_batch_bytes
         self._prefetch = prefetch
@@ -260,7 +261,7 @@ class Client(Following):
                      _follow=True, _prefetch_next_epoch=prefetch_next_epoch, _consumers=consumers,
                      _coordinated=coordinated, _resume=resume, **options)
         try:
-            channel, target = client._tls.channel(url)
+            channel, target = client._tls.dispatcher_channel(url)
             Follower(_Followed(client), channel, target, namespace, pipeline, job,
                      consumer_index, connect_timeout, consumers=consumers, resume=resume, coordinated=coordinated)
         except BaseException:

@@ -6,6 +6,10 @@
 //! would: `text-jsonl` unchanged, on a `corpus` claim holding JSONL; the others with their
 //! source pointed at local files of the same format and their resource requests dropped.
 //! Everything else (transforms, batch size, autoscaling, cache, replicas) is the sample's own.
+//! `image-python-augment` runs on the worker image with Python (`stoker-worker-python`, built
+//! here by the Dockerfile's `worker-python` target) with its code from the ConfigMap its
+//! comments say to create. Its batch shows the op ran in the pod: a worker that cannot start
+//! its Python or import the module stops at startup, and a call that fails drops its element.
 
 use std::path::Path;
 use std::time::Duration;
@@ -17,6 +21,7 @@ use kube::api::{Api, PostParams};
 use serde_yaml::{Mapping, Value};
 use stoker_api::{DataPipeline, condition};
 use stoker_client::Client;
+use stoker_e2e::in_cluster::{REPOSITORY, TAG};
 use stoker_e2e::k8s::{delete_namespace, fresh_namespace};
 use stoker_e2e::tools::{Cmd, target_dir, workspace_root};
 use stoker_e2e::{Check, Cluster, OperatorOptions, WorkerData, wait_for};
@@ -32,7 +37,10 @@ const SAMPLES: &[(&str, &str, i32, &str)] = &[
     ("manifests/samples/image-classification.yaml", "imagenet-train", 1, "image"),
     ("manifests/samples/text-jsonl.yaml", "corpus-jsonl", 2, "input_text"),
     ("manifests/samples/webdataset-fixed.yaml", "webdataset-eval", 4, "jpg"),
+    ("manifests/samples/image-python-augment.yaml", PYTHON_SAMPLE, 1, "image"),
 ];
+/// The sample with a `python` op.
+const PYTHON_SAMPLE: &str = "imagenet-python-augment";
 
 pub async fn samples_run_as_pods(cluster: &dyn Cluster) -> anyhow::Result<()> {
     if !cluster.provider().real_pods() {
@@ -73,12 +81,15 @@ pub async fn samples_run_as_pods(cluster: &dyn Cluster) -> anyhow::Result<()> {
         let yaml = std::fs::read_to_string(workspace_root().join(file)).with_context(|| file.to_string())?;
         let mut sample: Value = serde_yaml::from_str(&yaml)?;
         let uri = match name {
-            "imagenet-train" => Some(format!("file://{}/images/", seen_as.path)),
+            "imagenet-train" | PYTHON_SAMPLE => Some(format!("file://{}/images/", seen_as.path)),
             "webdataset-eval" => Some(format!("file://{}/webdataset/", seen_as.path)),
             _ => None,
         };
         if let Some(uri) = uri {
             on_this_machine(&mut sample, &uri, &seen_as)?;
+        }
+        if name == PYTHON_SAMPLE {
+            python_here(cluster, &ns, &mut sample).await?;
         }
         cluster.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], &serde_yaml::to_string(&sample)?).await?;
     }
@@ -140,6 +151,18 @@ fn on_this_machine(sample: &mut Value, uri: &str, data: &WorkerData) -> anyhow::
             (Some(_), _) => bail!("spec.workers.{key:?} is not a list"),
         }
     }
+    Ok(())
+}
+
+/// The Python sample as its comments say to run it: its code in the ConfigMap `augment-code`,
+/// and the worker image with Python built here.
+async fn python_here(cluster: &dyn Cluster, ns: &str, sample: &mut Value) -> anyhow::Result<()> {
+    let code = workspace_root().join("manifests/samples/python/augment.py");
+    let configmap = format!("--from-file={}", code.display());
+    cluster.kubectl(&["create", "configmap", "augment-code", "-n", ns, &configmap]).await?;
+    let image = format!("{REPOSITORY}/stoker-worker-python:{TAG}");
+    let workers = sample.get_mut("spec").and_then(|s| s.get_mut("workers")).and_then(Value::as_mapping_mut);
+    workers.context("the python sample has spec.workers")?.insert("image".into(), image.into());
     Ok(())
 }
 

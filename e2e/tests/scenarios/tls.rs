@@ -5,20 +5,22 @@
 //! speaks plaintext, is refused.
 //!
 //! Local provider: the operator runs with the TLS flags and the harness's kubelet mounts the
-//! Secret. Real pods: the chart's TLS (`tls.enabled`) is rendered and checked by
-//! `tests/chart_values.rs`; the dispatcher's certificate names its Service, which this machine
-//! cannot resolve, so the scenario runs on the local provider.
+//! Secret. Real pods: the chart's own TLS (`tls.enabled`, a self-signed CA the chart makes) is
+//! turned on with `helm upgrade`, the client trusts the CA the chart publishes and, dialling
+//! the dispatcher by its cluster IP, verifies it as its Service's name (`tls_server_name`);
+//! the chart's TLS is turned off again afterwards.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use kube::api::{Api, ListParams};
 use stoker_client::{Client, ClientOptions};
 use stoker_e2e::k8s::{delete_namespace, fresh_namespace, ids_pipeline, wait_until_made};
-use stoker_e2e::{Cluster, OperatorOptions, Provider};
+use stoker_e2e::tools::workspace_root;
+use stoker_e2e::{Cluster, OPERATOR_NAMESPACE, OperatorOptions, RELEASE};
 use stoker_operator::tls::Ca;
 
 const NAME: &str = "private";
@@ -51,16 +53,12 @@ fn pki(dir: &std::path::Path, name: &str) -> anyhow::Result<Pki> {
 }
 
 pub async fn tls_end_to_end(cluster: &dyn Cluster) -> anyhow::Result<()> {
-    if cluster.provider() != Provider::Local {
-        println!(
-            "tls_end_to_end runs on the local provider only: the dispatcher's certificate names its Service, which \
-             this machine does not resolve (the chart's TLS objects are checked in tests/chart_values.rs)"
-        );
-        return Ok(());
-    }
     let dir = cluster.workdir().join("tls");
-    let ours = pki(&dir, "ours")?;
     let theirs = pki(&dir, "theirs")?;
+    if cluster.provider().real_pods() {
+        return chart_tls(cluster, &dir, &theirs).await;
+    }
+    let ours = pki(&dir, "ours")?;
     let flag = |name: &str, path: &std::path::Path| format!("--{name}={}", path.display());
     // Running operators keep their flags: stop them, and start them again with TLS.
     cluster.operator_stop().await?;
@@ -73,29 +71,71 @@ pub async fn tls_end_to_end(cluster: &dyn Cluster) -> anyhow::Result<()> {
                 .arg(flag("tls-ca-key-file", &ours.ca_key)),
         )
         .await?;
-    let result = scenario(cluster, &ours, &theirs).await;
+    let result = scenario(cluster, &ours.ca_cert, &theirs.ca_cert, None).await;
     // The scenarios after this one run with a plaintext operator.
     cluster.operator_stop().await?;
     cluster.operator_start(OperatorOptions::default()).await?;
     result
 }
 
-async fn scenario(cluster: &dyn Cluster, ours: &Pki, theirs: &Pki) -> anyhow::Result<()> {
+/// The chart's TLS on real pods: `helm upgrade --set tls.enabled=true` rolls the operator onto
+/// the chart's self-signed CA; clients trust the CA from the `<release>-ca` ConfigMap.
+async fn chart_tls(cluster: &dyn Cluster, dir: &std::path::Path, theirs: &Pki) -> anyhow::Result<()> {
+    let result = async {
+        helm_tls(cluster, true).await?;
+        let client = cluster.client();
+        let services = Api::<Service>::namespaced(client.clone(), OPERATOR_NAMESPACE);
+        let selector = format!("app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=dispatcher");
+        let listed = services.list(&ListParams::default().labels(&selector)).await?;
+        let service = listed.items.first().and_then(|s| s.metadata.name.clone()).context("the dispatcher Service")?;
+        let maps = Api::<ConfigMap>::namespaced(client.clone(), OPERATOR_NAMESPACE);
+        let published = maps.get(&format!("{RELEASE}-ca")).await?.data.unwrap_or_default();
+        let ca = dir.join("chart-ca.crt");
+        std::fs::write(&ca, published.get("ca.crt").context("ca.crt in the chart's CA ConfigMap")?)?;
+        let name = format!("{service}.{OPERATOR_NAMESPACE}.svc");
+        scenario(cluster, &ca, &theirs.ca_cert, Some(name.clone())).await?;
+        eprintln!("  the chart's TLS: an epoch over TLS from its self-signed CA, the dispatcher verified as {name}");
+        anyhow::Ok(())
+    }
+    .await;
+    // The scenarios after this one run with a plaintext operator.
+    let off = helm_tls(cluster, false).await;
+    result.and(off)
+}
+
+/// Turns the chart's TLS on or off and waits for the rolled operator to lead again.
+async fn helm_tls(cluster: &dyn Cluster, on: bool) -> anyhow::Result<()> {
+    let chart = workspace_root().join("charts/stoker").display().to_string();
+    let value = format!("tls.enabled={on}");
+    let args = ["upgrade", RELEASE, &chart, "-n", OPERATOR_NAMESPACE, "--reuse-values", "--set", &value];
+    let mut args = args.to_vec();
+    args.extend(["--wait", "--timeout", "5m"]);
+    cluster.helm(&args).await.with_context(|| format!("helm upgrade --set {value}"))?;
+    cluster.chart_operator()?.wait(None).await?;
+    super::operator::leader(cluster, None).await.with_context(|| format!("a leader after {value}"))?;
+    Ok(())
+}
+
+/// A pipeline read over TLS by a client trusting `ca` (verifying the dispatcher as
+/// `server_name` when given), and refused to one trusting `other_ca` or speaking plaintext.
+async fn scenario(
+    cluster: &dyn Cluster,
+    ca: &std::path::Path,
+    other_ca: &std::path::Path,
+    server_name: Option<String>,
+) -> anyhow::Result<()> {
     let client = cluster.client();
     let ns = fresh_namespace(&client, "e2e-tls").await?;
     let kubelet = cluster.run_workers(&ns)?;
     ids_pipeline(cluster, &ns, NAME, ROWS).await?;
 
-    // The operator issued the workers a certificate for their Service, from our CA, and the
+    // The operator issued the workers a certificate for their Service, from the CA, and the
     // pods mount it.
     let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
     let secret = wait_until_made(&secrets, &format!("{NAME}-workers-tls"), Duration::from_secs(60)).await?;
     let data = secret.data.unwrap_or_default();
     let ca_in_secret = data.get("ca.crt").map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
-    ensure!(
-        ca_in_secret.contains(std::fs::read_to_string(&ours.ca_cert)?.trim()),
-        "the workers trust our CA: {ca_in_secret}"
-    );
+    ensure!(ca_in_secret.contains(std::fs::read_to_string(ca)?.trim()), "the workers trust the CA: {ca_in_secret}");
     ensure!(data.contains_key("tls.crt") && data.contains_key("tls.key"), "a certificate and key: {:?}", data.keys());
     let deployment = Api::<Deployment>::namespaced(client.clone(), &ns).get(&format!("{NAME}-workers")).await?;
     let pod = deployment.spec.template.spec.context("a pod template")?;
@@ -111,7 +151,8 @@ async fn scenario(cluster: &dyn Cluster, ours: &Pki, theirs: &Pki) -> anyhow::Re
     let url = cluster.dispatcher_url()?;
     let https = url.replacen("http://", "https://", 1);
     let mut options: ClientOptions = stoker_e2e::tenants::reader_options(&client, &ns, NAME).await?;
-    options.tls_ca = Some(ours.ca_cert.clone());
+    options.tls_ca = Some(ca.to_path_buf());
+    options.tls_server_name = server_name;
     let mut trainer = Client::from_dispatcher(&https, options.clone()).await.context("the trainer over TLS")?;
     let mut ids: BTreeMap<i64, u32> = BTreeMap::new();
     tokio::time::timeout(Duration::from_secs(90), async {
@@ -132,7 +173,7 @@ async fn scenario(cluster: &dyn Cluster, ours: &Pki, theirs: &Pki) -> anyhow::Re
 
     // Refused: a client trusting another CA, and one speaking plaintext.
     let mut stranger = options.clone();
-    stranger.tls_ca = Some(theirs.ca_cert.clone());
+    stranger.tls_ca = Some(other_ca.to_path_buf());
     match Client::from_dispatcher(&https, stranger).await {
         Err(e) => ensure!(format!("{e}").to_lowercase().contains("certificate"), "another CA: {e}"),
         Ok(_) => anyhow::bail!("a client trusting another CA connected"),
