@@ -21,6 +21,8 @@ ARG BINARIES=compiled
 ARG PYTHON_BASE=python-upstream
 
 FROM rust:1.95-bookworm AS compiled
+# The worker links libjpeg-turbo statically (worker/build.rs); the rust image ships its
+# development files (libjpeg-dev), so the runtime images need no libjpeg.
 WORKDIR /src
 COPY . .
 # The cache mounts keep the registry and build artifacts between builds; the binaries are

@@ -5,10 +5,10 @@ CACHE := $(or $(STOKER_CACHE),$(HOME)/.cache/stoker)
 VENV := $(CACHE)/venv
 export PATH := $(CACHE)/bin:$(PATH)
 
-.PHONY: demo test tools generate lint python venv
+.PHONY: demo test tools generate lint python venv deps
 
 # Runs the local demo: no cluster needed. Release build: the workers really decode JPEGs.
-demo:
+demo: deps
 	$(CARGO) build --release -q -p stoker-local -p stoker-worker --bins
 	target/release/stoker demo
 
@@ -16,7 +16,7 @@ demo:
 # and e2e on a real control plane; then the e2e scenarios again on real pods (a kubelet on
 # Docker, images built here), and on kind where docker and kind exist (otherwise it says why it
 # is skipped). The worker's benchmarks (its `bench` feature) are built so their tests run too.
-test: lint tools venv
+test: deps lint tools venv
 	$(CARGO) build --workspace --bins --features stoker-worker/bench
 	STOKER_PYTHON=$(VENV)/bin/python $(CARGO) test --workspace --no-fail-fast --features stoker-worker/bench
 	$(MAKE) python
@@ -47,7 +47,14 @@ generate: tools
 	helm template stoker charts/stoker --namespace stoker-system > manifests/install.yaml
 
 # rustfmt.toml holds the style; clippy's warnings are errors.
-lint:
+lint: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --workspace --all-targets --features stoker-worker/bench -- -D warnings
+
+# The C library the worker links statically: libjpeg-turbo's headers and static library, from
+# Debian (already on this project's machines; installed when missing).
+deps:
+	@dpkg -s libjpeg62-turbo-dev >/dev/null 2>&1 || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends libjpeg62-turbo-dev >/dev/null; }

@@ -67,7 +67,12 @@ pub fn apply_range(
     key: ElementKey,
     timings: &mut [Duration],
 ) -> Result<Option<Element>, ElementError> {
+    // A randomResizedCrop already applied with the decodeImage before it.
+    let mut fused = None;
     for (index, transform) in transforms.list.iter().enumerate().take(range.end).skip(range.start) {
+        if fused.take() == Some(index) {
+            continue;
+        }
         let started = Instant::now();
         let op = transform.name();
         let fail = |source| ElementError::Op { index, op, source };
@@ -75,7 +80,28 @@ pub fn apply_range(
         match transform {
             Transform::DecodeImage(d) => {
                 let bytes = take_bytes(&mut element, &d.field, index, op)?;
-                let image = ops::decode_image(&bytes, d.channels).map_err(fail)?;
+                let crop = match transforms.list.get(index + 1) {
+                    Some(Transform::RandomResizedCrop(c)) if c.field == d.field && index + 1 < range.end => Some(c),
+                    _ => None,
+                };
+                let image = match crop {
+                    // Decoding only the crop's window; each step is timed and blamed as its op.
+                    Some(c) => {
+                        fused = Some(index + 1);
+                        let crop_op = transforms.list[index + 1].name();
+                        let crop_fail = |source| ElementError::Op { index: index + 1, op: crop_op, source };
+                        let mut crop_rng = ops::element_rng(key.seed, key.epoch, key.element, index as u64 + 1);
+                        let decoded = ops::decode_for_crop(&bytes, d.channels, c, &mut crop_rng)
+                            .map_err(|e| if e.is_decoding() { fail(e) } else { crop_fail(e) })?;
+                        let resizing = Instant::now();
+                        timings[index] += resizing - started;
+                        let image = ops::resize_crop(&decoded, c).map_err(crop_fail)?;
+                        timings[index + 1] += resizing.elapsed();
+                        element.insert(d.field.clone(), Field::Tensor(image));
+                        continue;
+                    }
+                    None => ops::decode_image(&bytes, d.channels).map_err(fail)?,
+                };
                 element.insert(d.field.clone(), Field::Tensor(image));
             }
             Transform::Resize(r) => map_tensor(&mut element, &r.field, index, op, |t| ops::resize(t, r).map_err(fail))?,

@@ -103,6 +103,11 @@ enum Command {
         classes: usize,
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Each image's width and height are drawn from [min-side, max-side] pixels.
+        #[arg(long, default_value_t = 250)]
+        min_side: u32,
+        #[arg(long, default_value_t = 500)]
+        max_side: u32,
     },
     /// Benchmarks (see docs/performance.md).
     #[cfg(feature = "bench")]
@@ -129,8 +134,13 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         None => run(cli.run).await,
-        Some(Command::Corpus { out, images, classes, seed }) => {
-            let files = corpus::generate(&out, &CorpusSpec { images, classes, seed, ..Default::default() })?;
+        Some(Command::Corpus { out, images, classes, seed, min_side, max_side }) => {
+            anyhow::ensure!(
+                0 < min_side && min_side <= max_side,
+                "--min-side must be at least 1 and at most --max-side"
+            );
+            let spec = CorpusSpec { images, classes, seed, min_side, max_side, ..Default::default() };
+            let files = corpus::generate(&out, &spec)?;
             let bytes: u64 = files.iter().map(|f| f.metadata().map_or(0, |m| m.len())).sum();
             println!("wrote {} images ({:.1} MB) under {}", files.len(), bytes as f64 / 1e6, out.display());
             Ok(())

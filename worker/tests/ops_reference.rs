@@ -62,25 +62,20 @@ fn palette_png_expands_like_pillow() {
 }
 
 #[test]
-fn grey_jpeg_decodes_close_to_libjpeg() {
-    // Luma only: no chroma upsampling, so only IDCT rounding differs. Same bound as RGB.
+fn grey_jpeg_decodes_as_pillow_does() {
+    // Both are libjpeg-turbo with the accurate integer IDCT: the same pixels.
     let got = ops::decode_image(&file("grey_q90.jpg"), 1).unwrap();
-    let (max, mean) = diff(&got, &fixture("grey_q90_pillow"));
-    println!("grey jpeg vs Pillow: max {max}, mean {mean:.3}");
-    assert!(mean < 1.0 && max <= 8, "max {max}, mean {mean}");
+    assert_eq!(diff(&got, &fixture("grey_q90_pillow")), (0, 0.0));
     let rgb = ops::decode_image(&file("grey_q90.jpg"), 3).unwrap();
     assert!(rgb.data.chunks_exact(3).zip(got.data.iter()).all(|(p, &g)| p == [g, g, g]));
 }
 
 #[test]
-fn jpeg_decodes_close_to_libjpeg() {
-    // zune-jpeg and Pillow's libjpeg-turbo differ in IDCT and chroma upsampling rounding, so
-    // the pixels are not bit-identical. Bound: mean < 1 level, max <= 8 levels (measured on
-    // this fixture with zune-jpeg 0.5 vs Pillow 13: max 4, mean 0.40; grey max 1, mean 0.01).
+fn jpeg_decodes_as_pillow_does() {
+    // libjpeg-turbo with the accurate integer IDCT and fancy chroma upsampling, as Pillow's
+    // defaults: the same pixels.
     let got = ops::decode_image(&file("rgb_q90.jpg"), 3).unwrap();
-    let (max, mean) = diff(&got, &fixture("rgb_q90_pillow"));
-    println!("jpeg vs Pillow: max {max}, mean {mean:.3}");
-    assert!(mean < 1.0 && max <= 8, "max {max}, mean {mean}");
+    assert_eq!(diff(&got, &fixture("rgb_q90_pillow")), (0, 0.0));
     // Grey and RGBA outputs keep the same geometry.
     assert_eq!(ops::decode_image(&file("rgb_q90.jpg"), 1).unwrap().shape, vec![37, 53, 1]);
     let rgba = ops::decode_image(&file("rgb_q90.jpg"), 4).unwrap();

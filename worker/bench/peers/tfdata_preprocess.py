@@ -7,8 +7,8 @@ with map(num_parallel_calls=AUTOTUNE), batched by 64. Prints images/s and images
 """
 import argparse
 import os
-import time
 
+import epochs
 import tfdata_common
 
 
@@ -48,18 +48,7 @@ def main():
           .map(load, num_parallel_calls=tf.data.AUTOTUNE)
           .batch(64)
           .prefetch(tf.data.AUTOTUNE))
-    best = None
-    for run in range(1, args.repeat + 1):
-        start = time.perf_counter()
-        n = 0
-        for images, _ in ds:
-            n += int(images.shape[0])
-        secs = time.perf_counter() - start
-        print(f"run {run}: {n} images in {secs:.2f} s: {n / secs:.0f} images/s, "
-              f"{n / secs / args.threads:.0f} images/s per core ({args.threads} threads)", flush=True)
-        best = secs if best is None else min(best, secs)
-    print(f"best: {n / best:.0f} images/s, {n / best / args.threads:.0f} images/s per core")
-
+    epochs.best_of(args.repeat, lambda: ds, args.threads)
 
 if __name__ == "__main__":
     main()

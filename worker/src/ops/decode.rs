@@ -1,24 +1,17 @@
 //! decodeImage: JPEG or PNG bytes to a uint8 HWC image with 1, 3 or 4 channels.
 //!
-//! JPEG goes through zune-jpeg (pure Rust, SIMD) in strict mode, so a truncated or damaged
-//! stream is an error rather than a silently grey-filled image, as with tf.io.decode_jpeg and
-//! Pillow's defaults. Channel conversion follows Pillow's `convert`: grey is replicated,
+//! JPEG goes through libjpeg-turbo (`jpeg`), with damage an error rather than a silently
+//! grey-filled image, as with tf.io.decode_jpeg and Pillow's defaults. Channel conversion follows Pillow's `convert`: grey is replicated,
 //! alpha is dropped or set opaque, and colour to grey uses the ITU-R 601-2 luma weights.
 
 use std::io::Cursor;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use stoker_api::Tensor;
-use zune_core::bytestream::ZCursor;
-use zune_core::colorspace::ColorSpace;
-use zune_core::options::DecoderOptions;
-use zune_jpeg::JpegDecoder;
 
 use super::OpError;
 use super::image::image_tensor;
-
-/// Larger sides than this are treated as corrupt headers rather than allocated.
-const MAX_SIDE: usize = 1 << 15;
+use super::jpeg::{Decoded, Jpeg, MAX_SIDE};
 
 pub fn decode_image(bytes: &[u8], channels: u8) -> Result<Tensor, OpError> {
     let channels = usize::from(channels);
@@ -37,14 +30,14 @@ pub fn decode_image(bytes: &[u8], channels: u8) -> Result<Tensor, OpError> {
     Ok(image_tensor(h, w, channels, convert_channels(pixels, c, channels)))
 }
 
-enum Format {
+pub(super) enum Format {
     Jpeg,
     Png,
     Other(&'static str),
     Unknown,
 }
 
-fn sniff(bytes: &[u8]) -> Format {
+pub(super) fn sniff(bytes: &[u8]) -> Format {
     match bytes {
         [0xFF, 0xD8, 0xFF, ..] => Format::Jpeg,
         [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A, ..] => Format::Png,
@@ -55,45 +48,8 @@ fn sniff(bytes: &[u8]) -> Format {
     }
 }
 
-type Decoded = (usize, usize, usize, Vec<u8>);
-
 fn decode_jpeg(bytes: &[u8], channels: usize) -> Result<Decoded, OpError> {
-    // Asking for grey lets zune take luma straight from Y; anything else decodes to RGB(A).
-    let out = match channels {
-        1 => ColorSpace::Luma,
-        4 => ColorSpace::RGBA,
-        _ => ColorSpace::RGB,
-    };
-    let options = DecoderOptions::new_fast()
-        .set_strict_mode(true)
-        .set_max_width(MAX_SIDE)
-        .set_max_height(MAX_SIDE)
-        .jpeg_set_out_colorspace(out);
-    if !ends_scans(bytes) {
-        return Err(OpError::CorruptImage("JPEG: truncated (no end-of-image marker after the last scan)".into()));
-    }
-    let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
-    // Valid but unimplemented codings (arithmetic, 12-bit, ...) count apart from damage.
-    let corrupt = |e: zune_jpeg::errors::DecodeErrors| match e {
-        zune_jpeg::errors::DecodeErrors::Unsupported(u) => OpError::UnsupportedImage(format!("JPEG: {u:?}")),
-        e => OpError::CorruptImage(format!("JPEG: {e:?}")),
-    };
-    let pixels = decoder.decode().map_err(corrupt)?;
-    let info = decoder.info().ok_or_else(|| OpError::CorruptImage("JPEG: no header".into()))?;
-    let c = decoder.output_colorspace().map_or(0, |cs| cs.num_components());
-    let (h, w) = (usize::from(info.height), usize::from(info.width));
-    if h == 0 || w == 0 || !(1..=4).contains(&c) || pixels.len() != h * w * c {
-        return Err(OpError::CorruptImage(format!("JPEG: {} bytes for {h}x{w}x{c}", pixels.len())));
-    }
-    Ok((h, w, c, pixels))
-}
-
-/// zune-jpeg zero-fills a scan cut within its last few bytes even in strict mode, so the cut
-/// is caught here: scan data byte-stuffs 0xFF, so markers are unambiguous, and the last of
-/// SOS (FFDA) and EOI (FFD9) must be EOI. Searching from the end finds it in a few bytes.
-fn ends_scans(bytes: &[u8]) -> bool {
-    let last = bytes.windows(2).rev().find(|w| w[0] == 0xFF && (w[1] == 0xD9 || w[1] == 0xDA));
-    last.is_some_and(|w| w[1] == 0xD9)
+    Jpeg::open(bytes)?.decode(channels)
 }
 
 fn decode_png(bytes: &[u8]) -> Result<Decoded, OpError> {

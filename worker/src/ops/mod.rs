@@ -7,8 +7,10 @@
 mod cast;
 mod crop;
 mod decode;
+mod decode_crop;
 mod flip;
 mod image;
+mod jpeg;
 mod normalize;
 mod resize;
 mod rng;
@@ -17,6 +19,7 @@ mod tokenize;
 pub use cast::cast;
 pub use crop::{CropBox, center_crop, crop, random_resized_crop, random_resized_crop_box};
 pub use decode::decode_image;
+pub use decode_crop::{ForCrop, decode_for_crop, resize_crop};
 pub use flip::{flip_horizontal, flip_vertical, random_flip};
 pub use normalize::normalize;
 pub use resize::{resize, resize_exact, resize_shorter_side, shorter_side_size};
@@ -48,6 +51,11 @@ pub enum OpError {
 }
 
 impl OpError {
+    /// Whether the image could not be decoded, as opposed to an op refusing a decoded one.
+    pub fn is_decoding(&self) -> bool {
+        matches!(self, OpError::CorruptImage(_) | OpError::UnsupportedImage(_))
+    }
+
     /// A stable label for metrics, one per variant.
     pub fn reason(&self) -> &'static str {
         match self {

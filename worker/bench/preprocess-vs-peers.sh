@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# ResNet-50 training preprocessing, Stoker beside each peer's strongest recipe, in alternating
+# rounds on one corpus (docs/performance.md):
+#   bash worker/bench/preprocess-vs-peers.sh [CORPUS_DIR] [ROUNDS] [IMAGES] [MIN_SIDE] [MAX_SIDE]
+# Every side runs decode -> random-resized-crop 224 -> horizontal flip -> normalize to float32
+# in batches of 64 on all cores, best of three epochs per round:
+#   stoker       `stoker-worker bench preprocess` (the engine in process)
+#   tf.data      worker/bench/peers/tfdata_preprocess.py --decode-and-crop: TensorFlow's
+#                official ResNet recipe (sample_distorted_bounding_box + decode_and_crop_jpeg)
+#   torchvision  worker/bench/peers/torch_preprocess.py: DataLoader, torchvision.io.decode_jpeg
+#                + transforms v2
+#   pil          the same DataLoader with the classic PIL ImageFolder recipe
+# Pythons: TF_PYTHON (default ~/.cache/stoker/tf-venv/bin/python, `pip install tensorflow-cpu`)
+# and TORCH_PYTHON (default ~/.cache/stoker/venv/bin/python, `make venv`). A peer whose Python
+# cannot import it is left out with the reason printed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+corpus=${1:-/tmp/stoker-bench-corpus}
+rounds=${2:-3}
+images=${3:-1000}
+min_side=${4:-250}
+max_side=${5:-500}
+cache=${STOKER_CACHE:-$HOME/.cache/stoker}
+tf_python=${TF_PYTHON:-$cache/tf-venv/bin/python}
+torch_python=${TORCH_PYTHON:-$cache/venv/bin/python}
+cargo build --release -q -p stoker-worker --features bench
+worker=target/release/stoker-worker
+[ -d "$corpus" ] || "$worker" corpus --out "$corpus" --images "$images" --min-side "$min_side" --max-side "$max_side"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); corpus $corpus"
+
+peers=()
+if "$tf_python" -c 'import tensorflow' 2>/dev/null; then peers+=(tf.data); else echo "tf.data left out: $tf_python cannot import tensorflow"; fi
+if "$torch_python" -c 'import torchvision, PIL' 2>/dev/null; then peers+=(torchvision pil); else echo "torchvision and pil left out: $torch_python cannot import torchvision and PIL"; fi
+
+run() {
+  case $1 in
+    stoker) "$worker" bench preprocess --corpus "$corpus" --repeat 3 ;;
+    tf.data) "$tf_python" worker/bench/peers/tfdata_preprocess.py --corpus "$corpus" --repeat 3 --decode-and-crop ;;
+    torchvision | pil) "$torch_python" worker/bench/peers/torch_preprocess.py --corpus "$corpus" --repeat 3 --recipe "$1" ;;
+  esac
+}
+
+for round in $(seq "$rounds"); do
+  for side in stoker "${peers[@]}"; do
+    best=$(run "$side" 2>>/tmp/preprocess-vs-peers.err | grep "^best" || true)
+    echo "round $round $side: ${best:-FAILED}"
+  done
+done

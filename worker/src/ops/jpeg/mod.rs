@@ -1,0 +1,94 @@
+//! JPEG decoding. libjpeg-turbo (through the shim in turbo.c) decodes every JPEG it can give
+//! as RGB or grey, which is nearly all of them, either whole or only a window of it at a
+//! reduced scale (what tf.data's `decode_and_crop_jpeg` does); zune-jpeg decodes the rest
+//! (CMYK, YCCK). Both treat damage as an error, never as grey-filled pixels.
+
+mod turbo;
+mod zune;
+
+use super::OpError;
+
+/// Larger sides than this are treated as corrupt headers rather than allocated.
+pub(super) const MAX_SIDE: usize = 1 << 15;
+
+/// A window of an image, in pixels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub top: usize,
+    pub left: usize,
+    pub height: usize,
+    pub width: usize,
+}
+
+/// (height, width, channels, pixels).
+pub type Decoded = (usize, usize, usize, Vec<u8>);
+
+/// A JPEG whose header has been read.
+pub struct Jpeg<'a> {
+    bytes: &'a [u8],
+    pub height: usize,
+    pub width: usize,
+    /// libjpeg gives it as RGB or grey, so windows and scales are possible.
+    turbo: bool,
+}
+
+impl<'a> Jpeg<'a> {
+    /// Reads the header. A stream whose last scan is not followed by its end marker is refused
+    /// here: a window decode stops early and would never see the cut.
+    pub fn open(bytes: &'a [u8]) -> Result<Self, OpError> {
+        if !ends_scans(bytes) {
+            return Err(OpError::CorruptImage("JPEG: truncated (no end-of-image marker after the last scan)".into()));
+        }
+        let (height, width, turbo) = turbo::header(bytes).map_err(libjpeg_error)?;
+        if height == 0 || width == 0 || height > MAX_SIDE || width > MAX_SIDE {
+            return Err(OpError::UnsupportedImage(format!("JPEG of {height}x{width} (at most {MAX_SIDE} a side)")));
+        }
+        Ok(Jpeg { bytes, height, width, turbo })
+    }
+
+    /// Whether [`Jpeg::window`] can decode part of it.
+    pub fn windows(&self) -> bool {
+        self.turbo
+    }
+
+    /// The whole image as `channels` (1, 3 or 4).
+    pub fn decode(&self, channels: usize) -> Result<Decoded, OpError> {
+        if !self.turbo {
+            return zune::decode(self.bytes, channels);
+        }
+        let whole = Window { top: 0, left: 0, height: self.height, width: self.width };
+        let pixels = turbo::decode(self.bytes, channels, 1, whole).map_err(libjpeg_error)?;
+        Ok((self.height, self.width, channels, pixels))
+    }
+
+    /// The size of the image decoded at 1/`denom` (libjpeg rounds up).
+    pub fn scaled(&self, denom: usize) -> [usize; 2] {
+        [self.height.div_ceil(denom), self.width.div_ceil(denom)]
+    }
+
+    /// `window` (in pixels of the image scaled by 1/`denom`: 1, 2, 4 or 8) as `channels`;
+    /// only the rows and columns it covers are transformed, and nothing below it is read.
+    /// Only where [`Jpeg::windows`].
+    pub fn window(&self, channels: usize, denom: usize, window: Window) -> Result<Vec<u8>, OpError> {
+        debug_assert!(self.turbo, "only libjpeg decodes windows");
+        turbo::decode(self.bytes, channels, denom, window).map_err(libjpeg_error)
+    }
+}
+
+/// libjpeg's message as an error: unsupported codings apart from damage.
+fn libjpeg_error(message: String) -> OpError {
+    let lower = message.to_ascii_lowercase();
+    if lower.contains("unsupported") || lower.contains("not supported") {
+        OpError::UnsupportedImage(format!("JPEG: {message}"))
+    } else {
+        OpError::CorruptImage(format!("JPEG: {message}"))
+    }
+}
+
+/// Whether the stream ends its scans: scan data byte-stuffs 0xFF, so markers are
+/// unambiguous, and the last of SOS (FFDA) and EOI (FFD9) must be EOI. Searching from the end
+/// finds it in a few bytes.
+fn ends_scans(bytes: &[u8]) -> bool {
+    let last = bytes.windows(2).rev().find(|w| w[0] == 0xFF && (w[1] == 0xD9 || w[1] == 0xDA));
+    last.is_some_and(|w| w[1] == 0xD9)
+}
