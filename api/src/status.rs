@@ -20,6 +20,8 @@ pub struct DataPipelineStatus {
     pub cache: Option<CacheStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<DeliveryStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_wait: Option<DataWaitStatus>,
     /// What the workers changed of the spec to stay within their bounds, e.g. a shuffle buffer
     /// capped by the memory budget (see docs/security.md#bounds). Empty when they run it as
     /// written.
@@ -120,6 +122,40 @@ pub struct CacheStatus {
     /// Epoch times measured, the latest of each kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured: Option<EpochSeconds>,
+}
+
+/// How long the pipeline's training consumers waited for its batches: the accelerator time
+/// lost to input, from the windows they report (time in `next()` against time between
+/// batches), summed over consumers since the leading operator started (its dispatcher keeps
+/// no history across a leader change).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataWaitStatus {
+    /// Of the consumers' time in the latest windows, the fraction spent waiting for data.
+    pub fraction: f64,
+    /// Consumer time spent waiting for data, in seconds.
+    pub waiting_seconds: f64,
+    /// Consumer time in all (each batch's time, waiting included), in seconds.
+    pub total_seconds: f64,
+}
+
+impl DataWaitStatus {
+    /// Adds the windows of one round; the fraction becomes theirs. False if they hold no batch.
+    pub fn add(&mut self, windows: &[crate::window::Window]) -> bool {
+        let (mut waiting, mut total) = (0.0, 0.0);
+        for w in windows {
+            let seconds = w.batches as f64 * w.mean_s;
+            total += seconds;
+            waiting += seconds * w.wait_fraction.clamp(0.0, 1.0);
+        }
+        if total <= 0.0 {
+            return false;
+        }
+        self.fraction = waiting / total;
+        self.waiting_seconds += waiting;
+        self.total_seconds += total;
+        true
+    }
 }
 
 /// How the pipeline's elements reached its training jobs, summed over jobs since the leading
@@ -252,5 +288,29 @@ impl WorkersReport {
             return Vec::new();
         }
         counts.iter().map(|&n| (n as f64 / total as f64 * 1000.0).round() / 1000.0).collect()
+    }
+}
+
+#[cfg(test)]
+mod data_wait_tests {
+    use super::*;
+    use crate::window::Window;
+
+    fn window(batches: u64, mean_s: f64, wait_fraction: f64) -> Window {
+        Window { workers: 1, batches, median_s: mean_s, p90_s: mean_s, mean_s, wait_fraction }
+    }
+
+    #[test]
+    fn waits_add_up_over_consumers_and_rounds() {
+        let mut wait = DataWaitStatus::default();
+        // Two consumers: 10 batches of 0.2 s waiting half the time, 30 of 0.1 s never waiting.
+        assert!(wait.add(&[window(10, 0.2, 0.5), window(30, 0.1, 0.0)]));
+        assert!((wait.total_seconds - 5.0).abs() < 1e-9 && (wait.waiting_seconds - 1.0).abs() < 1e-9);
+        assert!((wait.fraction - 0.2).abs() < 1e-9);
+        // A round without batches changes nothing; a later one adds and sets the fraction.
+        assert!(!wait.add(&[window(0, 0.0, 0.0)]));
+        assert!(wait.add(&[window(10, 0.1, 1.5)]));
+        assert!((wait.total_seconds - 6.0).abs() < 1e-9 && (wait.waiting_seconds - 2.0).abs() < 1e-9);
+        assert_eq!(wait.fraction, 1.0, "a fraction over 1 counts as 1");
     }
 }

@@ -158,11 +158,25 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
     for step in &record.history {
         println!("  {} -> {} workers: {}", step.time, step.workers, step.reason);
     }
+    if let Some(wait) = local.book.data_wait(&local.key).filter(|w| w.total_seconds > 0.0) {
+        println!("{}", wait_line(&wait));
+    }
     if let Some(cache) = local.cache() {
         println!("{}", cache_line(&cache));
     }
     local.shutdown().await;
     Ok(())
+}
+
+/// The trainers' time waiting for data: the accelerator time input cost them.
+pub fn wait_line(w: &stoker_api::DataWaitStatus) -> String {
+    format!(
+        "Trainers waited for data {:.1} s of {:.1} s ({:.0}%; {:.0}% in the last window).",
+        w.waiting_seconds,
+        w.total_seconds,
+        100.0 * w.waiting_seconds / w.total_seconds.max(f64::MIN_POSITIVE),
+        100.0 * w.fraction
+    )
 }
 
 /// A mix's realised shares beside its weights in one line; None without a mix or before any
@@ -193,6 +207,12 @@ pub fn cache_line(c: &stoker_api::CacheStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wait_line_says_how_long_trainers_waited() {
+        let wait = stoker_api::DataWaitStatus { fraction: 0.1, waiting_seconds: 3.0, total_seconds: 12.0 };
+        assert_eq!(wait_line(&wait), "Trainers waited for data 3.0 s of 12.0 s (25%; 10% in the last window).");
+    }
 
     #[test]
     fn the_mix_line_shows_each_realised_share_beside_its_weight() {

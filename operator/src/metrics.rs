@@ -7,7 +7,7 @@ use prometheus::{
 };
 
 use crate::autoscaling::{Rescale, ScalingRecord};
-use stoker_api::{DataPipeline, DeliveryStatus, Phase};
+use stoker_api::{DataPipeline, DataWaitStatus, DeliveryStatus, Phase};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -24,6 +24,7 @@ pub struct Metrics {
     held_back: IntGaugeVec,
     rescales: IntCounterVec,
     delivery: IntGaugeVec,
+    consumer_seconds: GaugeVec,
 }
 
 impl Default for Metrics {
@@ -84,8 +85,18 @@ impl Default for Metrics {
             &["namespace", "pipeline", "counter"],
         )
         .unwrap();
+        let consumer_seconds = GaugeVec::new(
+            Opts::new(
+                "stoker_pipeline_consumer_seconds",
+                "Training consumers' time per pipeline since this leader started, from the windows \
+                 they report: waiting_for_data (the accelerator time lost to input) and in_all",
+            ),
+            &["namespace", "pipeline", "spent"],
+        )
+        .unwrap();
         let registry = Registry::new();
         registry.register(Box::new(delivery.clone())).unwrap();
+        registry.register(Box::new(consumer_seconds.clone())).unwrap();
         registry.register(Box::new(workers.clone())).unwrap();
         registry.register(Box::new(batch_time.clone())).unwrap();
         registry.register(Box::new(wait.clone())).unwrap();
@@ -111,6 +122,7 @@ impl Default for Metrics {
             held_back,
             rescales,
             delivery,
+            consumer_seconds,
         }
     }
 }
@@ -170,7 +182,38 @@ impl Metrics {
         }
     }
 
+    /// How long each pipeline's consumers waited for data, and their time in all.
+    pub fn data_waits(&self, waits: &std::collections::BTreeMap<crate::key::PipelineKey, DataWaitStatus>) {
+        for (key, w) in waits {
+            for (spent, seconds) in [("waiting_for_data", w.waiting_seconds), ("in_all", w.total_seconds)] {
+                let labels = [key.namespace.as_str(), key.name.as_str(), spent];
+                self.consumer_seconds.with_label_values(&labels).set(seconds);
+            }
+        }
+    }
+
     pub fn render(&self) -> String {
         prometheus::TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::PipelineKey;
+
+    #[test]
+    fn consumers_wait_for_data_is_exported_per_pipeline() {
+        let metrics = Metrics::default();
+        let key = PipelineKey { namespace: "team-a".into(), name: "imagenet".into() };
+        let wait = DataWaitStatus { fraction: 0.25, waiting_seconds: 3.5, total_seconds: 14.0 };
+        metrics.data_waits(&[(key, wait)].into());
+        let text = metrics.render();
+        for line in [
+            r#"stoker_pipeline_consumer_seconds{namespace="team-a",pipeline="imagenet",spent="waiting_for_data"} 3.5"#,
+            r#"stoker_pipeline_consumer_seconds{namespace="team-a",pipeline="imagenet",spent="in_all"} 14"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
     }
 }

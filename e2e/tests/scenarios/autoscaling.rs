@@ -169,6 +169,16 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
     let desired = status.workers.as_ref().map_or(0, |w| w.desired);
     ensure!(replicas(deployments).await? == desired, "the Deployment runs what status says");
     ensure!(status.batch_time_ms.is_some_and(|ms| ms > 0.0), "status shows the batch time: {:?}", status.batch_time_ms);
+    // Status shows how long the trainer waited for data, of its time in all.
+    let wait = status.data_wait.clone().unwrap_or_default();
+    ensure!(
+        wait.total_seconds > 0.0
+            && 0.0 <= wait.waiting_seconds
+            && wait.waiting_seconds <= wait.total_seconds
+            && (0.0..=1.0).contains(&wait.fraction),
+        "status shows the trainer's wait for data: {:?}",
+        status.data_wait
+    );
     let history = status.autoscaler.map(|a| a.history).unwrap_or_default();
     ensure!(
         !history.is_empty() && history.iter().all(|h| !h.reason.is_empty()),

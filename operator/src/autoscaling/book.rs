@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use stoker_api::{CacheStatus, DeliveryStatus, ScalingStep, WorkersReport};
+use stoker_api::{CacheStatus, DataWaitStatus, DeliveryStatus, ScalingStep, WorkersReport};
 
 use super::policy::PolicyState;
 use crate::key::PipelineKey;
@@ -40,6 +40,9 @@ pub struct ScalingBook {
     deliveries: Mutex<BTreeMap<PipelineKey, DeliveryStatus>>,
     /// Each pipeline's workers' report, as the dispatcher has it.
     reports: Mutex<BTreeMap<PipelineKey, WorkersReport>>,
+    /// How long each pipeline's consumers waited for data, from every window reported (all
+    /// pipelines, not only those the autoscaler scales).
+    waits: Mutex<BTreeMap<PipelineKey, DataWaitStatus>>,
 }
 
 impl ScalingBook {
@@ -77,6 +80,24 @@ impl ScalingBook {
         replace(&self.caches, caches)
     }
 
+    pub fn data_wait(&self, pipeline: &PipelineKey) -> Option<DataWaitStatus> {
+        self.waits.lock().unwrap().get(pipeline).cloned()
+    }
+
+    pub fn data_waits(&self) -> BTreeMap<PipelineKey, DataWaitStatus> {
+        self.waits.lock().unwrap().clone()
+    }
+
+    /// Adds a round's windows to their pipelines' waits; returns whether anything changed.
+    pub fn add_waits(&self, windows: &[crate::dispatcher::JobWindows]) -> bool {
+        let mut waits = self.waits.lock().unwrap();
+        let mut changed = false;
+        for jw in windows {
+            changed |= waits.entry(jw.pipeline.clone()).or_default().add(&jw.windows);
+        }
+        changed
+    }
+
     pub fn delivery(&self, pipeline: &PipelineKey) -> Option<DeliveryStatus> {
         self.deliveries.lock().unwrap().get(pipeline).cloned()
     }
@@ -110,4 +131,34 @@ fn replace<T: PartialEq>(slot: &Mutex<T>, value: T) -> bool {
     let changed = *current != value;
     *current = value;
     changed
+}
+
+#[cfg(test)]
+mod tests {
+    use stoker_api::window::Window;
+
+    use super::*;
+    use crate::dispatcher::JobWindows;
+
+    #[test]
+    fn waits_are_summed_per_pipeline_over_jobs_and_rounds() {
+        let book = ScalingBook::default();
+        let key = |name: &str| PipelineKey { namespace: "ns".into(), name: name.into() };
+        let window = |batches, wait_fraction| Window {
+            workers: 1,
+            batches,
+            median_s: 0.5,
+            p90_s: 0.5,
+            mean_s: 0.5,
+            wait_fraction,
+        };
+        let job =
+            |name: &str, job: &str, windows| JobWindows { pipeline: key(name), job: job.into(), consumers: 1, windows };
+        assert!(book.add_waits(&[job("a", "j", vec![window(4, 0.5)]), job("a", "k", vec![window(4, 0.0)])]));
+        assert!(!book.add_waits(&[job("b", "j", vec![])]), "no batch, no change");
+        assert!(book.add_waits(&[job("a", "j", vec![window(2, 1.0)])]));
+        let a = book.data_wait(&key("a")).unwrap();
+        assert_eq!((a.waiting_seconds, a.total_seconds, a.fraction), (2.0, 5.0, 1.0));
+        assert_eq!(book.data_wait(&key("b")).map(|b| b.total_seconds), Some(0.0));
+    }
 }

@@ -94,6 +94,7 @@ pub fn after_round(
     move |rescales, changed| {
         metrics.scaling(&book.all(), rescales);
         metrics.deliveries(&book.deliveries());
+        metrics.data_waits(&book.data_waits());
         if changed {
             let _ = reconcile.send(());
         }

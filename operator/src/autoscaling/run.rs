@@ -47,9 +47,10 @@ impl<S: Scaler> Loop<S> {
             last = Instant::now();
             let scope = pipelines(&self.book);
             let windows = self.dispatcher.with_state(|s| s.take_windows());
+            let waited = self.book.add_waits(&windows);
             let (rescales, records) =
                 driver.round(elapsed, &Timestamp::now().to_string(), windows, &scope, self.caps, &self.book.all());
-            let mut changed = false;
+            let mut changed = waited;
             for (key, record) in records {
                 changed |= self.book.update(&key, |r| *r = record);
             }

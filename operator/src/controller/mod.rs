@@ -195,6 +195,7 @@ async fn update_status(dp: &DataPipeline, ctx: &Context, outcome: &Outcome) -> R
     let record = ctx.scaling.get(&PipelineKey::of(dp));
     let cache = ctx.scaling.cache(&PipelineKey::of(dp));
     let delivery = ctx.scaling.delivery(&PipelineKey::of(dp));
+    let data_wait = ctx.scaling.data_wait(&PipelineKey::of(dp));
     let workers = ctx.scaling.report(&PipelineKey::of(dp));
     let next = status::next(
         &dp.spec,
@@ -205,6 +206,7 @@ async fn update_status(dp: &DataPipeline, ctx: &Context, outcome: &Outcome) -> R
             scaling: record.as_ref(),
             cache: cache.as_ref(),
             delivery: delivery.as_ref(),
+            data_wait: data_wait.as_ref(),
             workers: workers.as_ref(),
         },
         &now,

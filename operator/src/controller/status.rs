@@ -3,7 +3,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use stoker_api::{
     AutoscalerStatus, AutoscalingMode, CacheDecision, CacheMode, CacheStatus, DataPipelineSpec, DataPipelineStatus,
-    DeliveryStatus, MixStatus, Phase, ValidationError, WorkersReport, WorkersStatus, condition, invalid_message,
+    DataWaitStatus, DeliveryStatus, MixStatus, Phase, ValidationError, WorkersReport, WorkersStatus, condition,
+    invalid_message,
 };
 
 use crate::autoscaling::ScalingRecord;
@@ -21,12 +22,15 @@ pub enum Outcome {
 }
 
 /// What the operator knows about a pipeline beyond its object: the autoscaler's record and the
-/// dispatcher's cache plan and delivery counters (None: nothing yet, e.g. a new leader).
+/// dispatcher's cache plan, delivery counters and consumers' waits (None: nothing yet, e.g. a
+/// new leader).
 #[derive(Clone, Copy, Default)]
 pub struct Observed<'a> {
     pub scaling: Option<&'a ScalingRecord>,
     pub cache: Option<&'a CacheStatus>,
     pub delivery: Option<&'a DeliveryStatus>,
+    /// How long its consumers waited for data (None: no window reported to this leader yet).
+    pub data_wait: Option<&'a DataWaitStatus>,
     /// The workers' warnings and mix shares (None: no worker has reported to this leader yet).
     pub workers: Option<&'a WorkersReport>,
 }
@@ -39,7 +43,7 @@ pub fn next(
     observed: &Observed,
     now: &Time,
 ) -> DataPipelineStatus {
-    let Observed { scaling, cache, delivery, workers: report } = *observed;
+    let Observed { scaling, cache, delivery, data_wait, workers: report } = *observed;
     let previous = previous.cloned().unwrap_or_default();
     let (phase, ready, progressing, degraded) = match outcome {
         Outcome::Invalid(errors) => {
@@ -126,6 +130,7 @@ pub fn next(
         }),
         // A new leader's dispatcher has counted nothing yet: keep what the last one showed.
         delivery: delivery.cloned().or(previous.delivery),
+        data_wait: data_wait.cloned().or(previous.data_wait),
         // Likewise: a new leader keeps the last warnings and shares until a worker reports.
         warnings: report.map_or(previous.warnings, |w| w.warnings.clone()),
         mix: mix(spec, report, &previous.mix),
@@ -306,6 +311,21 @@ mod tests {
         let none = WorkersReport::default();
         let cleared = Observed { workers: Some(&none), ..Observed::default() };
         assert!(next(&s, Some(1), Some(&warned), &applied, &cleared, &at(3)).warnings.is_empty());
+    }
+
+    #[test]
+    fn the_consumers_wait_for_data_is_shown_and_survives_a_new_leader() {
+        let s = spec("");
+        let applied = Outcome::Applied { desired: 1, ready: 1 };
+        let wait = DataWaitStatus { fraction: 0.25, waiting_seconds: 3.0, total_seconds: 12.0 };
+        let observed = Observed { data_wait: Some(&wait), ..Observed::default() };
+        let shown = next(&s, Some(1), None, &applied, &observed, &at(1));
+        assert_eq!(shown.data_wait.as_ref(), Some(&wait));
+        let yaml = serde_json::to_value(&shown).unwrap();
+        assert_eq!(yaml["dataWait"]["waitingSeconds"], 3.0, "{yaml}");
+        // A new leader that has had no window yet keeps the last figures.
+        let new_leader = next(&s, Some(1), Some(&shown), &applied, &Observed::default(), &at(2));
+        assert_eq!(new_leader.data_wait, Some(wait));
     }
 
     #[test]
