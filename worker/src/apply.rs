@@ -80,16 +80,11 @@ pub fn apply_range(
         match transform {
             Transform::DecodeImage(d) => {
                 let bytes = take_bytes(&mut element, &d.field, index, op)?;
-                let crop = match transforms.list.get(index + 1) {
-                    Some(Transform::RandomResizedCrop(c)) if c.field == d.field && index + 1 < range.end => Some(c),
-                    _ => None,
-                };
-                let image = match crop {
+                let image = match transforms.list.get(index + 1) {
                     // Decoding only the crop's window; each step is timed and blamed as its op.
-                    Some(c) => {
+                    Some(next @ Transform::RandomResizedCrop(c)) if c.field == d.field && index + 1 < range.end => {
                         fused = Some(index + 1);
-                        let crop_op = transforms.list[index + 1].name();
-                        let crop_fail = |source| ElementError::Op { index: index + 1, op: crop_op, source };
+                        let crop_fail = |source| ElementError::Op { index: index + 1, op: next.name(), source };
                         let mut crop_rng = ops::element_rng(key.seed, key.epoch, key.element, index as u64 + 1);
                         let decoded = ops::decode_for_crop(&bytes, d.channels, c, &mut crop_rng)
                             .map_err(|e| if e.is_decoding() { fail(e) } else { crop_fail(e) })?;
@@ -100,7 +95,7 @@ pub fn apply_range(
                         element.insert(d.field.clone(), Field::Tensor(image));
                         continue;
                     }
-                    None => ops::decode_image(&bytes, d.channels).map_err(fail)?,
+                    _ => ops::decode_image(&bytes, d.channels).map_err(fail)?,
                 };
                 element.insert(d.field.clone(), Field::Tensor(image));
             }

@@ -109,7 +109,10 @@ async fn helm_tls(cluster: &dyn Cluster, on: bool) -> anyhow::Result<()> {
     let value = format!("tls.enabled={on}");
     let args = ["upgrade", RELEASE, &chart, "-n", OPERATOR_NAMESPACE, "--reuse-values", "--set", &value];
     let mut args = args.to_vec();
-    args.extend(["--wait", "--timeout", "5m"]);
+    // Earlier scenarios edit the release's objects as other tools would (the tenancy scenario
+    // replaces the ClusterRole's rules, the harness scales the Deployment), so Helm's
+    // server-side apply finds those fields owned by other managers: take them back.
+    args.extend(["--force-conflicts", "--wait", "--timeout", "5m"]);
     cluster.helm(&args).await.with_context(|| format!("helm upgrade --set {value}"))?;
     cluster.chart_operator()?.wait(None).await?;
     super::operator::leader(cluster, None).await.with_context(|| format!("a leader after {value}"))?;
