@@ -34,7 +34,7 @@ pub fn demo_summary(r: &DemoReport) -> String {
     let verdict = if r.final_workers.abs_diff(r.optimum) <= 1 { "within one of" } else { "NOT within one of" };
     let converged =
         r.converged_after.map_or("no rescale".to_string(), |d| format!("last rescale after ~{} s", d.as_secs()));
-    format!(
+    let mut summary = format!(
         "Summary: ended at {} workers, {verdict} the optimum of {}; {} rescale decisions ({converged}).\n\
          The trainer ran {} steps on {} images in {:.0} s ({:.0} images/s).",
         r.final_workers,
@@ -44,7 +44,12 @@ pub fn demo_summary(r: &DemoReport) -> String {
         r.images,
         r.elapsed.as_secs_f64(),
         r.images as f64 / r.elapsed.as_secs_f64().max(1e-9)
-    )
+    );
+    if let Some(wait) = r.data_wait.as_ref().filter(|w| w.total_seconds > 0.0) {
+        summary.push('\n');
+        summary.push_str(&wait_line(wait));
+    }
+    summary
 }
 
 pub struct LocalSettings {

@@ -43,6 +43,8 @@ pub struct DemoReport {
     pub steps: u64,
     pub images: u64,
     pub elapsed: Duration,
+    /// How long the trainer waited for data (what the operator shows as status.dataWait).
+    pub data_wait: Option<stoker_api::DataWaitStatus>,
 }
 
 fn pipeline_yaml(corpus: &Path, max_workers: u32) -> String {
@@ -154,6 +156,7 @@ pub async fn run(options: &DemoOptions, out: &mut (dyn std::io::Write + Send)) -
         steps: summary.steps,
         images: summary.elements,
         elapsed: summary.elapsed,
+        data_wait: local.book.data_wait(&local.key),
     };
     drop(client);
     local.shutdown().await;

@@ -10,7 +10,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use stoker_api::Tensor;
 
 use super::OpError;
-use super::image::image_tensor;
+use super::image::{check_decoded_size, image_tensor};
 use super::jpeg::{Decoded, Jpeg, MAX_SIDE};
 
 pub fn decode_image(bytes: &[u8], channels: u8) -> Result<Tensor, OpError> {
@@ -63,6 +63,7 @@ fn decode_png(bytes: &[u8]) -> Result<Decoded, OpError> {
         return Err(OpError::UnsupportedImage(format!("PNG of {h}x{w} is too large")));
     }
     let size = reader.output_buffer_size().ok_or_else(|| OpError::UnsupportedImage("PNG: size overflows".into()))?;
+    check_decoded_size(h, w, size / (h * w).max(1))?;
     let mut pixels = vec![0; size];
     let frame = reader.next_frame(&mut pixels).map_err(corrupt)?;
     let c = frame.color_type.samples();

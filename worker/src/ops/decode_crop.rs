@@ -209,6 +209,19 @@ mod tests {
     }
 
     #[test]
+    fn a_header_claiming_a_huge_image_is_refused_before_its_pixels_are_allocated() {
+        let mut bytes = jpeg(123, 77, ColorType::Rgb, SamplingFactor::F_2_2, false);
+        // The baseline frame header (FFC0): length, precision, then height and width.
+        let sof = bytes.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+        bytes[sof + 5..sof + 9].copy_from_slice(&[0x4E, 0x20, 0x4E, 0x20]); // 20000 x 20000
+        let err = decode_image(&bytes, 3).unwrap_err();
+        assert!(matches!(&err, OpError::UnsupportedImage(m) if m.contains("above the 256 MiB")), "{err}");
+        // A crop's window of it is decoded at 1/8 scale: small enough to try, and the data
+        // (far too little for such an image) is then an error.
+        assert!(decode_for_crop(&bytes, 3, &rrc(224), &mut element_rng(0, 0, 0, 1)).is_err());
+    }
+
+    #[test]
     fn damage_is_an_error_not_a_panic() {
         let bytes = jpeg(123, 77, ColorType::Rgb, SamplingFactor::F_2_2, false);
         let op = rrc(20);

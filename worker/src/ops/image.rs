@@ -31,3 +31,19 @@ pub(crate) fn image_tensor(h: usize, w: usize, c: usize, pixels: Vec<u8>) -> Ten
     debug_assert_eq!(pixels.len(), h * w * c);
     Tensor { dtype: DType::Uint8, shape: vec![h, w, c], data: Bytes::from(pixels) }
 }
+
+/// Refuses to decode an image whose pixels would exceed what one element may hold
+/// (`bounds::MAX_ELEMENT_BYTES`): its size comes from the file's header, which a broken or
+/// hostile file can set to anything up to 32768 px a side, before any pixel is read.
+pub(crate) fn check_decoded_size(h: usize, w: usize, c: usize) -> Result<(), OpError> {
+    let limit = stoker_api::bounds::MAX_ELEMENT_BYTES;
+    let bytes = (h as u64).saturating_mul(w as u64).saturating_mul(c as u64);
+    if bytes > limit {
+        return Err(OpError::UnsupportedImage(format!(
+            "{h}x{w} with {c} channels decodes to {} MiB, above the {} MiB an element may hold",
+            bytes >> 20,
+            limit >> 20
+        )));
+    }
+    Ok(())
+}

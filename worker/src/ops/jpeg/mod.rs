@@ -7,6 +7,7 @@ mod turbo;
 mod zune;
 
 use super::OpError;
+use super::image::check_decoded_size;
 
 /// Larger sides than this are treated as corrupt headers rather than allocated.
 pub(super) const MAX_SIDE: usize = 1 << 15;
@@ -53,6 +54,7 @@ impl<'a> Jpeg<'a> {
 
     /// The whole image as `channels` (1, 3 or 4).
     pub fn decode(&self, channels: usize) -> Result<Decoded, OpError> {
+        check_decoded_size(self.height, self.width, channels)?;
         if !self.turbo {
             return zune::decode(self.bytes, channels);
         }
@@ -71,6 +73,7 @@ impl<'a> Jpeg<'a> {
     /// Only where [`Jpeg::windows`].
     pub fn window(&self, channels: usize, denom: usize, window: Window) -> Result<Vec<u8>, OpError> {
         debug_assert!(self.turbo, "only libjpeg decodes windows");
+        check_decoded_size(window.height, window.width, channels)?;
         turbo::decode(self.bytes, channels, denom, window).map_err(libjpeg_error)
     }
 }
