@@ -4,14 +4,25 @@
 //! - [`ours`]: grow geometrically while the clients wait for data, then aim at the count the
 //!   measurements predict, and bisect only if the aim was off.
 //! - [`cachew`]: Cachew's rule (one worker per step), the baseline we measure against.
+//!
+//! The other baselines of the simulated comparison (`super::sim`), none of which the operator
+//! runs: [`hpa`], Kubernetes' HorizontalPodAutoscaler on CPU utilisation; [`keda`], KEDA on the
+//! client's prefetch queue; [`fixed`], a hand-sized pool. HPA and KEDA read what a cluster
+//! would give them (CPU utilisation, a queue gauge) instead of windows.
 
 mod cachew;
+mod fixed;
+pub mod hpa;
+mod keda;
 mod ours;
 
 use stoker_api::AutoscalingPolicy;
 use stoker_api::window::Window;
 
 pub use cachew::Cachew;
+pub use fixed::Fixed;
+pub use hpa::Hpa;
+pub use keda::Keda;
 pub use ours::Ours;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,7 +32,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    fn clamp(&self, n: u32) -> u32 {
+    pub(crate) fn clamp(&self, n: u32) -> u32 {
         n.clamp(self.min.max(1), self.max.max(self.min.max(1)))
     }
 }
