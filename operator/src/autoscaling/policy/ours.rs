@@ -1,5 +1,7 @@
-//! Our policy. While the clients wait for data, multiply the workers (default 2x); the first
-//! step that no longer speeds training up nearly in proportion tells where the trainer's
+//! Our policy. While the clients wait for data, multiply the workers (default 2x), but no
+//! further than the measurement predicts is enough (the trainer's compute is the part of the
+//! batch time not spent waiting), so the last step lands on the count instead of past it; the
+//! first step that no longer speeds training up nearly in proportion tells where the trainer's
 //! compute bound is: with batch time `t_from` at `from` workers (data-bound, so data time per
 //! batch is `from * t_from` worker-seconds) and `t` at `n` (compute-bound, so compute is `t`),
 //! the count that just keeps up is ceil(from * t_from / t). Go there, check once, and bisect
@@ -104,13 +106,26 @@ impl Ours {
         Decision::Hold
     }
 
-    fn grow_target(&self) -> u32 {
+    /// The next count while growing from a data-bound measurement (batch time `t`, wait
+    /// fraction `wait`): `growth` times more, but no more than the measurement says is enough.
+    /// The trainer computes for the part of `t` not spent waiting, and the workers make a batch
+    /// every `t`, so `n * t / compute` workers keep up: the last step lands there instead of
+    /// overshooting to the next multiple (which cost as many idle workers for three windows).
+    fn grow_target(&self, t: f64, wait: f64) -> u32 {
         let n = self.n;
-        self.limits.clamp(((f64::from(n) * self.growth).ceil() as u32).max(n + 1))
+        let multiplied = ((f64::from(n) * self.growth).ceil() as u32).max(n + 1);
+        let compute = t * (1.0 - wait);
+        let enough = if compute > 0.0 {
+            // As in the aim, a measurement a hair above a whole count does not round up.
+            ((f64::from(n) * t / compute - 0.05).ceil().min(f64::from(u32::MAX)) as u32).max(n + 1)
+        } else {
+            multiplied
+        };
+        self.limits.clamp(multiplied.min(enough))
     }
 
     fn grow(&mut self, t: f64, wait: f64, why: &str) -> Decision {
-        let next = self.grow_target();
+        let next = self.grow_target(t, wait);
         if next == self.n {
             return self.converge(t, wait);
         }
@@ -211,7 +226,7 @@ impl Ours {
             return Decision::Hold;
         }
         if waiting {
-            if self.grow_target() == self.n {
+            if self.grow_target(t, wait) == self.n {
                 self.phase = Phase::Converged { t_ref: t, w_ref: wait, strikes: 0 };
                 return Decision::Hold;
             }
