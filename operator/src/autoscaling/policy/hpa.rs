@@ -108,12 +108,13 @@ impl Hpa {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const LIMITS: Limits = Limits { min: 1, max: 64 };
 
-    fn to(d: Decision) -> Option<u32> {
+    /// The count a decision scales to, if it does.
+    pub(crate) fn to(d: Decision) -> Option<u32> {
         match d {
             Decision::Scale { to, .. } => Some(to),
             Decision::Hold => None,

@@ -44,14 +44,8 @@ impl Keda {
 
 #[cfg(test)]
 mod tests {
+    use super::super::hpa::tests::to;
     use super::*;
-
-    fn to(d: Decision) -> Option<u32> {
-        match d {
-            Decision::Scale { to, .. } => Some(to),
-            Decision::Hold => None,
-        }
-    }
 
     #[test]
     fn the_recommendation_is_the_metric_over_the_target_and_saturates_at_the_buffer() {
