@@ -61,12 +61,21 @@ enum Command {
 
 #[derive(Subcommand)]
 enum Bench {
-    /// Our autoscaling policy beside Cachew's rule in simulation: a markdown table of the
-    /// standard scenarios, and a convergence plot.
+    /// Our autoscaling policy beside Cachew's rule, Kubernetes' HPA, KEDA and fixed pools in
+    /// simulation: markdown tables of training time, cost and waiting per scenario, and plots.
     Autoscaler {
-        /// Where to write the SVG plot of one run (optimum 12, 10% noise).
+        /// Where to write the SVG plot of ours and Cachew's rule converging (optimum 12, 10% noise).
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// Where to write the SVG plot of every policy's workers over time (optimum 12, 10% noise).
+        #[arg(long)]
+        workers_plot: Option<PathBuf>,
+        /// Where to write the SVG plot of cost against training time, every policy and scenario.
+        #[arg(long)]
+        cost_plot: Option<PathBuf>,
+        /// Every figure of every scenario, not only of some.
+        #[arg(long)]
+        all: bool,
     },
 }
 
@@ -121,14 +130,21 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Explain { samples, yaml } => explain(&samples, yaml),
-        Command::Bench { bench: Bench::Autoscaler { plot } } => {
+        Command::Bench { bench: Bench::Autoscaler { plot, workers_plot, cost_plot, all } } => {
             use stoker_operator::autoscaling::sim;
             let config = sim::SimConfig::default();
-            print!("{}", sim::comparison(&config));
-            if let Some(path) = plot {
-                let trainer = sim::Trainer { noise: 0.1, seed: 12, ..sim::Trainer::with_optimum(12, 0.030) };
-                std::fs::write(&path, sim::convergence_svg(&trainer, &config))
-                    .with_context(|| format!("writing {}", path.display()))?;
+            let contests = sim::compare::contests(&config);
+            print!("{}", sim::compare::report(&contests, &config, all));
+            // The plots' trainer: optimum 12, noisy, as the documentation shows it.
+            let trainer = sim::Trainer { noise: 0.1, seed: 12, ..sim::Trainer::with_optimum(12, 0.030) };
+            let scenario = sim::Scenario { name: "optimum 12, 10% noise".into(), trainer: trainer.clone() };
+            let plots: [(Option<PathBuf>, &dyn Fn() -> String); 3] = [
+                (plot, &|| sim::convergence_svg(&trainer, &config)),
+                (workers_plot, &|| sim::plot::workers_svg(&scenario, &config, 1200.0)),
+                (cost_plot, &|| sim::plot::cost_svg(&contests, &config, (1.2, 0.5, 2.5))),
+            ];
+            for (path, svg) in plots.into_iter().filter_map(|(path, svg)| Some((path?, svg))) {
+                std::fs::write(&path, svg()).with_context(|| format!("writing {}", path.display()))?;
                 println!("\nwrote {}", path.display());
             }
             Ok(())
