@@ -187,8 +187,3 @@ pub fn report(contests: &[Contest], config: &SimConfig, all: bool) -> String {
     out.push_str(&super::tenants::tenants_table(config));
     out
 }
-
-/// The whole comparison, every scenario run.
-pub fn comparison(config: &SimConfig) -> String {
-    report(&contests(config), config, false)
-}

@@ -29,7 +29,6 @@ pub mod tenants;
 mod tests;
 pub mod world;
 
-pub use compare::comparison;
 pub use drive::{Run, run};
 pub use plot::convergence_svg;
 pub use scenarios::{Scenario, optimum, scenarios, throughput};
