@@ -14,7 +14,7 @@ use super::scenarios::{Scenario, comparison_scenarios, optimum};
 pub const FAST_ENOUGH: f64 = 1.05;
 /// Costs this close (relatively) are equal: sums of the same worker-seconds in another order
 /// differ in the last bits (runs that never idle a worker cost exactly steps / rate).
-const SAME_COST: f64 = 1e-9;
+pub const SAME_COST: f64 = 1e-9;
 
 /// One scenario's runs.
 pub struct Contest {

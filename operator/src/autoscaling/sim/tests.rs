@@ -1,6 +1,6 @@
 //! The model's measurements, the baselines in it, and Stoker's goals against them.
 
-use super::compare::{self, Contest, FAST_ENOUGH};
+use super::compare::{self, Contest, FAST_ENOUGH, SAME_COST};
 use super::contenders::Contender;
 use super::drive::Until;
 use super::tenants;
@@ -137,7 +137,11 @@ fn tenants_finish_soonest_over_a_shared_budget_at_no_more_cost() {
     assert!(ours.mean_seconds <= FAST_ENOUGH * best_mean, "{outcomes:#?}");
     assert!(ours.last_seconds <= FAST_ENOUGH * best_last, "{outcomes:#?}");
     for other in outcomes.iter().filter(|o| o.mean_seconds <= FAST_ENOUGH * best_mean) {
-        assert!(ours.worker_seconds <= other.worker_seconds * (1.0 + 1e-9), "{} costs less: {outcomes:#?}", other.name);
+        assert!(
+            ours.worker_seconds <= other.worker_seconds * (1.0 + SAME_COST),
+            "{} costs less: {outcomes:#?}",
+            other.name
+        );
     }
     // Within quotas a finished tenant's workers stay idle: the last job takes far longer.
     assert!(outcomes[1..].iter().all(|o| o.last_seconds > 1.5 * ours.last_seconds), "{outcomes:#?}");
