@@ -136,8 +136,10 @@ impl Delivery {
         let mut before: Vec<(SplitId, usize)> = Vec::new();
         let mut inner = self.inner.lock().unwrap();
         if inner.retired.contains(&batch.incarnation) {
+            tracing::debug!(%worker, epoch = batch.epoch, rows = batch.rows.len(), completes = ?batch.completes, "refused a batch of a retired dispatcher");
             return None;
         }
+        tracing::trace!(%worker, epoch = batch.epoch, rows = ?batch.rows.iter().map(|&r| row_origin(r)).collect::<Vec<_>>(), completes = ?batch.completes, "recording a batch");
         let mut arrived = Vec::new();
         for &split in &batch.completes {
             let id = (batch.epoch, split);
@@ -272,6 +274,9 @@ impl Delivery {
             }
         }
         inner.rows.retain(|_, by_worker| !by_worker.is_empty());
+        if !held.is_empty() {
+            tracing::debug!(held = ?held.iter().map(|h| (h.split, h.positions.len())).collect::<Vec<_>>(), "rows of workers that left the list");
+        }
         (std::mem::take(&mut inner.completed), held)
     }
 
@@ -313,7 +318,14 @@ impl Delivery {
                 positions.dedup();
                 Held { split, positions }
             })
-            .collect();
+            .collect::<Vec<Held>>();
+        tracing::debug!(
+            incarnation,
+            open,
+            ?completed,
+            received = ?received.iter().map(|h| (h.split, h.positions.len())).collect::<Vec<_>>(),
+            "rejoining with what arrived"
+        );
         Had { completed, received }
     }
 

@@ -35,6 +35,10 @@ fn banner(text: &str) {
 }
 
 fn main() -> ExitCode {
+    // The scenarios' own clients log where RUST_LOG asks (e.g. `stoker_client=debug`).
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
     let mut args = Arguments::from_args();
     // The scenarios share one cluster and one operator: one at a time, in order.
     args.test_threads = Some(1);

@@ -18,12 +18,22 @@ use tonic::Status;
 /// A batch (naming the splits it completes), or the job's failure.
 pub type JobItem = Result<Batch, Status>;
 
+/// An item in a rank's queue, with the worker's registration generation it was made under
+/// (see `dispatched::link`): made before the dispatcher forgot this worker, a batch is stale.
+#[derive(Debug)]
+pub struct Queued {
+    pub generation: u64,
+    pub item: JobItem,
+}
+
 pub struct Deal {
-    queues: Vec<mpsc::Sender<JobItem>>,
+    queues: Vec<mpsc::Sender<Queued>>,
     /// The rank the next batch with tensors goes to.
     next: usize,
     /// Coordinated mode: this worker's id, which names its rounds, and the round being dealt.
     rounds: Option<(String, u64)>,
+    /// The generation the items sent now were made under.
+    generation: u64,
 }
 
 /// Every queue of the epoch is closed: no one reads what is sent.
@@ -31,7 +41,7 @@ pub struct Deal {
 pub struct Closed;
 
 /// The other side: each rank's queue, by rank.
-pub type Hands = Vec<mpsc::Receiver<JobItem>>;
+pub type Hands = Vec<mpsc::Receiver<Queued>>;
 
 impl Deal {
     /// Queues of `capacity` for `consumers` ranks (one shared queue for 0 or 1). The first
@@ -40,7 +50,7 @@ impl Deal {
     pub fn new(consumers: u32, capacity: usize, first: u64) -> (Deal, Hands) {
         let ranks = consumers.max(1) as usize;
         let (queues, hands) = (0..ranks).map(|_| mpsc::channel(capacity)).unzip();
-        (Deal { queues, next: (first % ranks as u64) as usize, rounds: None }, hands)
+        (Deal { queues, next: (first % ranks as u64) as usize, rounds: None, generation: 0 }, hands)
     }
 
     /// Coordinated mode for `consumers` ranks: rounds from rank 0, named by `worker`.
@@ -49,12 +59,21 @@ impl Deal {
         (Deal { rounds: Some((worker, 0)), ..deal }, hands)
     }
 
+    /// What the items sent from now on were made under.
+    pub fn tag(&mut self, generation: u64) {
+        self.generation = generation;
+    }
+
+    fn queued(&self, item: JobItem) -> Queued {
+        Queued { generation: self.generation, item }
+    }
+
     /// Sends `batch` to its rank, waiting while that rank's queue is full, and its completions
     /// to the others. Err once every queue is closed.
     pub fn send(&mut self, batch: Batch) -> Result<(), Closed> {
         let ranks = self.queues.len();
         if ranks == 1 {
-            return self.queues[0].blocking_send(Ok(batch)).map_err(|_| Closed);
+            return self.queues[0].blocking_send(self.queued(Ok(batch))).map_err(|_| Closed);
         }
         if batch.is_completions() {
             self.to_ranks(|_| true, &batch);
@@ -70,7 +89,7 @@ impl Deal {
             }
             let completions =
                 (!batch.completes.is_empty()).then(|| Batch::completions(batch.epoch, batch.completes.clone()));
-            let _ = self.queues[rank].blocking_send(Ok(batch));
+            let _ = self.queues[rank].blocking_send(self.queued(Ok(batch)));
             if let Some(c) = completions {
                 self.to_ranks(|r| r != rank, &c);
             }
@@ -81,7 +100,7 @@ impl Deal {
     /// The job's failure, to every rank.
     pub fn fail(&self, status: Status) {
         for q in &self.queues {
-            let _ = q.blocking_send(Err(status.clone()));
+            let _ = q.blocking_send(self.queued(Err(status.clone())));
         }
     }
 
@@ -91,7 +110,7 @@ impl Deal {
 
     fn to_ranks(&self, pick: impl Fn(usize) -> bool, batch: &Batch) {
         for (_, q) in self.queues.iter().enumerate().filter(|(rank, _)| pick(*rank)) {
-            let _ = q.blocking_send(Ok(batch.clone()));
+            let _ = q.blocking_send(self.queued(Ok(batch.clone())));
         }
     }
 }
@@ -109,7 +128,7 @@ mod tests {
         hands
             .iter_mut()
             .map(|h| {
-                std::iter::from_fn(|| h.try_recv().ok())
+                std::iter::from_fn(|| h.try_recv().ok().map(|q| q.item))
                     .map(|item| item.map(|b| (b.is_completions(), b.completes)).unwrap())
                     .collect()
             })
@@ -145,7 +164,7 @@ mod tests {
         let rounds: Vec<Vec<(Option<u64>, Vec<u64>)>> = hands
             .iter_mut()
             .map(|h| {
-                std::iter::from_fn(|| h.try_recv().ok())
+                std::iter::from_fn(|| h.try_recv().ok().map(|q| q.item))
                     .map(|item| item.map(|b| (b.round.map(|r| r.index), b.completes)).unwrap())
                     .collect()
             })

@@ -48,6 +48,26 @@ fn write_corpus(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The ids an epoch lacks, as ranges per shard ("shard 3: 120-139"), to tell a lost split
+/// from lost batches.
+fn missing(ids: &BTreeMap<i64, u32>) -> String {
+    let mut out = Vec::new();
+    for shard in 0..SHARDS {
+        let mut ranges: Vec<(i64, i64)> = Vec::new();
+        for i in (0..LINES).filter(|i| !ids.contains_key(&(shard * 1000 + i))) {
+            match ranges.last_mut() {
+                Some((_, end)) if *end + 1 == i => *end = i,
+                _ => ranges.push((i, i)),
+            }
+        }
+        if !ranges.is_empty() {
+            let ranges: Vec<String> = ranges.iter().map(|(a, b)| format!("{a}-{b}")).collect();
+            out.push(format!("shard {shard}: {}", ranges.join(",")));
+        }
+    }
+    out.join("; ")
+}
+
 async fn replicas(api: &Api<Deployment>) -> anyhow::Result<i32> {
     Ok(api.get_opt(&format!("{NAME}-workers")).await?.and_then(|d| d.spec.replicas).unwrap_or(0))
 }
@@ -257,8 +277,9 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
         let got = ids.len() as i64;
         ensure!(
             got == SHARDS * LINES && repeats == 0,
-            "epoch {epoch} delivered {got} of {} elements, {repeats} of them again (restart in epoch {epoch_at_restart})",
-            SHARDS * LINES
+            "epoch {epoch} delivered {got} of {} elements, {repeats} of them again (restart in epoch {epoch_at_restart}); missing: {}",
+            SHARDS * LINES,
+            missing(ids)
         );
     }
     trainer.abort();

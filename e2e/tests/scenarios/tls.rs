@@ -140,7 +140,9 @@ async fn scenario(
     let ca_in_secret = data.get("ca.crt").map(|b| String::from_utf8_lossy(&b.0).into_owned()).unwrap_or_default();
     ensure!(ca_in_secret.contains(std::fs::read_to_string(ca)?.trim()), "the workers trust the CA: {ca_in_secret}");
     ensure!(data.contains_key("tls.crt") && data.contains_key("tls.key"), "a certificate and key: {:?}", data.keys());
-    let deployment = Api::<Deployment>::namespaced(client.clone(), &ns).get(&format!("{NAME}-workers")).await?;
+    // The Secret is applied before the Deployment: wait for that too.
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    let deployment = wait_until_made(&deployments, &format!("{NAME}-workers"), Duration::from_secs(60)).await?;
     let pod = deployment.spec.template.spec.context("a pod template")?;
     ensure!(
         pod.volumes

@@ -94,8 +94,19 @@ impl RestartableDispatcher {
 
     /// Stops every task and connection of the dispatcher and starts a new one on its address.
     pub async fn restart(&mut self) {
+        self.stop().await;
+        self.start_again().await;
+    }
+
+    /// Stops every task and connection of the dispatcher: its address refuses connections
+    /// until `start_again` (a crashed leader, until the next one leads).
+    pub async fn stop(&mut self) {
         let runtime = self.runtime.take().expect("running");
         tokio::task::spawn_blocking(move || runtime.shutdown_timeout(Duration::from_secs(5))).await.unwrap();
+    }
+
+    /// A new dispatcher, knowing nothing, on the stopped one's address.
+    pub async fn start_again(&mut self) {
         *self = RestartableDispatcher::start(self.addr, self.timeouts.clone()).await;
     }
 }

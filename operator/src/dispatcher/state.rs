@@ -392,7 +392,11 @@ impl DispatcherState {
         if let Some((action, seconds)) = state.complete(completed, Reporter::Worker, &plan, now) {
             self.caches.epoch(&key, action, seconds);
         }
-        Ok(state.hand_out(epoch, worker_id, &plan, &directive, now))
+        let assignment = state.hand_out(epoch, worker_id, &plan, &directive, now);
+        if let Assignment::Split { epoch, split, skip } = &assignment {
+            tracing::debug!(pipeline = %key, %job, worker = %worker_id, epoch, split, skip = skip.len(), "handed out a split");
+        }
+        Ok(assignment)
     }
 
     /// Registers a consumer of a job. `consumers` > 1 declares a job read by that many ranks,
@@ -483,6 +487,10 @@ impl DispatcherState {
         let plan = pipeline.ledger_plan();
         let by = pipeline.reporter(&job, rank);
         let Some(state) = pipeline.jobs.get_mut(&job) else { return Ok(0) };
+        if !completed.is_empty() || !held.is_empty() {
+            let held: Vec<(u64, u64, usize)> = held.iter().map(|h| (h.epoch, h.split, h.positions.len())).collect();
+            tracing::debug!(pipeline = %key, %job, client = %client_id, version, ?completed, ?held, "acknowledged");
+        }
         state.acknowledge(client_id, version, held, now);
         if let Some((action, seconds)) = state.complete(completed, by, &plan, now) {
             self.caches.epoch(&key, action, seconds);

@@ -21,7 +21,7 @@ use stoker_api::Batch;
 use stoker_api::proto::next_split_response::Next;
 use tonic::Status;
 
-use crate::deal::{Deal, JobItem};
+use crate::deal::{Deal, Queued};
 use crate::engine::{Assigned, Engine, Ready};
 use crate::stream::{BatchSource, Batches, Subscription};
 use link::{Handed, fnv1a};
@@ -30,7 +30,14 @@ pub use readers::DispatcherReaders;
 
 /// One epoch of a job's ready batches for one rank (or for all its consumers), each naming the
 /// splits it completes.
-type EpochBatches = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<JobItem>>>;
+type EpochBatches = Arc<tokio::sync::Mutex<Hand>>;
+
+/// One rank's queue of an epoch, and the item a stream took from it and left for the next
+/// stream (see `DispatchedSource::subscribe`).
+struct Hand {
+    queue: tokio::sync::mpsc::Receiver<Queued>,
+    pending: Option<Queued>,
+}
 
 /// (job, epoch)
 type EpochKey = (String, u64);
@@ -81,7 +88,7 @@ impl EpochJob {
     /// Ends the epoch's queues: its producer's sends fail, its run ends, and so does it.
     fn close(&self) {
         for rx in &self.batches {
-            rx.blocking_lock().close();
+            rx.blocking_lock().queue.close();
         }
     }
 }
@@ -203,7 +210,8 @@ impl DispatchedSource {
         let first = fnv1a(self.link.registration.address.as_bytes()).wrapping_add(key.1);
         let (mut deal, hands) =
             if coordinated { Deal::in_rounds(consumers, 1, self.link.id()) } else { Deal::new(consumers, 1, first) };
-        let batches = hands.into_iter().map(|rx| Arc::new(tokio::sync::Mutex::new(rx))).collect();
+        let batches =
+            hands.into_iter().map(|queue| Arc::new(tokio::sync::Mutex::new(Hand { queue, pending: None }))).collect();
         let epoch_job = Arc::new(EpochJob {
             batches,
             consumers,
@@ -267,6 +275,7 @@ impl BatchSource for DispatchedSource {
             ));
         };
         tracing::info!(job = %subscription.job, epoch, consumer = subscription.consumer_index, "consumer attached");
+        let subscription_epoch = epoch;
         let epoch_job =
             self.epoch((subscription.job.clone(), epoch), subscription.consumers, subscription.coordinated)?;
         let declared = (epoch_job.consumers.max(1), epoch_job.coordinated);
@@ -283,18 +292,64 @@ impl BatchSource for DispatchedSource {
         }
         let rank = if subscription.consumers > 1 { subscription.consumer_index as usize } else { 0 };
         let min_interval = self.min_interval;
-        Ok(futures::stream::unfold(Attached::new(epoch_job), move |epoch_job| async move {
-            // None once the producer is done with the epoch: the stream ends.
-            let next = epoch_job.0.batches[rank].lock().await.recv().await?;
-            // Rate-limited once a batch is in hand, so a stream waiting for its epoch's batches
-            // takes no turns from the job's other epoch.
-            if let Some(interval) = min_interval {
-                let mut next_send = epoch_job.0.next_send.lock().await;
-                tokio::time::sleep_until(*next_send).await;
-                *next_send = tokio::time::Instant::now().max(*next_send) + interval;
+        // A stream serves the worker's registration it opened under. Once the dispatcher forgot
+        // this worker (it restarted, or took the worker for dead) a stream opened before may be
+        // one its client already dropped (a client drops the streams of workers missing from a
+        // new dispatcher's list): a batch it took would be lost on the way while the rest of its
+        // split reached the client on a new stream, completing the split without it. So it
+        // ends (UNAVAILABLE: the client opens another) and leaves what it took to the next.
+        let (link, subscribed) = (self.link.clone(), self.link.generation());
+        let state = (Attached::new(epoch_job), false);
+        Ok(futures::stream::unfold(state, move |(epoch_job, ended)| {
+            let link = link.clone();
+            async move {
+                if ended {
+                    return None;
+                }
+                let next = {
+                    let mut hand = epoch_job.0.batches[rank].lock().await;
+                    loop {
+                        if link.generation() != subscribed {
+                            break None;
+                        }
+                        // None once the producer is done with the epoch: the stream ends.
+                        let queued = match hand.pending.take() {
+                            Some(queued) => queued,
+                            None => hand.queue.recv().await?,
+                        };
+                        let now = link.generation();
+                        if queued.item.is_ok() && queued.generation != now {
+                            // Made before the dispatcher forgot this worker: its splits were
+                            // handed to others, or the new dispatcher never gave them out.
+                            tracing::debug!(
+                                epoch = subscription_epoch,
+                                "dropped a batch made before this worker registered again"
+                            );
+                            continue;
+                        }
+                        if now != subscribed {
+                            hand.pending = Some(queued);
+                            break None;
+                        }
+                        break Some(queued.item);
+                    }
+                };
+                let Some(next) = next else {
+                    let status = Status::unavailable(
+                        "this worker registered with the dispatcher again since the stream opened: open another",
+                    );
+                    return Some((Err(status), (epoch_job, true)));
+                };
+                // Rate-limited once a batch is in hand, so a stream waiting for its epoch's
+                // batches takes no turns from the job's other epoch.
+                if let Some(interval) = min_interval {
+                    let mut next_send = epoch_job.0.next_send.lock().await;
+                    tokio::time::sleep_until(*next_send).await;
+                    *next_send = tokio::time::Instant::now().max(*next_send) + interval;
+                }
+                // The batch names the splits it completes; the client that receives it reports them.
+                Some((next, (epoch_job, false)))
             }
-            // The batch names the splits it completes; the client that receives it reports them.
-            Some((next, epoch_job))
         })
         .boxed())
     }
@@ -357,6 +412,7 @@ fn produce(
         // dispatcher forgetting this worker ends the run too: what it handed out before went
         // to others, so the run's batches are stale and must not join fresh splits' in a batch.
         let generation = link.generation();
+        out.tag(generation);
         let stale = || link.generation() != generation;
         let mut after: Option<Handed> = None;
         let mut failed: Option<anyhow::Error> = None;
@@ -388,7 +444,9 @@ fn produce(
             scope.spawn(|| {
                 for ready in ready_rx {
                     if stale() {
-                        continue; // dropped: another worker produces these splits now
+                        // Dropped: another worker produces these splits now.
+                        tracing::debug!(%job, epoch, rows = ready.batch.rows.len(), completes = ?ready.completes, "dropped a batch of a stale run");
+                        continue;
                     }
                     let mut batch = ready.batch;
                     let completes = ready.completes.clone();
