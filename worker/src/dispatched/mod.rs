@@ -424,7 +424,11 @@ fn produce(
                 return None;
             }
             match ask().and_then(|n| match n {
-                (Next::Split(s), cache, skip, _) if !stale() => {
+                // A split of another dispatcher starts a run of its own: its batches carry the
+                // incarnation of their run's first split (a registration again between handing
+                // out the first split and reading the generation would otherwise let one run
+                // mix both, and the client refuse the new one's rows with the old one's).
+                (Next::Split(s), cache, skip, from) if !stale() && from == incarnation => {
                     split(s.split).map(|split| Some(Assigned { split, cache, skip }))
                 }
                 other => {
