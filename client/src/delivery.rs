@@ -139,7 +139,6 @@ impl Delivery {
             tracing::debug!(%worker, epoch = batch.epoch, rows = batch.rows.len(), completes = ?batch.completes, "refused a batch of a retired dispatcher");
             return None;
         }
-        tracing::trace!(%worker, epoch = batch.epoch, rows = ?batch.rows.iter().map(|&r| row_origin(r)).collect::<Vec<_>>(), completes = ?batch.completes, "recording a batch");
         let mut arrived = Vec::new();
         for &split in &batch.completes {
             let id = (batch.epoch, split);

@@ -488,8 +488,15 @@ impl DispatcherState {
         let by = pipeline.reporter(&job, rank);
         let Some(state) = pipeline.jobs.get_mut(&job) else { return Ok(0) };
         if !completed.is_empty() || !held.is_empty() {
-            let held: Vec<(u64, u64, usize)> = held.iter().map(|h| (h.epoch, h.split, h.positions.len())).collect();
-            tracing::debug!(pipeline = %key, %job, client = %client_id, version, ?completed, ?held, "acknowledged");
+            tracing::debug!(
+                pipeline = %key,
+                %job,
+                client = %client_id,
+                version,
+                ?completed,
+                held = ?held.iter().map(|h| (h.epoch, h.split, h.positions.len())).collect::<Vec<_>>(),
+                "acknowledged"
+            );
         }
         state.acknowledge(client_id, version, held, now);
         if let Some((action, seconds)) = state.complete(completed, by, &plan, now) {

@@ -275,7 +275,6 @@ impl BatchSource for DispatchedSource {
             ));
         };
         tracing::info!(job = %subscription.job, epoch, consumer = subscription.consumer_index, "consumer attached");
-        let subscription_epoch = epoch;
         let epoch_job =
             self.epoch((subscription.job.clone(), epoch), subscription.consumers, subscription.coordinated)?;
         let declared = (epoch_job.consumers.max(1), epoch_job.coordinated);
@@ -321,10 +320,7 @@ impl BatchSource for DispatchedSource {
                         if queued.item.is_ok() && queued.generation != now {
                             // Made before the dispatcher forgot this worker: its splits were
                             // handed to others, or the new dispatcher never gave them out.
-                            tracing::debug!(
-                                epoch = subscription_epoch,
-                                "dropped a batch made before this worker registered again"
-                            );
+                            tracing::debug!(epoch, "dropped a batch made before this worker registered again");
                             continue;
                         }
                         if now != subscribed {
