@@ -37,7 +37,30 @@ STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 BATCH = 64
 
 
-def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None):
+def cpu_seconds(pid="self"):
+    """(user + system CPU seconds, minor page faults) of a process so far."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
+
+
+def processes():
+    """CPU seconds so far of this process, of the worker, and of the worker's children (the
+    `python` op's processes), and this process's minor page faults."""
+    parents = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            continue
+        parents[pid] = (stat.split("(", 1)[1].split(")", 1)[0], stat.rsplit(")", 1)[1].split()[1])
+    workers = {pid for pid, (name, parent) in parents.items() if name == "stoker-worker" and parent == str(os.getpid())}
+    children = [pid for pid, (_, parent) in parents.items() if parent in workers]
+    consumer, faults = cpu_seconds()
+    return {"consumer": consumer, "worker": sum(cpu_seconds(p)[0] for p in workers),
+            "python op": sum(cpu_seconds(p)[0] for p in children), "consumer page faults": faults}
+
+
+def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=False):
     from stoker_client import Client
 
     function, extra = ("color_jitter_batch", f", batch: {batch}") if batch else ("color_jitter", "")
@@ -51,11 +74,20 @@ def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None):
             f"  batchSize: {BATCH}\n"
             "  seed: 1\n")
     with serve(worker_bin, spec, epochs + 1, threads, env={"STOKER_PYTHON": sys.executable}) as address:
-        end, images = {}, {}
-        with Client([address], "bench", "bench", max_message_bytes=64 << 20) as client:
+        end, images, usage = {}, {}, {}
+        with Client([address], "bench", "bench") as client:
             for batch in client:
+                if cpu and batch.epoch not in images and batch.epoch in (1, epochs):
+                    # From the first batch of epoch 1 to that of the last: the worker may have
+                    # finished the last epoch, and stopped its Python processes, before it ends.
+                    usage[batch.epoch] = processes()
                 end[batch.epoch] = time.perf_counter()
                 images[batch.epoch] = images.get(batch.epoch, 0) + batch["image"].shape[0]
+        if cpu and len(usage) == 2:
+            n = sum(images[e] for e in range(1, epochs))
+            d = {k: (usage[epochs][k] - usage[1][k]) / n for k in usage[1]}
+            print(f"  per image: worker {d['worker'] * 1e3:.3f} ms CPU, its Python processes {d['python op'] * 1e3:.3f}, "
+                  f"consumer {d['consumer'] * 1e3:.3f} ({d['consumer page faults']:.1f} page faults)")
         return periods(end, images, epochs), images[1]
 
 
@@ -119,13 +151,14 @@ def main():
     ap.add_argument("--processes", type=int, default=2, help="Stoker worker threads = DataLoader workers")
     ap.add_argument("--without-python", action="store_true", help="both sides without color_jitter (a baseline)")
     ap.add_argument("--batch", type=int, help="Stoker calls color_jitter_batch on this many elements at once")
+    ap.add_argument("--cpu", action="store_true", help="also print Stoker's CPU time per image by process (needs --epochs 2 or more)")
     args = ap.parse_args()
     jitter = not args.without_python
     print(f"machine: {os.cpu_count()} cores; {args.processes} processes per side; best of {args.epochs} epochs; "
           f"{'with' if jitter else 'without'} color_jitter"
           + (f"; Stoker's in the batched form, {args.batch} per call" if args.batch and jitter else ""))
     for round in range(1, args.rounds + 1):
-        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch)
+        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch, args.cpu)
         print(f"round {round} stoker:      best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
         rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes, jitter)
         print(f"round {round} dataloader:  best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")

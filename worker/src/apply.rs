@@ -67,10 +67,11 @@ pub fn apply_range(
     key: ElementKey,
     timings: &mut [Duration],
 ) -> Result<Option<Element>, ElementError> {
-    // A randomResizedCrop already applied with the decodeImage before it.
-    let mut fused = None;
+    // Ops already applied with a decodeImage before them (a randomResizedCrop, and a
+    // randomFlip and normalize folded into it) are skipped up to here.
+    let mut applied_to = 0;
     for (index, transform) in transforms.list.iter().enumerate().take(range.end).skip(range.start) {
-        if fused.take() == Some(index) {
+        if index < applied_to {
             continue;
         }
         let started = Instant::now();
@@ -83,14 +84,18 @@ pub fn apply_range(
                 let image = match transforms.list.get(index + 1) {
                     // Decoding only the crop's window; each step is timed and blamed as its op.
                     Some(next @ Transform::RandomResizedCrop(c)) if c.field == d.field && index + 1 < range.end => {
-                        fused = Some(index + 1);
                         let crop_fail = |source| ElementError::Op { index: index + 1, op: next.name(), source };
                         let mut crop_rng = ops::element_rng(key.seed, key.epoch, key.element, index as u64 + 1);
                         let decoded = ops::decode_for_crop(&bytes, d.channels, c, &mut crop_rng)
                             .map_err(|e| if e.is_decoding() { fail(e) } else { crop_fail(e) })?;
                         let resizing = Instant::now();
                         timings[index] += resizing - started;
-                        let image = ops::resize_crop(&decoded, c).map_err(crop_fail)?;
+                        let (finish, after) =
+                            finishing(transforms.list, index + 2, range.end, &d.field, key, &decoded)?;
+                        applied_to = after;
+                        let finish = ops::Finish { flips: finish.0, normalize: finish.1.as_ref() };
+                        let image = ops::resize_crop(&decoded, c, &finish).map_err(crop_fail)?;
+                        // The folded ops' time is the crop's: they are part of its writing.
                         timings[index + 1] += resizing.elapsed();
                         element.insert(d.field.clone(), Field::Tensor(image));
                         continue;
@@ -180,6 +185,39 @@ pub fn apply_range(
         timings[index] += started.elapsed();
     }
     Ok(Some(element))
+}
+
+/// The randomFlip and normalize on `field` right after a decoded crop (from `from`, in that
+/// order, each optional, before `end`), to be done as the crop's output is written: their
+/// draws and tables, and the index after the last one folded.
+fn finishing(
+    list: &[Transform],
+    from: usize,
+    end: usize,
+    field: &str,
+    key: ElementKey,
+    decoded: &ops::ForCrop,
+) -> Result<((ops::Flips, Option<ops::Tables>), usize), ElementError> {
+    let mut at = from;
+    let mut flips = ops::Flips::default();
+    if let Some(Transform::RandomFlip(f)) = list.get(at).filter(|_| at < end)
+        && f.field == field
+    {
+        flips = ops::flips(f, &mut ops::element_rng(key.seed, key.epoch, key.element, at as u64));
+        at += 1;
+    }
+    let mut tables = None;
+    if let Some(t @ Transform::Normalize(n)) = list.get(at).filter(|_| at < end)
+        && n.field == field
+    {
+        tables = ops::Tables::new(n, decoded.channels()).map_err(|source| ElementError::Op {
+            index: at,
+            op: t.name(),
+            source,
+        })?;
+        at += 1;
+    }
+    Ok(((flips, tables), at))
 }
 
 fn missing(index: usize, op: &'static str, field: &str) -> ElementError {
@@ -328,5 +366,64 @@ mod tests {
         let el = element(&[("t", Field::Int64(vec![1]))]);
         let e = run(&transforms("- cast: {field: t, dtype: bytes}"), el).unwrap_err();
         assert!(e.to_string().contains("text and numbers do not convert"), "{e}");
+    }
+
+    #[test]
+    fn a_flip_and_a_normalize_after_a_decoded_crop_are_folded_into_it_with_the_same_result() {
+        use jpeg_encoder::{ColorType, SamplingFactor};
+        let rgb = ops::jpeg(123, 77, ColorType::Rgb, SamplingFactor::R_4_2_0, false);
+        let grey = ops::jpeg(90, 60, ColorType::Luma, SamplingFactor::R_4_4_4, true);
+        for (jpeg, channels, mean, std) in
+            [(rgb, 3, "[0.485, 0.456, 0.406]", "[0.229, 0.224, 0.225]"), (grey, 1, "[0.5]", "[0.25]")]
+        {
+            for (flip, dtype) in [
+                ("horizontal: true, vertical: true", "float32"),
+                ("horizontal: true", "float16"),
+                ("vertical: true", "uint8"),
+            ] {
+                let ts = transforms(&format!(
+                    "- decodeImage: {{channels: {channels}}}\n- randomResizedCrop: {{size: [24, 20]}}\n\
+                     - randomFlip: {{{flip}}}\n- normalize: {{mean: {mean}, std: {std}, dtype: {dtype}}}"
+                ));
+                let loaded = Loaded::default();
+                let transforms = Transforms { list: &ts, loaded: &loaded };
+                let mut timings = vec![Duration::ZERO; ts.len()];
+                let mut flipped = 0;
+                for element in 0..40 {
+                    let key = ElementKey { seed: 3, epoch: 1, element };
+                    let el = element_of(&jpeg);
+                    let mut folded_timings = vec![Duration::ZERO; ts.len()];
+                    let folded = apply_range(transforms, 0..4, el.clone(), key, &mut folded_timings).unwrap().unwrap();
+                    // Folded: the flip and the normalize ran as part of the crop.
+                    assert_eq!(folded_timings[2..], [Duration::ZERO; 2]);
+                    assert!(folded_timings[1] > Duration::ZERO);
+                    // Ranges that end after each op keep it from being folded into the one before.
+                    let mut one_by_one = el;
+                    for range in [0..2, 2..3, 3..4] {
+                        one_by_one = apply_range(transforms, range, one_by_one, key, &mut timings).unwrap().unwrap();
+                    }
+                    let cropped = apply_range(transforms, 0..2, element_of(&jpeg), key, &mut timings).unwrap().unwrap();
+                    let flipped_only =
+                        apply_range(transforms, 2..3, cropped.clone(), key, &mut timings).unwrap().unwrap();
+                    flipped += usize::from(flipped_only["image"] != cropped["image"]);
+                    assert_eq!(
+                        folded["image"], one_by_one["image"],
+                        "{channels} channels, {flip}, {dtype}, element {element}"
+                    );
+                }
+                assert!((8..=36).contains(&flipped), "{flipped} of 40 flipped ({flip})");
+            }
+        }
+        // A normalize that cannot apply is still blamed on itself.
+        let ts = transforms(
+            "- decodeImage: {}\n- randomResizedCrop: {size: [8, 8]}\n- normalize: {mean: [0.5], std: [0.5]}",
+        );
+        let rgb = ops::jpeg(40, 30, ColorType::Rgb, SamplingFactor::R_4_4_4, false);
+        let err = run(&ts, element_of(&rgb)).unwrap_err();
+        assert_eq!(err.to_string(), "transforms[2].normalize: expected 3 channel values, got 1");
+    }
+
+    fn element_of(jpeg: &[u8]) -> Element {
+        element(&[("image", Field::Bytes(Bytes::copy_from_slice(jpeg)))])
     }
 }

@@ -70,7 +70,8 @@ async fn resnet_transforms_over_an_image_folder() {
     assert_eq!(labels.iter().filter(|&&l| l == 1).count(), 10);
     assert_eq!(engine.stats.elements.load(std::sync::atomic::Ordering::Relaxed), 20);
     let op_time = engine.stats.op_time.lock().unwrap().clone();
-    assert!(op_time.iter().all(|t| !t.is_zero()), "every op is timed: {op_time:?}");
+    // The flip and the normalize are folded into the crop's writing, and timed as part of it.
+    assert!(op_time[..2].iter().all(|t| !t.is_zero()) && op_time[2..].iter().all(|t| t.is_zero()), "{op_time:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

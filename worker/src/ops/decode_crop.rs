@@ -8,15 +8,18 @@
 //! Two steps, so the engine times each as its op: [`decode_for_crop`] (the decode) and
 //! [`resize_crop`] (the crop).
 
+use bytes::Bytes;
 use rand::Rng;
-use stoker_api::{RandomResizedCrop, Tensor};
+use stoker_api::{DType, RandomResizedCrop, Tensor};
 
 use super::OpError;
 use super::crop::random_resized_crop_box;
 use super::decode::{Format, decode_image, sniff};
+use super::flip::{Flips, extend_row};
 use super::image::{Dims, image_tensor};
 use super::jpeg::{Jpeg, Window};
-use super::resize::resize_region;
+use super::normalize::Tables;
+use super::resize::resize_region_rows;
 
 /// The decoded image, or only the crop's window of it, and the region of that to resize.
 pub struct ForCrop {
@@ -59,14 +62,46 @@ pub fn decode_for_crop(
     Ok(ForCrop { image, region: [0, 0, window.height, window.width] })
 }
 
-/// The crop's region resized to `op.size`.
-pub fn resize_crop(decoded: &ForCrop, op: &RandomResizedCrop) -> Result<Tensor, OpError> {
+/// What the ops right after the crop do to its output (a flip, a normalize), done as the
+/// resize writes each row, so that the image is written once, in its final form.
+#[derive(Default)]
+pub struct Finish<'a> {
+    pub flips: Flips,
+    pub normalize: Option<&'a Tables>,
+}
+
+impl ForCrop {
+    pub fn channels(&self) -> usize {
+        self.image.shape.get(2).copied().unwrap_or(0)
+    }
+}
+
+/// The crop's region resized to `op.size`, then finished by `finish`.
+pub fn resize_crop(decoded: &ForCrop, op: &RandomResizedCrop, finish: &Finish) -> Result<Tensor, OpError> {
     let [_, _, h, w] = decoded.region;
+    let d = Dims::of(&decoded.image)?;
     if h == 0 || w == 0 {
-        let d = Dims::of(&decoded.image)?;
         return Err(OpError::TooSmall { have: [d.h, d.w], want: [1, 1] });
     }
-    resize_region(&decoded.image, Dims::of(&decoded.image)?, decoded.region, op.size.map(|s| s as usize))
+    let [oh, ow] = op.size.map(|s| s as usize);
+    let mut out = Vec::new();
+    let Flips { horizontal, vertical } = finish.flips;
+    // The resize hands its rows bottom-up for a vertical flip; a row is mirrored as written.
+    resize_region_rows(&decoded.image, d, decoded.region, [oh, ow], vertical, &mut |row| {
+        let size = oh * ow * d.c;
+        match finish.normalize {
+            Some(tables) => {
+                out.reserve_exact(tables.out_len(size).saturating_sub(out.len()));
+                tables.extend(row, horizontal, &mut out)
+            }
+            None => {
+                out.reserve_exact(size.saturating_sub(out.len()));
+                extend_row(row, d.c, horizontal, &mut out)
+            }
+        }
+    })?;
+    let dtype = finish.normalize.map_or(DType::Uint8, Tables::dtype);
+    Tensor::new(dtype, vec![oh, ow, d.c], Bytes::from(out)).map_err(|e| OpError::InvalidParameter(e.to_string()))
 }
 
 /// The largest of 1/8, 1/4 and 1/2 at which the crop is still at least the output size on
@@ -76,7 +111,7 @@ pub fn scale_for(crop: [usize; 2], size: [usize; 2]) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
     use stoker_api::RandomResizedCrop;
 
@@ -86,7 +121,7 @@ mod tests {
 
     /// A smooth picture with grain, so every block has detail, as `color` (3 or 4 channels of
     /// RGB or CMYK, or 1 of grey).
-    fn jpeg(w: usize, h: usize, color: ColorType, sampling: SamplingFactor, progressive: bool) -> Vec<u8> {
+    pub(crate) fn jpeg(w: usize, h: usize, color: ColorType, sampling: SamplingFactor, progressive: bool) -> Vec<u8> {
         let channels = match color {
             ColorType::Luma => 1,
             ColorType::Rgb => 3,
@@ -158,7 +193,7 @@ mod tests {
             for element in 0..40 {
                 let want = random_resized_crop(&whole, &op, &mut element_rng(1, 0, element, 1)).unwrap();
                 let fused = decode_for_crop(&bytes, 3, &op, &mut element_rng(1, 0, element, 1)).unwrap();
-                assert!(resize_crop(&fused, &op).unwrap() == want, "{kind}, element {element}");
+                assert!(resize_crop(&fused, &op, &Finish::default()).unwrap() == want, "{kind}, element {element}");
             }
         }
     }
@@ -177,7 +212,7 @@ mod tests {
             reduced += usize::from(scale_for([b.height, b.width], [48, 48]) > 1);
             let want = random_resized_crop(&whole, &op, &mut element_rng(2, 0, element, 1)).unwrap();
             let fused = decode_for_crop(&bytes, 3, &op, &mut element_rng(2, 0, element, 1)).unwrap();
-            let got = resize_crop(&fused, &op).unwrap();
+            let got = resize_crop(&fused, &op, &Finish::default()).unwrap();
             assert_eq!(got.shape, want.shape);
             let mean = got.data.iter().zip(want.data.iter()).map(|(a, b)| f64::from(a.abs_diff(*b))).sum::<f64>()
                 / got.data.len() as f64;
@@ -205,7 +240,7 @@ mod tests {
         let op = rrc(20);
         let want = random_resized_crop(&decode_image(&bytes, 3).unwrap(), &op, &mut element_rng(0, 0, 0, 1)).unwrap();
         let fused = decode_for_crop(&bytes, 3, &op, &mut element_rng(0, 0, 0, 1)).unwrap();
-        assert!(resize_crop(&fused, &op).unwrap() == want);
+        assert!(resize_crop(&fused, &op, &Finish::default()).unwrap() == want);
     }
 
     #[test]
@@ -237,7 +272,7 @@ mod tests {
                 damaged[i] = grain.below(256) as u8;
             }
             if let Ok(fused) = decode_for_crop(&damaged, 3, &op, &mut element_rng(0, 0, 0, 1)) {
-                let _ = resize_crop(&fused, &op);
+                let _ = resize_crop(&fused, &op, &Finish::default());
             }
         }
     }

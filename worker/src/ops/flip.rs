@@ -37,12 +37,42 @@ pub fn flip_vertical(image: &Tensor) -> Result<Tensor, OpError> {
     Ok(image_tensor(d.h, d.w, d.c, out))
 }
 
+/// Which axes an image is flipped along.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flips {
+    pub horizontal: bool,
+    pub vertical: bool,
+}
+
+/// randomFlip's draws, horizontal first; only enabled axes draw.
+pub fn flips(op: &RandomFlip, rng: &mut impl Rng) -> Flips {
+    let horizontal = op.horizontal && rng.random_bool(0.5);
+    let vertical = op.vertical && rng.random_bool(0.5);
+    Flips { horizontal, vertical }
+}
+
+/// Appends a row of `c`-channel pixels to `out`, the pixels in reverse order when `mirrored`.
+pub(crate) fn extend_row(row: &[u8], c: usize, mirrored: bool, out: &mut Vec<u8>) {
+    if !mirrored {
+        out.extend_from_slice(row);
+        return;
+    }
+    let start = out.len();
+    out.resize(start + row.len(), 0);
+    let dst = &mut out[start..];
+    match c {
+        1 => mirror::<1>(row, dst),
+        2 => mirror::<2>(row, dst),
+        3 => mirror::<3>(row, dst),
+        _ => mirror::<4>(row, dst),
+    }
+}
+
 /// Flips each enabled axis with probability 1/2, horizontal drawn first. Only enabled axes
 /// draw, and an unflipped image is returned without copying its pixels.
 pub fn random_flip(image: &Tensor, op: &RandomFlip, rng: &mut impl Rng) -> Result<Tensor, OpError> {
     Dims::of(image)?;
-    let horizontal = op.horizontal && rng.random_bool(0.5);
-    let vertical = op.vertical && rng.random_bool(0.5);
+    let Flips { horizontal, vertical } = flips(op, rng);
     let mut out = image.clone();
     if horizontal {
         out = flip_horizontal(&out)?;

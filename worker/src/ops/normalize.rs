@@ -14,42 +14,121 @@ use super::image::Dims;
 
 pub fn normalize(image: &Tensor, op: &Normalize) -> Result<Tensor, OpError> {
     let d = Dims::of(image)?;
-    for values in [&op.mean, &op.std] {
-        if values.len() != d.c {
-            return Err(OpError::ChannelMismatch { expected: d.c, actual: values.len() });
+    match Tables::new(op, d.c)? {
+        None => Ok(image.clone()),
+        Some(tables) => {
+            let mut out = Vec::with_capacity(tables.out_len(image.data.len()));
+            tables.extend(&image.data, false, &mut out);
+            Ok(Tensor { dtype: op.dtype, shape: image.shape.clone(), data: Bytes::from(out) })
         }
-    }
-    if op.std.iter().any(|&s| s == 0.0 || !s.is_finite()) || op.mean.iter().any(|m| !m.is_finite()) {
-        return Err(OpError::InvalidParameter(format!("std {:?} must be finite and non-zero", op.std)));
-    }
-    let value = |c: usize, x: usize| (x as f64 / 255.0 - op.mean[c]) / op.std[c];
-    match op.dtype {
-        DType::Uint8 => Ok(image.clone()),
-        DType::Float32 => Ok(apply(image, d, DType::Float32, |c, x| (value(c, x) as f32).to_le_bytes())),
-        DType::Float16 => Ok(apply(image, d, DType::Float16, |c, x| f16::from_f64(value(c, x)).to_le_bytes())),
-        other => Err(OpError::InvalidParameter(format!("normalize cannot output {other:?}"))),
     }
 }
 
-fn apply<const N: usize>(image: &Tensor, d: Dims, dtype: DType, f: impl Fn(usize, usize) -> [u8; N]) -> Tensor {
-    let tables: Vec<[[u8; N]; 256]> = (0..d.c).map(|c| std::array::from_fn(|x| f(c, x))).collect();
-    let mut out = vec![0u8; image.data.len() * N];
-    match d.c {
-        1 => lookup::<1, N>(&image.data, &mut out, &tables),
-        2 => lookup::<2, N>(&image.data, &mut out, &tables),
-        3 => lookup::<3, N>(&image.data, &mut out, &tables),
-        _ => lookup::<4, N>(&image.data, &mut out, &tables),
+/// Each channel's 256 outputs, as little-endian bytes of the output type; None for a uint8
+/// output, which is the input unchanged.
+pub enum Tables {
+    Float32(Vec<[[u8; 4]; 256]>),
+    Float16(Vec<[[u8; 2]; 256]>),
+}
+
+impl Tables {
+    /// The tables of `op` for images of `channels` channels, or why `op` cannot apply.
+    pub fn new(op: &Normalize, channels: usize) -> Result<Option<Tables>, OpError> {
+        for values in [&op.mean, &op.std] {
+            if values.len() != channels {
+                return Err(OpError::ChannelMismatch { expected: channels, actual: values.len() });
+            }
+        }
+        if op.std.iter().any(|&s| s == 0.0 || !s.is_finite()) || op.mean.iter().any(|m| !m.is_finite()) {
+            return Err(OpError::InvalidParameter(format!("std {:?} must be finite and non-zero", op.std)));
+        }
+        let value = |c: usize, x: usize| (x as f64 / 255.0 - op.mean[c]) / op.std[c];
+        fn tables<const N: usize>(channels: usize, f: impl Fn(usize, usize) -> [u8; N]) -> Vec<[[u8; N]; 256]> {
+            (0..channels).map(|c| std::array::from_fn(|x| f(c, x))).collect()
+        }
+        match op.dtype {
+            DType::Uint8 => Ok(None),
+            DType::Float32 => Ok(Some(Tables::Float32(tables(channels, |c, x| (value(c, x) as f32).to_le_bytes())))),
+            DType::Float16 => {
+                Ok(Some(Tables::Float16(tables(channels, |c, x| f16::from_f64(value(c, x)).to_le_bytes()))))
+            }
+            other => Err(OpError::InvalidParameter(format!("normalize cannot output {other:?}"))),
+        }
     }
-    Tensor { dtype, shape: image.shape.clone(), data: Bytes::from(out) }
+
+    pub fn dtype(&self) -> DType {
+        match self {
+            Tables::Float32(_) => DType::Float32,
+            Tables::Float16(_) => DType::Float16,
+        }
+    }
+
+    /// Bytes out for `pixels_len` bytes in.
+    pub fn out_len(&self, pixels_len: usize) -> usize {
+        pixels_len
+            * match self {
+                Tables::Float32(_) => 4,
+                Tables::Float16(_) => 2,
+            }
+    }
+
+    /// Appends the outputs of `pixels` (whole pixels of the tables' channels) to `out`, the
+    /// pixels in reverse order when `mirrored` (a row flipped left-right).
+    pub fn extend(&self, pixels: &[u8], mirrored: bool, out: &mut Vec<u8>) {
+        match self {
+            Tables::Float32(t) => extend_values(t, pixels, mirrored, out),
+            Tables::Float16(t) => extend_values(t, pixels, mirrored, out),
+        }
+    }
+}
+
+fn extend_values<const N: usize>(tables: &[[[u8; N]; 256]], pixels: &[u8], mirrored: bool, out: &mut Vec<u8>) {
+    match (tables.len(), mirrored) {
+        (1, false) => lookup::<1, N, false>(pixels, out, tables),
+        (1, true) => lookup::<1, N, true>(pixels, out, tables),
+        (2, false) => lookup::<2, N, false>(pixels, out, tables),
+        (2, true) => lookup::<2, N, true>(pixels, out, tables),
+        (3, false) => lookup::<3, N, false>(pixels, out, tables),
+        (3, true) => lookup::<3, N, true>(pixels, out, tables),
+        (_, false) => lookup::<4, N, false>(pixels, out, tables),
+        (_, true) => lookup::<4, N, true>(pixels, out, tables),
+    }
 }
 
 /// Fixed-size pixels and 256-entry tables indexed by a u8 leave the loop free of bounds
-/// checks.
-fn lookup<const C: usize, const N: usize>(src: &[u8], out: &mut [u8], tables: &[[[u8; N]; 256]]) {
+/// checks. The output grows a block of pixels at a time: zeroing a block that is about to be
+/// written stays in cache, where zeroing the whole output first would not.
+fn lookup<const C: usize, const N: usize, const MIRRORED: bool>(
+    src: &[u8],
+    out: &mut Vec<u8>,
+    tables: &[[[u8; N]; 256]],
+) {
+    const BLOCK: usize = 1024;
     let tables: &[[[u8; N]; 256]; C] = tables.try_into().expect("one table per channel");
     let (pixels, _) = src.as_chunks::<C>();
-    let (values, _) = out.as_chunks_mut::<N>();
-    for (px, dst) in pixels.iter().zip(values.chunks_exact_mut(C)) {
+    out.reserve(pixels.len() * C * N);
+    if MIRRORED {
+        for block in pixels.rchunks(BLOCK) {
+            write_block(block.iter().rev(), block.len(), out, tables);
+        }
+    } else {
+        for block in pixels.chunks(BLOCK) {
+            write_block(block.iter(), block.len(), out, tables);
+        }
+    }
+}
+
+#[inline(always)]
+fn write_block<'a, const C: usize, const N: usize>(
+    pixels: impl Iterator<Item = &'a [u8; C]>,
+    n: usize,
+    out: &mut Vec<u8>,
+    tables: &[[[u8; N]; 256]; C],
+) {
+    let start = out.len();
+    out.resize(start + n * C * N, 0);
+    let (values, _) = out[start..].as_chunks_mut::<N>();
+    for (px, dst) in pixels.zip(values.chunks_exact_mut(C)) {
         for c in 0..C {
             dst[c] = tables[c][usize::from(px[c])];
         }

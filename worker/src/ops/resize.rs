@@ -56,6 +56,29 @@ pub(crate) fn resize_region(
     [top, left, rh, rw]: [usize; 4],
     [oh, ow]: [usize; 2],
 ) -> Result<Tensor, OpError> {
+    check_region(d, [top, left, rh, rw], [oh, ow])?;
+    let mut out = Vec::with_capacity(oh * ow * d.c);
+    filter_dispatch(&image.data, d, [top, left, rh, rw], [oh, ow], false, &mut |row| out.extend_from_slice(row));
+    Ok(image_tensor(oh, ow, d.c, out))
+}
+
+/// [`resize_region`]'s checks and passes, each output row handed to `row` as it is made
+/// instead of kept: bottom row first when `bottom_up`. For ops that finish the image on its
+/// way out (a flip, a normalize), so that nothing image-sized is written twice.
+pub(crate) fn resize_region_rows(
+    image: &Tensor,
+    d: Dims,
+    [top, left, rh, rw]: [usize; 4],
+    [oh, ow]: [usize; 2],
+    bottom_up: bool,
+    row: &mut dyn FnMut(&[u8]),
+) -> Result<(), OpError> {
+    check_region(d, [top, left, rh, rw], [oh, ow])?;
+    filter_dispatch(&image.data, d, [top, left, rh, rw], [oh, ow], bottom_up, row);
+    Ok(())
+}
+
+fn check_region(d: Dims, [top, left, rh, rw]: [usize; 4], [oh, ow]: [usize; 2]) -> Result<(), OpError> {
     if oh == 0 || ow == 0 {
         return Err(OpError::InvalidParameter(format!("cannot resize to {oh}x{ow}")));
     }
@@ -68,26 +91,28 @@ pub(crate) fn resize_region(
     if rh == 0 || rw == 0 || top + rh > d.h || left + rw > d.w {
         return Err(OpError::TooSmall { have: [d.h, d.w], want: [top + rh, left + rw] });
     }
-    let out = filter_dispatch(&image.data, d, [top, left, rh, rw], [oh, ow]);
-    Ok(image_tensor(oh, ow, d.c, out))
+    Ok(())
 }
+
+/// Output rows, one at a time, to the row sink of [`filter`].
+type Rows<'a> = &'a mut dyn FnMut(&[u8]);
 
 /// Runs the filter compiled for AVX2 where the CPU has it (the build targets baseline x86-64,
 /// whose SSE2 has no 32-bit vector multiply), else as built: the same integer arithmetic, so
 /// the same result.
-fn filter_dispatch(src: &[u8], d: Dims, region: [usize; 4], size: [usize; 2]) -> Vec<u8> {
+fn filter_dispatch(src: &[u8], d: Dims, region: [usize; 4], size: [usize; 2], bottom_up: bool, rows: Rows) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { filter_avx2(src, d, region, size) };
+        return unsafe { filter_avx2(src, d, region, size, bottom_up, rows) };
     }
-    filter(src, d, region, size)
+    filter(src, d, region, size, bottom_up, rows)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn filter_avx2(src: &[u8], d: Dims, region: [usize; 4], size: [usize; 2]) -> Vec<u8> {
-    filter(src, d, region, size)
+fn filter_avx2(src: &[u8], d: Dims, region: [usize; 4], size: [usize; 2], bottom_up: bool, rows: Rows) {
+    filter(src, d, region, size, bottom_up, rows)
 }
 
 /// Both passes over the checked region; inlined into each instruction-set variant.
@@ -97,7 +122,7 @@ fn filter_avx2(src: &[u8], d: Dims, region: [usize; 4], size: [usize; 2]) -> Vec
 /// row is a short dot product per pixel. Each output value is still HALF plus the same
 /// products, clipped once, so the result is the same as the direct pass (Pillow's).
 #[inline(always)]
-fn filter(src: &[u8], d: Dims, [top, left, rh, rw]: [usize; 4], [oh, ow]: [usize; 2]) -> Vec<u8> {
+fn filter(src: &[u8], d: Dims, [top, left, rh, rw]: [usize; 4], [oh, ow]: [usize; 2], bottom_up: bool, rows: Rows) {
     let c = d.c;
     // Horizontal pass into a [rh, ow, c] buffer.
     let mid: Vec<u8>;
@@ -106,36 +131,39 @@ fn filter(src: &[u8], d: Dims, [top, left, rh, rw]: [usize; 4], [oh, ow]: [usize
     } else {
         // [rw, rh, c] -> filtered [ow, rh, c] -> transposed back.
         let columns = transpose(src, d.row_len(), top * d.row_len() + left * c, rh, rw, c);
-        let filtered = filter_rows(&columns, rh * c, 0, rh * c, &Taps::new(rw, ow), ow);
+        let mut filtered = Vec::with_capacity(ow * rh * c);
+        filter_rows(&columns, rh * c, 0, rh * c, &Taps::new(rw, ow), false, &mut |row| filtered.extend_from_slice(row));
         mid = transpose(&filtered, rh * c, 0, ow, rh, c);
         (&mid, ow * c, 0)
     };
     if oh == rh {
         let row_len = ow * c;
-        let mut out = Vec::with_capacity(oh * row_len);
-        for y in 0..oh {
+        for i in 0..oh {
+            let y = if bottom_up { oh - 1 - i } else { i };
             let start = mid_origin + y * mid_stride;
-            out.extend_from_slice(&mid_rows[start..start + row_len]);
+            rows(&mid_rows[start..start + row_len]);
         }
-        out
     } else {
-        filter_rows(mid_rows, mid_stride, mid_origin, ow * c, &Taps::new(rh, oh), oh)
+        filter_rows(mid_rows, mid_stride, mid_origin, ow * c, &Taps::new(rh, oh), bottom_up, rows)
     }
 }
 
 /// A vertical pass over rows of `row_len` bytes, `stride` apart from `origin`: output row y
 /// is HALF plus input rows first..first+n times their weights, clipped. Accumulating whole
-/// rows tap by tap keeps the inner loop a contiguous multiply-add.
+/// rows tap by tap keeps the inner loop a contiguous multiply-add. Each output row goes to
+/// `rows` from one small buffer that stays in cache.
 #[inline(always)]
-fn filter_rows(rows: &[u8], stride: usize, origin: usize, row_len: usize, taps: &Taps, out_rows: usize) -> Vec<u8> {
-    let mut out = vec![0u8; out_rows * row_len];
+fn filter_rows(src: &[u8], stride: usize, origin: usize, row_len: usize, taps: &Taps, bottom_up: bool, rows: Rows) {
+    let mut out_row = vec![0u8; row_len];
     let mut acc = vec![0i32; row_len];
-    for (y, out_row) in out.chunks_exact_mut(row_len).enumerate() {
+    let out_rows = taps.first.len();
+    for i in 0..out_rows {
+        let y = if bottom_up { out_rows - 1 - i } else { i };
         acc.fill(HALF);
         let (first, weights) = taps.of(y);
         for (k, &wk) in weights.iter().enumerate() {
             let start = origin + (first + k) * stride;
-            let in_row = &rows[start..start + row_len];
+            let in_row = &src[start..start + row_len];
             for (a, &p) in acc.iter_mut().zip(in_row) {
                 *a += i32::from(p) * wk;
             }
@@ -143,8 +171,8 @@ fn filter_rows(rows: &[u8], stride: usize, origin: usize, row_len: usize, taps: 
         for (o, &a) in out_row.iter_mut().zip(&acc) {
             *o = clip8(a);
         }
+        rows(&out_row);
     }
-    out
 }
 
 /// Transposes the [h, w, c] block at `origin` (rows `stride` apart) into a packed [w, h, c].
