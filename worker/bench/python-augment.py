@@ -60,7 +60,7 @@ def processes():
             "python op": sum(cpu_seconds(p)[0] for p in children), "consumer page faults": faults}
 
 
-def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=False):
+def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=False, message_mib=None):
     from stoker_client import Client
 
     function, extra = ("color_jitter_batch", f", batch: {batch}") if batch else ("color_jitter", "")
@@ -75,7 +75,8 @@ def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=F
             "  seed: 1\n")
     with serve(worker_bin, spec, epochs + 1, threads, env={"STOKER_PYTHON": sys.executable}) as address:
         end, images, usage = {}, {}, {}
-        with Client([address], "bench", "bench") as client:
+        options = {"max_message_bytes": message_mib << 20} if message_mib else {}
+        with Client([address], "bench", "bench", **options) as client:
             for batch in client:
                 if cpu and batch.epoch not in images and batch.epoch in (1, epochs):
                     # From the first batch of epoch 1 to that of the last: the worker may have
@@ -151,6 +152,7 @@ def main():
     ap.add_argument("--processes", type=int, default=2, help="Stoker worker threads = DataLoader workers")
     ap.add_argument("--without-python", action="store_true", help="both sides without color_jitter (a baseline)")
     ap.add_argument("--batch", type=int, help="Stoker calls color_jitter_batch on this many elements at once")
+    ap.add_argument("--message-mib", type=int, help="the client's max_message_bytes, in MiB (default: the client's)")
     ap.add_argument("--cpu", action="store_true", help="also print Stoker's CPU time per image by process (needs --epochs 2 or more)")
     args = ap.parse_args()
     jitter = not args.without_python
@@ -158,7 +160,7 @@ def main():
           f"{'with' if jitter else 'without'} color_jitter"
           + (f"; Stoker's in the batched form, {args.batch} per call" if args.batch and jitter else ""))
     for round in range(1, args.rounds + 1):
-        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch, args.cpu)
+        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch, args.cpu, args.message_mib)
         print(f"round {round} stoker:      best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
         rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes, jitter)
         print(f"round {round} dataloader:  best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
