@@ -10,6 +10,7 @@ of tensor payload.
 
 import argparse
 import re
+import resource
 import subprocess
 import tempfile
 import time
@@ -53,16 +54,21 @@ def main():
                 for _ in range(50):
                     next(client)
                 nbytes = batches = 0
+                usage = resource.getrusage(resource.RUSAGE_SELF)
                 start = time.perf_counter()
                 while time.perf_counter() - start < args.seconds:
                     batch = next(client)
                     nbytes += batch.nbytes
                     batches += 1
                 seconds = time.perf_counter() - start
+                after = resource.getrusage(resource.RUSAGE_SELF)
                 w = client.window()
+            cpu = (after.ru_utime + after.ru_stime) - (usage.ru_utime + usage.ru_stime)
+            faults = after.ru_minflt - usage.ru_minflt
             print(f"python client, 2 workers, {args.images} images/batch, {args.max_message_bytes >> 20} MiB messages: "
                   f"{nbytes / seconds / 1e9:.2f} GB/s ({batches / seconds:.0f} batches/s), "
-                  f"median batch time {w.median * 1e3:.2f} ms, wait fraction {w.wait_fraction:.2f}")
+                  f"median batch time {w.median * 1e3:.2f} ms, wait fraction {w.wait_fraction:.2f}; "
+                  f"this process: {cpu / (nbytes / 1e9):.3f} s of CPU and {faults / (nbytes / 1e9):.0f} page faults per GB")
         finally:
             for w in workers:
                 w.terminate()

@@ -12,7 +12,7 @@ from typing import Deque, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import grpc
 
-from . import _wire
+from . import _malloc, _wire
 from ._dispatcher import Follower
 from ._following import EPOCH_END, Following, _Followed
 from ._ration import Ration
@@ -139,6 +139,7 @@ class Client(Following):
             raise ValueError(f"max_message_bytes {max_message_bytes} is outside [{MIN_MAX_MESSAGE_BYTES}, {MAX_MAX_MESSAGE_BYTES}]")
         if start_epoch is not None and start_epoch < 0:
             raise ValueError("start_epoch must not be negative")
+        _malloc.tune()
         self._names = (namespace, pipeline, job, consumer_index)
         self._start_epoch = start_epoch
         self._token = TokenSource(token)
