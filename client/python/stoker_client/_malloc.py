@@ -5,7 +5,7 @@ freed) and gives free memory at the top of a heap back to the OS once it exceeds
 A consumer allocates and frees a batch's worth of message buffers (grpc's, then the Python
 bytes) for every batch, so the memory went back to the OS and was page-faulted and zeroed in
 again each time: 8160 page faults for every 32 MiB allocated and freed in 4 MiB blocks, and
-1.96-2.48 GB/s instead of 3.30-4.01 GB/s into one consumer (docs/performance.md). The worker
+2.76-2.99 GB/s instead of 3.65-3.87 GB/s into one consumer (docs/performance.md). The worker
 sets the same thresholds for itself and its Python processes.
 
 A user's own `MALLOC_MMAP_THRESHOLD_` or `MALLOC_TRIM_THRESHOLD_` (read by glibc at start) wins,
