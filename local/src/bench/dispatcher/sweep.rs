@@ -5,10 +5,16 @@
 
 use std::io::Write;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use super::{Load, report};
+use super::{Load, report, usage};
+
+/// Other processes may use this much of a core before a size is run: the run needs both.
+const QUIET: f64 = 0.1;
+/// How long to wait for that before running anyway (the row's last column tells).
+const QUIET_PATIENCE: Duration = Duration::from_secs(600);
 
 /// (workers, consumers, pipelines): each size alone in one pipeline, then spread over many,
 /// and workers and consumers apart.
@@ -53,6 +59,7 @@ pub fn sweep(base: &Load, out: &mut impl Write) -> anyhow::Result<()> {
     writeln!(out, "{}", report::TABLE_HEADER)?;
     for &(workers, consumers, pipelines) in POINTS {
         let load = Load { workers, consumers, pipelines, ..base.clone() };
+        wait_for_quiet()?;
         let ran = Command::new(&program)
             .args(row_args(&load))
             .output()
@@ -66,4 +73,21 @@ pub fn sweep(base: &Load, out: &mut impl Write) -> anyhow::Result<()> {
         out.flush()?;
     }
     Ok(())
+}
+
+/// Waits until the machine's other processes have used less than `QUIET` of a core over a
+/// second (this process idles meanwhile), or `QUIET_PATIENCE` passed.
+fn wait_for_quiet() -> anyhow::Result<()> {
+    let deadline = Instant::now() + QUIET_PATIENCE;
+    loop {
+        let before = usage::machine_busy()?.saturating_sub(usage::process_cpu()?);
+        std::thread::sleep(Duration::from_secs(1));
+        let busy = usage::machine_busy()?.saturating_sub(usage::process_cpu()?).saturating_sub(before);
+        if busy.as_secs_f64() < QUIET || Instant::now() >= deadline {
+            if busy.as_secs_f64() >= QUIET {
+                tracing::warn!(cores = busy.as_secs_f64(), "the machine is not quiet; running anyway");
+            }
+            return Ok(());
+        }
+    }
 }
