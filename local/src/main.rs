@@ -99,7 +99,8 @@ struct DispatcherArgs {
     /// How long the measurement lasts, after every member registered.
     #[arg(long, default_value_t = 20)]
     seconds: u64,
-    /// How long a simulated worker takes to produce a split (0: it asks again at once).
+    /// How long a simulated worker takes to produce a split, on average (each takes 0.5 to 1.5
+    /// times this); 0: it asks again at once.
     #[arg(long, default_value_t = 100)]
     split_ms: u64,
     /// Splits in each pipeline's epoch.

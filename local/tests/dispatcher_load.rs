@@ -35,7 +35,7 @@ fn the_load_generator_delivers_every_split_once_through_a_leader_change_and_reco
 
     let change = o.leader_change.as_ref().expect("a leader change was measured");
     assert!(change.workers_back >= change.serving && change.clients_back >= change.serving, "{change:?}");
-    assert!(change.splits_again >= change.clients_back, "a job waits for every client's rejoin: {change:?}");
+    assert!(change.splits_again >= change.serving, "{change:?}");
 
     let text = dispatcher::report::text(&o);
     assert!(text.contains("NextSplit") && text.contains("leader change"), "{text}");

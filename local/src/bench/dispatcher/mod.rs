@@ -46,7 +46,7 @@ pub struct Load {
     /// Workers and consumers are dealt to pipelines in turn.
     pub pipelines: usize,
     pub duration: Duration,
-    /// How long a worker takes to produce a split.
+    /// How long a worker takes to produce a split, on average (0.5 to 1.5 times this).
     pub split_time: Duration,
     /// Splits of each pipeline's epoch.
     pub splits: u64,

@@ -123,11 +123,14 @@ impl SimWorker {
         Ok((next, response.incarnation))
     }
 
-    /// Produces the split (its time), then sends its completion to a client of the pipeline,
-    /// tagged with the dispatcher that handed it out as the real worker tags its batches.
+    /// Produces the split (its time, give or take half), then sends its completion to a client
+    /// of the pipeline, tagged with the dispatcher that handed it out as the real worker tags
+    /// its batches. Every split taking exactly the same time kept the workers in step: all
+    /// asked in the same millisecond, and the last of each burst waited for all the others.
     async fn process(&self, split: proto::SplitRef, incarnation: u64) {
         if !self.split_time.is_zero() {
-            tokio::time::sleep(self.split_time).await;
+            let spread = 0.5 + jitter(self.index as u64, split.epoch, split.split);
+            tokio::time::sleep(self.split_time.mul_f64(spread)).await;
         }
         self.route.send(self.index, Completion { epoch: split.epoch, split: split.split, incarnation });
     }
@@ -201,6 +204,16 @@ async fn heartbeats(link: Arc<Link>, phase: Duration) -> anyhow::Result<()> {
         .await?;
         link.tally.call(Call::Heartbeat);
     }
+}
+
+/// A fraction in [0, 1) fixed by (worker, epoch, split): a run repeats its split times.
+fn jitter(worker: u64, epoch: u64, split: u64) -> f64 {
+    // SplitMix64's finaliser over the three.
+    let mut x = worker.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ epoch.rotate_left(21) ^ split.rotate_left(42);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// A worker's counters after `beats` seconds of a pipeline of five transforms.
