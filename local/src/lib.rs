@@ -7,8 +7,10 @@
 //! - [`children`]: child processes that die with this one (workers, and the e2e harness's);
 //! - [`demo`]: a synthetic trainer against a generated corpus, for `stoker demo`;
 //! - [`tls`]: `stoker local --tls`'s throwaway CA and certificates;
-//! - [`cli`]: what the `stoker` subcommands print.
+//! - [`cli`]: what the `stoker` subcommands print;
+//! - [`bench`]: `stoker bench dispatcher`, one dispatcher under simulated workers and clients.
 
+pub mod bench;
 pub mod cli;
 pub mod demo;
 pub mod mode;

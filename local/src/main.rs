@@ -11,6 +11,11 @@ use stoker_api::DataPipeline;
 use stoker_operator::autoscaling::replicas::initial_replicas;
 use stoker_operator::controller::objects::{self, WorkerDefaults};
 
+/// Counts the allocations of `stoker bench dispatcher`'s dispatcher thread (no other thread
+/// is counted; the count is one thread-local read per allocation).
+#[global_allocator]
+static ALLOCATOR: stoker_local::bench::dispatcher::usage::Counting = stoker_local::bench::dispatcher::usage::Counting;
+
 #[derive(Parser)]
 #[command(version, about = "Stoker: preprocessing pipelines as an autoscaled service")]
 struct Cli {
@@ -77,6 +82,41 @@ enum Bench {
         #[arg(long)]
         all: bool,
     },
+    /// One dispatcher on one core under simulated workers and training clients over loopback
+    /// gRPC: NextSplit latency, throughput, the dispatcher's CPU and memory.
+    Dispatcher(DispatcherArgs),
+}
+
+#[derive(clap::Args)]
+struct DispatcherArgs {
+    #[arg(long, default_value_t = 1000)]
+    workers: usize,
+    #[arg(long, default_value_t = 1000)]
+    consumers: usize,
+    /// Workers and consumers are dealt to the pipelines in turn.
+    #[arg(long, default_value_t = 10)]
+    pipelines: usize,
+    /// How long the measurement lasts, after every member registered.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// How long a simulated worker takes to produce a split, on average (each takes 0.5 to 1.5
+    /// times this); 0: it asks again at once.
+    #[arg(long, default_value_t = 100)]
+    split_ms: u64,
+    /// Splits in each pipeline's epoch.
+    #[arg(long, default_value_t = 10_000)]
+    splits: u64,
+    /// Then stop the dispatcher, start a new one, and time until every worker and client is back.
+    #[arg(long)]
+    leader_change: bool,
+    /// Run every size of the sweep (10 to 2000 workers and consumers, 1 to 200 pipelines)
+    /// instead of the one given, printing a markdown table.
+    #[arg(long)]
+    sweep: bool,
+    /// Print the run as one row of the sweep's table (and, with --leader-change, its figures
+    /// as another line).
+    #[arg(long)]
+    row: bool,
 }
 
 #[derive(clap::Args)]
@@ -148,6 +188,33 @@ async fn main() -> anyhow::Result<()> {
                 println!("\nwrote {}", path.display());
             }
             Ok(())
+        }
+        Command::Bench { bench: Bench::Dispatcher(args) } => {
+            stoker_local::cli::quiet_logs();
+            use stoker_local::bench::dispatcher::{self, Load};
+            let load = Load {
+                workers: args.workers,
+                consumers: args.consumers,
+                pipelines: args.pipelines,
+                duration: std::time::Duration::from_secs(args.seconds),
+                split_time: std::time::Duration::from_millis(args.split_ms),
+                splits: args.splits,
+                epochs: 0,
+                leader_change: args.leader_change,
+            };
+            tokio::task::spawn_blocking(move || {
+                if args.sweep {
+                    dispatcher::sweep::sweep(&load, &mut std::io::stdout())
+                } else {
+                    let outcome = dispatcher::run(&load)?;
+                    match args.row {
+                        true => println!("{}", dispatcher::report::row(&outcome)),
+                        false => print!("{}", dispatcher::report::text(&outcome)),
+                    }
+                    Ok(())
+                }
+            })
+            .await?
         }
         Command::Demo { corpus, seconds, compute_ms, worker_rate } => {
             stoker_local::cli::quiet_logs();

@@ -82,7 +82,7 @@ async fn clients_verify_the_dispatcher_and_workers_and_say_why_when_they_cannot(
 
     // The workers really serve TLS, with a certificate for their Service's name, not their IP:
     // dialled as a fixed list (verifying the IP) the name does not match; in plaintext, no answer.
-    let worker = local.dispatcher.with_state(|s| s.listing(&local.key)).addresses[0].clone();
+    let worker = local.dispatcher.with_state(|s| s.listing(&local.key)).workers[0].0.clone();
     let e = Client::connect(vec![format!("https://{worker}")], options(Some(&ca))).await.err().expect("refused");
     assert!(e.to_string().contains("not for the name this client expects"), "{e}");
     // Plaintext gets no batch. The TLS server's alert usually reads as an oversized HTTP/2 frame,

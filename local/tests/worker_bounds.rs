@@ -70,7 +70,9 @@ async fn a_reader_naming_endless_jobs_is_refused_past_the_producer_cap() {
     s.workers.scale(&s.key, 1).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let address = loop {
-        if let Some(a) = s.dispatcher.with_state(|st| st.listing(&s.key)).addresses.first().cloned() {
+        if let Some(a) =
+            s.dispatcher.with_state(|st| st.listing(&s.key)).workers.first().map(|(address, _)| address.clone())
+        {
             break a;
         }
         assert!(Instant::now() < deadline, "the worker never registered");

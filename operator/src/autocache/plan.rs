@@ -132,6 +132,11 @@ impl CachePlan {
 
     /// Makes the Auto decision once a twentieth of the splits (at least one) is measured and
     /// the volume is probed.
+    /// Whether the plan still measures (`measured` does nothing otherwise).
+    pub fn profiling(&self) -> bool {
+        matches!(self.phase, Phase::Profiling(_))
+    }
+
     pub fn measured(&mut self, m: &Measured) {
         let Phase::Profiling(writing) = &self.phase else { return };
         let enough = m.splits >= (self.splits / 20).max(1) && m.elements > 0;

@@ -59,8 +59,9 @@ impl Caches {
         self.plans.remove(key);
     }
 
-    /// A worker's report, and the pipeline's measurements summed over its workers.
-    pub fn reported(&mut self, key: &PipelineKey, progress: &CacheProgress, measured: &Measured) {
+    /// A worker's report, and the pipeline's measurements summed over its workers (asked for
+    /// only while the plan measures).
+    pub fn reported(&mut self, key: &PipelineKey, progress: &CacheProgress, measured: impl FnOnce() -> Measured) {
         let complete = self.complete.entry(key.namespace.clone()).or_default();
         complete.extend(progress.complete.iter().cloned());
         if let Some((fingerprint, detail)) = &progress.corrupt {
@@ -71,7 +72,9 @@ impl Caches {
             }
         }
         if let Some(plan) = self.plans.get_mut(key) {
-            plan.measured(measured);
+            if plan.profiling() {
+                plan.measured(&measured());
+            }
             plan.complete(complete);
         }
     }

@@ -315,9 +315,13 @@ impl Job {
                     continue;
                 }
             }
+            // A split held by a worker is in no queue: only another may be (one requeued),
+            // and looking through the queue for every completion made an epoch cost the square
+            // of its splits.
+            let queued = !pass.assigned.contains_key(&split);
             if !pass.finish(split) {
                 self.repeats += 1;
-            } else if let Some(i) = pass.pending.iter().position(|&s| s == split) {
+            } else if queued && let Some(i) = pass.pending.iter().position(|&s| s == split) {
                 // Done by a worker presumed dead whose split was queued again.
                 pass.pending.remove(i);
             }
@@ -484,6 +488,18 @@ mod tests {
         // a was only slow: its late report of the same split is a repeat.
         job.complete(&[(0, 0)], ONE, &plan(3), t);
         assert_eq!(job.summary("j", 3).repeats, 1);
+    }
+
+    #[test]
+    fn a_split_completed_while_queued_again_leaves_the_queue() {
+        let t = Instant::now();
+        let mut job = Job::starting(0, &plan(2));
+        assert_eq!(job.hand_out(0, "a", &plan(2), &Directive::Compute, t), split(0, 0));
+        job.requeue(|w| w == "a");
+        // a was only slow: its split is done, and not handed out again.
+        job.complete(&[(0, 0)], ONE, &plan(2), t);
+        assert_eq!(job.hand_out(0, "b", &plan(2), &Directive::Compute, t), split(0, 1));
+        assert_eq!(job.hand_out(0, "b", &plan(2), &Directive::Compute, t), Assignment::Draining { epoch: 0 });
     }
 
     #[test]

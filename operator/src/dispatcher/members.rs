@@ -53,13 +53,19 @@ pub struct Client {
     pub last_seen: Instant,
 }
 
-/// Workers and clients by id.
+/// Workers and clients by id, and indexed by pipeline (clients also by job) and workers by
+/// address, so that a call about one pipeline costs what that pipeline has, not what the
+/// dispatcher has: a heartbeat or an acknowledgement scanning every member made a thousand
+/// workers' calls cost a thousand times more each.
 pub struct Members {
     /// Distinguishes ids handed out by different dispatcher instances.
     instance: String,
     next_id: u64,
-    pub workers: BTreeMap<String, Worker>,
-    pub clients: BTreeMap<String, Client>,
+    workers: BTreeMap<String, Worker>,
+    clients: BTreeMap<String, Client>,
+    workers_by_pipeline: BTreeMap<PipelineKey, BTreeSet<String>>,
+    clients_by_job: BTreeMap<PipelineKey, BTreeMap<String, BTreeSet<String>>>,
+    workers_by_address: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// Members that went silent, by id.
@@ -75,9 +81,32 @@ pub struct Unknown {
     pub id: String,
 }
 
+/// Adds `id` to the set at `key`.
+fn index<K: Ord>(sets: &mut BTreeMap<K, BTreeSet<String>>, key: K, id: &str) {
+    sets.entry(key).or_default().insert(id.to_string());
+}
+
+/// Removes `id` from the set at `key`, and the set once empty.
+fn unindex<K: Ord>(sets: &mut BTreeMap<K, BTreeSet<String>>, key: &K, id: &str) {
+    if let Some(set) = sets.get_mut(key) {
+        set.remove(id);
+        if set.is_empty() {
+            sets.remove(key);
+        }
+    }
+}
+
 impl Members {
     pub fn new(instance: String) -> Self {
-        Members { instance, next_id: 0, workers: BTreeMap::new(), clients: BTreeMap::new() }
+        Members {
+            instance,
+            next_id: 0,
+            workers: BTreeMap::new(),
+            clients: BTreeMap::new(),
+            workers_by_pipeline: BTreeMap::new(),
+            clients_by_job: BTreeMap::new(),
+            workers_by_address: BTreeMap::new(),
+        }
     }
 
     /// The id a registration asked to keep (after a dispatcher restart), else a fresh one.
@@ -89,6 +118,58 @@ impl Members {
                 format!("{kind}-{}-{}", self.instance, self.next_id)
             }
         }
+    }
+
+    pub fn worker(&self, id: &str) -> Option<&Worker> {
+        self.workers.get(id)
+    }
+
+    pub fn client(&self, id: &str) -> Option<&Client> {
+        self.clients.get(id)
+    }
+
+    /// Every live worker, by id.
+    pub fn workers(&self) -> impl Iterator<Item = (&String, &Worker)> {
+        self.workers.iter()
+    }
+
+    /// Every live client, by id.
+    pub fn clients(&self) -> impl Iterator<Item = (&String, &Client)> {
+        self.clients.iter()
+    }
+
+    /// Adds (or replaces) worker `id`.
+    pub fn insert_worker(&mut self, id: String, worker: Worker) {
+        self.remove_worker(&id);
+        index(&mut self.workers_by_pipeline, worker.pipeline.clone(), &id);
+        index(&mut self.workers_by_address, worker.address.clone(), &id);
+        self.workers.insert(id, worker);
+    }
+
+    pub fn remove_worker(&mut self, id: &str) -> Option<Worker> {
+        let worker = self.workers.remove(id)?;
+        unindex(&mut self.workers_by_pipeline, &worker.pipeline, id);
+        unindex(&mut self.workers_by_address, &worker.address, id);
+        Some(worker)
+    }
+
+    /// Adds (or replaces) client `id`.
+    pub fn insert_client(&mut self, id: String, client: Client) {
+        self.remove_client(&id);
+        let jobs = self.clients_by_job.entry(client.pipeline.clone()).or_default();
+        index(jobs, client.job.clone(), &id);
+        self.clients.insert(id, client);
+    }
+
+    pub fn remove_client(&mut self, id: &str) -> Option<Client> {
+        let client = self.clients.remove(id)?;
+        if let Some(jobs) = self.clients_by_job.get_mut(&client.pipeline) {
+            unindex(jobs, &client.job, id);
+            if jobs.is_empty() {
+                self.clients_by_job.remove(&client.pipeline);
+            }
+        }
+        Some(client)
     }
 
     /// The worker, marked as heard from at `now`.
@@ -105,8 +186,34 @@ impl Members {
         Ok(client)
     }
 
-    pub fn workers_of<'a>(&'a self, pipeline: &'a PipelineKey) -> impl Iterator<Item = (&'a String, &'a Worker)> + 'a {
-        self.workers.iter().filter(move |(_, w)| &w.pipeline == pipeline)
+    pub fn workers_of<'a>(&'a self, pipeline: &PipelineKey) -> impl Iterator<Item = (&'a String, &'a Worker)> + 'a {
+        let ids = self.workers_by_pipeline.get(pipeline).into_iter().flatten();
+        ids.map(|id| (id, &self.workers[id]))
+    }
+
+    /// Ids of the workers registered at `address`.
+    pub fn workers_at(&self, address: &str) -> impl Iterator<Item = &String> {
+        self.workers_by_address.get(address).into_iter().flatten()
+    }
+
+    /// Ids of a job's live clients.
+    pub fn clients_of<'a>(&'a self, pipeline: &PipelineKey, job: &str) -> impl Iterator<Item = &'a String> + 'a {
+        self.clients_by_job.get(pipeline).and_then(|jobs| jobs.get(job)).into_iter().flatten()
+    }
+
+    /// A pipeline's live clients, by id.
+    pub fn clients_of_pipeline<'a>(
+        &'a self,
+        pipeline: &PipelineKey,
+    ) -> impl Iterator<Item = (&'a String, &'a Client)> + 'a {
+        let ids = self.clients_by_job.get(pipeline).into_iter().flat_map(BTreeMap::values).flatten();
+        ids.map(|id| (id, &self.clients[id]))
+    }
+
+    /// How many live clients each of a pipeline's jobs has.
+    pub fn clients_per_job(&self, pipeline: &PipelineKey) -> BTreeMap<String, u32> {
+        let jobs = self.clients_by_job.get(pipeline).into_iter().flatten();
+        jobs.map(|(job, ids)| (job.clone(), ids.len() as u32)).collect()
     }
 
     /// Removes the workers and clients silent longer than their timeouts, and returns them.
@@ -125,14 +232,14 @@ impl Members {
             .map(|(id, _)| id.clone())
             .collect();
         Expired {
-            workers: dead.into_iter().map(|id| (id.clone(), self.workers.remove(&id).expect("listed above"))).collect(),
-            clients: gone.into_iter().map(|id| (id.clone(), self.clients.remove(&id).expect("listed above"))).collect(),
+            workers: dead.into_iter().map(|id| (id.clone(), self.remove_worker(&id).expect("listed above"))).collect(),
+            clients: gone.into_iter().map(|id| (id.clone(), self.remove_client(&id).expect("listed above"))).collect(),
         }
     }
 
     /// Pipelines with at least one live client.
     pub fn attached(&self) -> BTreeSet<PipelineKey> {
-        self.clients.values().map(|c| c.pipeline.clone()).collect()
+        self.clients_by_job.keys().cloned().collect()
     }
 }
 
@@ -150,6 +257,33 @@ mod tests {
         }
     }
 
+    fn client(job: &str, now: Instant) -> Client {
+        Client { pipeline: PipelineKey::new("ns", "p"), job: job.into(), consumer_index: 0, last_seen: now }
+    }
+
+    #[test]
+    fn a_pipelines_members_are_found_by_its_indexes_until_they_go() {
+        let t = Instant::now();
+        let key = PipelineKey::new("ns", "p");
+        let mut m = Members::new("i".into());
+        m.insert_client("c1".into(), client("j", t));
+        m.insert_client("c2".into(), client("j", t));
+        m.insert_client("c3".into(), client("k", t));
+        // Registering again under the same id, for another job: indexed once, under it.
+        m.insert_client("c2".into(), client("k", t));
+        assert_eq!(m.clients_per_job(&key), BTreeMap::from([("j".into(), 1), ("k".into(), 2)]));
+        assert_eq!(m.clients_of(&key, "k").collect::<Vec<_>>(), vec!["c2", "c3"]);
+        for id in ["c1", "c2", "c3"] {
+            m.remove_client(id);
+        }
+        assert!(m.attached().is_empty() && m.clients_per_job(&key).is_empty());
+        m.insert_worker("w".into(), worker(t));
+        m.insert_worker("w".into(), Worker { address: "b:1".into(), ..worker(t) });
+        assert_eq!(m.workers_at("a:1").count(), 0, "moved to another address");
+        assert_eq!(m.workers_at("b:1").collect::<Vec<_>>(), vec!["w"]);
+        assert_eq!(m.workers_of(&PipelineKey::new("ns", "other")).count(), 0);
+    }
+
     #[test]
     fn ids_are_fresh_per_instance_unless_one_is_kept() {
         let mut m = Members::new("i1".into());
@@ -163,13 +297,16 @@ mod tests {
         let t = Instant::now();
         let timeouts = Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(5) };
         let mut m = Members::new("i".into());
-        m.workers.insert("quiet".into(), worker(t));
-        m.workers.insert("talking".into(), worker(t));
+        m.insert_worker("quiet".into(), worker(t));
+        m.insert_worker("talking".into(), Worker { address: "b:1".into(), ..worker(t) });
         m.seen_worker("talking", t + Duration::from_secs(4)).unwrap();
         let expired = m.expire(t + Duration::from_secs(6), &timeouts);
         assert_eq!(expired.workers.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), vec!["quiet"]);
         assert!(expired.clients.is_empty());
-        assert_eq!(m.workers.keys().collect::<Vec<_>>(), vec!["talking"]);
+        assert_eq!(m.workers().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), vec!["talking"]);
+        let key = PipelineKey::new("ns", "p");
+        assert_eq!(m.workers_of(&key).map(|(id, _)| id.as_str()).collect::<Vec<_>>(), vec!["talking"], "indexed too");
+        assert_eq!(m.workers_at("a:1").count(), 0, "its address forgotten");
         assert_eq!(m.seen_worker("quiet", t).err(), Some(Unknown { kind: "worker", id: "quiet".into() }));
     }
 }

@@ -413,8 +413,8 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 .map_or_else(Vec::new, |quotas| quotas.iter().map(|(epoch, q)| q.to_proto(*epoch)).collect());
             let clients = l.clients.get(&job).copied().unwrap_or_default();
             Ok(proto::WorkerList {
-                addresses: l.addresses,
-                workers: l.workers,
+                addresses: l.workers.iter().map(|(address, _)| address.clone()).collect(),
+                workers: l.workers.iter().map(|(_, id)| id.clone()).collect(),
                 version: l.version,
                 epoch,
                 quotas,

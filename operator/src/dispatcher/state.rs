@@ -4,6 +4,7 @@
 //! workers, lost clients) is tested by moving a clock.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use stoker_api::proto::HintBytes;
@@ -128,8 +129,10 @@ struct Pipeline {
     /// Jobs whose states are in, until the plan is known (it comes with the first worker).
     gathered: BTreeMap<String, Gathered>,
     /// The live workers (address, id) as last published, and a version that grows when they
-    /// change (clients acknowledge it after dropping the workers that left).
-    listed: Vec<(String, String)>,
+    /// change (clients acknowledge it after dropping the workers that left). Shared with the
+    /// listings: one is made on every acknowledgement, and copying a thousand workers' names
+    /// each time was most of what an acknowledgement cost.
+    listed: Arc<Vec<(String, String)>>,
     version: u64,
 }
 
@@ -137,9 +140,8 @@ struct Pipeline {
 /// quotas of the jobs read by ranks.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Listing {
-    pub addresses: Vec<String>,
-    /// The id of the worker at each address.
-    pub workers: Vec<String>,
+    /// (address, id) of each live worker, sorted.
+    pub workers: Arc<Vec<(String, String)>>,
     pub version: u64,
     pub epochs: BTreeMap<String, u64>,
     pub quotas: BTreeMap<String, Vec<(u64, Quota)>>,
@@ -218,15 +220,10 @@ impl DispatcherState {
         check_id(r.worker_id.as_deref())?;
         // A new process at a live worker's address (a pod's IP given to its replacement, a
         // container restarted in its pod): that worker is gone, whatever its heartbeats say.
-        let replaced: Vec<String> = self
-            .members
-            .workers
-            .iter()
-            .filter(|(id, w)| w.address == r.address && r.worker_id.as_ref() != Some(*id))
-            .map(|(id, _)| id.clone())
-            .collect();
+        let replaced: Vec<String> =
+            self.members.workers_at(&r.address).filter(|id| r.worker_id.as_ref() != Some(*id)).cloned().collect();
         for id in replaced {
-            let worker = self.members.workers.remove(&id).expect("listed above");
+            let worker = self.members.remove_worker(&id).expect("listed above");
             self.worker_gone(&id, worker, "another worker registered at its address", now);
         }
         let has_workers = self.members.workers_of(&r.pipeline).next().is_some();
@@ -262,7 +259,7 @@ impl DispatcherState {
             progress: Progress::default(),
         };
         let key = worker.pipeline.clone();
-        self.members.workers.insert(id.clone(), worker);
+        self.members.insert_worker(id.clone(), worker);
         self.relist(&key);
         Ok(id)
     }
@@ -274,8 +271,8 @@ impl DispatcherState {
             self.members.workers_of(key).map(|(id, w)| (w.address.clone(), id.clone())).collect();
         workers.sort();
         let pipeline = self.pipelines.entry(key.clone()).or_default();
-        if pipeline.listed != workers {
-            pipeline.listed = workers;
+        if *pipeline.listed != workers {
+            pipeline.listed = Arc::new(workers);
             pipeline.version += 1;
         }
         pipeline.version
@@ -287,42 +284,35 @@ impl DispatcherState {
         // A job no worker has asked for yet starts where its clients said (a resumed one).
         let mut epochs = p.starts.clone();
         epochs.extend(p.jobs.iter().map(|(name, job)| (name.clone(), job.epoch())));
-        let mut clients: BTreeMap<String, u32> = BTreeMap::new();
-        for c in self.members.clients.values().filter(|c| &c.pipeline == key) {
-            *clients.entry(c.job.clone()).or_default() += 1;
-        }
         Listing {
-            addresses: p.listed.iter().map(|(address, _)| address.clone()).collect(),
-            workers: p.listed.iter().map(|(_, id)| id.clone()).collect(),
+            workers: p.listed.clone(),
             version: p.version,
             epochs,
             quotas: p.ranks.iter().map(|(name, ranks)| (name.clone(), ranks.quotas())).collect(),
-            clients,
+            clients: self.members.clients_per_job(key),
         }
     }
 
     /// The pipeline of a worker or client, by id.
     pub fn pipeline_of(&self, id: &str) -> Option<PipelineKey> {
-        let worker = self.members.workers.get(id).map(|w| w.pipeline.clone());
-        worker.or_else(|| self.members.clients.get(id).map(|c| c.pipeline.clone()))
+        let worker = self.members.worker(id).map(|w| w.pipeline.clone());
+        worker.or_else(|| self.members.client(id).map(|c| c.pipeline.clone()))
     }
 
     /// Live clients of a job, by id.
     fn clients_of(&self, key: &PipelineKey, job: &str) -> BTreeSet<String> {
-        self.members
-            .clients
-            .iter()
-            .filter(|(_, c)| &c.pipeline == key && c.job == job)
-            .map(|(id, _)| id.clone())
-            .collect()
+        self.members.clients_of(key, job).cloned().collect()
     }
 
     pub fn heartbeat(&mut self, worker_id: &str, progress: Progress, now: Instant) -> Result<(), DispatchError> {
         let worker = self.members.seen_worker(worker_id, now)?;
         worker.progress = progress;
         let key = worker.pipeline.clone();
-        let measured = measured(self.members.workers_of(&key).map(|(_, w)| w));
-        self.caches.reported(&key, &self.members.workers[worker_id].progress.cache, &measured);
+        let members = &self.members;
+        let progress = &members.worker(worker_id).expect("seen above").progress.cache;
+        // Summed over the pipeline's workers only while the plan measures: on every heartbeat
+        // that made each second cost the square of the pipeline's workers.
+        self.caches.reported(&key, progress, || measured(members.workers_of(&key).map(|(_, w)| w)));
         Ok(())
     }
 
@@ -345,7 +335,7 @@ impl DispatcherState {
 
     /// Where the worker's next split gets its elements up to an autocache hint.
     pub fn cache_directive(&self, worker_id: &str) -> Directive {
-        self.members.workers.get(worker_id).map_or(Directive::Compute, |w| self.caches.directive(&w.pipeline))
+        self.members.worker(worker_id).map_or(Directive::Compute, |w| self.caches.directive(&w.pipeline))
     }
 
     /// Every pipeline's cache plan.
@@ -378,7 +368,7 @@ impl DispatcherState {
         // dispatcher is one it restarted in the middle of, whose clients have not rejoined yet
         // (or one they left). Its splits wait for them.
         let unclaimed = !self.pipelines.get(&key).is_some_and(|p| p.jobs.contains_key(job))
-            && self.clients_of(&key, job).is_empty();
+            && self.members.clients_of(&key, job).next().is_none();
         let pipeline = self.pipelines.get_mut(&key).expect("a registered worker's pipeline exists");
         let plan = pipeline.ledger_plan();
         if unclaimed || pipeline.gathering.contains_key(job) {
@@ -420,7 +410,7 @@ impl DispatcherState {
             }
             None => (job, None),
         };
-        let others = self.clients_of(&pipeline, &job).into_iter().filter(|id| client_id.as_ref() != Some(id)).count();
+        let others = self.members.clients_of(&pipeline, &job).filter(|id| client_id.as_ref() != Some(*id)).count();
         let pipeline_state = self.pipelines.entry(pipeline.clone()).or_default();
         let declared = pipeline_state.ranks.get(&job).map_or((1, false), |r| (r.consumers(), r.coordinated()));
         if declared != (consumers.max(1), coordinated) {
@@ -452,7 +442,7 @@ impl DispatcherState {
             }
             self.rejoin(&pipeline, &job, &id, consumer_index, consumers, rejoin, now);
         }
-        self.members.clients.insert(id.clone(), Client { pipeline, job: job.clone(), consumer_index, last_seen: now });
+        self.members.insert_client(id.clone(), Client { pipeline, job: job.clone(), consumer_index, last_seen: now });
         Ok(Registered { client_id: id, job, incarnation: self.incarnation })
     }
 
@@ -509,7 +499,7 @@ impl DispatcherState {
     /// splits they completed may never be reported: as for a client that went silent, the
     /// job's in-flight splits are produced again.
     pub fn leave(&mut self, client_id: &str, discarded: bool, now: Instant) {
-        let Some(client) = self.members.clients.remove(client_id) else { return };
+        let Some(client) = self.members.remove_client(client_id) else { return };
         self.inbox.forget(client_id);
         self.client_gone(client_id, &client, discarded, now);
     }
@@ -606,7 +596,7 @@ impl DispatcherState {
     /// the shares of the mix's sources in the elements they produced.
     pub fn reports(&self) -> BTreeMap<PipelineKey, WorkersReport> {
         let mut all: BTreeMap<PipelineKey, (Vec<String>, Vec<u64>)> = BTreeMap::new();
-        for w in self.members.workers.values() {
+        for (_, w) in self.members.workers() {
             let (warnings, elements) = all.entry(w.pipeline.clone()).or_default();
             // A worker that stopped producing (onError: fail) says why here too.
             warnings.extend(w.progress.error.iter().map(|e| format!("a worker stopped: {e}")));
@@ -631,7 +621,7 @@ impl DispatcherState {
 
     /// Every (pipeline, job) with live clients, with the windows reported since the last call.
     pub fn take_windows(&mut self) -> Vec<JobWindows> {
-        self.inbox.take(&self.members.clients)
+        self.inbox.take(self.members.clients())
     }
 
     /// Pipelines with at least one live client.
@@ -642,10 +632,9 @@ impl DispatcherState {
     pub fn consumers(&self, pipeline: &PipelineKey, job: &str) -> Vec<u32> {
         let mut v: Vec<u32> = self
             .members
-            .clients
-            .values()
-            .filter(|c| &c.pipeline == pipeline && c.job == job)
-            .map(|c| c.consumer_index)
+            .clients_of_pipeline(pipeline)
+            .filter(|(_, c)| c.job == job)
+            .map(|(_, c)| c.consumer_index)
             .collect();
         v.sort_unstable();
         v
