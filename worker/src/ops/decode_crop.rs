@@ -6,7 +6,7 @@
 //! a smaller source for the same resize does.
 //!
 //! Two steps, so the engine times each as its op: [`decode_for_crop`] (the decode) and
-//! [`resize_crop`] (the crop).
+//! [`resize_crop`] (the crop, with any flip and normalize folded into it: [`Finish`]).
 
 use bytes::Bytes;
 use rand::Rng;
