@@ -93,7 +93,6 @@ pub fn apply_range(
                         let (finish, after) =
                             finishing(transforms.list, index + 2, range.end, &d.field, key, &decoded)?;
                         applied_to = after;
-                        let finish = ops::Finish { flips: finish.0, normalize: finish.1.as_ref() };
                         let image = ops::resize_crop(&decoded, c, &finish).map_err(crop_fail)?;
                         // The folded ops' time is the crop's: they are part of its writing.
                         timings[index + 1] += resizing.elapsed();
@@ -188,8 +187,8 @@ pub fn apply_range(
 }
 
 /// The randomFlip and normalize on `field` right after a decoded crop (from `from`, in that
-/// order, each optional, before `end`), to be done as the crop's output is written: their
-/// draws and tables, and the index after the last one folded.
+/// order, each optional, before `end`), to be done as the crop's output is written, and the
+/// index after the last one folded.
 fn finishing(
     list: &[Transform],
     from: usize,
@@ -197,7 +196,7 @@ fn finishing(
     field: &str,
     key: ElementKey,
     decoded: &ops::ForCrop,
-) -> Result<((ops::Flips, Option<ops::Tables>), usize), ElementError> {
+) -> Result<(ops::Finish, usize), ElementError> {
     let mut at = from;
     let mut flips = ops::Flips::default();
     if let Some(Transform::RandomFlip(f)) = list.get(at).filter(|_| at < end)
@@ -217,7 +216,7 @@ fn finishing(
         })?;
         at += 1;
     }
-    Ok(((flips, tables), at))
+    Ok((ops::Finish { flips, normalize: tables }, at))
 }
 
 fn missing(index: usize, op: &'static str, field: &str) -> ElementError {

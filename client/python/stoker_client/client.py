@@ -29,13 +29,12 @@ STREAM_METHOD = "/stoker.v1alpha1.BatchStream/Stream"
 # Codes after which a stream from a worker under the dispatcher is not retried but raised.
 FATAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED,
                grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
-DEFAULT_MAX_MESSAGE_BYTES = 4 << 20
 MIN_MAX_MESSAGE_BYTES = 64 << 10
 # What this client asks for. Larger messages save a copy only for batches that fit in one, and
 # a message over 32 MiB (what glibc serves from its heap at most) is mmapped by grpc for each
 # batch and page-faulted in: on 38 MB batches, 150 page faults and ~0.1 ms of CPU per image
 # more than 16 MiB chunks copied into one array (docs/clients.md).
-DEFAULT_CLIENT_MESSAGE_BYTES = 16 << 20
+DEFAULT_MAX_MESSAGE_BYTES = 16 << 20
 MAX_MAX_MESSAGE_BYTES = 256 << 20
 # Under the dispatcher, how long a stream that failed waits before it is opened again.
 REOPEN_PAUSE = 0.25
@@ -119,7 +118,7 @@ class Client(Following):
         consumer_index: int = 0,
         start_epoch: Optional[int] = None,
         prefetch: int = 8,
-        max_message_bytes: int = DEFAULT_CLIENT_MESSAGE_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         token: Optional[str] = None,
         ca_file: Optional[str] = None,

@@ -65,9 +65,9 @@ pub fn decode_for_crop(
 /// What the ops right after the crop do to its output (a flip, a normalize), done as the
 /// resize writes each row, so that the image is written once, in its final form.
 #[derive(Default)]
-pub struct Finish<'a> {
+pub struct Finish {
     pub flips: Flips,
-    pub normalize: Option<&'a Tables>,
+    pub normalize: Option<Tables>,
 }
 
 impl ForCrop {
@@ -84,24 +84,21 @@ pub fn resize_crop(decoded: &ForCrop, op: &RandomResizedCrop, finish: &Finish) -
         return Err(OpError::TooSmall { have: [d.h, d.w], want: [1, 1] });
     }
     let [oh, ow] = op.size.map(|s| s as usize);
+    let pixels = oh * ow * d.c;
+    let bytes = finish.normalize.as_ref().map_or(pixels, |t| t.out_len(pixels));
     let mut out = Vec::new();
     let Flips { horizontal, vertical } = finish.flips;
     // The resize hands its rows bottom-up for a vertical flip; a row is mirrored as written.
     resize_region_rows(&decoded.image, d, decoded.region, [oh, ow], vertical, &mut |row| {
-        let size = oh * ow * d.c;
-        match finish.normalize {
-            Some(tables) => {
-                out.reserve_exact(tables.out_len(size).saturating_sub(out.len()));
-                tables.extend(row, horizontal, &mut out)
-            }
-            None => {
-                out.reserve_exact(size.saturating_sub(out.len()));
-                extend_row(row, d.c, horizontal, &mut out)
-            }
+        // Sized on the first row: only after the resize's checks may the output be allocated.
+        out.reserve_exact(bytes - out.len());
+        match &finish.normalize {
+            Some(tables) => tables.extend(row, horizontal, &mut out),
+            None => extend_row(row, d.c, horizontal, &mut out),
         }
     })?;
-    let dtype = finish.normalize.map_or(DType::Uint8, Tables::dtype);
-    Tensor::new(dtype, vec![oh, ow, d.c], Bytes::from(out)).map_err(|e| OpError::InvalidParameter(e.to_string()))
+    let dtype = finish.normalize.as_ref().map_or(DType::Uint8, Tables::dtype);
+    Ok(Tensor { dtype, shape: vec![oh, ow, d.c], data: Bytes::from(out) })
 }
 
 /// The largest of 1/8, 1/4 and 1/2 at which the crop is still at least the output size on

@@ -9,14 +9,9 @@ use super::image::{Dims, image_tensor};
 /// Mirrors left-right.
 pub fn flip_horizontal(image: &Tensor) -> Result<Tensor, OpError> {
     let d = Dims::of(image)?;
-    let mut out = vec![0u8; image.data.len()];
-    for (src, dst) in image.data.chunks_exact(d.row_len()).zip(out.chunks_exact_mut(d.row_len())) {
-        match d.c {
-            1 => mirror::<1>(src, dst),
-            2 => mirror::<2>(src, dst),
-            3 => mirror::<3>(src, dst),
-            _ => mirror::<4>(src, dst),
-        }
+    let mut out = Vec::with_capacity(image.data.len());
+    for row in image.data.chunks_exact(d.row_len()) {
+        extend_row(row, d.c, true, &mut out);
     }
     Ok(image_tensor(d.h, d.w, d.c, out))
 }

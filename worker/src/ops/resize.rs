@@ -56,9 +56,12 @@ pub(crate) fn resize_region(
     [top, left, rh, rw]: [usize; 4],
     [oh, ow]: [usize; 2],
 ) -> Result<Tensor, OpError> {
-    check_region(d, [top, left, rh, rw], [oh, ow])?;
-    let mut out = Vec::with_capacity(oh * ow * d.c);
-    filter_dispatch(&image.data, d, [top, left, rh, rw], [oh, ow], false, &mut |row| out.extend_from_slice(row));
+    let mut out = Vec::new();
+    resize_region_rows(image, d, [top, left, rh, rw], [oh, ow], false, &mut |row| {
+        // Sized on the first row: only after the checks has the output a size that may be allocated.
+        out.reserve_exact(oh * ow * d.c - out.len());
+        out.extend_from_slice(row)
+    })?;
     Ok(image_tensor(oh, ow, d.c, out))
 }
 
