@@ -6,7 +6,7 @@ use crate::proto;
 
 /// What one client (or, combined, all consumers of a job) measured over one window, while
 /// streaming from `workers` workers.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Window {
     /// Workers that delivered batches during the window (a starting worker does not count).
     pub workers: u32,

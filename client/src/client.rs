@@ -195,6 +195,16 @@ impl Client {
         }
     }
 
+    /// Batches ready in the prefetch queue being read: what a gauge of the queue shows (KEDA
+    /// users scale on it). Completions and errors waiting there count too; a rank's rationed
+    /// batches do not.
+    pub fn ready(&self) -> usize {
+        match &self.source {
+            Source::Fixed(rx) => rx.len(),
+            Source::Dispatched { queue, .. } => queue.len(),
+        }
+    }
+
     /// Batch-time statistics since the last reset.
     /// In dispatcher mode the window restarts after each report to the dispatcher.
     pub fn window(&self) -> WindowStats {

@@ -16,8 +16,9 @@ pub struct TrainerSpec {
     /// Every `n`-th step takes `stall` instead (real logs show 1 s steps every few batches).
     pub stall_every: Option<u64>,
     pub stall: Duration,
-    /// After this long, compute time is multiplied by the factor (the job got faster or slower).
-    pub speed_change: Option<(Duration, f64)>,
+    /// From this step (0-based) on, compute time is multiplied by the factor (the job got faster
+    /// or slower). By step, not time, so every run of a comparison changes at the same point.
+    pub speed_change: Option<(u64, f64)>,
     pub seed: u64,
 }
 
@@ -33,14 +34,14 @@ impl TrainerSpec {
         }
     }
 
-    /// The compute time of step `step` (0-based) started `elapsed` after the run began.
-    pub fn step_time(&self, step: u64, elapsed: Duration) -> Duration {
+    /// The compute time of step `step` (0-based).
+    pub fn step_time(&self, step: u64) -> Duration {
         if self.stall_every.is_some_and(|n| n > 0 && step % n == n - 1) {
             return self.stall;
         }
         let mut base = self.compute.as_secs_f64();
-        if let Some((after, factor)) = self.speed_change
-            && elapsed >= after
+        if let Some((from, factor)) = self.speed_change
+            && step >= from
         {
             base *= factor;
         }
@@ -75,6 +76,11 @@ pub struct TrainSummary {
     pub elapsed: Duration,
     /// Time spent waiting for batches.
     pub waited: Duration,
+    /// Batches ready in the client's prefetch queue, integrated over the run (batch-seconds):
+    /// over a step's compute the queue is taken to move linearly from what the step's batch
+    /// left to what the next call finds; while the trainer waits it is empty. Its increase over
+    /// an interval, divided by the interval, is the mean a gauge of the queue would show.
+    pub ready_batch_seconds: f64,
 }
 
 /// Trains on `client`'s batches until `stop`; `on_step` sees each batch and the running
@@ -104,7 +110,9 @@ pub async fn train(
         summary.waited += asked.elapsed();
         summary.elements += batch.tensors.values().next().and_then(|t| t.shape.first().copied()).unwrap_or(0) as u64;
         summary.bytes += batch.payload_bytes() as u64;
-        tokio::time::sleep(spec.step_time(summary.steps, start.elapsed())).await;
+        let (left, step) = (client.ready(), spec.step_time(summary.steps));
+        tokio::time::sleep(step).await;
+        summary.ready_batch_seconds += (left + client.ready()) as f64 / 2.0 * step.as_secs_f64();
         summary.steps += 1;
         summary.elapsed = start.elapsed();
         on_step(&summary, &batch);
@@ -121,14 +129,16 @@ mod tests {
     fn stalls_noise_and_speed_changes_shape_step_times() {
         let ms = Duration::from_millis;
         let mut spec = TrainerSpec::steady(ms(30));
-        assert_eq!(spec.step_time(0, ms(0)), ms(30));
+        assert_eq!(spec.step_time(0), ms(30));
         spec.stall_every = Some(4);
-        let times: Vec<Duration> = (0..8).map(|s| spec.step_time(s, ms(0))).collect();
+        let times: Vec<Duration> = (0..8).map(|s| spec.step_time(s)).collect();
         assert_eq!(times, [ms(30), ms(30), ms(30), ms(1000), ms(30), ms(30), ms(30), ms(1000)]);
-        spec.speed_change = Some((ms(500), 2.0));
-        assert_eq!(spec.step_time(0, ms(600)), ms(60));
+        spec.speed_change = Some((5, 2.0));
+        let times: Vec<Duration> = (3..7).map(|s| spec.step_time(s)).collect();
+        assert_eq!(times, [ms(1000), ms(30), ms(60), ms(60)], "stalls stay stalls");
+        spec.speed_change = None;
         spec.noise = 0.1;
-        let noisy: Vec<f64> = (0..200).filter(|s| s % 4 != 3).map(|s| spec.step_time(s, ms(0)).as_secs_f64()).collect();
+        let noisy: Vec<f64> = (0..200).filter(|s| s % 4 != 3).map(|s| spec.step_time(s).as_secs_f64()).collect();
         assert!(noisy.iter().all(|t| (0.027..=0.033).contains(t)), "within ±10%");
         let mean = noisy.iter().sum::<f64>() / noisy.len() as f64;
         assert!((mean - 0.030).abs() < 0.001, "unbiased: mean {mean}");

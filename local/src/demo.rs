@@ -47,7 +47,9 @@ pub struct DemoReport {
     pub data_wait: Option<stoker_api::DataWaitStatus>,
 }
 
-fn pipeline_yaml(corpus: &Path, max_workers: u32) -> String {
+/// The demo's pipeline (also the local policy comparison's): decode, crop to 96x96, flip,
+/// normalize, batches of 8.
+pub(crate) fn pipeline_yaml(corpus: &Path, max_workers: u32) -> String {
     format!(
         "source: {{uri: 'file://{}/', format: imageFolder}}\n\
          transforms:\n\
@@ -62,8 +64,11 @@ fn pipeline_yaml(corpus: &Path, max_workers: u32) -> String {
     )
 }
 
+/// Images in the demo's corpus.
+pub const CORPUS_IMAGES: usize = 1200;
+
 /// Generates the corpus with `stoker-worker corpus` unless it is there.
-async fn ensure_corpus(dir: &Path, images: usize) -> anyhow::Result<()> {
+pub async fn ensure_corpus(dir: &Path, images: usize) -> anyhow::Result<()> {
     let marker = dir.join(".complete");
     if std::fs::read_to_string(&marker).is_ok_and(|n| n.trim() == images.to_string()) {
         return Ok(());
@@ -93,16 +98,7 @@ pub async fn run(options: &DemoOptions, out: &mut (dyn std::io::Write + Send)) -
         name: "imagenet-like".into(),
         spec,
         listen: "127.0.0.1:0".parse()?,
-        workers: LocalWorkerConfig {
-            binary: worker_binary(),
-            dispatcher_url: String::new(),
-            threads: 1,
-            memory_budget: 64 << 20,
-            max_batch_rate: Some(options.worker_rate),
-            log_dir: Some(logs.clone()),
-            cache_dir: None,
-            tls: None,
-        },
+        workers: LocalWorkerConfig::rate_capped(options.worker_rate, logs.clone()),
         window: Some(options.window),
         budget: None,
         tls_dir: None,

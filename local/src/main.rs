@@ -81,6 +81,17 @@ enum Bench {
         /// Every figure of every scenario, not only of some.
         #[arg(long)]
         all: bool,
+        /// Instead of simulating: run the policies on local worker processes and the synthetic
+        /// trainer through the real client, one after the other (minutes per policy).
+        #[arg(long)]
+        local: bool,
+        /// With --local: training time at full speed of each run, in seconds.
+        #[arg(long, default_value_t = 180.0)]
+        seconds: f64,
+        /// With --local: a scenario of the simulation to run (repeatable; default: "optimum 4"
+        /// and "optimum 8 -> 16: trainer 2x faster a third in").
+        #[arg(long)]
+        scenario: Vec<String>,
     },
     /// One dispatcher on one core under simulated workers and training clients over loopback
     /// gRPC: NextSplit latency, throughput, the dispatcher's CPU and memory.
@@ -170,7 +181,27 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Explain { samples, yaml } => explain(&samples, yaml),
-        Command::Bench { bench: Bench::Autoscaler { plot, workers_plot, cost_plot, all } } => {
+        Command::Bench { bench: Bench::Autoscaler { local: true, seconds, scenario, .. } } => {
+            stoker_local::cli::quiet_logs();
+            use stoker_local::bench::policies;
+            let names = match scenario.is_empty() {
+                true => policies::DEFAULT_SCENARIOS.map(String::from).to_vec(),
+                false => scenario,
+            };
+            let scenarios = names.iter().map(|n| policies::scenario(n)).collect::<anyhow::Result<Vec<_>>>()?;
+            let options = policies::Options {
+                corpus: stoker_local::cli::cache_dir().join("demo/corpus"),
+                seconds,
+                config: policies::config(),
+            };
+            let mut contests = Vec::new();
+            for s in &scenarios {
+                contests.push(policies::contest(s, &options, &mut std::io::stdout()).await?);
+            }
+            print!("\n{}", policies::report(&contests, &options.config));
+            Ok(())
+        }
+        Command::Bench { bench: Bench::Autoscaler { plot, workers_plot, cost_plot, all, .. } } => {
             use stoker_operator::autoscaling::sim;
             let config = sim::SimConfig::default();
             let contests = sim::compare::contests(&config);
@@ -220,7 +251,7 @@ async fn main() -> anyhow::Result<()> {
             stoker_local::cli::quiet_logs();
             let options = stoker_local::demo::DemoOptions {
                 corpus,
-                images: 1200,
+                images: stoker_local::demo::CORPUS_IMAGES,
                 compute: std::time::Duration::from_secs_f64(compute_ms / 1e3),
                 worker_rate,
                 max_workers: 8,

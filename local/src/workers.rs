@@ -45,6 +45,23 @@ pub struct LocalWorkerConfig {
     pub tls: Option<WorkerTlsFiles>,
 }
 
+impl LocalWorkerConfig {
+    /// One-thread workers capped at `rate` batches a second, logging into `logs`: capacity in
+    /// known units on a small machine (the demo, the policy comparison).
+    pub fn rate_capped(rate: f64, logs: PathBuf) -> Self {
+        LocalWorkerConfig {
+            binary: worker_binary(),
+            dispatcher_url: String::new(),
+            threads: 1,
+            memory_budget: 64 << 20,
+            max_batch_rate: Some(rate),
+            log_dir: Some(logs),
+            cache_dir: None,
+            tls: None,
+        }
+    }
+}
+
 /// The `stoker-worker` next to this executable (cargo puts them side by side), else on PATH.
 /// STOKER_WORKER_BIN overrides both.
 pub fn worker_binary() -> PathBuf {
