@@ -195,8 +195,10 @@ impl Follower {
             tracing::debug!(status = %s, "rejoining the restarted dispatcher failed; retrying");
         }
         self.shared.clients.store(list.clients, Ordering::Relaxed);
-        let ids = list.workers.iter().map(Some).chain(std::iter::repeat(None));
-        state.listed = list.addresses.into_iter().zip(ids).map(|(address, id)| worker_key(address, id)).collect();
+        if !list.same_workers {
+            let ids = list.workers.iter().map(Some).chain(std::iter::repeat(None));
+            state.listed = list.addresses.into_iter().zip(ids).map(|(address, id)| worker_key(address, id)).collect();
+        }
         state.version = list.version;
         state.tls = WorkerTls::listed(&list.tls_server_name);
         self.saw_epoch(list.epoch);

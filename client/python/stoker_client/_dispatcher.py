@@ -246,7 +246,9 @@ class Follower:
                 self.client.add_call(call)
                 with self.lock:
                     self.watches += 1
+                previous = None
                 for workers in call:
+                    workers = previous = workers.following(previous)
                     try:
                         self.rejoin_if_restarted(workers.incarnation)
                     except grpc.RpcError:

@@ -341,6 +341,16 @@ class WorkerList(NamedTuple):
     # Set when the workers serve TLS: the name their certificates are for (verified instead of
     # the IP the client dials); empty for plaintext workers.
     tls_server_name: str = ""
+    # The workers are those of the previous list on the same stream: `addresses` and
+    # `workers` are empty, and the client keeps what it has (`following`).
+    same_workers: bool = False
+
+    def following(self, previous: Optional["WorkerList"]) -> "WorkerList":
+        """This list with the workers filled in from `previous` (the last on the same
+        stream) when it says they did not change."""
+        if self.same_workers and previous is not None:
+            return self._replace(addresses=previous.addresses, workers=previous.workers, same_workers=False)
+        return self
 
     def keys(self) -> List[str]:
         """How the client keys the listed workers: `address#id` where the id is given, so that
@@ -380,6 +390,7 @@ def _epoch_quota(buf) -> EpochQuota:
 def decode_worker_list(message: bytes) -> WorkerList:
     view = memoryview(message)
     addresses, version, epoch, quotas, incarnation, clients, workers, tls_name = [], 0, 0, [], 0, 0, [], ""
+    same_workers = False
     for field, wire_type, value in _fields(view):
         if field == 1 and wire_type == _LEN:
             addresses.append(bytes(view[value[0]:value[1]]).decode())
@@ -397,7 +408,9 @@ def decode_worker_list(message: bytes) -> WorkerList:
             workers.append(bytes(view[value[0]:value[1]]).decode())
         elif field == 8 and wire_type == _LEN:
             tls_name = bytes(view[value[0]:value[1]]).decode()
-    return WorkerList(addresses, version, epoch, quotas, incarnation, clients, workers, tls_name)
+        elif field == 9 and wire_type == _VARINT:
+            same_workers = bool(value)
+    return WorkerList(addresses, version, epoch, quotas, incarnation, clients, workers, tls_name, same_workers)
 
 
 def _double(field: int, value: float) -> bytes:

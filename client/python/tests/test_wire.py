@@ -171,8 +171,19 @@ def test_a_batch_without_rows_has_an_empty_array():
 
 def test_the_worker_list_carries_version_and_epoch():
     message = field(1, b"10.0.0.1:50052") + field(1, b"10.0.0.2:50052") + _wire._key(2, 0) + varint(7) + _wire._key(3, 0) + varint(2)
-    assert _wire.decode_worker_list(message) == (["10.0.0.1:50052", "10.0.0.2:50052"], 7, 2, [], 0, 0, [], "")
-    assert _wire.decode_worker_list(b"") == ([], 0, 0, [], 0, 0, [], "")
+    assert _wire.decode_worker_list(message) == (["10.0.0.1:50052", "10.0.0.2:50052"], 7, 2, [], 0, 0, [], "", False)
+    assert _wire.decode_worker_list(b"") == ([], 0, 0, [], 0, 0, [], "", False)
+
+
+def test_a_list_with_the_workers_of_the_last_one_keeps_them():
+    first = _wire.decode_worker_list(field(1, b"w:1") + field(7, b"w-1") + _wire._key(2, 0) + varint(3))
+    same = _wire.decode_worker_list(_wire._key(2, 0) + varint(3) + _wire._key(3, 0) + varint(5)
+                                    + _wire._key(9, 0) + varint(1))
+    assert same.same_workers and same.addresses == [] and same.keys() == []
+    followed = same.following(first)
+    assert (followed.keys(), followed.epoch, followed.same_workers) == (["w:1#w-1"], 5, False)
+    # A whole list stands as it is, and so does the first of a stream.
+    assert first.following(followed) is first and same.following(None) is same
 
 
 def test_the_worker_list_names_the_workers_certificates_when_they_serve_tls():

@@ -405,7 +405,13 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let incarnation = self.0.with_state(|s| s.incarnation());
         let job = r.job;
         let tls_server_name = self.0.worker_tls_names.get().map(|names| names(&pipeline)).unwrap_or_default();
+        // The workers this stream last sent: the list is shared until it changes, so the
+        // pointer says whether it did.
+        let mut sent: Option<Arc<Vec<(String, String)>>> = None;
         let lists = updates.map(move |l| {
+            let same_workers = sent.as_ref().is_some_and(|w| Arc::ptr_eq(w, &l.workers));
+            sent = Some(l.workers.clone());
+            let listed = if same_workers { &[][..] } else { &l.workers[..] };
             let epoch = l.epochs.get(&job).copied().unwrap_or_default();
             let quotas = l
                 .quotas
@@ -413,8 +419,9 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 .map_or_else(Vec::new, |quotas| quotas.iter().map(|(epoch, q)| q.to_proto(*epoch)).collect());
             let clients = l.clients.get(&job).copied().unwrap_or_default();
             Ok(proto::WorkerList {
-                addresses: l.workers.iter().map(|(address, _)| address.clone()).collect(),
-                workers: l.workers.iter().map(|(_, id)| id.clone()).collect(),
+                addresses: listed.iter().map(|(address, _)| address.clone()).collect(),
+                workers: listed.iter().map(|(_, id)| id.clone()).collect(),
+                same_workers,
                 version: l.version,
                 epoch,
                 quotas,
@@ -531,3 +538,7 @@ fn cache_progress(c: proto::CacheProgress) -> CacheProgress {
 #[cfg(test)]
 #[path = "service_access_tests.rs"]
 mod access_tests;
+
+#[cfg(test)]
+#[path = "service_watch_tests.rs"]
+mod watch_tests;

@@ -166,7 +166,9 @@ impl Session {
             self.rejoin().await?;
         }
         self.version = list.version;
-        self.workers = list.addresses.len() as u32;
+        if !list.same_workers {
+            self.workers = list.addresses.len() as u32;
+        }
         self.clients = list.clients;
         self.saw_epoch(list.epoch);
         if list.incarnation == self.incarnation && self.watching != self.incarnation {

@@ -105,7 +105,7 @@ pub fn report(contests: &[Contest], config: &SimConfig) -> String {
     let mut out = String::from(
         "Training time over the trainer's own / cost over the pool hand-sized at the optimum, on local processes:\n\n",
     );
-    out.push_str(&compare::summary_table(contests, config));
+    out.push_str(&compare::summary_table(contests, config, false));
     out.push_str("\nEvery figure:\n\n");
     out.push_str(&compare::detail_table(contests, true));
     out
