@@ -8,7 +8,8 @@
 //! - [`demo`]: a synthetic trainer against a generated corpus, for `stoker demo`;
 //! - [`tls`]: `stoker local --tls`'s throwaway CA and certificates;
 //! - [`cli`]: what the `stoker` subcommands print;
-//! - [`bench`]: `stoker bench dispatcher`, one dispatcher under simulated workers and clients.
+//! - [`bench`]: `stoker bench dispatcher` (one dispatcher under simulated workers and clients)
+//!   and `stoker bench autoscaler --local` (the autoscaling policies on local processes).
 
 pub mod bench;
 pub mod cli;
