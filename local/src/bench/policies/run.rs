@@ -173,13 +173,17 @@ async fn decide(
         let read = progress.borrow().clone();
         let pids = local.workers.pids(&local.key);
         let used = cpu.used_since_last(&pids);
-        let windows: Vec<Window> = local
-            .dispatcher
-            .with_state(|s| s.take_windows())
-            .into_iter()
-            .filter(|jw| jw.pipeline == local.key)
-            .flat_map(|jw| jw.windows)
-            .collect();
+        // Ours' windows belong to the scaling loop: taking them here would starve it.
+        let windows: Vec<Window> = match contender {
+            Contender::Ours => Vec::new(),
+            _ => local
+                .dispatcher
+                .with_state(|s| s.take_windows())
+                .into_iter()
+                .filter(|jw| jw.pipeline == local.key)
+                .flat_map(|jw| jw.windows)
+                .collect(),
+        };
         let window = combine(&windows, current);
         let measured = Measurement {
             window: window.clone().unwrap_or_default(),
