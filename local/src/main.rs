@@ -92,6 +92,10 @@ enum Bench {
         /// and "optimum 8 -> 16: trainer 2x faster a third in").
         #[arg(long)]
         scenario: Vec<String>,
+        /// With --local: the simulation's tenants over a budget (five jobs at once on one
+        /// dispatcher) instead of the default scenarios; named scenarios still run first.
+        #[arg(long)]
+        tenants: bool,
     },
     /// One dispatcher on one core under simulated workers and training clients over loopback
     /// gRPC: NextSplit latency, throughput, the dispatcher's CPU and memory.
@@ -181,12 +185,12 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Explain { samples, yaml } => explain(&samples, yaml),
-        Command::Bench { bench: Bench::Autoscaler { local: true, seconds, scenario, .. } } => {
+        Command::Bench { bench: Bench::Autoscaler { local: true, seconds, scenario, tenants, .. } } => {
             stoker_local::cli::quiet_logs();
             use stoker_local::bench::policies;
-            let names = match scenario.is_empty() {
-                true => policies::DEFAULT_SCENARIOS.map(String::from).to_vec(),
-                false => scenario,
+            let names = match (scenario.is_empty(), tenants) {
+                (true, false) => policies::DEFAULT_SCENARIOS.map(String::from).to_vec(),
+                _ => scenario,
             };
             let scenarios = names.iter().map(|n| policies::scenario(n)).collect::<anyhow::Result<Vec<_>>>()?;
             let options = policies::Options {
@@ -198,7 +202,13 @@ async fn main() -> anyhow::Result<()> {
             for s in &scenarios {
                 contests.push(policies::contest(s, &options, &mut std::io::stdout()).await?);
             }
-            print!("\n{}", policies::report(&contests, &options.config));
+            if !contests.is_empty() {
+                print!("\n{}", policies::report(&contests, &options.config));
+            }
+            if tenants {
+                let outcomes = policies::tenants::contest(&options, &mut std::io::stdout()).await?;
+                print!("\n{}", policies::tenants::report(&outcomes));
+            }
             Ok(())
         }
         Command::Bench { bench: Bench::Autoscaler { plot, workers_plot, cost_plot, all, .. } } => {

@@ -1,15 +1,18 @@
 //! Local mode: the dispatcher, the autoscaler and `stoker-worker` processes on one machine, no
-//! Kubernetes. `stoker local` and `stoker demo` run it; so do the real-process tests.
+//! Kubernetes. `stoker local` and `stoker demo` run it with one pipeline; the tenants'
+//! benchmark adds more ([`Local::add`]), which share one scaling loop and its budget as a
+//! cluster's pipelines share the operator's. The real-process tests run it too.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use stoker_api::{AutoscalingMode, DataPipelineSpec, WorkerPipeline};
+use stoker_api::{AutoscalingMode, AutoscalingPolicy, DataPipelineSpec, WorkerPipeline};
 use tokio::sync::watch;
 
+use stoker_operator::autoscaling::budget::Caps;
 use stoker_operator::autoscaling::replicas::initial_replicas;
 use stoker_operator::autoscaling::{self, Loop, Rescale, Scaled, Scaler, ScalingBook, ScalingRecord};
 use stoker_operator::controller::objects::worker_tls;
@@ -29,7 +32,7 @@ pub struct LocalOptions {
     /// Overrides the spec's autoscaling window, in whole seconds (short windows make demos and
     /// tests quick).
     pub window: Option<Duration>,
-    /// Cap on worker processes (None: the spec's max).
+    /// Cap on all pipelines' worker processes together (None: each pipeline's max).
     pub budget: Option<u32>,
     /// Serve TLS (dispatcher and workers) with a CA made now, its files written here.
     pub tls_dir: Option<PathBuf>,
@@ -39,6 +42,7 @@ pub struct LocalOptions {
 pub const VIEW_HEADER: &str = " time  workers      batch   wait      rate/s  decision";
 
 pub struct Local {
+    /// The pipeline local mode was started with: the one its views show.
     pub key: PipelineKey,
     pub url: String,
     /// With TLS: the CA clients must trust.
@@ -46,11 +50,32 @@ pub struct Local {
     pub dispatcher: Arc<Dispatcher>,
     pub workers: Arc<LocalWorkers>,
     pub book: Arc<ScalingBook>,
-    /// Every rescale so far, in order.
+    /// Every rescale so far, of every pipeline, in order.
     pub rescales: watch::Receiver<Vec<Rescale>>,
-    /// Autoscaling mode Fixed: no scaling loop, so no client windows are judged.
-    fixed: bool,
+    /// The pipelines the scaling loop scales (autoscaling mode BatchTime): one scaling loop and
+    /// one budget for all, as the operator has for a cluster's.
+    scope: Arc<Mutex<Vec<Scoped>>>,
+    /// What the scaling loop needs, until the first pipeline that autoscales starts it. Not
+    /// before: the loop takes the clients' windows, which a benchmark's outside controllers
+    /// read when every pipeline is Fixed.
+    unstarted: Mutex<Option<Unstarted>>,
+    /// Overrides every pipeline's autoscaling window.
+    window: Option<Duration>,
     stop: watch::Sender<bool>,
+}
+
+/// A pipeline in the scaling loop's scope: its bounds and policy.
+struct Scoped {
+    key: PipelineKey,
+    min: u32,
+    max: u32,
+    policy: AutoscalingPolicy,
+}
+
+struct Unstarted {
+    caps: Caps,
+    rescales: watch::Sender<Vec<Rescale>>,
+    stopped: watch::Receiver<bool>,
 }
 
 /// Local workers as a shared scaler.
@@ -63,15 +88,10 @@ impl Scaler for Shared {
 }
 
 impl Local {
-    /// Starts the dispatcher, the pipeline's first workers and the scaling loop.
+    /// Starts the dispatcher, the scaling loop, and the pipeline's first workers.
     pub async fn start(mut options: LocalOptions) -> anyhow::Result<Local> {
-        stoker_api::validate(&options.spec)
-            .map_err(|errors| anyhow::anyhow!("the pipeline is invalid: {}", stoker_api::invalid_message(&errors)))?;
-        if let Some(w) = options.window {
-            options.spec.autoscaling.policy.window_seconds = w.as_secs().max(1) as u32;
-        }
         let spec = &options.spec;
-        let window = Duration::from_secs(u64::from(spec.autoscaling.policy.window_seconds));
+        let window = options.window.unwrap_or(Duration::from_secs(u64::from(spec.autoscaling.policy.window_seconds)));
         // Clients report every second; a pipeline is judged on all reports of its window.
         let dispatcher = Dispatcher::new(
             Timeouts { worker: Duration::from_secs(5), client: window * 3 + Duration::from_secs(5) },
@@ -109,39 +129,100 @@ impl Local {
         options.workers.dispatcher_url = url.clone();
         options.workers.tls = tls.as_ref().map(|t| t.workers.clone());
         let workers = Arc::new(LocalWorkers::new(options.workers.clone()));
+        let book = Arc::new(ScalingBook::default());
+        let (rescales_tx, rescales) = watch::channel(Vec::new());
+        let caps = Caps { cluster: options.budget, namespace: None };
+        let ca_file = tls.map(|t| t.ca_file);
+        let local = Local {
+            key: key.clone(),
+            url,
+            ca_file,
+            dispatcher,
+            workers,
+            book,
+            rescales,
+            scope: Arc::default(),
+            unstarted: Mutex::new(Some(Unstarted { caps, rescales: rescales_tx, stopped })),
+            window: options.window,
+            stop,
+        };
+        if let Err(e) = local.add(&options.namespace, &options.name, options.spec, None).await {
+            local.shutdown().await;
+            return Err(e);
+        }
+        Ok(local)
+    }
+
+    /// Adds a pipeline beside the others: its first workers, and with autoscaling mode
+    /// BatchTime a place in the scaling loop and its budget. `max_batch_rate` caps its
+    /// workers' batches per second instead of the workers' config.
+    pub async fn add(
+        &self,
+        namespace: &str,
+        name: &str,
+        mut spec: DataPipelineSpec,
+        max_batch_rate: Option<f64>,
+    ) -> anyhow::Result<PipelineKey> {
+        stoker_api::validate(&spec)
+            .map_err(|errors| anyhow::anyhow!("the pipeline is invalid: {}", stoker_api::invalid_message(&errors)))?;
+        if let Some(w) = self.window {
+            spec.autoscaling.policy.window_seconds = w.as_secs().max(1) as u32;
+        }
+        let key = PipelineKey::new(namespace, name);
         // The directory stands in for a volume of `spec.cache.volumeSize`.
-        workers.add(WorkerPipeline::new(&options.namespace, &options.name, spec), spec.cache.cap_bytes());
+        self.workers.add(WorkerPipeline::new(namespace, name, &spec), spec.cache.cap_bytes(), max_batch_rate);
         let (min, max) = (spec.workers.min.max(1) as u32, spec.workers.max.max(1) as u32);
         // One worker at least: without a cluster there is nothing to wait for.
-        let start = initial_replicas(spec).max(1) as u32;
-        workers.scale(&key, start).await?;
-        let book = Arc::new(ScalingBook::default());
-        let fixed = spec.autoscaling.mode == AutoscalingMode::Fixed;
-        book.update(&key, |r| r.workers = start);
-
-        let (rescales_tx, rescales) = watch::channel(Vec::new());
+        let start = initial_replicas(&spec).max(1) as u32;
+        self.workers.scale(&key, start).await?;
+        self.book.update(&key, |r| r.workers = start);
         if spec.autoscaling.mode == AutoscalingMode::BatchTime {
-            let scaling = Loop {
-                dispatcher: dispatcher.clone(),
-                book: book.clone(),
-                scaler: Shared(workers.clone()),
-                every: autoscaling::ROUND,
-                caps: stoker_operator::autoscaling::budget::Caps { cluster: options.budget, namespace: None },
-            };
-            let (policy, scope_key) = (spec.autoscaling.policy.clone(), key.clone());
-            let pipelines = move |book: &ScalingBook| {
-                let workers = book.get(&scope_key).map_or(min, |r: ScalingRecord| r.workers);
-                vec![Scaled { key: scope_key.clone(), min, max, policy: policy.clone(), workers }]
-            };
-            let record = move |round: &[Rescale], _changed: bool| {
-                if !round.is_empty() {
-                    rescales_tx.send_modify(|all| all.extend_from_slice(round));
-                }
-            };
-            tokio::spawn(scaling.run(pipelines, record, stopped));
+            let policy = spec.autoscaling.policy;
+            self.scope.lock().unwrap().push(Scoped { key: key.clone(), min, max, policy });
+            self.start_scaling();
         }
-        let ca_file = tls.map(|t| t.ca_file);
-        Ok(Local { key, url, ca_file, dispatcher, workers, book, rescales, fixed, stop })
+        Ok(key)
+    }
+
+    /// Starts the scaling loop over the pipelines in scope, once.
+    fn start_scaling(&self) {
+        let Some(Unstarted { caps, rescales, stopped }) = self.unstarted.lock().unwrap().take() else { return };
+        let scaling = Loop {
+            dispatcher: self.dispatcher.clone(),
+            book: self.book.clone(),
+            scaler: Shared(self.workers.clone()),
+            every: autoscaling::ROUND,
+            caps,
+        };
+        let scope = self.scope.clone();
+        let pipelines = move |book: &ScalingBook| {
+            let scaled = |s: &Scoped| Scaled {
+                key: s.key.clone(),
+                min: s.min,
+                max: s.max,
+                policy: s.policy.clone(),
+                workers: book.get(&s.key).map_or(s.min, |r: ScalingRecord| r.workers),
+            };
+            scope.lock().unwrap().iter().map(scaled).collect()
+        };
+        let record = move |round: &[Rescale], _changed: bool| {
+            if !round.is_empty() {
+                rescales.send_modify(|all| all.extend_from_slice(round));
+            }
+        };
+        tokio::spawn(scaling.run(pipelines, record, stopped));
+    }
+
+    /// Takes a pipeline out, as deleting it would: out of the scaling loop's scope (its share
+    /// of the budget goes to the others) and its workers stopped.
+    pub async fn remove(&self, key: &PipelineKey) -> anyhow::Result<()> {
+        self.scope.lock().unwrap().retain(|s| &s.key != key);
+        self.workers.scale(key, 0).await
+    }
+
+    /// Autoscaling mode Fixed: no scaling loop, so no client windows are judged.
+    fn fixed(&self) -> bool {
+        !self.scope.lock().unwrap().iter().any(|s| s.key == self.key)
     }
 
     /// The pipeline's record: workers, batch time, policy state, history.
@@ -151,7 +232,7 @@ impl Local {
 
     /// What the autoscaler is doing, in words (Fixed mode has none).
     pub fn state(&self, record: &ScalingRecord) -> String {
-        match (self.fixed, record.state) {
+        match (self.fixed(), record.state) {
             (true, _) => "autoscaling mode Fixed".into(),
             (false, state) => state.map(|s| s.name().to_string()).unwrap_or_default(),
         }
@@ -167,7 +248,7 @@ impl Local {
         *seen = rescales.len();
         let decision = match newest {
             Some(r) => format!("{} -> {}: {}", r.from, r.to, r.reason),
-            None if record.attached || self.fixed => self.state(&record),
+            None if record.attached || self.fixed() => self.state(&record),
             None => "no client attached".into(),
         };
         // Batch times come from the autoscaler's measuring; Fixed mode has none to show.

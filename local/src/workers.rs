@@ -35,7 +35,8 @@ pub struct LocalWorkerConfig {
     /// Transform threads per worker: one makes a worker's rate a known unit of capacity.
     pub threads: usize,
     pub memory_budget: usize,
-    /// Caps each worker's batches per second (`--max-batch-rate`).
+    /// Caps each worker's batches per second (`--max-batch-rate`), unless its pipeline was
+    /// added with a cap of its own.
     pub max_batch_rate: Option<f64>,
     /// Where each worker's log goes (`<dir>/<pipeline>-<n>.log`); inherited stderr when None.
     pub log_dir: Option<PathBuf>,
@@ -135,6 +136,8 @@ struct Running {
     pipeline: WorkerPipeline,
     /// What the cache directory may hold (`--cache-cap-bytes`); the worker's default if None.
     cache_cap_bytes: Option<u64>,
+    /// Each worker's cap on batches per second (`--max-batch-rate`).
+    max_batch_rate: Option<f64>,
     children: Vec<Worker>,
     started: u64,
 }
@@ -152,13 +155,13 @@ impl LocalWorkers {
         LocalWorkers { config, pipelines: Mutex::new(BTreeMap::new()), closed: AtomicBool::new(false) }
     }
 
-    /// Makes the pipeline known; it runs no worker until scaled.
-    pub fn add(&self, pipeline: WorkerPipeline, cache_cap_bytes: Option<u64>) {
+    /// Makes the pipeline known; it runs no worker until scaled. `max_batch_rate` overrides
+    /// the config's cap for its workers (tenants of different speeds).
+    pub fn add(&self, pipeline: WorkerPipeline, cache_cap_bytes: Option<u64>, max_batch_rate: Option<f64>) {
         let key = PipelineKey::new(&pipeline.namespace, &pipeline.name);
-        self.pipelines
-            .lock()
-            .unwrap()
-            .insert(key, Running { pipeline, cache_cap_bytes, children: Vec::new(), started: 0 });
+        let max_batch_rate = max_batch_rate.or(self.config.max_batch_rate);
+        let running = Running { pipeline, cache_cap_bytes, max_batch_rate, children: Vec::new(), started: 0 };
+        self.pipelines.lock().unwrap().insert(key, running);
     }
 
     /// Running worker processes of a pipeline (exited ones are reaped and not counted).
@@ -200,16 +203,17 @@ impl LocalWorkers {
         }
     }
 
-    fn spawn(&self, pipeline: &WorkerPipeline, cache_cap_bytes: Option<u64>, n: u64) -> anyhow::Result<Worker> {
+    fn spawn(&self, running: &Running) -> anyhow::Result<Worker> {
         let c = &self.config;
+        let pipeline = &running.pipeline;
         let json = serde_json::to_string(pipeline)?;
         let mut command = Command::new(&c.binary);
         command
             .args(["--listen", "127.0.0.1:0", "--dispatcher", &c.dispatcher_url])
             .args(["--threads", &c.threads.to_string(), "--memory-budget", &c.memory_budget.to_string()])
-            .args(c.max_batch_rate.map(|r| format!("--max-batch-rate={r}")))
+            .args(running.max_batch_rate.map(|r| format!("--max-batch-rate={r}")))
             .args(c.cache_dir.iter().flat_map(|d| [std::ffi::OsStr::new("--cache-dir"), d.as_os_str()]))
-            .args(cache_cap_bytes.map(|b| format!("--cache-cap-bytes={b}")))
+            .args(running.cache_cap_bytes.map(|b| format!("--cache-cap-bytes={b}")))
             .args(c.tls.iter().flat_map(|t| {
                 [("--tls-cert-file", &t.cert), ("--tls-key-file", &t.key), ("--ca-file", &t.ca)]
                     .map(|(flag, path)| format!("{flag}={}", path.display()))
@@ -218,7 +222,7 @@ impl LocalWorkers {
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         if let Some(dir) = &c.log_dir {
-            let path = dir.join(format!("{}-{}.log", pipeline.name, n));
+            let path = dir.join(format!("{}-{}.log", pipeline.name, running.started));
             command.stderr(std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?);
         }
         let child = spawn_tied(command).with_context(|| format!("starting {}", c.binary.display()))?;
@@ -238,7 +242,7 @@ impl Scaler for LocalWorkers {
             }
             while running.children.len() < workers as usize {
                 running.started += 1;
-                let child = self.spawn(&running.pipeline, running.cache_cap_bytes, running.started)?;
+                let child = self.spawn(running)?;
                 running.children.push(child);
             }
             while running.children.len() > workers as usize {

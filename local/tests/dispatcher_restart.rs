@@ -59,7 +59,7 @@ async fn two_workers() -> Running {
     let pipeline = support::padded_records(data.path(), FILES, LINES);
     let key = PipelineKey::new(&pipeline.namespace, &pipeline.name);
     let workers = support::workers(&url, Some(40.0), logs.path());
-    workers.add(pipeline, None);
+    workers.add(pipeline, None, None);
     workers.scale(&key, 2).await.unwrap();
     Running { dispatcher, url, key, workers, _dirs: (data, logs) }
 }
@@ -193,7 +193,7 @@ async fn a_dispatcher_handed_over_then_gone_for_seconds_then_a_worker_killed_los
     let pipeline = small_records(data.path(), SMALL_FILES, SMALL_LINES);
     let key = PipelineKey::new(&pipeline.namespace, &pipeline.name);
     let workers = support::workers(&url, Some(20.0), logs.path());
-    workers.add(pipeline, None);
+    workers.add(pipeline, None, None);
     workers.scale(&key, 5).await.unwrap();
 
     // The trainer: ids per epoch, steps taken.

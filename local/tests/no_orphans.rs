@@ -171,7 +171,7 @@ fn a_worker_outlives_the_thread_that_started_it_but_not_its_owner() {
         cache_dir: None,
         tls: None,
     }));
-    workers.add(WorkerPipeline::new("ns", "thread", &spec), None);
+    workers.add(WorkerPipeline::new("ns", "thread", &spec), None, None);
     let key = PipelineKey::new("ns", "thread");
     let scaling = workers.clone();
     let scaled_key = key.clone();

@@ -45,7 +45,7 @@ pub async fn dispatched(pipeline: WorkerPipeline, worker_timeout: Duration, max_
     let logs = tempfile::tempdir().unwrap();
     let workers = workers(&url, max_batch_rate, logs.path());
     let key = PipelineKey::new(&pipeline.namespace, &pipeline.name);
-    workers.add(pipeline, None);
+    workers.add(pipeline, None, None);
     Dispatched { dispatcher, workers, key, url, _logs: logs }
 }
 

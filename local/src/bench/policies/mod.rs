@@ -3,13 +3,15 @@
 //! synthetic trainer at its compute time, through the real dispatcher and client. Every
 //! contender trains the same steps; the figures go into the simulation's tables.
 //!
-//! Read in this order: [`cpu`] (what HPA reads of a worker), [`run`] (one contender on one
-//! scenario, and the CPU request's calibration), then [`contest`] here.
+//! Read in this order: [`cpu`] (what HPA reads of a worker), [`run`] (one contender training
+//! one job or several tenants' at once, and the CPU request's calibration), [`contest`] here,
+//! then [`tenants`] (the simulation's tenants over a budget).
 
 pub mod cpu;
 pub mod run;
+pub mod tenants;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use stoker_operator::autoscaling::sim::compare::{self, Contest};
@@ -66,17 +68,16 @@ pub async fn contest(
     out: &mut (dyn std::io::Write + Send),
 ) -> anyhow::Result<Contest> {
     let config = &options.config;
-    crate::demo::ensure_corpus(&options.corpus, crate::demo::CORPUS_IMAGES).await?;
-    let logs = options.corpus.parent().unwrap_or(&options.corpus).join("bench-logs");
-    std::fs::create_dir_all(&logs)?;
     let (trainer, steps) = shortened(scenario, options.seconds);
     let optimum = optimum(&trainer, config);
-    let mut setting = run::Setting { corpus: &options.corpus, logs: &logs, config, request: 0.0, period: None };
-    setting.request = run::calibrate(&setting, trainer.rate, Duration::from_secs(3), Duration::from_secs(8)).await?;
+    let logs = logs(options).await?;
+    let setting = setting(options, &logs, trainer.rate).await?;
     writeln!(
         out,
         "{}: {steps} steps, optimum {optimum} workers of {:.2} batches/s; a worker at its cap uses {:.3} cores (the request HPA divides by)",
-        scenario.name, trainer.rate, setting.request
+        scenario.name,
+        trainer.rate,
+        setting.cores_per_rate * trainer.rate
     )?;
     let spec = run::trainer_spec(&trainer);
     let best =
@@ -98,6 +99,22 @@ pub async fn contest(
         runs.push((contender, run));
     }
     Ok(Contest { scenario: scenario.clone(), optimum, steps, best, runs })
+}
+
+/// Makes the corpus if missing; the directory for the workers' logs.
+async fn logs(options: &Options) -> anyhow::Result<PathBuf> {
+    crate::demo::ensure_corpus(&options.corpus, crate::demo::CORPUS_IMAGES).await?;
+    let logs = options.corpus.parent().unwrap_or(&options.corpus).join("bench-logs");
+    std::fs::create_dir_all(&logs)?;
+    Ok(logs)
+}
+
+/// The runs' setting, with the CPU a worker uses calibrated at `rate`.
+async fn setting<'a>(options: &'a Options, logs: &'a Path, rate: f64) -> anyhow::Result<run::Setting<'a>> {
+    let mut setting =
+        run::Setting { corpus: &options.corpus, logs, config: &options.config, cores_per_rate: 0.0, period: None };
+    setting.cores_per_rate = run::calibrate(&setting, rate, Duration::from_secs(3), Duration::from_secs(8)).await?;
+    Ok(setting)
 }
 
 /// The simulation's tables, for runs on processes.

@@ -189,6 +189,6 @@ pub fn report(contests: &[Contest], config: &SimConfig, all: bool) -> String {
     out.push_str(if all { "\nEvery figure:\n\n" } else { "\nEvery figure, for some of the scenarios:\n\n" });
     out.push_str(&detail_table(contests, all));
     out.push_str("\nTenants over a budget:\n\n");
-    out.push_str(&super::tenants::tenants_table(config));
+    out.push_str(&super::tenants::tenants_table(&super::tenants::tenants_contest(config)));
     out
 }

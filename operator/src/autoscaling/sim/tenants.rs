@@ -49,15 +49,7 @@ pub fn share_rounds(
     until: Until,
     config: &SimConfig,
 ) -> Shared {
-    let limits: Vec<Limits> = (0..trainers.len())
-        .map(|i| {
-            let max = match sharing {
-                Sharing::Budget(_) => config.limits.max,
-                Sharing::Quotas(q) => q[i],
-            };
-            Limits { min: mins[i].max(1), max: max.max(mins[i].max(1)) }
-        })
-        .collect();
+    let limits = tenant_limits(sharing, mins, config);
     // Fixed pools are sized to their quota: the optimum is not for a tenant to have.
     let starts: Vec<u32> = limits.iter().map(|&l| contender.start(l, l.max)).collect();
     let mut worlds: Vec<World> = trainers.iter().zip(&starts).map(|(t, &n)| World::new(t.clone(), n)).collect();
@@ -153,42 +145,73 @@ pub struct TenantsOutcome {
     pub decisions: usize,
 }
 
-/// Ours over the budget, and every other contender within even quotas; each tenant trains
-/// the steps it would take an hour at full speed.
-pub fn tenants_contest(config: &SimConfig) -> Vec<TenantsOutcome> {
-    let trainers: Vec<Trainer> = TENANT_OPTIMA.iter().map(|&o| Trainer::with_optimum(o, 0.030)).collect();
-    let steps = super::scenarios::steps(&trainers[0]);
+impl TenantsOutcome {
+    /// The outcome of the tenants' `runs` shared as `name` says.
+    pub fn of(name: String, runs: &[Run]) -> TenantsOutcome {
+        let times: Vec<f64> = runs.iter().map(|r| r.seconds).collect();
+        TenantsOutcome {
+            name,
+            mean_seconds: times.iter().sum::<f64>() / times.len().max(1) as f64,
+            last_seconds: times.iter().copied().fold(0.0, f64::max),
+            worker_seconds: runs.iter().map(|r| r.worker_seconds).sum(),
+            waited: runs.iter().map(|r| r.waited).sum(),
+            decisions: runs.iter().map(|r| r.decisions.len()).sum(),
+        }
+    }
+}
+
+/// The trainers of the tenants' jobs.
+pub fn tenant_trainers() -> Vec<Trainer> {
+    TENANT_OPTIMA.iter().map(|&o| Trainer::with_optimum(o, 0.030)).collect()
+}
+
+/// The ways of sharing compared: ours over the budget, every other contender within even
+/// quotas, and fixed pools at the quotas.
+pub fn tenant_ways(config: &SimConfig) -> Vec<(Contender, Sharing, String)> {
     let quotas = Sharing::even_quotas(TENANT_BUDGET, &TENANT_MINS);
     let mut ways = vec![(Contender::Ours, Sharing::Budget(TENANT_BUDGET), "ours, shared budget".to_string())];
     for c in Contender::all(config).into_iter().filter(|c| !matches!(c, Contender::Ours | Contender::Fixed { .. })) {
         ways.push((c, quotas.clone(), format!("{}, even quotas", c.name())));
     }
-    ways.push((Contender::Max, quotas.clone(), "fixed at quota".to_string()));
-    ways.into_iter()
-        .map(|(c, sharing, name)| {
-            let shared = share_rounds(&trainers, &TENANT_MINS, c, &sharing, Until::Batches(steps), config);
-            let times: Vec<f64> = shared.runs.iter().map(|r| r.seconds).collect();
-            TenantsOutcome {
-                name,
-                mean_seconds: times.iter().sum::<f64>() / times.len() as f64,
-                last_seconds: times.iter().copied().fold(0.0, f64::max),
-                worker_seconds: shared.runs.iter().map(|r| r.worker_seconds).sum(),
-                waited: shared.runs.iter().map(|r| r.waited).sum(),
-                decisions: shared.runs.iter().map(|r| r.decisions.len()).sum(),
-            }
+    ways.push((Contender::Max, quotas, "fixed at quota".to_string()));
+    ways
+}
+
+/// Each tenant's bounds under `sharing`: its min, and the budget's or its quota's max.
+pub fn tenant_limits(sharing: &Sharing, mins: &[u32], config: &SimConfig) -> Vec<Limits> {
+    (0..mins.len())
+        .map(|i| {
+            let max = match sharing {
+                Sharing::Budget(_) => config.limits.max,
+                Sharing::Quotas(q) => q[i],
+            };
+            Limits { min: mins[i].max(1), max: max.max(mins[i].max(1)) }
         })
         .collect()
 }
 
-/// Markdown: one row per way of sharing.
-pub fn tenants_table(config: &SimConfig) -> String {
+/// Every way of sharing; each tenant trains the steps it would take an hour at full speed.
+pub fn tenants_contest(config: &SimConfig) -> Vec<TenantsOutcome> {
+    let trainers = tenant_trainers();
+    let steps = super::scenarios::steps(&trainers[0]);
+    tenant_ways(config)
+        .into_iter()
+        .map(|(c, sharing, name)| {
+            let shared = share_rounds(&trainers, &TENANT_MINS, c, &sharing, Until::Batches(steps), config);
+            TenantsOutcome::of(name, &shared.runs)
+        })
+        .collect()
+}
+
+/// Markdown: the tenants' setting, then one row per way of sharing.
+pub fn tenants_table(outcomes: &[TenantsOutcome]) -> String {
     let Sharing::Quotas(quotas) = Sharing::even_quotas(TENANT_BUDGET, &TENANT_MINS) else { unreachable!() };
     let mut out = format!(
         "Optima {TENANT_OPTIMA:?}, mins {TENANT_MINS:?}, budget {TENANT_BUDGET} (even quotas {quotas:?}).\n\n\
          | policy | mean training time | last job done | worker-hours | waiting for data | decisions |\n\
          | --- | --- | --- | --- | --- | --- |\n"
     );
-    for o in tenants_contest(config) {
+    for o in outcomes {
         let _ = writeln!(
             out,
             "| {} | {:.1} min | {:.1} min | {:.2} | {:.0} s | {} |",
