@@ -57,9 +57,11 @@ pub fn decode_for_crop(
     let right = (b.left + b.width).div_ceil(denom).min(width);
     let window = Window { top, left, height: bottom - top, width: right - left };
     let channels = usize::from(channels);
-    let pixels = jpeg.window(channels, denom, window)?;
-    let image = image_tensor(window.height, window.width, channels, pixels);
-    Ok(ForCrop { image, region: [0, 0, window.height, window.width] })
+    let rows = jpeg.window(channels, denom, window)?;
+    // The rows as libjpeg wrote them, a little wider than the window: the resize reads the
+    // window's region of them.
+    let image = image_tensor(window.height, rows.row_width, channels, rows.pixels);
+    Ok(ForCrop { image, region: [0, rows.left, window.height, window.width] })
 }
 
 /// What the ops right after the crop do to its output (a flip, a normalize), done as the
@@ -172,9 +174,11 @@ pub(crate) mod tests {
                     let height = 1 + rng.below(jpeg.height - top);
                     let width = 1 + rng.below(jpeg.width - left);
                     let window = Window { top, left, height, width };
-                    let got = jpeg.window(channels, 1, window).unwrap();
+                    let rows = Jpeg::open(&bytes).unwrap().window(channels, 1, window).unwrap();
+                    let decoded = image_tensor(height, rows.row_width, channels, rows.pixels);
+                    let got = crop(&decoded, 0, rows.left, height, width).unwrap();
                     let want = crop(&whole, top, left, height, width).unwrap();
-                    let first = got.iter().zip(want.data.iter()).position(|(a, b)| a != b);
+                    let first = got.data.iter().zip(want.data.iter()).position(|(a, b)| a != b);
                     assert!(first.is_none(), "{kind}, {channels} channels, {window:?}: first difference at {first:?}");
                 }
             }

@@ -6,6 +6,8 @@
 mod turbo;
 mod zune;
 
+pub use turbo::Rows;
+
 use super::OpError;
 use super::image::check_decoded_size;
 
@@ -24,13 +26,13 @@ pub struct Window {
 /// (height, width, channels, pixels).
 pub type Decoded = (usize, usize, usize, Vec<u8>);
 
-/// A JPEG whose header has been read.
+/// A JPEG whose header has been read (once: the window is chosen from it before decoding).
 pub struct Jpeg<'a> {
     bytes: &'a [u8],
     pub height: usize,
     pub width: usize,
-    /// libjpeg gives it as RGB or grey, so windows and scales are possible.
-    turbo: bool,
+    /// Open in libjpeg when it gives the image as RGB or grey: windows and scales are possible.
+    turbo: Option<turbo::Opened<'a>>,
 }
 
 impl<'a> Jpeg<'a> {
@@ -40,27 +42,28 @@ impl<'a> Jpeg<'a> {
         if !ends_scans(bytes) {
             return Err(OpError::CorruptImage("JPEG: truncated (no end-of-image marker after the last scan)".into()));
         }
-        let (height, width, turbo) = turbo::header(bytes).map_err(libjpeg_error)?;
+        let opened = turbo::Opened::open(bytes).map_err(libjpeg_error)?;
+        let (height, width) = (opened.height, opened.width);
         if height == 0 || width == 0 || height > MAX_SIDE || width > MAX_SIDE {
             return Err(OpError::UnsupportedImage(format!("JPEG of {height}x{width} (at most {MAX_SIDE} a side)")));
         }
+        let turbo = opened.rgb_or_grey.then_some(opened);
         Ok(Jpeg { bytes, height, width, turbo })
     }
 
     /// Whether [`Jpeg::window`] can decode part of it.
     pub fn windows(&self) -> bool {
-        self.turbo
+        self.turbo.is_some()
     }
 
     /// The whole image as `channels` (1, 3 or 4).
-    pub fn decode(&self, channels: usize) -> Result<Decoded, OpError> {
+    pub fn decode(self, channels: usize) -> Result<Decoded, OpError> {
         check_decoded_size(self.height, self.width, channels)?;
-        if !self.turbo {
-            return zune::decode(self.bytes, channels);
-        }
+        let Some(opened) = self.turbo else { return zune::decode(self.bytes, channels) };
         let whole = Window { top: 0, left: 0, height: self.height, width: self.width };
-        let pixels = turbo::decode(self.bytes, channels, 1, whole).map_err(libjpeg_error)?;
-        Ok((self.height, self.width, channels, pixels))
+        let rows = opened.decode(channels, 1, whole).map_err(libjpeg_error)?;
+        debug_assert!(rows.left == 0 && rows.row_width == self.width);
+        Ok((self.height, self.width, channels, rows.pixels))
     }
 
     /// The size of the image decoded at 1/`denom` (libjpeg rounds up).
@@ -68,13 +71,14 @@ impl<'a> Jpeg<'a> {
         [self.height.div_ceil(denom), self.width.div_ceil(denom)]
     }
 
-    /// `window` (in pixels of the image scaled by 1/`denom`: 1, 2, 4 or 8) as `channels`;
-    /// only the rows and columns it covers are transformed, and nothing below it is read.
-    /// Only where [`Jpeg::windows`].
-    pub fn window(&self, channels: usize, denom: usize, window: Window) -> Result<Vec<u8>, OpError> {
-        debug_assert!(self.turbo, "only libjpeg decodes windows");
+    /// `window` (in pixels of the image scaled by 1/`denom`: 1, 2, 4 or 8) as `channels`:
+    /// rows a little wider than the window (whole iMCU columns), the window's columns from
+    /// [`Rows::left`]. Only the rows and columns it covers are transformed, and nothing below
+    /// it is read. Only where [`Jpeg::windows`].
+    pub fn window(self, channels: usize, denom: usize, window: Window) -> Result<Rows, OpError> {
+        let opened = self.turbo.expect("only libjpeg decodes windows");
         check_decoded_size(window.height, window.width, channels)?;
-        turbo::decode(self.bytes, channels, denom, window).map_err(libjpeg_error)
+        opened.decode(channels, denom, window).map_err(libjpeg_error)
     }
 }
 

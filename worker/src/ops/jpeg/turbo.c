@@ -6,13 +6,16 @@
  * corrupt data libjpeg would otherwise paper over (a premature end is filled with grey), so
  * they are errors too.
  *
- * A window decode asks libjpeg for only what the window needs: jpeg_crop_scanline skips the
- * IDCT, upsampling and colour conversion of the columns outside it, jpeg_skip_scanlines the
- * rows above it, and decoding stops after its last row (the entropy-coded data below is never
- * read). A scale of 1/2, 1/4 or 1/8 decodes with a reduced IDCT.
+ * The header is read once (stoker_jpeg_open), so the caller can choose a window from the
+ * image's size before anything is decoded. A window decode asks libjpeg for only what the
+ * window needs: jpeg_crop_scanline skips the IDCT, upsampling and colour conversion of the
+ * columns outside it, jpeg_skip_scanlines the rows above it, and decoding stops after its
+ * last row (the entropy-coded data below is never read). A scale of 1/2, 1/4 or 1/8 decodes
+ * with a reduced IDCT. Rows are decoded straight into the caller's buffer.
  */
 #include <setjmp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jpeglib.h>
@@ -37,93 +40,109 @@ static void on_message(j_common_ptr c, int level) {
   if (level < 0) on_error(c);
 }
 
-static void start(struct jpeg_decompress_struct *c, struct failure *f, char *message,
-                  const unsigned char *data, unsigned long size, unsigned long max_memory) {
-  c->err = jpeg_std_error(&f->mgr);
-  f->mgr.error_exit = on_error;
-  f->mgr.emit_message = on_message;
-  f->message = message;
-  jpeg_create_decompress(c);
-  /* Bounds what a progressive image's coefficient buffers may take. */
-  c->mem->max_memory_to_use = (long)max_memory;
-  jpeg_mem_src(c, data, size);
-}
-
-/* The image's size, and whether libjpeg can give it as RGB or grey (not CMYK or YCCK).
- * 0 on success, else 1 with `message` set. */
-int stoker_jpeg_header(const unsigned char *data, unsigned long size, unsigned long *height,
-                       unsigned long *width, int *rgb_or_grey, char *message) {
+/* One JPEG being decoded: the decompressor, its error handler and its last message. Its
+ * address must not change between calls (libjpeg keeps pointers into it), so it is allocated
+ * here. Every entry point sets the jump before it calls libjpeg. */
+struct stoker_jpeg {
   struct jpeg_decompress_struct c;
   struct failure f;
-  start(&c, &f, message, data, size, 1 << 20);
-  if (setjmp(f.jump)) {
-    jpeg_destroy_decompress(&c);
+  char message[MESSAGE_BYTES];
+  int alive;
+};
+
+const char *stoker_jpeg_message(const struct stoker_jpeg *j) { return j->message; }
+
+/* Reads the header: the image's size, and whether libjpeg can give it as RGB or grey (not
+ * CMYK or YCCK). NULL only if out of memory; otherwise call stoker_jpeg_free, and on a
+ * nonzero `*failed` read the message. */
+struct stoker_jpeg *stoker_jpeg_open(const unsigned char *data, unsigned long size,
+                                     unsigned long max_memory, unsigned long *height,
+                                     unsigned long *width, int *rgb_or_grey, int *failed) {
+  struct stoker_jpeg *j = calloc(1, sizeof *j);
+  if (j == NULL) return NULL;
+  j->c.err = jpeg_std_error(&j->f.mgr);
+  j->f.mgr.error_exit = on_error;
+  j->f.mgr.emit_message = on_message;
+  j->f.message = j->message;
+  *failed = 1;
+  if (setjmp(j->f.jump)) return j;
+  jpeg_create_decompress(&j->c);
+  j->alive = 1;
+  /* Bounds what a progressive image's coefficient buffers may take. */
+  j->c.mem->max_memory_to_use = (long)max_memory;
+  jpeg_mem_src(&j->c, data, size);
+  jpeg_read_header(&j->c, TRUE);
+  *height = j->c.image_height;
+  *width = j->c.image_width;
+  *rgb_or_grey = j->c.jpeg_color_space == JCS_YCbCr || j->c.jpeg_color_space == JCS_GRAYSCALE ||
+                 j->c.jpeg_color_space == JCS_RGB;
+  *failed = 0;
+  return j;
+}
+
+/* Starts decoding the window [top, top + height) x [left, left + width) of the image scaled
+ * by 1/denom (1, 2, 4 or 8; the window is in scaled pixels) as `channels` (1 grey, 3 RGB, 4
+ * RGBA with opaque alpha). libjpeg widens the columns it decodes to whole iMCU columns:
+ * `*row_width` is the width of each row it will give and `*shift` where the window starts in
+ * it. 0 on success, else 1 with the message set. */
+int stoker_jpeg_start(struct stoker_jpeg *j, int channels, int denom, unsigned long top,
+                      unsigned long left, unsigned long height, unsigned long width,
+                      unsigned long *row_width, unsigned long *shift) {
+  struct jpeg_decompress_struct *c = &j->c;
+  if (setjmp(j->f.jump)) return 1;
+  c->out_color_space = channels == 1 ? JCS_GRAYSCALE : channels == 4 ? JCS_EXT_RGBA : JCS_RGB;
+  c->scale_num = 1;
+  c->scale_denom = (unsigned int)denom;
+  c->dct_method = JDCT_ISLOW;
+  c->do_fancy_upsampling = TRUE;
+  jpeg_start_decompress(c);
+  if (c->output_components != channels || top + height > c->output_height ||
+      left + width > c->output_width || height == 0 || width == 0) {
+    snprintf(j->message, MESSAGE_BYTES,
+             "window %lux%lu at (%lu, %lu) outside the %ux%u image of %d components", height,
+             width, top, left, c->output_height, c->output_width, c->output_components);
     return 1;
   }
-  jpeg_read_header(&c, TRUE);
-  *height = c.image_height;
-  *width = c.image_width;
-  *rgb_or_grey = c.jpeg_color_space == JCS_YCbCr || c.jpeg_color_space == JCS_GRAYSCALE ||
-                 c.jpeg_color_space == JCS_RGB;
-  jpeg_destroy_decompress(&c);
+  /* libjpeg upsamples chroma at the edges of what it decodes as at the image's edges; asking
+   * for one more column on each side keeps those edge columns out of the window. */
+  JDIMENSION x = left > 0 ? (JDIMENSION)left - 1 : 0;
+  JDIMENSION end = left + width < c->output_width ? (JDIMENSION)(left + width + 1) : c->output_width;
+  JDIMENSION w = end - x;
+  if (w < c->output_width) jpeg_crop_scanline(c, &x, &w);
+  *row_width = c->output_width;
+  *shift = left - x;
+  if (top > 0 && jpeg_skip_scanlines(c, (JDIMENSION)top) != top) {
+    snprintf(j->message, MESSAGE_BYTES, "could not skip to row %lu", top);
+    return 1;
+  }
   return 0;
 }
 
-/* Decodes the window [top, top + height) x [left, left + width) of the image scaled by
- * 1/denom (1, 2, 4 or 8; the window is in scaled pixels) as `channels` (1 grey, 3 RGB, 4 RGBA
- * with opaque alpha) into `out`, height * width * channels bytes. 0 on success, else 1 with
- * `message` set. */
-int stoker_jpeg_decode(const unsigned char *data, unsigned long size, int channels, int denom,
-                       unsigned long top, unsigned long left, unsigned long height,
-                       unsigned long width, unsigned long max_memory, unsigned char *out,
-                       char *message) {
-  struct jpeg_decompress_struct c;
-  struct failure f;
-  start(&c, &f, message, data, size, max_memory);
-  if (setjmp(f.jump)) {
-    jpeg_destroy_decompress(&c);
-    return 1;
-  }
-  jpeg_read_header(&c, TRUE);
-  c.out_color_space = channels == 1 ? JCS_GRAYSCALE : channels == 4 ? JCS_EXT_RGBA : JCS_RGB;
-  c.scale_num = 1;
-  c.scale_denom = (unsigned int)denom;
-  c.dct_method = JDCT_ISLOW;
-  c.do_fancy_upsampling = TRUE;
-  jpeg_start_decompress(&c);
-  if (c.output_components != channels || top + height > c.output_height ||
-      left + width > c.output_width || height == 0 || width == 0) {
-    snprintf(message, MESSAGE_BYTES,
-             "window %lux%lu at (%lu, %lu) outside the %ux%u image of %d components", height,
-             width, top, left, c.output_height, c.output_width, c.output_components);
-    jpeg_destroy_decompress(&c);
-    return 1;
-  }
-  /* Columns: libjpeg widens the window to whole iMCU columns, and upsamples chroma at the
-   * edges of what it decodes as at the image's edges; asking for one more column on each
-   * side keeps those edge columns out of ours. `shift` is where ours starts. */
-  JDIMENSION x = left > 0 ? (JDIMENSION)left - 1 : 0;
-  JDIMENSION end = left + width < c.output_width ? (JDIMENSION)(left + width + 1) : c.output_width;
-  JDIMENSION w = end - x;
-  if (w < c.output_width) jpeg_crop_scanline(&c, &x, &w);
-  size_t shift = (size_t)(left - x) * (size_t)channels;
-  if (top > 0 && jpeg_skip_scanlines(&c, (JDIMENSION)top) != top) {
-    snprintf(message, MESSAGE_BYTES, "could not skip to row %lu", top);
-    jpeg_destroy_decompress(&c);
-    return 1;
-  }
-  /* Freed with the decompressor, also after an error. */
-  JSAMPARRAY row = (*c.mem->alloc_sarray)((j_common_ptr)&c, JPOOL_IMAGE, c.output_width * channels, 1);
-  size_t stride = (size_t)width * (size_t)channels;
-  for (unsigned long r = 0; r < height; r++) {
-    if (jpeg_read_scanlines(&c, row, 1) != 1) {
-      snprintf(message, MESSAGE_BYTES, "row %lu of the window did not decode", top + r);
-      jpeg_destroy_decompress(&c);
+/* Decodes the next `rows` rows straight into `out`, `stride` bytes apart (at least the row
+ * width times the channels). The rows below them are never decoded. 0 on success, else 1
+ * with the message set. */
+int stoker_jpeg_read(struct stoker_jpeg *j, unsigned char *out, unsigned long rows,
+                     unsigned long stride) {
+  enum { AT_ONCE = 16 };
+  JSAMPROW at[AT_ONCE];
+  /* volatile: read again after a longjmp. */
+  volatile unsigned long done = 0;
+  if (setjmp(j->f.jump)) return 1;
+  while (done < rows) {
+    unsigned long n = rows - done < AT_ONCE ? rows - done : AT_ONCE;
+    for (unsigned long i = 0; i < n; i++) at[i] = out + (done + i) * stride;
+    JDIMENSION got = jpeg_read_scanlines(&j->c, at, (JDIMENSION)n);
+    if (got == 0) {
+      snprintf(j->message, MESSAGE_BYTES, "row %lu of the window did not decode", done);
       return 1;
     }
-    memcpy(out + r * stride, row[0] + shift, stride);
+    done += got;
   }
-  /* The rows below the window are never decoded. */
-  jpeg_destroy_decompress(&c);
   return 0;
+}
+
+void stoker_jpeg_free(struct stoker_jpeg *j) {
+  if (j == NULL) return;
+  if (j->alive) jpeg_destroy_decompress(&j->c);
+  free(j);
 }

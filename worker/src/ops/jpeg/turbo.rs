@@ -1,98 +1,151 @@
-//! The libjpeg-turbo shim (turbo.c): a JPEG's header, and a window of it decoded at a scale.
+//! The libjpeg-turbo shim (turbo.c): a JPEG opened once for its header, then a window of it
+//! decoded at a scale, straight into the output.
 
-use std::ffi::{c_char, c_int, c_uchar, c_ulong};
+use std::ffi::{CStr, c_char, c_int, c_uchar, c_ulong};
+use std::ptr::NonNull;
 
 use super::Window;
 
-/// The shim's message buffer (MESSAGE_BYTES in turbo.c).
-const MESSAGE_BYTES: usize = 200;
 /// What libjpeg may allocate for one image beyond the output (a progressive image keeps all
 /// its coefficients: 2 bytes a sample).
 const MAX_MEMORY: c_ulong = 1 << 30;
 
+/// turbo.c's `struct stoker_jpeg`, opaque here.
+#[repr(C)]
+struct Handle {
+    _private: [u8; 0],
+}
+
 unsafe extern "C" {
-    fn stoker_jpeg_header(
+    fn stoker_jpeg_open(
         data: *const c_uchar,
         size: c_ulong,
+        max_memory: c_ulong,
         height: *mut c_ulong,
         width: *mut c_ulong,
         rgb_or_grey: *mut c_int,
-        message: *mut c_char,
-    ) -> c_int;
+        failed: *mut c_int,
+    ) -> *mut Handle;
+    fn stoker_jpeg_message(j: *const Handle) -> *const c_char;
     #[allow(clippy::too_many_arguments)]
-    fn stoker_jpeg_decode(
-        data: *const c_uchar,
-        size: c_ulong,
+    fn stoker_jpeg_start(
+        j: *mut Handle,
         channels: c_int,
         denom: c_int,
         top: c_ulong,
         left: c_ulong,
         height: c_ulong,
         width: c_ulong,
-        max_memory: c_ulong,
-        out: *mut c_uchar,
-        message: *mut c_char,
+        row_width: *mut c_ulong,
+        shift: *mut c_ulong,
     ) -> c_int;
+    fn stoker_jpeg_read(j: *mut Handle, out: *mut c_uchar, rows: c_ulong, stride: c_ulong) -> c_int;
+    fn stoker_jpeg_free(j: *mut Handle);
 }
 
-fn message(buffer: &[u8]) -> String {
-    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
-    String::from_utf8_lossy(&buffer[..end]).into_owned()
+/// A JPEG whose header libjpeg has read; it borrows the bytes libjpeg reads from.
+pub struct Opened<'a> {
+    handle: NonNull<Handle>,
+    _bytes: std::marker::PhantomData<&'a [u8]>,
+    pub height: usize,
+    pub width: usize,
+    /// libjpeg gives it as RGB or grey (not CMYK or YCCK).
+    pub rgb_or_grey: bool,
 }
 
-/// (height, width, whether libjpeg gives it as RGB or grey), or libjpeg's error message.
-pub fn header(bytes: &[u8]) -> Result<(usize, usize, bool), String> {
-    let (mut height, mut width, mut rgb_or_grey) = (0, 0, 0);
-    let mut buffer = [0u8; MESSAGE_BYTES];
-    // SAFETY: the shim reads `bytes` within its length, writes the three outputs and at most
-    // MESSAGE_BYTES (NUL included) into `buffer`, and keeps no pointer after returning.
-    let failed = unsafe {
-        stoker_jpeg_header(
-            bytes.as_ptr(),
-            bytes.len() as c_ulong,
-            &mut height,
-            &mut width,
-            &mut rgb_or_grey,
-            buffer.as_mut_ptr().cast(),
-        )
-    };
-    if failed != 0 {
-        return Err(message(&buffer));
+/// Decoded rows of a window: each `row_width` pixels wide (libjpeg decodes whole iMCU
+/// columns), the window's own columns starting at `left`.
+pub struct Rows {
+    pub pixels: Vec<u8>,
+    pub row_width: usize,
+    pub left: usize,
+}
+
+impl Drop for Opened<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from stoker_jpeg_open and is freed once, here.
+        unsafe { stoker_jpeg_free(self.handle.as_ptr()) }
     }
-    Ok((height as usize, width as usize, rgb_or_grey != 0))
 }
 
-/// The window of the image scaled by 1/`denom` (1, 2, 4 or 8), as `channels` (1, 3 or 4),
-/// row after row; the window is in scaled pixels and must lie inside the scaled image.
-pub fn decode(bytes: &[u8], channels: usize, denom: usize, window: Window) -> Result<Vec<u8>, String> {
-    assert!(matches!(channels, 1 | 3 | 4) && matches!(denom, 1 | 2 | 4 | 8));
-    let len = window.height.checked_mul(window.width).and_then(|n| n.checked_mul(channels));
-    let len = len.ok_or("the window's size overflows")?;
-    // Not zeroed first: the shim writes every byte before the length is set.
-    let mut out = Vec::<u8>::with_capacity(len);
-    let mut buffer = [0u8; MESSAGE_BYTES];
-    // SAFETY: the shim writes exactly height * width * channels bytes to `out` (it checks the
-    // window against the image and the channel count against its output first), at most
-    // MESSAGE_BYTES into `buffer`, reads `bytes` within its length, and keeps no pointer.
-    let failed = unsafe {
-        stoker_jpeg_decode(
-            bytes.as_ptr(),
-            bytes.len() as c_ulong,
-            channels as c_int,
-            denom as c_int,
-            window.top as c_ulong,
-            window.left as c_ulong,
-            window.height as c_ulong,
-            window.width as c_ulong,
-            MAX_MEMORY,
-            out.as_mut_ptr(),
-            buffer.as_mut_ptr().cast(),
-        )
-    };
-    if failed != 0 {
-        return Err(message(&buffer));
+// SAFETY: the handle is owned (no other pointer to it) and libjpeg's state is not tied to a
+// thread; only `&mut self` methods use it.
+unsafe impl Send for Opened<'_> {}
+
+impl<'a> Opened<'a> {
+    /// Reads the header of `bytes`, or gives libjpeg's error message.
+    pub fn open(bytes: &'a [u8]) -> Result<Self, String> {
+        let (mut height, mut width, mut rgb_or_grey, mut failed) = (0, 0, 0, 0);
+        // SAFETY: the shim reads `bytes` within its length and keeps a pointer to them only
+        // inside the handle, which borrows them for 'a; it writes the four outputs.
+        let handle = unsafe {
+            stoker_jpeg_open(
+                bytes.as_ptr(),
+                bytes.len() as c_ulong,
+                MAX_MEMORY,
+                &mut height,
+                &mut width,
+                &mut rgb_or_grey,
+                &mut failed,
+            )
+        };
+        let handle = NonNull::new(handle).ok_or("out of memory opening the JPEG")?;
+        let opened = Opened {
+            handle,
+            _bytes: std::marker::PhantomData,
+            height: height as usize,
+            width: width as usize,
+            rgb_or_grey: rgb_or_grey != 0,
+        };
+        if failed != 0 {
+            return Err(opened.message());
+        }
+        Ok(opened)
     }
-    // SAFETY: on success the shim wrote all `len` bytes (above).
-    unsafe { out.set_len(len) };
-    Ok(out)
+
+    fn message(&self) -> String {
+        // SAFETY: the handle's message is a NUL-terminated buffer inside it.
+        unsafe { CStr::from_ptr(stoker_jpeg_message(self.handle.as_ptr())) }.to_string_lossy().into_owned()
+    }
+
+    /// Decodes the window of the image scaled by 1/`denom` (1, 2, 4 or 8), as `channels` (1,
+    /// 3 or 4); the window is in scaled pixels and must lie inside the scaled image. A handle
+    /// decodes once.
+    pub fn decode(self, channels: usize, denom: usize, window: Window) -> Result<Rows, String> {
+        assert!(matches!(channels, 1 | 3 | 4) && matches!(denom, 1 | 2 | 4 | 8));
+        let (mut row_width, mut shift) = (0, 0);
+        let j = self.handle.as_ptr();
+        // SAFETY: the handle is alive and owned; the shim writes the two outputs.
+        let failed = unsafe {
+            stoker_jpeg_start(
+                j,
+                channels as c_int,
+                denom as c_int,
+                window.top as c_ulong,
+                window.left as c_ulong,
+                window.height as c_ulong,
+                window.width as c_ulong,
+                &mut row_width,
+                &mut shift,
+            )
+        };
+        if failed != 0 {
+            return Err(self.message());
+        }
+        let (row_width, left) = (row_width as usize, shift as usize);
+        debug_assert!(left + window.width <= row_width);
+        let stride = row_width * channels;
+        let len = window.height.checked_mul(stride).ok_or("the window's size overflows")?;
+        // Not zeroed first: the shim writes every row before the length is set.
+        let mut pixels = Vec::<u8>::with_capacity(len);
+        // SAFETY: the shim writes `window.height` rows of `row_width * channels` bytes (the
+        // output width libjpeg reported above), `stride` apart, inside `len` bytes.
+        let failed = unsafe { stoker_jpeg_read(j, pixels.as_mut_ptr(), window.height as c_ulong, stride as c_ulong) };
+        if failed != 0 {
+            return Err(self.message());
+        }
+        // SAFETY: on success every row, so all `len` bytes, was written (above).
+        unsafe { pixels.set_len(len) };
+        Ok(Rows { pixels, row_width, left })
+    }
 }
