@@ -263,6 +263,26 @@ pub struct Python {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = crate::bounds::MAX_PYTHON_BATCH))]
     pub batch: Option<u32>,
+    /// How the function's image arrays (every numeric field of three dimensions, [height,
+    /// width, channels]) lie in memory; the values and the indexing are the same either way.
+    #[serde(default)]
+    pub layout: ArrayLayout,
+}
+
+/// The memory order of a `python` op's image arrays.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ArrayLayout {
+    /// Pixel after pixel, a pixel's channels side by side (numpy's C order): what OpenCV and
+    /// PIL expect.
+    #[default]
+    Interleaved,
+    /// Channel after channel, each contiguous, the array still indexed [height, width,
+    /// channels] (by its strides): what torchvision's `decode_jpeg` followed by `permute(1, 2,
+    /// 0)` gives. Per-channel numpy code (`image[..., 0]`) then reads contiguous memory, about
+    /// twice as fast; code that needs interleaved pixels pays a copy
+    /// (`numpy.ascontiguousarray`).
+    Planar,
 }
 
 impl Python {

@@ -9,11 +9,12 @@ manifests/samples/python/augment.py between the crop/flip and normalize, into fl
 [64, 224, 224, 3] batches read by this process:
 
 - Stoker: a standalone `stoker-worker --threads 2` (decode, randomResizedCrop and flip in
-  Rust; color_jitter in its pool of 2 Python processes; normalize in Rust), read with
-  `stoker_client.Client`.
+  Rust; color_jitter in its pool of 2 Python processes, given the image with `layout: planar`
+  unless `--layout interleaved`; normalize in Rust), read with `stoker_client.Client`.
 - PyTorch: `DataLoader(num_workers=2)` over the files, each sample read with
   `torchvision.io.read_file` + `decode_jpeg`, `transforms.v2.RandomResizedCrop(224)` and
-  `RandomHorizontalFlip`, then the same color_jitter on the HWC array, then normalize.
+  `RandomHorizontalFlip`, then the same color_jitter on the HWC view of the [3, h, w] tensor
+  (planar memory, as Stoker's `layout: planar`), then normalize.
 
 Rounds alternate the two; each reports the best of `--epochs` epochs after a warm-up epoch,
 in images per second. `--batch N` runs Stoker's op in the batched form (`color_jitter_batch`,
@@ -60,10 +61,12 @@ def processes():
             "python op": sum(cpu_seconds(p)[0] for p in children), "consumer page faults": faults}
 
 
-def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=False, message_mib=None):
+def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=False, message_mib=None,
+                  layout="planar"):
     from stoker_client import Client
 
     function, extra = ("color_jitter_batch", f", batch: {batch}") if batch else ("color_jitter", "")
+    extra += f", layout: {layout}"
     spec = (f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
             "  transforms:\n"
             "  - decodeImage: {channels: 3}\n"
@@ -153,6 +156,8 @@ def main():
     ap.add_argument("--without-python", action="store_true", help="both sides without color_jitter (a baseline)")
     ap.add_argument("--batch", type=int, help="Stoker calls color_jitter_batch on this many elements at once")
     ap.add_argument("--message-mib", type=int, help="the client's max_message_bytes, in MiB (default: the client's)")
+    ap.add_argument("--layout", choices=["planar", "interleaved"], default="planar",
+                    help="the python op's image layout (planar: what the DataLoader's function gets from torchvision)")
     ap.add_argument("--cpu", action="store_true", help="also print Stoker's CPU time per image by process (needs --epochs 2 or more)")
     args = ap.parse_args()
     jitter = not args.without_python
@@ -160,7 +165,8 @@ def main():
           f"{'with' if jitter else 'without'} color_jitter"
           + (f"; Stoker's in the batched form, {args.batch} per call" if args.batch and jitter else ""))
     for round in range(1, args.rounds + 1):
-        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch, args.cpu, args.message_mib)
+        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch, args.cpu, args.message_mib,
+                                 args.layout)
         print(f"round {round} stoker:      best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
         rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes, jitter)
         print(f"round {round} dataloader:  best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")

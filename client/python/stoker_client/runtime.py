@@ -14,10 +14,11 @@ Protocol (the worker's side is worker/src/python/):
 - Once the ops are imported: {"status": "ready"}, or {"status": "fatal", "error": ...} and exit.
 - Request: {"op": INDEX, "rng": [seed, epoch, element, op], "size": BYTES (the file's),
   "out": OFFSET (where the output may start: past the input), "fields": [FIELD...]}
-  with FIELD {"name", "kind": "array", "dtype", "shape", "offset", "length"} (a view of the
-  shared memory, no copy), {"name", "kind": "bytes", "offset", "length"}, or {"name", "kind":
+  with FIELD {"name", "kind": "array", "dtype", "shape", "offset", "length"} and, for an image
+  of an op with `layout: planar`, "strides" (a view of the shared memory, no copy), {"name", "kind": "bytes", "offset", "length"}, or {"name", "kind":
   "list", "offset", "lengths"} (byte strings one after another).
-- Reply: {"status": "ok", "size": BYTES, "fields": [...]} with the output in the shared memory
+- Reply: {"status": "ok", "size": BYTES, "fields": [...]} with the output (arrays in C order, no
+  "strides") in the shared memory
   after the input (the file grown if it must be), {"status": "drop"}, or {"status": "error",
   "error": "Type: message", "traceback": ...}.
 - A batched op's request has "rngs": [[seed, epoch, element, op], ...] and "elements":
@@ -72,7 +73,7 @@ def _inputs(shared: _Shared, fields):
         kind, offset = f["kind"], f["offset"]
         if kind == "array":
             element[f["name"]] = np.ndarray(tuple(f["shape"]), dtype=np.dtype(f["dtype"]).newbyteorder("<"),
-                                            buffer=shared.map, offset=offset)
+                                            buffer=shared.map, offset=offset, strides=f.get("strides"))
         elif kind == "bytes":
             element[f["name"]] = bytes(shared.map[offset:offset + f["length"]])
         else:
@@ -100,8 +101,8 @@ def _as_output(name, value):
     if array.dtype.name not in DTYPES:
         raise TypeError(f"field {name!r}: {type(value).__name__} of dtype {array.dtype} has no Stoker form; "
                         f"return an array of {', '.join(sorted(DTYPES))}, bytes or str")
-    # Not ascontiguousarray: it makes a 0-d array (a scalar field) 1-d.
-    return "array", np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
+    # Any memory order: _outputs writes it out in C order.
+    return "array", np.asarray(array, dtype=array.dtype.newbyteorder("<"))
 
 
 def _outputs(shared: _Shared, start: int, element):
@@ -124,15 +125,17 @@ def _outputs(shared: _Shared, start: int, element):
     fields, offset = [], start
     for (name, kind, payload), size in zip(converted, sizes):
         offset = _aligned(offset)
-        view = np.frombuffer(shared.map, dtype=np.uint8, count=size, offset=offset)
         if kind == "array":
-            view[:] = payload.reshape(-1).view(np.uint8)
+            # One copy, whatever the array's memory order (a planar input's result is planar).
+            np.copyto(np.ndarray(payload.shape, dtype=payload.dtype, buffer=shared.map, offset=offset), payload)
             fields.append({"name": name, "kind": kind, "dtype": payload.dtype.name, "shape": list(payload.shape),
                            "offset": offset, "length": size})
         elif kind == "bytes":
+            view = np.frombuffer(shared.map, dtype=np.uint8, count=size, offset=offset)
             view[:] = np.frombuffer(payload, dtype=np.uint8)
             fields.append({"name": name, "kind": kind, "offset": offset, "length": size})
         else:
+            view = np.frombuffer(shared.map, dtype=np.uint8, count=size, offset=offset)
             at = 0
             for v in payload:
                 view[at:at + len(v)] = np.frombuffer(v, dtype=np.uint8)

@@ -29,6 +29,13 @@ AUGMENT = textwrap.dedent("""
         element["brightness"] = np.float32(image.mean())
         return element
 
+    def augment_planar(element, rng):
+        # `layout: planar`: each channel contiguous, still indexed [h, w, c] (by its strides),
+        # as torchvision's [c, h, w] decode permuted is.
+        h, w, c = element["image"].shape
+        assert element["image"].strides == (w, 1, h * w), element["image"].strides
+        return augment(element, rng)
+
     def scale(element, rng):
         n = int(element["n"])
         if n % 7 == 3:
@@ -54,9 +61,14 @@ def write_module(directory):
     return code
 
 
-def image_pipeline(directory, corpus, with_python, code):
-    python = (f"  - python: {{module: user_augment, function: augment, path: '{code}'}}\n" if with_python else "")
-    path = directory / ("with.yaml" if with_python else "without.yaml")
+def image_pipeline(directory, corpus, python_op, code):
+    """The image pipeline with `python_op` (a function of user_augment and its layout) after
+    the crop, or none."""
+    python = ""
+    if python_op:
+        function, layout = python_op
+        python = f"  - python: {{module: user_augment, function: {function}, layout: {layout}, path: '{code}'}}\n"
+    path = directory / (f"{python_op[0]}.yaml" if python_op else "without.yaml")
     path.write_text(
         "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
         f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
@@ -81,13 +93,14 @@ def rows_of(address, epochs):
     return out
 
 
-def test_an_image_augmentation_equals_plain_python_after_the_rust_decode(tmp_path, corpus):
+@pytest.mark.parametrize("python_op", [("augment", "interleaved"), ("augment_planar", "planar")])
+def test_an_image_augmentation_equals_plain_python_after_the_rust_decode(tmp_path, corpus, python_op):
     code = write_module(tmp_path)
     sys.path.insert(0, str(code))
     import user_augment
 
-    workers = [Worker(image_pipeline(tmp_path, corpus, w, code), tmp_path / f"worker-{w}.log", epochs=2)
-               for w in (False, True)]
+    workers = [Worker(image_pipeline(tmp_path, corpus, op, code), tmp_path / f"worker-{i}.log", epochs=2)
+               for i, op in enumerate((None, python_op))]
     try:
         plain = within(120, rows_of, workers[0].address, 2)
         augmented = within(120, rows_of, workers[1].address, 2)

@@ -1,6 +1,7 @@
 """Colour jitter for image-python-augment.yaml: brightness, contrast and saturation each scaled
 by a random factor in [1 - strength, 1 + strength], as torchvision's ColorJitter does, on the
-uint8 [height, width, 3] image Stoker's decode and crop made. `rng` is seeded per (seed, epoch,
+uint8 [height, width, 3] image Stoker's decode and crop made (with `layout: planar`, each channel
+contiguous in memory, as torchvision's decoded tensors are). `rng` is seeded per (seed, epoch,
 element, op), so a run repeats exactly whichever worker processes the element."""
 
 import numpy as np

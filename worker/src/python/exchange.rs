@@ -8,7 +8,7 @@ use std::fs::File;
 use bytes::Bytes;
 use memmap2::MmapMut;
 use serde::{Deserialize, Serialize};
-use stoker_api::{DType, Tensor};
+use stoker_api::{ArrayLayout, DType, Tensor};
 
 use crate::apply::to_tensor;
 use crate::element::{Element, Field};
@@ -31,6 +31,9 @@ pub enum Placed {
         shape: Vec<usize>,
         offset: usize,
         length: usize,
+        /// numpy's strides in bytes, when not C order (a planar image).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        strides: Option<Vec<usize>>,
     },
     Bytes {
         name: String,
@@ -134,9 +137,14 @@ impl Shared {
     }
 }
 
-/// Writes `element` into `shared` from `start` (aligned): the request's fields and where the
-/// next element or the output may start.
-pub fn place(element: Element, shared: &mut Shared, start: usize) -> std::io::Result<(Vec<Placed>, usize)> {
+/// Writes `element` into `shared` from `start` (aligned), its images as `layout` says: the
+/// request's fields and where the next element or the output may start.
+pub fn place(
+    element: Element,
+    shared: &mut Shared,
+    start: usize,
+    layout: ArrayLayout,
+) -> std::io::Result<(Vec<Placed>, usize)> {
     enum Payload {
         Array(Tensor),
         Bytes(Bytes),
@@ -176,8 +184,18 @@ pub fn place(element: Element, shared: &mut Shared, start: usize) -> std::io::Re
         let out = &mut shared.map[offset..offset + length];
         placed.push(match payload {
             Payload::Array(t) => {
-                out.copy_from_slice(&t.data);
-                Placed::Array { name, dtype: t.dtype.numpy_name().into(), shape: t.shape, offset, length }
+                let strides = match (layout, t.shape.as_slice()) {
+                    (ArrayLayout::Planar, &[h, w, c]) => {
+                        write_planar(&t.data, h * w, c, t.dtype.size(), out);
+                        let item = t.dtype.size();
+                        Some(vec![w * item, item, h * w * item])
+                    }
+                    _ => {
+                        out.copy_from_slice(&t.data);
+                        None
+                    }
+                };
+                Placed::Array { name, dtype: t.dtype.numpy_name().into(), shape: t.shape, offset, length, strides }
             }
             Payload::Bytes(b) => {
                 out.copy_from_slice(&b);
@@ -195,6 +213,26 @@ pub fn place(element: Element, shared: &mut Shared, start: usize) -> std::io::Re
         offset += length;
     }
     Ok((placed, aligned(end)))
+}
+
+/// Interleaved pixels (`channels` values of `item` bytes each) to one plane per channel.
+fn write_planar(src: &[u8], pixels: usize, channels: usize, item: usize, out: &mut [u8]) {
+    let plane = pixels * item;
+    if item == 1 {
+        // Images are nearly always uint8: one pass per channel, a byte at a time.
+        for (c, plane) in out.chunks_exact_mut(pixels).enumerate() {
+            for (o, pixel) in plane.iter_mut().zip(src.chunks_exact(channels)) {
+                *o = pixel[c];
+            }
+        }
+        return;
+    }
+    for (p, pixel) in src.chunks_exact(channels * item).enumerate() {
+        for (c, value) in pixel.chunks_exact(item).enumerate() {
+            let at = c * plane + p * item;
+            out[at..at + item].copy_from_slice(value);
+        }
+    }
 }
 
 /// The element a reply describes, copied out of `shared`; an error says what is wrong with
@@ -216,7 +254,10 @@ pub fn take(fields: &[Placed], shared: &Shared, limit: usize) -> Result<Element,
     let mut element = Element::new();
     for placed in fields {
         let (name, field) = match placed {
-            Placed::Array { name, dtype, shape, offset, length } => {
+            Placed::Array { name, dtype, shape, offset, length, strides } => {
+                if strides.is_some() {
+                    return Err(format!("field {name:?}: an output array must be in C order"));
+                }
                 let dtype = DType::from_numpy_name(dtype).ok_or_else(|| format!("field {name:?}: dtype {dtype}"))?;
                 let data = Bytes::copy_from_slice(slice(name, *offset, *length)?);
                 let tensor = Tensor::new(dtype, shape.clone(), data).map_err(|e| format!("field {name:?}: {e}"))?;
@@ -264,7 +305,7 @@ mod tests {
             ("tags".to_string(), Field::BytesList(vec![Bytes::from_static(b"a"), Bytes::from_static(b"bc")])),
         ]
         .into();
-        let (placed, out) = place(element.clone(), &mut shared, 0).unwrap();
+        let (placed, out) = place(element.clone(), &mut shared, 0, ArrayLayout::Interleaved).unwrap();
         assert!(out.is_multiple_of(ALIGN) && shared.len() >= out, "the file grew to hold the input");
         assert!(placed.iter().all(|p| match p {
             Placed::Array { offset, .. } | Placed::Bytes { offset, .. } | Placed::List { offset, .. } =>
@@ -277,10 +318,35 @@ mod tests {
         assert_eq!(back["text"], Field::Bytes(Bytes::from_static(b"hello")));
         assert_eq!(back["tags"], Field::BytesList(vec![Bytes::from_static(b"a"), Bytes::from_static(b"bc")]));
         // A batched call's next element goes after it, aligned, and leaves the first intact.
-        let (second, end) = place(element, &mut shared, out + 1).unwrap();
+        let (second, end) = place(element, &mut shared, out + 1, ArrayLayout::Interleaved).unwrap();
         assert!(end > out && end.is_multiple_of(ALIGN));
         assert_eq!(take(&second, &shared, 1 << 20).unwrap(), back);
         assert_eq!(take(&placed, &shared, 1 << 20).unwrap(), back);
+    }
+
+    #[test]
+    fn a_planar_image_is_the_same_values_one_channel_after_another() {
+        for dtype in [DType::Uint8, DType::Float32] {
+            let (h, w, c, item) = (3, 5, 3, dtype.size());
+            let data: Vec<u8> = (0..h * w * c * item).map(|i| i as u8).collect();
+            let image = Tensor::new(dtype, vec![h, w, c], Bytes::from(data.clone())).unwrap();
+            let label = Tensor::new(DType::Int64, vec![2], Bytes::from(vec![1u8; 16])).unwrap();
+            let element: Element =
+                [("image".to_string(), Field::Tensor(image)), ("label".to_string(), Field::Tensor(label))].into();
+            let mut shared = Shared::new(ALIGN).unwrap();
+            let (placed, _) = place(element, &mut shared, 0, ArrayLayout::Planar).unwrap();
+            let Placed::Array { offset, strides: Some(strides), .. } = &placed[0] else {
+                panic!("the image is planar: {placed:?}")
+            };
+            assert_eq!(strides, &vec![w * item, item, h * w * item]);
+            // Value [y, x, ch] at offset y * strides[0] + x * strides[1] + ch * strides[2].
+            for (y, x, ch) in (0..h).flat_map(|y| (0..w).flat_map(move |x| (0..c).map(move |ch| (y, x, ch)))) {
+                let at = offset + y * strides[0] + x * strides[1] + ch * strides[2];
+                let want = ((y * w + x) * c + ch) * item;
+                assert_eq!(&shared.map[at..at + item], &data[want..want + item], "{dtype:?} [{y}, {x}, {ch}]");
+            }
+            assert!(matches!(&placed[1], Placed::Array { strides: None, .. }), "only images are planar");
+        }
     }
 
     #[test]
@@ -292,6 +358,7 @@ mod tests {
             shape,
             offset,
             length,
+            strides: None,
         };
         let outside = take(&[array("uint8", vec![10], 4090, 10)], &shared, 1 << 20).unwrap_err();
         assert!(outside.contains("outside"), "{outside}");

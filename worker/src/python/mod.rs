@@ -144,10 +144,11 @@ impl PythonPool {
     /// Runs op `index` (a `python` op of the pipeline) on `element`: Some(element), or None
     /// when the function dropped it.
     pub fn call(&self, index: usize, key: ElementKey, element: Element) -> Result<Option<Element>, Failure> {
+        let layout = self.op(index).spec.layout;
         self.exchange(
             index,
             |shared| {
-                let (fields, out) = exchange::place(element, shared, 0)?;
+                let (fields, out) = exchange::place(element, shared, 0, layout)?;
                 let rng = [key.seed, key.epoch, key.element, index as u64];
                 Ok(Request { op: index, rng, size: shared.len(), out, fields })
             },
@@ -170,12 +171,13 @@ impl PythonPool {
         elements: Vec<(ElementKey, Element)>,
     ) -> Vec<Result<Option<Element>, Failure>> {
         let n = elements.len();
+        let layout = self.op(index).spec.layout;
         let results = self.exchange(
             index,
             |shared| {
                 let (mut placed, mut rngs, mut out) = (Vec::with_capacity(n), Vec::with_capacity(n), 0);
                 for (key, element) in elements {
-                    let (fields, end) = exchange::place(element, shared, out)?;
+                    let (fields, end) = exchange::place(element, shared, out, layout)?;
                     placed.push(fields);
                     rngs.push([key.seed, key.epoch, key.element, index as u64]);
                     out = end;
