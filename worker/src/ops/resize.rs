@@ -226,6 +226,9 @@ impl Taps {
         let scale = in_size as f64 / out_size as f64;
         let filter_scale = scale.max(1.0);
         let support = filter_scale; // the triangle's support is 1 input pixel at scale 1
+        // Pillow multiplies by the reciprocal, and so do we, for the same weights to the last
+        // bit.
+        let inverse_scale = 1.0 / filter_scale;
         let width = support.ceil() as usize * 2 + 1;
         let mut taps = Taps {
             first: Vec::with_capacity(out_size),
@@ -242,7 +245,7 @@ impl Taps {
             let n = hi.saturating_sub(lo).min(width);
             let mut total = 0.0;
             for (i, wi) in w[..n].iter_mut().enumerate() {
-                let t = ((i + lo) as f64 - center + 0.5) / filter_scale;
+                let t = ((i + lo) as f64 - center + 0.5) * inverse_scale;
                 *wi = (1.0 - t.abs()).max(0.0);
                 total += *wi;
             }
