@@ -114,7 +114,7 @@ impl Iterator for Chunks {
         }
         let last = self.next == self.tensors.len();
         self.done = last;
-        Some(BatchChunk { header, pieces, last })
+        Some(BatchChunk { header, pieces, last, shared_file: String::new() })
     }
 }
 

@@ -22,6 +22,9 @@ pub enum ProtocolError {
     Truncated { received: u64, declared: u64 },
     #[error("the stream ended in the middle of a batch")]
     EndedMidBatch,
+    /// This client never asks for batches in shared memory (the Python client does).
+    #[error("a batch in shared memory, which this client did not ask for")]
+    UnaskedSharedMemory,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -109,6 +109,9 @@ impl Reassembler {
     }
 
     fn push_inner(&mut self, chunk: BatchChunk) -> Result<Option<Batch>, ProtocolError> {
+        if !chunk.shared_file.is_empty() {
+            return Err(ProtocolError::UnaskedSharedMemory);
+        }
         let partial = match (self.partial.as_mut(), chunk.header) {
             (None, Some(header)) => self.partial.insert(start(header, self.max_batch_bytes)?),
             (None, None) => return Err(ProtocolError::MissingHeader),

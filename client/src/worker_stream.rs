@@ -50,6 +50,8 @@ pub(crate) async fn open(
         start_epoch: options.start_epoch,
         max_message_bytes: options.max_message_bytes as u64,
         epoch,
+        // Batches through shared memory are for the Python client.
+        shared_memory: None,
     });
     if let Some(token) = &options.token {
         proto::bearer(token)

@@ -58,7 +58,7 @@ fn header(n: u64) -> Option<BatchHeader> {
 }
 
 fn chunk(header: Option<BatchHeader>, data: &'static [u8], last: bool) -> BatchChunk {
-    BatchChunk { header, pieces: vec![Bytes::from_static(data)], last }
+    BatchChunk { header, pieces: vec![Bytes::from_static(data)], last, ..Default::default() }
 }
 
 fn options() -> ClientOptions {

@@ -88,9 +88,9 @@ fn pieces_may_cross_tensor_boundaries() {
     let cut = |a: usize, z: usize| payload.slice(a..z);
     let n = payload.len();
     let chunks = vec![
-        BatchChunk { header: Some(header(&b)), pieces: vec![cut(0, 1), cut(1, 1000)], last: false },
-        BatchChunk { header: None, pieces: vec![cut(1000, n - 3)], last: false },
-        BatchChunk { header: None, pieces: vec![cut(n - 3, n)], last: true },
+        BatchChunk { header: Some(header(&b)), pieces: vec![cut(0, 1), cut(1, 1000)], ..Default::default() },
+        BatchChunk { header: None, pieces: vec![cut(1000, n - 3)], ..Default::default() },
+        BatchChunk { header: None, pieces: vec![cut(n - 3, n)], last: true, ..Default::default() },
     ];
     assert_eq!(feed(&mut Reassembler::new(LIMIT), chunks).unwrap(), vec![b]);
 }
@@ -109,11 +109,21 @@ fn one_tensor_header(dtype: i32, shape: Vec<u64>, byte_length: u64) -> BatchHead
 }
 
 fn first(h: BatchHeader, pieces: Vec<&'static [u8]>, last: bool) -> BatchChunk {
-    BatchChunk { header: Some(h), pieces: pieces.into_iter().map(Bytes::from_static).collect(), last }
+    BatchChunk {
+        header: Some(h),
+        pieces: pieces.into_iter().map(Bytes::from_static).collect(),
+        last,
+        ..Default::default()
+    }
 }
 
 fn more(pieces: Vec<&'static [u8]>, last: bool) -> BatchChunk {
-    BatchChunk { header: None, pieces: pieces.into_iter().map(Bytes::from_static).collect(), last }
+    BatchChunk {
+        header: None,
+        pieces: pieces.into_iter().map(Bytes::from_static).collect(),
+        last,
+        ..Default::default()
+    }
 }
 
 fn u8_header(n: u64) -> BatchHeader {
@@ -198,4 +208,15 @@ fn a_batch_without_tensors_round_trips() {
     let b = Batch { epoch: 1, ..Batch::default() };
     let chunks: Vec<_> = chunk_batch(&b, 65_536).unwrap().collect();
     assert_eq!(feed(&mut Reassembler::new(LIMIT), chunks).unwrap(), vec![b]);
+}
+
+#[test]
+fn a_batch_in_shared_memory_is_refused_since_this_client_never_asks_for_one() {
+    let chunk = BatchChunk {
+        header: Some(header(&sample())),
+        last: true,
+        shared_file: "stoker-1-0-0".into(),
+        ..Default::default()
+    };
+    assert_eq!(Reassembler::new(LIMIT).push(chunk).unwrap_err(), ProtocolError::UnaskedSharedMemory);
 }

@@ -62,7 +62,7 @@ def processes():
 
 
 def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=False, message_mib=None,
-                  layout="planar"):
+                  layout="planar", shared_memory=True):
     from stoker_client import Client
 
     function, extra = ("color_jitter_batch", f", batch: {batch}") if batch else ("color_jitter", "")
@@ -79,6 +79,7 @@ def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=F
     with serve(worker_bin, spec, epochs + 1, threads, env={"STOKER_PYTHON": sys.executable}) as address:
         end, images, usage = {}, {}, {}
         options = {"max_message_bytes": message_mib << 20} if message_mib else {}
+        options["shared_memory"] = shared_memory
         with Client([address], "bench", "bench", **options) as client:
             for batch in client:
                 if cpu and batch.epoch not in images and batch.epoch in (1, epochs):
@@ -158,6 +159,8 @@ def main():
     ap.add_argument("--message-mib", type=int, help="the client's max_message_bytes, in MiB (default: the client's)")
     ap.add_argument("--layout", choices=["planar", "interleaved"], default="planar",
                     help="the python op's image layout (planar: what the DataLoader's function gets from torchvision)")
+    ap.add_argument("--messages", action="store_true",
+                    help="batches to the consumer in gRPC messages (default: through shared memory, this host's)")
     ap.add_argument("--cpu", action="store_true", help="also print Stoker's CPU time per image by process (needs --epochs 2 or more)")
     args = ap.parse_args()
     jitter = not args.without_python
@@ -166,7 +169,7 @@ def main():
           + (f"; Stoker's in the batched form, {args.batch} per call" if args.batch and jitter else ""))
     for round in range(1, args.rounds + 1):
         rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch, args.cpu, args.message_mib,
-                                 args.layout)
+                                 args.layout, not args.messages)
         print(f"round {round} stoker:      best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
         rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes, jitter)
         print(f"round {round} dataloader:  best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")

@@ -89,6 +89,10 @@ struct RunArgs {
     /// dispatcher is reached over TLS unless its URL says http://.
     #[arg(long, env = "STOKER_CA_FILE")]
     ca_file: Option<PathBuf>,
+    /// A shared-memory directory: a consumer on this host that maps files from it, as this
+    /// worker's user, gets its batches there instead of in messages. `none`: never.
+    #[arg(long, env = "STOKER_SHARED_MEMORY_DIR", default_value = "/dev/shm")]
+    shared_memory_dir: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -202,49 +206,74 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         options.tls = Some(stoker_worker::stream::server_tls(cert, key)?);
         tracing::info!(certificate = %cert.display(), "serving TLS");
     }
-    match args.dispatcher.clone().filter(|_| !args.standalone) {
-        Some(url) => {
-            let engine = Arc::new(engine);
-            let address = args.advertise.clone().unwrap_or_else(|| advertised(bound));
-            let (url, tls) = dispatcher_tls(&url, args.ca_file.as_deref())?;
-            // Registration retries while the dispatcher is unreachable; a SIGTERM meanwhile
-            // (its parent going away) must end the worker, not wait for a dispatcher that is gone.
-            let link = tokio::select! {
-                link = Link::register(&url, &engine, address, TokenSource::discover(None), tls) => link?,
-                _ = stopped_early.wait_for(|s| *s) => {
-                    tracing::info!("stopped before registering with the dispatcher");
-                    return Ok(());
-                }
-            };
-            let abandoned_after = std::time::Duration::from_secs(args.abandoned_after_seconds);
-            let source = DispatchedSource::new(engine.clone(), link.clone(), args.max_batch_rate, abandoned_after);
-            link.spawn_heartbeats(engine, source.errors.clone(), HEARTBEAT_INTERVAL);
-            let served = if args.authorize_readers {
-                let service = StreamService::new(source).with_authenticator(DispatcherReaders::new(link.client()));
+    let shared = shared_memory(&args.shared_memory_dir);
+    let served = async {
+        match args.dispatcher.clone().filter(|_| !args.standalone) {
+            Some(url) => {
+                let engine = Arc::new(engine);
+                let address = args.advertise.clone().unwrap_or_else(|| advertised(bound));
+                let (url, tls) = dispatcher_tls(&url, args.ca_file.as_deref())?;
+                // Registration retries while the dispatcher is unreachable; a SIGTERM meanwhile
+                // (its parent going away) must end the worker, not wait for a dispatcher that is gone.
+                let link = tokio::select! {
+                    link = Link::register(&url, &engine, address, TokenSource::discover(None), tls) => link?,
+                    _ = stopped_early.wait_for(|s| *s) => {
+                        tracing::info!("stopped before registering with the dispatcher");
+                        return Ok(());
+                    }
+                };
+                let abandoned_after = std::time::Duration::from_secs(args.abandoned_after_seconds);
+                let source = DispatchedSource::new(engine.clone(), link.clone(), args.max_batch_rate, abandoned_after);
+                link.spawn_heartbeats(engine, source.errors.clone(), HEARTBEAT_INTERVAL);
+                let served = if args.authorize_readers {
+                    let service = StreamService::new(source)
+                        .with_authenticator(DispatcherReaders::new(link.client()))
+                        .with_shared_memory(shared.clone());
+                    tokio::select! {
+                        served = stoker_worker::stream::serve_on(listener, service, &options, shutdown) => served,
+                        () = deadline => Ok(()),
+                    }
+                } else {
+                    tokio::select! {
+                        served = stoker_worker::stream::serve_on(listener, StreamService::new(source).with_shared_memory(shared.clone()), &options, shutdown) => served,
+                        () = deadline => Ok(()),
+                    }
+                };
+                served?;
+            }
+            None => {
+                let (source, producer) = EngineSource::start(engine, args.epochs);
                 tokio::select! {
-                    served = stoker_worker::stream::serve_on(listener, service, &options, shutdown) => served,
-                    () = deadline => Ok(()),
+                    served = stoker_worker::stream::serve_on(listener, StreamService::new(source).with_shared_memory(shared.clone()), &options, shutdown) => served?,
+                    () = deadline => {}
                 }
-            } else {
-                tokio::select! {
-                    served = stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, shutdown) => served,
-                    () = deadline => Ok(()),
+                if producer.is_finished() {
+                    producer.join().map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
                 }
-            };
-            served?;
+            }
         }
-        None => {
-            let (source, producer) = EngineSource::start(engine, args.epochs);
-            tokio::select! {
-                served = stoker_worker::stream::serve_on(listener, StreamService::new(source), &options, shutdown) => served?,
-                () = deadline => {}
-            }
-            if producer.is_finished() {
-                producer.join().map_err(|_| anyhow::anyhow!("the engine thread panicked"))??;
-            }
+        anyhow::Ok(())
+    }
+    .await;
+    // Batches no consumer took stay in memory until removed.
+    if let Some(shared) = &shared {
+        shared.remove_all();
+    }
+    served
+}
+
+/// The shared-memory directory for consumers on this host, if there is a usable one.
+fn shared_memory(dir: &std::path::Path) -> Option<Arc<stoker_worker::stream::SharedMemory>> {
+    if dir.as_os_str() == "none" {
+        return None;
+    }
+    match stoker_worker::stream::SharedMemory::open(dir) {
+        Ok(shared) => Some(Arc::new(shared)),
+        Err(e) => {
+            tracing::info!(dir = %dir.display(), error = %e, "no batches through shared memory");
+            None
         }
     }
-    Ok(())
 }
 
 /// The dispatcher URL with its scheme, and the TLS settings to reach it: TLS when the URL says

@@ -2,7 +2,8 @@
 //!
 //! The service is generic over where batches come from (`BatchSource`) and over who may ask
 //! (`Authenticator`). Batches go out cut into chunks that fit the client's message limit
-//! (`stoker_api::chunk`), so any batch size streams.
+//! (`stoker_api::chunk`), so any batch size streams; to a consumer on the same host that asks,
+//! in files of a shared-memory directory instead (`shared`).
 //!
 //! Backpressure comes from pulling: tonic polls the response stream only when HTTP/2 flow
 //! control lets it send, and each poll here pulls at most one batch from the source. Nothing
@@ -10,6 +11,7 @@
 //! memory.
 
 mod auth;
+mod shared;
 mod synthetic;
 
 use std::future::Future;
@@ -28,6 +30,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 pub use auth::{AllowAll, Authenticator, Caller};
+pub use shared::SharedMemory;
 pub use synthetic::SyntheticSource;
 
 /// A consumer's validated request.
@@ -85,17 +88,26 @@ pub struct StreamService<S, A = AllowAll> {
     source: Arc<S>,
     auth: Arc<A>,
     compression: Option<CompressionEncoding>,
+    /// Where batches go for consumers on this host that ask for shared memory.
+    shared: Option<Arc<SharedMemory>>,
 }
 
 impl<S: BatchSource> StreamService<S> {
     pub fn new(source: S) -> Self {
-        StreamService { source: Arc::new(source), auth: Arc::new(AllowAll), compression: None }
+        StreamService { source: Arc::new(source), auth: Arc::new(AllowAll), compression: None, shared: None }
     }
 }
 
 impl<S: BatchSource, A: Authenticator> StreamService<S, A> {
     pub fn with_authenticator<B: Authenticator>(self, auth: B) -> StreamService<S, B> {
-        StreamService { source: self.source, auth: Arc::new(auth), compression: self.compression }
+        StreamService { source: self.source, auth: Arc::new(auth), compression: self.compression, shared: self.shared }
+    }
+
+    /// Hands batches to consumers that map files from `shared`'s directory (the same host and
+    /// user) through it, instead of in messages.
+    pub fn with_shared_memory(mut self, shared: Option<Arc<SharedMemory>>) -> Self {
+        self.shared = shared;
+        self
     }
 
     /// Compresses responses for clients that accept `encoding` (off by default: tensors
@@ -181,7 +193,11 @@ impl<S: BatchSource, A: Authenticator> BatchStream for StreamService<S, A> {
 
     async fn stream(&self, request: Request<StreamRequest>) -> Result<Response<Self::StreamStream>, Status> {
         let metadata = request.metadata().clone();
-        let (mut subscription, limit) = validate(request.into_inner(), Caller::default())?;
+        let request = request.into_inner();
+        // A consumer on this host that maps files from our shared-memory directory.
+        let shared =
+            self.shared.clone().filter(|s| request.shared_memory.as_ref().is_some_and(|theirs| s.serves(theirs)));
+        let (mut subscription, limit) = validate(request, Caller::default())?;
         subscription.caller =
             self.auth.authenticate(&metadata, &subscription.namespace, &subscription.pipeline).await?;
         tracing::info!(
@@ -190,11 +206,15 @@ impl<S: BatchSource, A: Authenticator> BatchStream for StreamService<S, A> {
             consumer = subscription.consumer_index,
             reader = subscription.caller.username.as_deref().unwrap_or("-"),
             limit,
+            shared_memory = shared.is_some(),
             "consumer subscribed"
         );
         let batches = self.source.subscribe(&subscription)?;
         let limit = chunk_limit(limit, self.compression.is_some());
-        Ok(Response::new(Box::pin(chunks(batches, limit))))
+        Ok(Response::new(match shared {
+            Some(shared) => Box::pin(shared::shared_chunks(batches, shared, limit)),
+            None => Box::pin(chunks(batches, limit)),
+        }))
     }
 }
 

@@ -107,6 +107,7 @@ fn stream_request() -> impl Strategy<Value = StreamRequest> {
                     epoch,
                     consumers,
                     coordinated,
+                    shared_memory: None,
                 }
             },
         )

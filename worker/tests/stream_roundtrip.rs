@@ -111,6 +111,7 @@ fn request(namespace: &str, name: &str, job: &str, max_message_bytes: u64) -> St
         max_message_bytes,
         epoch: None,
         coordinated: false,
+        shared_memory: None,
     }
 }
 

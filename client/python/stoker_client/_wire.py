@@ -76,11 +76,12 @@ def _fields(buf):
 
 def encode_stream_request(namespace: str, pipeline: str, job: str, consumer_index: int,
                           start_epoch: Optional[int], max_message_bytes: int, epoch: Optional[int] = None,
-                          consumers: int = 0, coordinated: bool = False) -> bytes:
+                          consumers: int = 0, coordinated: bool = False, shared_memory=None) -> bytes:
     """A StreamRequest. `start_epoch`: a standalone worker's first epoch; `epoch`: under the
     dispatcher, the one epoch the stream carries (it ends once the worker finished it);
     `consumers`: the ranks of a job read by ranks, `consumer_index` being this one's;
-    `coordinated`: they are dealt rounds (coordinated mode)."""
+    `coordinated`: they are dealt rounds (coordinated mode); `shared_memory`: the
+    `_shared.Identity` of the directory this client maps batches from."""
     ref = _len_field(1, namespace.encode()) + _len_field(2, pipeline.encode())
     out = _len_field(1, ref) + _len_field(2, job.encode())
     if consumer_index:
@@ -95,6 +96,10 @@ def encode_stream_request(namespace: str, pipeline: str, job: str, consumer_inde
         out += _key(7, _VARINT) + _varint(consumers)
     if coordinated:
         out += _key(8, _VARINT) + _varint(1)
+    if shared_memory is not None:
+        shared = (_len_field(1, shared_memory.boot_id.encode()) + _key(2, _VARINT) + _varint(shared_memory.device)
+                  + _key(3, _VARINT) + _varint(shared_memory.inode) + _key(4, _VARINT) + _varint(shared_memory.uid))
+        out += _len_field(9, shared)
     return out
 
 
@@ -138,6 +143,8 @@ class Chunk(NamedTuple):
     header: Optional[Header]
     pieces: List[memoryview]
     last: bool
+    # The file in this client's shared-memory directory holding the whole payload.
+    shared_file: str = ""
 
 
 def _tensor_meta(buf) -> TensorMeta:
@@ -198,7 +205,7 @@ def _header(buf) -> Header:
 def decode_chunk(message: bytes) -> Chunk:
     """A BatchChunk; its pieces are views into `message`."""
     view = memoryview(message)
-    header, pieces, last = None, [], False
+    header, pieces, last, shared_file = None, [], False, ""
     for field, wire_type, value in _fields(view):
         if field == 1 and wire_type == _LEN:
             header = _header(view[value[0]:value[1]])
@@ -206,7 +213,9 @@ def decode_chunk(message: bytes) -> Chunk:
             pieces.append(view[value[0]:value[1]])
         elif field == 3 and wire_type == _VARINT:
             last = bool(value)
-    return Chunk(header, pieces, last)
+        elif field == 4 and wire_type == _LEN:
+            shared_file = bytes(view[value[0]:value[1]]).decode("utf-8", "replace")
+    return Chunk(header, pieces, last, shared_file)
 
 
 def _pipeline_ref(namespace: str, pipeline: str) -> bytes:

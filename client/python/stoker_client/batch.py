@@ -4,6 +4,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from . import _shared
 from ._wire import Chunk, Header
 from .errors import ProtocolError
 
@@ -40,8 +41,9 @@ def _strings(meta, data: np.ndarray) -> np.ndarray:
 class Batch:
     """Named tensors (`dict[str, numpy.ndarray]`) and where they came from.
 
-    Arrays are read-only views of the received message where a tensor arrived in one piece
-    (no copy); `.copy()` one to write to it.
+    Arrays are read-only views of the received message where a tensor arrived in one piece,
+    or of the shared memory a worker on the same host wrote the batch to (no copy); `.copy()`
+    one to write to it.
 
     `rows` says where each row came from, in row order: a numpy uint64 array of
     `split << 32 | position`, the position being the element's index in its split's source
@@ -97,8 +99,10 @@ class Batch:
 class Reassembler:
     """Turns a stream of chunks into batches, checking everything a worker declares."""
 
-    def __init__(self, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES):
+    def __init__(self, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES, shared_memory: bool = False):
         self.max_batch_bytes = max_batch_bytes
+        # The stream asked for batches through shared memory (`_shared`).
+        self.shared_memory = shared_memory
         self._header: Optional[Header] = None
         self._declared = 0
         self._received = 0
@@ -111,6 +115,8 @@ class Reassembler:
             self._start(chunk.header)
         elif self._header is None:
             raise ProtocolError("a chunk without a header started a batch")
+        if chunk.shared_file:
+            return self._shared(chunk)
         for piece in chunk.pieces:
             if self._received + len(piece) > self._declared:
                 raise ProtocolError(f"more payload than the header declared ({self._declared} bytes)")
@@ -123,6 +129,23 @@ class Reassembler:
         batch = self._finish()
         self._header, self._pieces, self._declared, self._received = None, [], 0, 0
         return batch
+
+    def _shared(self, chunk: Chunk) -> Batch:
+        """A batch whose payload is in a file of the shared-memory directory: arrays over the
+        file mapped read-only, no copy."""
+        try:
+            if not self.shared_memory:
+                raise ProtocolError("a batch in shared memory, which this stream did not ask for")
+            if chunk.header is None or chunk.pieces or not chunk.last:
+                raise ProtocolError("a batch in shared memory comes whole in one chunk")
+            try:
+                mapped = _shared.take(chunk.shared_file, self._declared)
+            except (OSError, ValueError) as e:
+                raise ProtocolError(f"the batch's shared-memory file: {e}") from e
+            self._pieces, self._received = [(0, memoryview(mapped)[:self._declared])], self._declared
+            return self._finish()
+        finally:
+            self._header, self._pieces, self._declared, self._received = None, [], 0, 0
 
     def finish(self) -> None:
         """The stream ended: it must not be in the middle of a batch."""

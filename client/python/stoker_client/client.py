@@ -12,7 +12,7 @@ from typing import Deque, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import grpc
 
-from . import _malloc, _wire
+from . import _malloc, _shared, _wire
 from ._dispatcher import Follower
 from ._following import EPOCH_END, Following, _Followed
 from ._ration import Ration
@@ -76,6 +76,11 @@ class Client(Following):
 
     With a fixed list of workers, iteration ends when every worker's stream has ended.
 
+    A worker on the same host, running as the same user, hands batches over through shared
+    memory (`/dev/shm`): it writes each batch once to a file there and the client maps it,
+    instead of the batch crossing a socket in messages. `shared_memory=False` asks for
+    messages only; workers elsewhere always send messages.
+
     Under the dispatcher (`Client.from_dispatcher`) iteration never runs dry: it reads one
     epoch after the other. `client.epoch` is the epoch being read, and `client.iter_epoch()`
     iterates just its batches, stopping at its end (the next call iterates the next epoch).
@@ -123,6 +128,7 @@ class Client(Following):
         token: Optional[str] = None,
         ca_file: Optional[str] = None,
         tls_server_name: Optional[str] = None,
+        shared_memory: bool = True,
         _follow: bool = False,
         _prefetch_next_epoch: bool = True,
         _consumers: int = 0,
@@ -147,6 +153,8 @@ class Client(Following):
         self._tls = Tls(ca_file, tls_server_name)
         self._tls_name: Optional[str] = None
         self._max_message_bytes, self._max_batch_bytes = max_message_bytes, max_batch_bytes
+        # Where a worker on this host may put batches for us (see _shared); None: messages only.
+        self._shared_memory = _shared.identity() if shared_memory else None
         self._prefetch = prefetch
         self._meter = Meter()
         self._call_start: Optional[float] = None
@@ -290,10 +298,11 @@ class Client(Following):
         namespace, pipeline, job, index = self._names
         if self._follow:
             request = _wire.encode_stream_request(namespace, pipeline, self._stream_job, index, None,
-                                                  self._max_message_bytes, epoch, self._consumers, self._coordinated)
+                                                  self._max_message_bytes, epoch, self._consumers, self._coordinated,
+                                                  self._shared_memory)
         else:
             request = _wire.encode_stream_request(namespace, pipeline, job, index, self._start_epoch,
-                                                  self._max_message_bytes)
+                                                  self._max_message_bytes, shared_memory=self._shared_memory)
         # Room for the chunk's own framing beyond the payload limit.
         options = [("grpc.max_receive_message_length", self._max_message_bytes + (1 << 20))]
         channel, _ = self._tls.channel(worker.split("#", 1)[0], options, self._tls_name)
@@ -346,7 +355,7 @@ class Client(Following):
     def _read(self, pump: _Pump) -> str:
         """Reads a stream to its end: "ended" (normally), "retry" (failed, may be opened
         again), "fatal" (failed, the error goes to the caller) or "stopped"."""
-        reassembler = Reassembler(self._max_batch_bytes)
+        reassembler = Reassembler(self._max_batch_bytes, self._shared_memory is not None)
         worker = pump.worker
         try:
             for chunk in pump.call:

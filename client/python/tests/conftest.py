@@ -71,13 +71,14 @@ def within(seconds: float, fn, *args):
 class Worker:
     """A standalone worker process; its address is read from its log once it listens."""
 
-    def __init__(self, pipeline: pathlib.Path, log: pathlib.Path, epochs: int):
+    def __init__(self, pipeline: pathlib.Path, log: pathlib.Path, epochs: int, env: dict = None):
         self.log = log
         self._file = open(log, "w")
         self.process = subprocess.Popen(
             [str(worker_binary()), "--standalone", "--pipeline", str(pipeline), "--listen", "127.0.0.1:0",
              "--epochs", str(epochs), "--threads", "1"],
-            stdout=self._file, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1", "RUST_LOG": "info"},
+            stdout=self._file, stderr=subprocess.STDOUT,
+            env={**os.environ, "NO_COLOR": "1", "RUST_LOG": "info", **(env or {})},
         )
         self.address = self._wait_for_address()
 

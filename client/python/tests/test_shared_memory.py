@@ -1,0 +1,94 @@
+"""Batches through shared memory from a real worker on this host: the arrays map the worker's
+file (no copy) and hold what messages would have carried; the worker keeps at most two files
+waiting for a slow reader; none is left behind; a worker told not to, or a client that does
+not ask, uses messages."""
+
+import mmap
+import os
+import time
+
+import numpy as np
+import pytest
+
+from conftest import Worker, images_in, pipeline_file, within
+from stoker_client import Client
+from stoker_client import _shared
+
+pytestmark = pytest.mark.skipif(_shared.identity() is None, reason="no /dev/shm on this machine")
+
+
+def mapped(array: np.ndarray) -> bool:
+    """Whether the array's memory is a mapped file (not a received message)."""
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+
+
+def files_of(worker: Worker):
+    return [n for n in os.listdir(_shared.DIRECTORY) if n.startswith(f"stoker-{worker.process.pid}-")]
+
+
+def read_all(address, shared_memory, pause=0.0):
+    """{(epoch, row): image} and whether every image array was mapped."""
+    rows, all_mapped, any_mapped = {}, True, False
+    with Client([address], "test", "py", shared_memory=shared_memory) as client:
+        for batch in client:
+            image = batch["image"]
+            all_mapped &= mapped(image)
+            any_mapped |= mapped(image)
+            for i, row in enumerate(batch.rows.tolist()):
+                rows[(batch.epoch, row)] = image[i].copy()
+            time.sleep(pause)
+    return rows, all_mapped, any_mapped
+
+
+def test_batches_map_the_workers_file_and_equal_the_messages(tmp_path, corpus):
+    pipeline = pipeline_file(tmp_path, corpus, extra="  seed: 3\n")
+    shared = Worker(pipeline, tmp_path / "shared.log", epochs=2)
+    messages = Worker(pipeline, tmp_path / "messages.log", epochs=2)
+    try:
+        by_file, all_mapped, _ = within(120, read_all, shared.address, True)
+        by_message, _, any_mapped = within(120, read_all, messages.address, False)
+        assert all_mapped, "every batch through shared memory"
+        assert not any_mapped, "shared_memory=False: messages only"
+        assert len(by_file) == 2 * images_in(corpus) and by_file.keys() == by_message.keys()
+        for key, image in by_file.items():
+            np.testing.assert_array_equal(image, by_message[key])
+        assert files_of(shared) == [], "the client removed every file it took"
+    finally:
+        shared.stop()
+        messages.stop()
+    assert "shared_memory=true" in shared.log.read_text()
+
+
+def test_a_slow_reader_has_at_most_two_files_waiting(tmp_path, corpus):
+    worker = Worker(pipeline_file(tmp_path, corpus, batch_size=2), tmp_path / "worker.log", epochs=1)
+    seen = []
+    try:
+        with Client([worker.address], "test", "py", prefetch=1) as client:
+            for _ in client:
+                seen.append(len(files_of(worker)))
+                time.sleep(0.1)
+        assert len(seen) == images_in(corpus) // 2
+        assert max(seen) <= 2, seen
+        assert max(seen) == 2, f"the worker wrote ahead of the reader: {seen}"
+        assert files_of(worker) == []
+    finally:
+        worker.stop()
+
+
+def test_a_worker_without_a_shared_memory_directory_sends_messages(tmp_path, corpus):
+    worker = Worker(pipeline_file(tmp_path, corpus), tmp_path / "worker.log", epochs=1,
+                    env={"STOKER_SHARED_MEMORY_DIR": "none"})
+    try:
+        rows, _, any_mapped = within(120, read_all, worker.address, True)
+        assert len(rows) == images_in(corpus) and not any_mapped
+    finally:
+        worker.stop()
+
+
+def test_a_file_that_is_not_a_workers_is_refused(tmp_path):
+    for name in ["../etc/passwd", "stoker-1/../../x", "other", ".."]:
+        with pytest.raises(ValueError):
+            _shared.take(name, 1)

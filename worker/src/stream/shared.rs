@@ -1,0 +1,323 @@
+//! Batches for a consumer on the same host, through shared memory: each batch's payload is
+//! written to a file of the shared-memory directory (`/dev/shm`), and the stream carries only
+//! the batch's header and the file's name. The consumer maps the file (no copy) and removes it.
+//! Over gRPC a batch is copied into messages, through the kernel's socket buffers and out into
+//! the consumer's buffer; here it is written once.
+//!
+//! Only a consumer that names this very directory (the same kernel boot, device and inode) and
+//! runs as this worker's user gets it: the files are created new, readable by their owner
+//! alone, under names nobody can guess. A stream keeps at most [`WAITING`] files waiting to be
+//! taken; a file its consumer never took (it went away) is removed when the stream ends, and
+//! files of workers that died are removed by the next worker to start on the directory.
+
+use std::collections::VecDeque;
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt as _, stream};
+use stoker_api::Batch;
+use stoker_api::chunk::{chunk_batch, header};
+use stoker_api::proto::{self, BatchChunk};
+use tonic::Status;
+
+use super::Batches;
+
+/// Files of one stream waiting for its consumer at most: one being taken while the next is
+/// written. They are outside the worker's memory budget, as the socket buffers of a gRPC
+/// stream are.
+pub const WAITING: usize = 2;
+
+/// What every file of a worker is named from: `stoker-<pid>-<random>-<n>`.
+const PREFIX: &str = "stoker-";
+
+/// A shared-memory directory this worker writes batches to.
+pub struct SharedMemory {
+    dir: PathBuf,
+    /// The directory as a consumer names it (StreamRequest.shared_memory).
+    identity: proto::SharedMemory,
+    /// `stoker-<pid>-<random>-`: this process's files.
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl SharedMemory {
+    /// `dir` (e.g. `/dev/shm`) for this worker, after removing the files of workers that died.
+    pub fn open(dir: &Path) -> std::io::Result<SharedMemory> {
+        let meta = std::fs::metadata(dir)?;
+        if !meta.is_dir() {
+            return Err(std::io::Error::new(std::io::ErrorKind::NotADirectory, format!("{}", dir.display())));
+        }
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?.trim().to_string();
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        let identity = proto::SharedMemory { boot_id, device: meta.dev(), inode: meta.ino(), uid };
+        let prefix = format!("{PREFIX}{}-{:016x}-", std::process::id(), rand::random::<u64>());
+        let shared = SharedMemory { dir: dir.to_path_buf(), identity, prefix, next: AtomicU64::new(0) };
+        shared.remove_stale();
+        Ok(shared)
+    }
+
+    /// Whether a consumer that says it maps files from `theirs` can take this worker's.
+    pub fn serves(&self, theirs: &proto::SharedMemory) -> bool {
+        *theirs == self.identity
+    }
+
+    /// The files this worker wrote that are still there (`stoker-<pid>-…` of this process).
+    pub fn remove_all(&self) {
+        for (path, _) in self.files() {
+            if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&self.prefix)) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    /// Removes the files of workers that are gone: a process that no longer runs, or one with
+    /// this process's id but another random part (a process before it).
+    fn remove_stale(&self) {
+        let own = std::process::id();
+        for (path, pid) in self.files() {
+            let ours = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&self.prefix));
+            if !ours && (pid == own || !runs(pid)) {
+                tracing::info!(file = %path.display(), "removing a shared-memory batch of a worker that is gone");
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    /// This user's `stoker-<pid>-…` files in the directory, with the pid in their names.
+    fn files(&self) -> Vec<(PathBuf, u32)> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name().into_string().ok()?;
+                let pid = name.strip_prefix(PREFIX)?.split('-').next()?.parse().ok()?;
+                let meta = entry.metadata().ok()?;
+                (meta.is_file() && meta.uid() == self.identity.uid).then(|| (entry.path(), pid))
+            })
+            .collect()
+    }
+
+    /// Writes `batch`'s payload to a new file: its name.
+    fn write(&self, batch: &Batch) -> std::io::Result<String> {
+        let name = format!("{}{}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed));
+        let path = self.dir.join(&name);
+        let written = (|| {
+            let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+            // The payload is the tensors' bytes in header order, as in the chunks.
+            for tensor in batch.tensors.values() {
+                file.write_all(&tensor.data)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+        Ok(name)
+    }
+}
+
+/// Whether a process with this id runs (perhaps as another user).
+fn runs(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: signal 0 only checks that the process exists.
+    let sent = unsafe { libc::kill(pid, 0) };
+    sent == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// One stream's files not yet taken, oldest first; removed when the stream is dropped.
+struct Waiting {
+    shared: Arc<SharedMemory>,
+    names: VecDeque<String>,
+}
+
+impl Waiting {
+    /// Waits until fewer than `n` files wait: the consumer removes each as it takes it.
+    async fn below(&mut self, n: usize) {
+        let mut pause = Duration::from_micros(100);
+        loop {
+            while let Some(oldest) = self.names.front() {
+                match std::fs::symlink_metadata(self.shared.dir.join(oldest)) {
+                    Ok(_) => break,
+                    Err(_) => {
+                        self.names.pop_front();
+                    }
+                }
+            }
+            if self.names.len() < n {
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        for name in self.names.drain(..) {
+            let _ = std::fs::remove_file(self.shared.dir.join(name));
+        }
+    }
+}
+
+/// The chunks of a batch stream for a consumer on the same host: a batch in a file of
+/// `shared` and a chunk naming it; a batch that cannot be written there (the directory is
+/// full) goes out in chunks of `limit` bytes instead. A header too large for one message fails
+/// the stream as it would over gRPC.
+pub fn shared_chunks(
+    batches: Batches,
+    shared: Arc<SharedMemory>,
+    limit: usize,
+) -> impl Stream<Item = Result<BatchChunk, Status>> + Send {
+    let waiting = Waiting { shared, names: VecDeque::new() };
+    stream::unfold((batches, waiting), move |(mut batches, mut waiting)| async move {
+        waiting.below(WAITING).await;
+        let batch = match batches.next().await {
+            Some(Ok(batch)) => batch,
+            Some(Err(status)) => return Some((vec![Err(status)], (batches, waiting))),
+            None => {
+                // The consumer still has to take the last files: ending the stream now would
+                // remove them.
+                waiting.below(1).await;
+                return None;
+            }
+        };
+        // The header goes in one message either way: one too large for it fails here.
+        let chunked = match chunk_batch(&batch, limit) {
+            Ok(chunked) => chunked,
+            Err(e) => return Some((vec![Err(Status::resource_exhausted(e.to_string()))], (batches, waiting))),
+        };
+        let shared = waiting.shared.clone();
+        let (batch, written) = tokio::task::spawn_blocking(move || {
+            let written = shared.write(&batch);
+            (batch, written)
+        })
+        .await
+        .expect("writing a batch does not panic");
+        let chunks = match written {
+            Ok(name) => {
+                waiting.names.push_back(name.clone());
+                let header = Some(header(&batch));
+                vec![Ok(BatchChunk { header, pieces: Vec::new(), last: true, shared_file: name })]
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a batch could not go through shared memory; sending it in messages");
+                chunked.map(Ok).collect()
+            }
+        };
+        Some((chunks, (batches, waiting)))
+    })
+    .flat_map(stream::iter)
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use stoker_api::{DType, Tensor};
+
+    use super::*;
+
+    fn batch(n: u8) -> Batch {
+        let mut tensors = std::collections::BTreeMap::new();
+        tensors.insert("a".to_string(), Tensor::new(DType::Uint8, vec![3], Bytes::from(vec![n; 3])).unwrap());
+        tensors.insert("b".to_string(), Tensor::new(DType::Int32, vec![1], Bytes::from(vec![n + 1; 4])).unwrap());
+        Batch {
+            tensors,
+            epoch: 0,
+            split: 0,
+            sequence: u64::from(n),
+            completes: Vec::new(),
+            rows: Vec::new(),
+            incarnation: 0,
+            round: None,
+        }
+    }
+
+    fn batches(n: u8) -> Batches {
+        stream::iter((0..n).map(|i| Ok(batch(i)))).boxed()
+    }
+
+    #[tokio::test]
+    async fn a_batch_is_its_payload_in_a_file_only_its_user_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Arc::new(SharedMemory::open(dir.path()).unwrap());
+        let mut chunks = Box::pin(shared_chunks(batches(1), shared.clone(), 1 << 20));
+        let chunk = chunks.next().await.unwrap().unwrap();
+        assert!(chunk.last && chunk.pieces.is_empty());
+        assert_eq!(chunk.header.unwrap().sequence, 0);
+        let path = dir.path().join(&chunk.shared_file);
+        assert_eq!(std::fs::read(&path).unwrap(), [0, 0, 0, 1, 1, 1, 1], "tensor a, then b");
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        // The consumer takes it; the stream ends.
+        std::fs::remove_file(&path).unwrap();
+        assert!(chunks.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stream_waits_while_two_files_wait_and_removes_what_was_not_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Arc::new(SharedMemory::open(dir.path()).unwrap());
+        let mut chunks = Box::pin(shared_chunks(batches(5), shared, 1 << 20));
+        let first = chunks.next().await.unwrap().unwrap().shared_file;
+        let second = chunks.next().await.unwrap().unwrap().shared_file;
+        let third = tokio::time::timeout(Duration::from_millis(200), chunks.next()).await;
+        assert!(third.is_err(), "no third file while two wait");
+        std::fs::remove_file(dir.path().join(&first)).unwrap();
+        let third = tokio::time::timeout(Duration::from_secs(10), chunks.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(third.header.unwrap().sequence, 2);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+        // The consumer went away: the stream is dropped with two files waiting.
+        drop(chunks);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{second} and the third removed");
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_cannot_be_written_goes_in_messages() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Arc::new(SharedMemory::open(dir.path()).unwrap());
+        // The directory is gone: every write fails.
+        drop(dir);
+        let chunks: Vec<_> = shared_chunks(batches(2), shared, 1 << 20).collect().await;
+        assert_eq!(chunks.len(), 2);
+        for chunk in chunks {
+            let chunk = chunk.unwrap();
+            assert!(chunk.shared_file.is_empty() && chunk.last);
+            assert_eq!(chunk.pieces.iter().map(Bytes::len).sum::<usize>(), 7);
+        }
+    }
+
+    #[test]
+    fn only_the_same_directory_and_user_are_served() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let shared = SharedMemory::open(a.path()).unwrap();
+        let same = SharedMemory::open(a.path()).unwrap().identity;
+        assert!(shared.serves(&same));
+        assert!(!shared.serves(&SharedMemory::open(b.path()).unwrap().identity), "another directory");
+        assert!(!shared.serves(&proto::SharedMemory { uid: same.uid + 1, ..same.clone() }), "another user");
+        assert!(!shared.serves(&proto::SharedMemory { boot_id: "another host".into(), ..same }));
+    }
+
+    #[test]
+    fn files_of_workers_that_are_gone_are_removed_and_no_others() {
+        let dir = tempfile::tempdir().unwrap();
+        // A process id no process has (above the kernel's pid_max).
+        let gone = dir.path().join("stoker-99999999-00-0");
+        let alive = dir.path().join(format!("stoker-{}-00-0", std::os::unix::process::parent_id()));
+        let other = dir.path().join("something-else");
+        for path in [&gone, &alive, &other] {
+            std::fs::write(path, b"x").unwrap();
+        }
+        let shared = SharedMemory::open(dir.path()).unwrap();
+        assert!(!gone.exists() && alive.exists() && other.exists());
+        let mine = dir.path().join(format!("{}7", shared.prefix));
+        std::fs::write(&mine, b"x").unwrap();
+        shared.remove_all();
+        assert!(!mine.exists() && alive.exists() && other.exists());
+    }
+}
