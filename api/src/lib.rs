@@ -21,7 +21,7 @@ mod yaml;
 
 pub use spec::*;
 pub use status::*;
-pub use tensor::{Batch, ShapeMismatch, Tensor, row, row_origin};
+pub use tensor::{Batch, Payload, ShapeMismatch, Stacked, Tensor, row, row_origin};
 pub use transform::*;
 pub use validate::{ValidationError, invalid_message, validate};
 pub use yaml::{ManifestError, from_yaml, from_yaml_checked, parse_manifest, parse_manifest_unvalidated, to_yaml};

@@ -132,10 +132,74 @@ fn string_layout_len(n: usize, data: &[u8]) -> Option<usize> {
     header.checked_add(usize::try_from(last).ok()?)
 }
 
+/// A batch's tensor as a worker holds it until it is sent: its rows' buffers one after another,
+/// never joined into one (the stream's messages, or a shared-memory file, take the pieces as
+/// they are). Together the parts are the tensor's bytes as [`Tensor::data`] would hold them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stacked {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub parts: Vec<Bytes>,
+}
+
+impl Stacked {
+    /// The tensor in one buffer (a copy, unless it has one part).
+    pub fn join(&self) -> Tensor {
+        let data = match self.parts.as_slice() {
+            [one] => one.clone(),
+            parts => Bytes::from(parts.concat()),
+        };
+        Tensor { dtype: self.dtype, shape: self.shape.clone(), data }
+    }
+}
+
+impl From<Tensor> for Stacked {
+    fn from(t: Tensor) -> Stacked {
+        Stacked { dtype: t.dtype, shape: t.shape, parts: vec![t.data] }
+    }
+}
+
+/// What a batch's tensors are made of: [`Tensor`] (one buffer, what clients get) or
+/// [`Stacked`] (a worker's, its rows' buffers).
+pub trait Payload {
+    fn dtype(&self) -> DType;
+    fn shape(&self) -> &[usize];
+    /// The bytes, in order, in one or more buffers.
+    fn parts(&self) -> &[Bytes];
+    fn byte_len(&self) -> usize {
+        self.parts().iter().map(Bytes::len).sum()
+    }
+}
+
+impl Payload for Tensor {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn parts(&self) -> &[Bytes] {
+        std::slice::from_ref(&self.data)
+    }
+}
+
+impl Payload for Stacked {
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn parts(&self) -> &[Bytes] {
+        &self.parts
+    }
+}
+
 /// A batch of named tensors, with where it came from so clients can account for what they got.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Batch {
-    pub tensors: BTreeMap<String, Tensor>,
+/// A worker's batches hold [`Stacked`] tensors, a client's [`Tensor`]s.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch<T = Tensor> {
+    pub tensors: BTreeMap<String, T>,
     pub epoch: u64,
     /// The split (shard or range) the batch was made from.
     pub split: u64,
@@ -166,10 +230,25 @@ pub fn row_origin(row: u64) -> (u64, u32) {
     (row >> 32, row as u32)
 }
 
-impl Batch {
+impl<T> Default for Batch<T> {
+    fn default() -> Self {
+        Batch {
+            tensors: BTreeMap::new(),
+            epoch: 0,
+            split: 0,
+            sequence: 0,
+            completes: Vec::new(),
+            rows: Vec::new(),
+            incarnation: 0,
+            round: None,
+        }
+    }
+}
+
+impl<T: Payload> Batch<T> {
     /// A batch with no tensors that only completes `splits`: what a worker sends when splits
     /// complete with no batch left to carry them. Clients report it and never yield it.
-    pub fn completions(epoch: u64, splits: Vec<u64>) -> Batch {
+    pub fn completions(epoch: u64, splits: Vec<u64>) -> Self {
         Batch { epoch, completes: splits, ..Batch::default() }
     }
 
@@ -180,7 +259,23 @@ impl Batch {
 
     /// Total tensor payload in bytes.
     pub fn payload_bytes(&self) -> usize {
-        self.tensors.values().map(|t| t.data.len()).sum()
+        self.tensors.values().map(Payload::byte_len).sum()
+    }
+}
+
+impl Batch<Stacked> {
+    /// The batch with each tensor in one buffer (copies of those in more than one part).
+    pub fn join(&self) -> Batch {
+        Batch {
+            tensors: self.tensors.iter().map(|(name, t)| (name.clone(), t.join())).collect(),
+            epoch: self.epoch,
+            split: self.split,
+            sequence: self.sequence,
+            completes: self.completes.clone(),
+            rows: self.rows.clone(),
+            incarnation: self.incarnation,
+            round: self.round.clone(),
+        }
     }
 }
 

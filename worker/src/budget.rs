@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use stoker_api::Batch;
+use stoker_api::{Batch, Stacked};
 
 pub struct MemoryBudget {
     limit: usize,
@@ -168,13 +168,13 @@ impl AsRef<[u8]> for Held {
     }
 }
 
-/// Makes `batch`'s tensors carry `share`: it is released once every tensor and every slice of
-/// one (the stream's chunks) is gone, wherever that happens.
-pub fn attach(mut batch: Batch, share: BatchShare) -> Batch {
+/// Makes `batch`'s tensors carry `share`: it is released once every part of every tensor and
+/// every slice of one (the stream's chunks) is gone, wherever that happens.
+pub fn attach(mut batch: Batch<Stacked>, share: BatchShare) -> Batch<Stacked> {
     let share = Arc::new(share);
-    for tensor in batch.tensors.values_mut() {
-        let data = std::mem::take(&mut tensor.data);
-        tensor.data = Bytes::from_owner(Held { data, _share: share.clone() });
+    for part in batch.tensors.values_mut().flat_map(|t| t.parts.iter_mut()) {
+        let data = std::mem::take(part);
+        *part = Bytes::from_owner(Held { data, _share: share.clone() });
     }
     batch
 }
@@ -235,11 +235,12 @@ mod tests {
         let budget = Arc::new(MemoryBudget::new(1000));
         let mut rows = budget.reserve_rows(8);
         let mut batch = Batch::default();
-        batch.tensors.insert("x".into(), Tensor::new(DType::Uint8, vec![8], Bytes::from(vec![7u8; 8])).unwrap());
+        let x = Tensor::new(DType::Uint8, vec![8], Bytes::from(vec![7u8; 8])).unwrap();
+        batch.tensors.insert("x".into(), Stacked::from(x));
         let batch = attach(batch, rows.into_batch(8, 8));
         drop(rows);
         assert_eq!(budget.used(), 8);
-        let slice = batch.tensors["x"].data.slice(2..4);
+        let slice = batch.tensors["x"].parts[0].slice(2..4);
         drop(batch);
         assert_eq!((budget.used(), &slice[..]), (8, &[7u8, 7][..]));
         drop(slice);

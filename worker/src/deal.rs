@@ -10,13 +10,13 @@
 //! one batch, tagged with the round, so the ranks can yield a worker's round at the same step
 //! (the dispatcher orders the rounds of all workers).
 
-use stoker_api::Batch;
 use stoker_api::proto::RoundRef;
+use stoker_api::{Batch, Stacked};
 use tokio::sync::mpsc;
 use tonic::Status;
 
 /// A batch (naming the splits it completes), or the job's failure.
-pub type JobItem = Result<Batch, Status>;
+pub type JobItem = Result<Batch<Stacked>, Status>;
 
 /// An item in a rank's queue, with the worker's registration generation it was made under
 /// (see `dispatched::link`): made before the dispatcher forgot this worker, a batch is stale.
@@ -70,7 +70,7 @@ impl Deal {
 
     /// Sends `batch` to its rank, waiting while that rank's queue is full, and its completions
     /// to the others. Err once every queue is closed.
-    pub fn send(&mut self, batch: Batch) -> Result<(), Closed> {
+    pub fn send(&mut self, batch: Batch<Stacked>) -> Result<(), Closed> {
         let ranks = self.queues.len();
         if ranks == 1 {
             return self.queues[0].blocking_send(self.queued(Ok(batch))).map_err(|_| Closed);
@@ -108,7 +108,7 @@ impl Deal {
         self.queues.iter().all(mpsc::Sender::is_closed)
     }
 
-    fn to_ranks(&self, pick: impl Fn(usize) -> bool, batch: &Batch) {
+    fn to_ranks(&self, pick: impl Fn(usize) -> bool, batch: &Batch<Stacked>) {
         for (_, q) in self.queues.iter().enumerate().filter(|(rank, _)| pick(*rank)) {
             let _ = q.blocking_send(self.queued(Ok(batch.clone())));
         }
@@ -119,9 +119,9 @@ impl Deal {
 mod tests {
     use super::*;
 
-    fn data(completes: &[u64]) -> Batch {
+    fn data(completes: &[u64]) -> Batch<Stacked> {
         let tensor = stoker_api::Tensor::new(stoker_api::DType::Uint8, vec![1], vec![0u8].into()).unwrap();
-        Batch { tensors: [("x".to_string(), tensor)].into(), completes: completes.to_vec(), ..Batch::default() }
+        Batch { tensors: [("x".to_string(), tensor.into())].into(), completes: completes.to_vec(), ..Batch::default() }
     }
 
     fn drain(hands: &mut Hands) -> Vec<Vec<(bool, Vec<u64>)>> {

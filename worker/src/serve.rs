@@ -11,7 +11,7 @@ use crate::engine::{Engine, EngineError};
 use crate::stream::{BatchSource, Batches, Subscription};
 
 pub struct EngineSource {
-    ready: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<stoker_api::Batch>>>,
+    ready: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<stoker_api::Batch<stoker_api::Stacked>>>>,
 }
 
 impl EngineSource {

@@ -20,10 +20,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt, stream};
-use stoker_api::Batch;
 use stoker_api::chunk::chunk_batch;
 use stoker_api::proto::batch_stream_server::{BatchStream, BatchStreamServer};
 use stoker_api::proto::{self, BatchChunk, StreamRequest};
+use stoker_api::{Batch, Stacked};
 use tokio::net::TcpListener;
 use tonic::codec::CompressionEncoding;
 use tonic::transport::server::TcpIncoming;
@@ -52,7 +52,7 @@ pub struct Subscription {
 }
 
 /// Batches for one consumer, in the order they should be sent.
-pub type Batches = Pin<Box<dyn Stream<Item = Result<Batch, Status>> + Send>>;
+pub type Batches = Pin<Box<dyn Stream<Item = Result<Batch<Stacked>, Status>> + Send>>;
 
 /// Where the service gets batches: the pipeline engine, or a synthetic source in tests.
 pub trait BatchSource: Send + Sync + 'static {

@@ -14,7 +14,7 @@ fn run(engine: &Engine, epoch: u64, cache: &SplitCache) -> Vec<Batch> {
     let (tx, rx) = sync_channel(1024);
     engine.run_splits(epoch, engine.assigned(epoch, cache), &tx).unwrap();
     drop(tx);
-    rx.iter().map(|r| r.batch).collect()
+    rx.iter().map(|r| r.batch.join()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]

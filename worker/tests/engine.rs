@@ -43,7 +43,7 @@ async fn run_dispatched(engine: Engine) -> (Vec<Ready>, Vec<u64>) {
 }
 
 fn collect(rx: Receiver<Ready>) -> Vec<Batch> {
-    rx.iter().map(|r| r.batch.clone()).collect()
+    rx.iter().map(|r| r.batch.join()).collect()
 }
 
 fn config(threads: usize) -> EngineConfig {
@@ -177,6 +177,7 @@ async fn a_huge_shuffle_buffer_is_capped_by_the_memory_budget() {
             rx.iter()
                 .flat_map(|r| {
                     r.batch.tensors["id"]
+                        .join()
                         .data
                         .chunks(8)
                         .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
@@ -236,7 +237,8 @@ async fn splits_complete_once_their_last_element_is_batched() {
     let mut seen: Vec<i64> = Vec::new();
     let mut completed: Vec<u64> = Vec::new();
     for ready in ready {
-        let xs = ready.batch.tensors["x"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()));
+        let x = ready.batch.tensors["x"].join();
+        let xs = x.data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()));
         seen.extend(xs);
         for &split in &ready.completes {
             // Shard n holds x in n*10..n*10+3: all of them must have been seen by now.

@@ -338,7 +338,7 @@ mod tests {
     }
 
     fn values(ready: &Ready) -> Vec<i32> {
-        ready.batch.tensors["x"].data.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
+        ready.batch.tensors["x"].join().data.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
     }
 
     fn splits_in(ready: &Ready) -> BTreeSet<u64> {

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stoker_api::{Batch, WorkerPipeline};
+use stoker_api::{Batch, Stacked, WorkerPipeline};
 
 use crate::apply::ElementError;
 use crate::budget::MemoryBudget;
@@ -199,13 +199,13 @@ impl Assigned {
 }
 
 pub struct Ready {
-    pub batch: Batch,
+    pub batch: Batch<Stacked>,
     /// Splits (of the batch's epoch) whose last element is in this batch or was dropped.
     pub completes: Vec<u64>,
 }
 
 impl Ready {
-    pub fn into_batch(self) -> Batch {
+    pub fn into_batch(self) -> Batch<Stacked> {
         self.batch
     }
 }

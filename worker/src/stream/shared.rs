@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt as _, stream};
-use stoker_api::Batch;
 use stoker_api::chunk::{chunk_batch, header};
 use stoker_api::proto::{self, BatchChunk};
+use stoker_api::{Batch, Stacked};
 use tonic::Status;
 
 use super::Batches;
@@ -103,15 +103,21 @@ impl SharedMemory {
     }
 
     /// Writes `batch`'s payload to a new file: its name.
-    fn write(&self, batch: &Batch) -> std::io::Result<String> {
+    fn write(&self, batch: &Batch<Stacked>) -> std::io::Result<String> {
         let name = format!("{}{}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed));
         let path = self.dir.join(&name);
         let written = (|| {
             let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
-            // The payload is the tensors' bytes in header order, as in the chunks.
-            for tensor in batch.tensors.values() {
-                file.write_all(&tensor.data)?;
-            }
+            // The payload is the tensors' bytes in header order, as in the chunks: written
+            // from the rows' own buffers, a batch of them at a time.
+            let parts: Vec<std::io::IoSlice> = batch
+                .tensors
+                .values()
+                .flat_map(|t| &t.parts)
+                .filter(|p| !p.is_empty())
+                .map(|p| std::io::IoSlice::new(p))
+                .collect();
+            write_all_vectored(&mut file, parts)?;
             Ok(())
         })();
         if let Err(e) = written {
@@ -128,6 +134,20 @@ fn runs(pid: u32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     let sent = unsafe { libc::kill(pid, 0) };
     sent == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Writes every byte of `parts` (none of them empty) with as few calls as the kernel allows.
+fn write_all_vectored(file: &mut std::fs::File, mut parts: Vec<std::io::IoSlice>) -> std::io::Result<()> {
+    let mut slices = parts.as_mut_slice();
+    while !slices.is_empty() {
+        match file.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => std::io::IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// One stream's files not yet taken, oldest first; removed when the stream is dropped.
@@ -223,20 +243,15 @@ mod tests {
 
     use super::*;
 
-    fn batch(n: u8) -> Batch {
+    fn batch(n: u8) -> Batch<Stacked> {
         let mut tensors = std::collections::BTreeMap::new();
-        tensors.insert("a".to_string(), Tensor::new(DType::Uint8, vec![3], Bytes::from(vec![n; 3])).unwrap());
-        tensors.insert("b".to_string(), Tensor::new(DType::Int32, vec![1], Bytes::from(vec![n + 1; 4])).unwrap());
-        Batch {
-            tensors,
-            epoch: 0,
-            split: 0,
-            sequence: u64::from(n),
-            completes: Vec::new(),
-            rows: Vec::new(),
-            incarnation: 0,
-            round: None,
-        }
+        // Tensor a in two parts, as a stacked batch's rows are.
+        let a =
+            Stacked { dtype: DType::Uint8, shape: vec![3], parts: vec![Bytes::from(vec![n; 2]), Bytes::from(vec![n])] };
+        tensors.insert("a".to_string(), a);
+        tensors
+            .insert("b".to_string(), Tensor::new(DType::Int32, vec![1], Bytes::from(vec![n + 1; 4])).unwrap().into());
+        Batch { tensors, sequence: u64::from(n), ..Batch::default() }
     }
 
     fn batches(n: u8) -> Batches {

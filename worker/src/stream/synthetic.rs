@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futures::{StreamExt, stream};
-use stoker_api::{Batch, DType, Tensor};
+use stoker_api::{Batch, DType, Stacked};
 use tonic::Status;
 
 use super::{BatchSource, Batches, Subscription};
@@ -58,7 +58,7 @@ impl SyntheticSource {
     }
 
     /// The `index`-th batch of a consumer starting at `epoch`.
-    pub fn batch(&self, epoch: u64, index: u64) -> Batch {
+    pub fn batch(&self, epoch: u64, index: u64) -> Batch<Stacked> {
         let tensors = self
             .tensors
             .iter()
@@ -68,7 +68,7 @@ impl SyntheticSource {
                     Some(shared) => shared[i].clone(),
                     None => pattern(index * 31 + i as u64, byte_len(*dtype, shape)),
                 };
-                (name.clone(), Tensor { dtype: *dtype, shape: shape.clone(), data })
+                (name.clone(), Stacked { dtype: *dtype, shape: shape.clone(), parts: vec![data] })
             })
             .collect();
         // Provenance as the engine gives it, so benchmarks carry (and clients track) it too.
