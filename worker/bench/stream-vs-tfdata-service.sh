@@ -4,7 +4,8 @@
 # 224x224x3 images + labels), the consumer counting the tensors' bytes as numpy arrays for
 # SECONDS after a warm-up.
 #   bash worker/bench/stream-vs-tfdata-service.sh [ROUNDS] [SECONDS]
-#   stoker                  `python -m stoker_client.bench` (two `stoker-worker bench serve`)
+#   stoker                  `python -m stoker_client.bench` (two `stoker-worker bench serve`), gRPC
+#   stoker shared memory    the same, the batches handed over through /dev/shm (same host only)
 #   tf.data service none    worker/bench/peers/tfdata_service_stream.py --compression none
 #   tf.data service auto    the same with tf.data service's default compression
 # Pythons: TORCH_PYTHON (default ~/.cache/stoker/venv/bin/python, with stoker_client: `make
@@ -21,6 +22,7 @@ cargo build --release -q -p stoker-worker --features bench
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for round in $(seq "$rounds"); do
   echo "round $round stoker: $("$stoker_python" -m stoker_client.bench --worker-bin target/release/stoker-worker --seconds "$seconds" | tail -1)"
+  echo "round $round stoker: $("$stoker_python" -m stoker_client.bench --worker-bin target/release/stoker-worker --seconds "$seconds" --shared-memory | tail -1)"
   for compression in none auto; do
     echo "round $round $("$tf_python" worker/bench/peers/tfdata_service_stream.py --seconds "$seconds" --compression "$compression" 2>/dev/null | tail -1)"
   done

@@ -5,7 +5,8 @@
 
 Starts two `stoker-worker bench serve` processes (synthetic float16 image batches, so
 preprocessing is not the bottleneck), reads for `--seconds` after a warm-up, and prints GB/s
-of tensor payload.
+of tensor payload. Batches come in gRPC messages, what a consumer elsewhere gets; with
+`--shared-memory` the workers hand them over through /dev/shm, as to a consumer on their host.
 """
 
 import argparse
@@ -18,8 +19,9 @@ import time
 from .client import Client
 
 
-def start_worker(binary: str, images: int, log) -> subprocess.Popen:
-    return subprocess.Popen([binary, "bench", "serve", "--listen", "127.0.0.1:0", "--images", str(images)],
+def start_worker(binary: str, images: int, log, shared_memory: bool = False) -> subprocess.Popen:
+    shared = ["--shared-memory-dir", "/dev/shm"] if shared_memory else []
+    return subprocess.Popen([binary, "bench", "serve", "--listen", "127.0.0.1:0", "--images", str(images), *shared],
                             stdout=log, stderr=subprocess.STDOUT, env={"RUST_LOG": "info", "NO_COLOR": "1"})
 
 
@@ -42,12 +44,13 @@ def main():
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--images", type=int, default=14, help="images per batch (14: 4 MiB batches)")
     ap.add_argument("--max-message-bytes", type=int, default=64 << 20)
+    ap.add_argument("--shared-memory", action="store_true", help="batches through /dev/shm instead of messages")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         logs = [f"{tmp}/worker-{i}.log" for i in range(2)]
         files = [open(p, "w") for p in logs]
-        workers = [start_worker(args.worker_bin, args.images, f) for f in files]
+        workers = [start_worker(args.worker_bin, args.images, f, args.shared_memory) for f in files]
         try:
             addresses = [address(p, w) for p, w in zip(logs, workers)]
             with Client(addresses, "bench", "synthetic", max_message_bytes=args.max_message_bytes) as client:
@@ -65,7 +68,8 @@ def main():
                 w = client.window()
             cpu = (after.ru_utime + after.ru_stime) - (usage.ru_utime + usage.ru_stime)
             faults = after.ru_minflt - usage.ru_minflt
-            print(f"python client, 2 workers, {args.images} images/batch, {args.max_message_bytes >> 20} MiB messages: "
+            how = "shared memory" if args.shared_memory else f"{args.max_message_bytes >> 20} MiB messages"
+            print(f"python client, 2 workers, {args.images} images/batch, {how}: "
                   f"{nbytes / seconds / 1e9:.2f} GB/s ({batches / seconds:.0f} batches/s), "
                   f"median batch time {w.median * 1e3:.2f} ms, wait fraction {w.wait_fraction:.2f}; "
                   f"this process: {cpu / (nbytes / 1e9):.3f} s of CPU and {faults / (nbytes / 1e9):.0f} page faults per GB")

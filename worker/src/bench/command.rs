@@ -73,6 +73,10 @@ pub enum Bench {
         /// Images per batch (14: a 4 MiB batch).
         #[arg(long, default_value_t = 14)]
         images: usize,
+        /// Hands batches to consumers on this host that ask through this shared-memory
+        /// directory (as the worker's `--shared-memory-dir`); without it, messages only.
+        #[arg(long)]
+        shared_memory_dir: Option<std::path::PathBuf>,
     },
 }
 
@@ -101,7 +105,7 @@ impl Bench {
                 })
                 .await
             }
-            Bench::Serve { listen, images } => serve(listen, images).await,
+            Bench::Serve { listen, images, shared_memory_dir } => serve(listen, images, shared_memory_dir).await,
         }
     }
 }
@@ -165,7 +169,7 @@ async fn cache(corpus: &Path, volume: &Path, threads: usize, gets: usize) -> any
     Ok(())
 }
 
-async fn serve(listen: SocketAddr, images: usize) -> anyhow::Result<()> {
+async fn serve(listen: SocketAddr, images: usize, shared_memory_dir: Option<std::path::PathBuf>) -> anyhow::Result<()> {
     let source = SyntheticSource::new(vec![
         ("image".into(), DType::Float16, vec![images, 224, 224, 3]),
         ("label".into(), DType::Int64, vec![images]),
@@ -173,9 +177,22 @@ async fn serve(listen: SocketAddr, images: usize) -> anyhow::Result<()> {
     .shared_payload();
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     tracing::info!(listen = %listener.local_addr()?, "serving synthetic batches");
-    stream::serve_on(listener, StreamService::new(source), &ServerOptions::default(), async {
-        let _ = tokio::signal::ctrl_c().await;
+    let shared = match shared_memory_dir {
+        Some(dir) => Some(std::sync::Arc::new(
+            stream::SharedMemory::open(&dir)
+                .with_context(|| format!("the shared-memory directory {}", dir.display()))?,
+        )),
+        None => None,
+    };
+    let service = StreamService::new(source).with_shared_memory(shared.clone());
+    let served = stream::serve_on(listener, service, &ServerOptions::default(), async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! { _ = term.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
     })
-    .await?;
-    Ok(())
+    .await;
+    if let Some(shared) = shared {
+        shared.remove_all();
+    }
+    Ok(served?)
 }
