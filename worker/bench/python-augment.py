@@ -58,7 +58,8 @@ def processes():
     children = [pid for pid, (_, parent) in parents.items() if parent in workers]
     consumer, faults = cpu_seconds()
     return {"consumer": consumer, "worker": sum(cpu_seconds(p)[0] for p in workers),
-            "python op": sum(cpu_seconds(p)[0] for p in children), "consumer page faults": faults}
+            "python op": sum(cpu_seconds(p)[0] for p in children), "consumer page faults": faults,
+            "python op page faults": sum(cpu_seconds(p)[1] for p in children)}
 
 
 def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=False, message_mib=None,
@@ -92,7 +93,8 @@ def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=F
             n = sum(images[e] for e in range(1, epochs))
             d = {k: (usage[epochs][k] - usage[1][k]) / n for k in usage[1]}
             print(f"  per image: worker {d['worker'] * 1e3:.3f} ms CPU, its Python processes {d['python op'] * 1e3:.3f}, "
-                  f"consumer {d['consumer'] * 1e3:.3f} ({d['consumer page faults']:.1f} page faults)")
+                  f"consumer {d['consumer'] * 1e3:.3f}; page faults per image: Python processes {d['python op page faults']:.1f}, "
+                  f"consumer {d['consumer page faults']:.1f}")
         return periods(end, images, epochs), images[1]
 
 

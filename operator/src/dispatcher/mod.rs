@@ -1,7 +1,8 @@
 //! The dispatcher: a split becomes batches here. Workers register and ask for splits, clients
 //! register, follow the live worker list and report their batch times. Read in this order:
 //!
-//! 1. [`service`]: the gRPC face, mapping requests onto the state;
+//! 1. [`service`]: the gRPC face, mapping requests onto the state, which it brings in as
+//!    [`registration`]'s types;
 //! 2. [`state`]: the bookkeeping that answers each request, made of
 //!    [`members`] (who is alive), [`ledger`] (each job's splits per epoch), [`ranks`] (equal
 //!    batch counts for a job read by ranks), [`inbox`] (the clients' windows until the scaling
@@ -13,6 +14,7 @@ mod inbox;
 mod ledger;
 mod members;
 mod ranks;
+mod registration;
 mod service;
 mod state;
 
@@ -20,5 +22,6 @@ pub use inbox::JobWindows;
 pub use ledger::{Assignment, JobSummary};
 pub use members::{Progress, Timeouts};
 pub use ranks::{Quota, Received};
+pub use registration::{DispatchError, MAX_ID_BYTES, MAX_SPLITS, WorkerRegistration};
 pub use service::{Dispatcher, DispatcherService, HEARTBEAT_INTERVAL, WorkerTlsNames, serve};
-pub use state::{DispatchError, DispatcherState, MAX_ID_BYTES, MAX_SPLITS, WorkerRegistration};
+pub use state::DispatcherState;

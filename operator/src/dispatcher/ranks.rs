@@ -96,7 +96,7 @@ impl Ranks {
         got.dropped_rows = got.dropped_rows.max(r.dropped_rows);
         got.position = got.position.max(r.position);
         // No worker has a longer id; a longer one would be copied into every round of the order.
-        for (worker, n) in r.rounds.into_iter().filter(|(w, _)| w.len() <= super::state::MAX_ID_BYTES) {
+        for (worker, n) in r.rounds.into_iter().filter(|(w, _)| w.len() <= super::registration::MAX_ID_BYTES) {
             let rounds = got.rounds.entry(worker).or_default();
             *rounds = (*rounds).max(n);
         }

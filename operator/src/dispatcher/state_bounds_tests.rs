@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::dispatcher::cache::CacheProgress;
+use crate::dispatcher::cache::HintSeen;
+use stoker_api::CacheMode;
 use stoker_api::proto::HintBytes;
 
 fn registration(address: &str, splits: u64) -> WorkerRegistration {

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::*;
+use stoker_api::CacheMode;
 
 fn split(epoch: u64, split: u64) -> Assignment {
     Assignment::Split { epoch, split, skip: Vec::new() }
