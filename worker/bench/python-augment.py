@@ -16,7 +16,7 @@ manifests/samples/python/augment.py between the crop/flip and normalize, into fl
   `RandomHorizontalFlip`, then the same color_jitter on the HWC view of the [3, h, w] tensor
   (planar memory, as Stoker's `layout: planar`), then normalize.
 
-Rounds alternate the two; each reports the best of `--epochs` epochs after a warm-up epoch,
+Rounds alternate the two, the one going first alternating too; each reports the best of `--epochs` epochs after a warm-up epoch,
 in images per second. `--batch N` runs Stoker's op in the batched form (`color_jitter_batch`,
 N elements per call).
 """
@@ -60,6 +60,19 @@ def processes():
     return {"consumer": consumer, "worker": sum(cpu_seconds(p)[0] for p in workers),
             "python op": sum(cpu_seconds(p)[0] for p in children), "consumer page faults": faults,
             "python op page faults": sum(cpu_seconds(p)[1] for p in children)}
+
+
+def loader_seconds():
+    """CPU seconds so far of this process and of its children (the DataLoader's workers)."""
+    me = str(os.getpid())
+    children = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1] == me:
+                children.append(pid)
+        except OSError:
+            continue
+    return cpu_seconds()[0], sum(cpu_seconds(p)[0] for p in children)
 
 
 def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=False, message_mib=None,
@@ -128,16 +141,22 @@ class Files:
         return self.torch.from_numpy(normalized), label
 
 
-def dataloader_epochs(corpus, epochs, workers, jitter):
+def dataloader_epochs(corpus, epochs, workers, jitter, cpu=False):
     from torch.utils.data import DataLoader
 
     loader = DataLoader(Files(corpus, jitter), batch_size=BATCH, shuffle=True, num_workers=workers,
                         persistent_workers=True, prefetch_factor=4)
-    end, images = {}, {}
+    end, images, usage = {}, {}, {}
     for epoch in range(epochs + 1):
         for batch, _ in loader:
             images[epoch] = images.get(epoch, 0) + batch.shape[0]
         end[epoch] = time.perf_counter()
+        if cpu and epoch in (0, epochs):
+            usage[epoch] = loader_seconds()
+    if cpu:
+        n = sum(images[e] for e in range(1, epochs + 1))
+        consumer, loaders = ((usage[epochs][i] - usage[0][i]) / n for i in range(2))
+        print(f"  per image: DataLoader workers {loaders * 1e3:.3f} ms CPU, consumer {consumer * 1e3:.3f}")
     del loader
     return periods(end, images, epochs), images[1]
 
@@ -163,20 +182,23 @@ def main():
                     help="the python op's image layout (planar: what the DataLoader's function gets from torchvision)")
     ap.add_argument("--messages", action="store_true",
                     help="batches to the consumer in gRPC messages (default: through shared memory, this host's)")
-    ap.add_argument("--cpu", action="store_true", help="also print Stoker's CPU time per image by process (needs --epochs 2 or more)")
+    ap.add_argument("--cpu", action="store_true", help="also print each side's CPU time per image by process (needs --epochs 2 or more)")
     args = ap.parse_args()
     jitter = not args.without_python
     print(f"machine: {os.cpu_count()} cores; {args.processes} processes per side; best of {args.epochs} epochs; "
           f"{'with' if jitter else 'without'} color_jitter"
           + (f"; Stoker's in the batched form, {args.batch} per call" if args.batch and jitter else ""))
     for round in range(1, args.rounds + 1):
-        rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch, args.cpu, args.message_mib,
-                                 args.layout, not args.messages)
-        print(f"round {round} stoker:      best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
-        rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes, jitter)
-        print(f"round {round} dataloader:  best {max(rates):7.1f} images/s  (epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
-        sys.stdout.flush()
-
+        # The side that goes first alternates: a slow spell of the machine then falls on each.
+        for side in ("stoker", "dataloader") if round % 2 else ("dataloader", "stoker"):
+            if side == "stoker":
+                rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch,
+                                         args.cpu, args.message_mib, args.layout, not args.messages)
+            else:
+                rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes, jitter, args.cpu)
+            print(f"round {round} {side + ':':12} best {max(rates):7.1f} images/s  "
+                  f"(epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
+            sys.stdout.flush()
 
 if __name__ == "__main__":
     main()
