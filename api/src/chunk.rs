@@ -147,7 +147,7 @@ impl Iterator for Chunks {
         }
         let last = self.tensor == self.tensors.len();
         self.done = last;
-        Some(BatchChunk { header, pieces, last, shared_file: String::new() })
+        Some(BatchChunk { header, pieces, last, shared_file: String::new(), reuse_shared_file: false })
     }
 }
 

@@ -145,6 +145,8 @@ class Chunk(NamedTuple):
     last: bool
     # The file in this client's shared-memory directory holding the whole payload.
     shared_file: str = ""
+    # The worker takes the file back once its arrays are gone (`_shared.take`).
+    reuse_shared_file: bool = False
 
 
 def _tensor_meta(buf) -> TensorMeta:
@@ -205,7 +207,7 @@ def _header(buf) -> Header:
 def decode_chunk(message: bytes) -> Chunk:
     """A BatchChunk; its pieces are views into `message`."""
     view = memoryview(message)
-    header, pieces, last, shared_file = None, [], False, ""
+    header, pieces, last, shared_file, reuse = None, [], False, "", False
     for field, wire_type, value in _fields(view):
         if field == 1 and wire_type == _LEN:
             header = _header(view[value[0]:value[1]])
@@ -215,7 +217,9 @@ def decode_chunk(message: bytes) -> Chunk:
             last = bool(value)
         elif field == 4 and wire_type == _LEN:
             shared_file = bytes(view[value[0]:value[1]]).decode("utf-8", "replace")
-    return Chunk(header, pieces, last, shared_file)
+        elif field == 5 and wire_type == _VARINT:
+            reuse = bool(value)
+    return Chunk(header, pieces, last, shared_file, reuse)
 
 
 def _pipeline_ref(namespace: str, pipeline: str) -> bytes:

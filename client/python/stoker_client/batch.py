@@ -139,7 +139,7 @@ class Reassembler:
             if chunk.header is None or chunk.pieces or not chunk.last:
                 raise ProtocolError("a batch in shared memory comes whole in one chunk")
             try:
-                mapped = _shared.take(chunk.shared_file, self._declared)
+                mapped = _shared.take(chunk.shared_file, self._declared, reuse=chunk.reuse_shared_file)
             except (OSError, ValueError) as e:
                 raise ProtocolError(f"the batch's shared-memory file: {e}") from e
             self._pieces, self._received = [(0, memoryview(mapped)[:self._declared])], self._declared

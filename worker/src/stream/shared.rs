@@ -1,14 +1,18 @@
 //! Batches for a consumer on the same host, through shared memory: each batch's payload is
 //! written to a file of the shared-memory directory (`/dev/shm`), and the stream carries only
-//! the batch's header and the file's name. The consumer maps the file (no copy) and removes it.
-//! Over gRPC a batch is copied into messages, through the kernel's socket buffers and out into
-//! the consumer's buffer; here it is written once.
+//! the batch's header and the file's name. The consumer maps the file (no copy), renames it
+//! `<name>.held`, and `<name>.free` once it no longer reads from it; the worker then writes a
+//! later batch into that file. Over gRPC a batch is copied into messages, through the
+//! kernel's socket buffers and out into the consumer's buffer; here it is written once, and
+//! into memory that is already the file's: a new file per batch cost the kernel as much again
+//! in allocating, zeroing and freeing its pages as the copy itself.
 //!
 //! Only a consumer that names this very directory (the same kernel boot, device and inode) and
 //! runs as this worker's user gets it: the files are created new, readable by their owner
-//! alone, under names nobody can guess. A stream keeps at most [`WAITING`] files waiting to be
-//! taken; a file its consumer never took (it went away) is removed when the stream ends, and
-//! files of workers that died are removed by the next worker to start on the directory.
+//! alone, under names nobody can guess, and one given back is written again only as a plain
+//! file. A stream keeps at most [`WAITING`] files waiting to be taken and tracks at most
+//! [`HELD_AT_MOST`] held ones; the files of a stream (not taken, held or free) are removed
+//! when it ends, and files of workers that died by the next worker to start on the directory.
 
 use std::collections::VecDeque;
 use std::io::Write as _;
@@ -33,6 +37,15 @@ pub const WAITING: usize = 2;
 
 /// What every file of a worker is named from: `stoker-<pid>-<random>-<n>`.
 const PREFIX: &str = "stoker-";
+
+/// What a consumer renames a file it mapped to, and then one it is done with.
+const HELD: &str = ".held";
+const FREE: &str = ".free";
+
+/// Files of one stream taken by its consumer and not yet given back, at most: beyond, the
+/// oldest is removed rather than waited for (a consumer keeping many batches, or one that
+/// removes files as an older client does). Its memory goes when the consumer unmaps it.
+const HELD_AT_MOST: usize = 8;
 
 /// A shared-memory directory this worker writes batches to.
 pub struct SharedMemory {
@@ -102,12 +115,24 @@ impl SharedMemory {
             .collect()
     }
 
-    /// Writes `batch`'s payload to a new file: its name.
-    fn write(&self, batch: &Batch<Stacked>) -> std::io::Result<String> {
-        let name = format!("{}{}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed));
-        let path = self.dir.join(&name);
+    /// The name the next file gets.
+    fn next_name(&self) -> String {
+        format!("{}{}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Writes `batch`'s payload to the file `name`: one given back by the consumer (`reused`),
+    /// its pages already there, else a new one.
+    fn write(&self, batch: &Batch<Stacked>, name: &str, reused: bool) -> std::io::Result<()> {
+        let path = self.dir.join(name);
         let written = (|| {
-            let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+            let mut options = std::fs::OpenOptions::new();
+            if reused {
+                // Ours, renamed from `.free` just now: never through a link someone put there.
+                options.write(true).custom_flags(libc::O_NOFOLLOW);
+            } else {
+                options.write(true).create_new(true).mode(0o600);
+            }
+            let mut file = options.open(&path)?;
             // The payload is the tensors' bytes in header order, as in the chunks: written
             // from the rows' own buffers, a batch of them at a time.
             let parts: Vec<std::io::IoSlice> = batch
@@ -117,14 +142,19 @@ impl SharedMemory {
                 .filter(|p| !p.is_empty())
                 .map(|p| std::io::IoSlice::new(p))
                 .collect();
+            let size: usize = parts.iter().map(|p| p.len()).sum();
             write_all_vectored(&mut file, parts)?;
+            if reused {
+                // An earlier, larger batch's tail goes.
+                file.set_len(size as u64)?;
+            }
             Ok(())
         })();
         if let Err(e) = written {
             let _ = std::fs::remove_file(&path);
             return Err(e);
         }
-        Ok(name)
+        Ok(())
     }
 }
 
@@ -150,38 +180,65 @@ fn write_all_vectored(file: &mut std::fs::File, mut parts: Vec<std::io::IoSlice>
     Ok(())
 }
 
-/// One stream's files not yet taken, oldest first; removed when the stream is dropped.
-struct Waiting {
+/// One stream's files: those its consumer has not taken yet and those it holds, oldest first;
+/// all removed when the stream is dropped.
+struct Files {
     shared: Arc<SharedMemory>,
-    names: VecDeque<String>,
+    waiting: VecDeque<String>,
+    held: VecDeque<String>,
 }
 
-impl Waiting {
-    /// Waits until fewer than `n` files wait: the consumer removes each as it takes it.
+impl Files {
+    /// Waits until fewer than `n` files wait: the consumer renames (or removes) each as it
+    /// takes it.
     async fn below(&mut self, n: usize) {
         let mut pause = Duration::from_micros(100);
         loop {
-            while let Some(oldest) = self.names.front() {
-                match std::fs::symlink_metadata(self.shared.dir.join(oldest)) {
-                    Ok(_) => break,
-                    Err(_) => {
-                        self.names.pop_front();
-                    }
+            while let Some(oldest) = self.waiting.front() {
+                if std::fs::symlink_metadata(self.shared.dir.join(oldest)).is_ok() {
+                    break;
                 }
+                let taken = self.waiting.pop_front().expect("a front");
+                self.held.push_back(taken);
             }
-            if self.names.len() < n {
+            while self.held.len() > HELD_AT_MOST {
+                let oldest = self.held.pop_front().expect("more than none");
+                self.remove(&oldest);
+            }
+            if self.waiting.len() < n {
                 return;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(5));
         }
     }
+
+    /// A file the consumer gave back, renamed to a new name for the next batch (the consumer
+    /// knows each name once), or None.
+    fn reuse(&mut self) -> Option<String> {
+        for i in 0..self.held.len() {
+            let free = self.shared.dir.join(format!("{}{FREE}", self.held[i]));
+            let name = self.shared.next_name();
+            if std::fs::rename(&free, self.shared.dir.join(&name)).is_ok() {
+                self.held.remove(i);
+                return Some(name);
+            }
+        }
+        None
+    }
+
+    /// `name` under every name it may have.
+    fn remove(&self, name: &str) {
+        for suffix in ["", HELD, FREE] {
+            let _ = std::fs::remove_file(self.shared.dir.join(format!("{name}{suffix}")));
+        }
+    }
 }
 
-impl Drop for Waiting {
+impl Drop for Files {
     fn drop(&mut self) {
-        for name in self.names.drain(..) {
-            let _ = std::fs::remove_file(self.shared.dir.join(name));
+        for name in self.waiting.iter().chain(&self.held) {
+            self.remove(name);
         }
     }
 }
@@ -195,43 +252,53 @@ pub fn shared_chunks(
     shared: Arc<SharedMemory>,
     limit: usize,
 ) -> impl Stream<Item = Result<BatchChunk, Status>> + Send {
-    let waiting = Waiting { shared, names: VecDeque::new() };
-    stream::unfold((batches, waiting), move |(mut batches, mut waiting)| async move {
-        waiting.below(WAITING).await;
+    let files = Files { shared, waiting: VecDeque::new(), held: VecDeque::new() };
+    stream::unfold((batches, files), move |(mut batches, mut files)| async move {
+        files.below(WAITING).await;
         let batch = match batches.next().await {
             Some(Ok(batch)) => batch,
-            Some(Err(status)) => return Some((vec![Err(status)], (batches, waiting))),
+            Some(Err(status)) => return Some((vec![Err(status)], (batches, files))),
             None => {
                 // The consumer still has to take the last files: ending the stream now would
                 // remove them.
-                waiting.below(1).await;
+                files.below(1).await;
                 return None;
             }
         };
         // The header goes in one message either way: one too large for it fails here.
         let chunked = match chunk_batch(&batch, limit) {
             Ok(chunked) => chunked,
-            Err(e) => return Some((vec![Err(Status::resource_exhausted(e.to_string()))], (batches, waiting))),
+            Err(e) => return Some((vec![Err(Status::resource_exhausted(e.to_string()))], (batches, files))),
         };
-        let shared = waiting.shared.clone();
-        let (batch, written) = tokio::task::spawn_blocking(move || {
-            let written = shared.write(&batch);
-            (batch, written)
+        let (name, reused) = match files.reuse() {
+            Some(name) => (name, true),
+            None => (files.shared.next_name(), false),
+        };
+        let shared = files.shared.clone();
+        let (batch, name, written) = tokio::task::spawn_blocking(move || {
+            let written = shared.write(&batch, &name, reused);
+            (batch, name, written)
         })
         .await
         .expect("writing a batch does not panic");
         let chunks = match written {
-            Ok(name) => {
-                waiting.names.push_back(name.clone());
+            Ok(()) => {
+                files.waiting.push_back(name.clone());
                 let header = Some(header(&batch));
-                vec![Ok(BatchChunk { header, pieces: Vec::new(), last: true, shared_file: name })]
+                vec![Ok(BatchChunk {
+                    header,
+                    pieces: Vec::new(),
+                    last: true,
+                    shared_file: name,
+                    reuse_shared_file: true,
+                })]
             }
             Err(e) => {
                 tracing::warn!(error = %e, "a batch could not go through shared memory; sending it in messages");
                 chunked.map(Ok).collect()
             }
         };
-        Some((chunks, (batches, waiting)))
+        Some((chunks, (batches, files)))
     })
     .flat_map(stream::iter)
 }
@@ -290,6 +357,69 @@ mod tests {
         // The consumer went away: the stream is dropped with two files waiting.
         drop(chunks);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{second} and the third removed");
+    }
+
+    /// What a consumer does with a file it took: `.held` while it reads, `.free` after.
+    fn take(dir: &Path, name: &str) {
+        std::fs::rename(dir.join(name), dir.join(format!("{name}{HELD}"))).unwrap();
+    }
+
+    fn give_back(dir: &Path, name: &str) {
+        std::fs::rename(dir.join(format!("{name}{HELD}")), dir.join(format!("{name}{FREE}"))).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_file_given_back_holds_a_later_batch_and_one_held_is_never_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Arc::new(SharedMemory::open(dir.path()).unwrap());
+        let mut chunks = Box::pin(shared_chunks(batches(4), shared, 1 << 20));
+        let first = chunks.next().await.unwrap().unwrap();
+        assert!(first.reuse_shared_file);
+        let first = first.shared_file;
+        let inode = std::fs::metadata(dir.path().join(&first)).unwrap().ino();
+        take(dir.path(), &first);
+        // Held: the next batch goes to a new file, and the held one keeps batch 0.
+        let second = chunks.next().await.unwrap().unwrap().shared_file;
+        assert_ne!(std::fs::metadata(dir.path().join(&second)).unwrap().ino(), inode);
+        take(dir.path(), &second);
+        give_back(dir.path(), &first);
+        let third = chunks.next().await.unwrap().unwrap();
+        assert_eq!(third.header.unwrap().sequence, 2);
+        let path = dir.path().join(&third.shared_file);
+        assert_ne!(third.shared_file, first, "a new name: the consumer knows each once");
+        assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode, "batch 2 in batch 0's file");
+        assert_eq!(std::fs::read(&path).unwrap(), [2, 2, 2, 3, 3, 3, 3]);
+        assert_eq!(std::fs::read(dir.path().join(format!("{second}{HELD}"))).unwrap(), [1, 1, 1, 2, 2, 2, 2]);
+        // The consumer goes away holding batch 1, batch 2 not taken: every file goes.
+        drop(chunks);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_file_given_back_is_cut_to_a_smaller_batch_and_a_link_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Arc::new(SharedMemory::open(dir.path()).unwrap());
+        let big = Batch {
+            tensors: [("a".to_string(), Tensor::new(DType::Uint8, vec![64], Bytes::from(vec![9; 64])).unwrap().into())]
+                .into(),
+            ..Batch::default()
+        };
+        let batches = stream::iter([Ok(big), Ok(batch(5)), Ok(batch(6))]).boxed();
+        let mut chunks = Box::pin(shared_chunks(batches, shared, 1 << 20));
+        let first = chunks.next().await.unwrap().unwrap().shared_file;
+        take(dir.path(), &first);
+        give_back(dir.path(), &first);
+        let second = chunks.next().await.unwrap().unwrap().shared_file;
+        assert_eq!(std::fs::read(dir.path().join(&second)).unwrap(), [5, 5, 5, 6, 6, 6, 6], "no tail of the 64 bytes");
+        // A link where the free file should be is refused: the batch goes in messages.
+        take(dir.path(), &second);
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"mine").unwrap();
+        std::fs::remove_file(dir.path().join(format!("{second}{HELD}"))).unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join(format!("{second}{FREE}"))).unwrap();
+        let third = chunks.next().await.unwrap().unwrap();
+        assert!(third.shared_file.is_empty() && third.last);
+        assert_eq!(std::fs::read(&target).unwrap(), b"mine");
     }
 
     #[tokio::test]
