@@ -16,9 +16,11 @@ manifests/samples/python/augment.py between the crop/flip and normalize, into fl
   `RandomHorizontalFlip`, then the same color_jitter on the HWC view of the [3, h, w] tensor
   (planar memory, as Stoker's `layout: planar`), then normalize.
 
-Rounds alternate the two, the one going first alternating too; each reports the best of `--epochs` epochs after a warm-up epoch,
-in images per second. `--batch N` runs Stoker's op in the batched form (`color_jitter_batch`,
-N elements per call).
+`--against-worker BIN` runs Stoker with another worker binary in the DataLoader's place (an
+A/B of two builds; `--cpu` finds workers by the name `stoker-worker`, so keep that name).
+Rounds alternate the two, the one going first alternating too; each reports the best of
+`--epochs` epochs after a warm-up epoch, in images per second. `--batch N` runs Stoker's op in
+the batched form (`color_jitter_batch`, N elements per call).
 """
 
 import argparse
@@ -182,6 +184,8 @@ def main():
                     help="the python op's image layout (planar: what the DataLoader's function gets from torchvision)")
     ap.add_argument("--messages", action="store_true",
                     help="batches to the consumer in gRPC messages (default: through shared memory, this host's)")
+    ap.add_argument("--against-worker", metavar="BIN",
+                    help="instead of the DataLoader, Stoker with this other worker binary (an A/B of two builds)")
     ap.add_argument("--cpu", action="store_true", help="also print each side's CPU time per image by process (needs --epochs 2 or more)")
     args = ap.parse_args()
     jitter = not args.without_python
@@ -190,12 +194,14 @@ def main():
           + (f"; Stoker's in the batched form, {args.batch} per call" if args.batch and jitter else ""))
     for round in range(1, args.rounds + 1):
         # The side that goes first alternates: a slow spell of the machine then falls on each.
-        for side in ("stoker", "dataloader") if round % 2 else ("dataloader", "stoker"):
-            if side == "stoker":
-                rates, n = stoker_epochs(args.worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch,
-                                         args.cpu, args.message_mib, args.layout, not args.messages)
-            else:
+        other = "against" if args.against_worker else "dataloader"
+        for side in ("stoker", other) if round % 2 else (other, "stoker"):
+            if side == "dataloader":
                 rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes, jitter, args.cpu)
+            else:
+                worker_bin = args.worker_bin if side == "stoker" else args.against_worker
+                rates, n = stoker_epochs(worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch,
+                                         args.cpu, args.message_mib, args.layout, not args.messages)
             print(f"round {round} {side + ':':12} best {max(rates):7.1f} images/s  "
                   f"(epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
             sys.stdout.flush()

@@ -130,7 +130,7 @@ async fn a_slow_client_stops_production_at_the_memory_budget() {
         let first = rx.recv().unwrap();
         // While the first batch is held, only rows transformed with it (one chunk: this
         // split's 8 images, so one more batch) may still become ready, though the channel
-        // has room; no new chunk is transformed.
+        // has room; the chunk in flight beside it is not batched, and no later one starts.
         let mut early = vec![first];
         while let Ok(ready) = rx.recv_timeout(Duration::from_millis(1500)) {
             early.push(ready);

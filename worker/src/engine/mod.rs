@@ -177,9 +177,6 @@ impl Stats {
     }
 }
 
-/// A ready batch. Its tensors' bytes hold the batch's share of the memory budget: it is
-/// released once they are dropped (after the stream has sent the last chunk), wherever the
-/// batch travels meanwhile.
 /// A split to produce, as the dispatcher (or a standalone worker's own plan) assigned it.
 #[derive(Clone, Debug)]
 pub struct Assigned {
@@ -198,6 +195,9 @@ impl Assigned {
     }
 }
 
+/// A ready batch. Its tensors' bytes hold the batch's share of the memory budget: it is
+/// released once they are dropped (after the stream has sent the last chunk), wherever the
+/// batch travels meanwhile.
 pub struct Ready {
     pub batch: Batch<Stacked>,
     /// Splits (of the batch's epoch) whose last element is in this batch or was dropped.
@@ -335,17 +335,22 @@ impl Engine {
     ) -> Result<Vec<u64>, EngineError> {
         let send = |ready: Ready| self.send(ready, out);
         let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.reserve_rows(0), self.stats.clone(), send);
-        for (Assigned { split, cache, skip }, fetched) in Prefetch::new(self, splits.into_iter()) {
-            let (mut elements, plan) = self.elements(&split, &cache, fetched)?;
-            // Packed rows, not elements, are what a split's positions number then.
-            let packing =
-                self.packer().map(|packer| transform::Packing { packer, next: 0, skip: &skip, stats: &self.stats });
-            let skip_elements: &[u32] = if packing.is_some() { &[] } else { &skip };
-            self.read_order(epoch, split.id, skip_elements, &mut elements);
-            if !self.transform_split(epoch, &split, elements, plan, packing, &mut batcher)? {
-                return Ok(Vec::new());
+        let listening = std::thread::scope(|scope| -> Result<bool, EngineError> {
+            let mut flow = transform::Flow::new(self, scope, epoch);
+            for (Assigned { split, cache, skip }, fetched) in Prefetch::new(self, splits.into_iter()) {
+                let (mut elements, plan) = self.elements(&split, &cache, fetched)?;
+                let packer = self.packer();
+                // Packed rows, not elements, are what a split's positions number then.
+                self.read_order(epoch, split.id, if packer.is_some() { &[] } else { &skip }, &mut elements);
+                let packing = packer.map(|packer| transform::Packing { packer, next: 0, skip, stats: &self.stats });
+                if !flow.split(&split, elements, plan, packing, &mut batcher)? {
+                    return Ok(false);
+                }
             }
-            batcher.split_read(split.id);
+            flow.finish(&mut batcher)
+        })?;
+        if !listening {
+            return Ok(Vec::new());
         }
         Ok(batcher.finish()?)
     }
