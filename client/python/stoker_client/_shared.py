@@ -62,11 +62,15 @@ def take(name: str, size: int, directory: str = DIRECTORY, reuse: bool = False) 
         os.close(fd)
     if reuse:
         # Runs when the mmap is deallocated, which only the last array over it can let happen.
-        weakref.finalize(mapped, _give_back, path).atexit = False
+        weakref.finalize(mapped, _give_back, path, os.getpid()).atexit = False
     return mapped
 
 
-def _give_back(path: str) -> None:
+def _give_back(path: str, taker: int) -> None:
+    # A process forked while the batch was held has the mapping too, but only the one that
+    # took the file knows when nothing reads it any more.
+    if os.getpid() != taker:
+        return
     try:
         os.rename(path + ".held", path + ".free")
     except OSError:

@@ -4,6 +4,7 @@ files whose arrays are gone, never into one still read; it keeps at most two fil
 a slow reader; none is left behind; a worker told not to, or a client that does not ask, uses
 messages."""
 
+import gc
 import mmap
 import os
 import time
@@ -133,6 +134,32 @@ def test_files_whose_arrays_are_gone_hold_later_batches_and_held_ones_keep_their
     finally:
         for worker in (keep_all, keep_some, messages):
             worker.stop()
+
+
+def test_a_file_goes_back_when_the_taker_drops_it_not_when_a_forked_child_does():
+    name = f"stoker-{os.getpid()}-{os.urandom(8).hex()}-0"
+    path = os.path.join(_shared.DIRECTORY, name)
+    with open(path, "wb") as f:
+        f.write(b"batch")
+    try:
+        mapped = _shared.take(name, 5, reuse=True)
+        view = np.frombuffer(mapped, dtype=np.uint8)
+        del mapped
+        assert not os.path.exists(path) and os.path.exists(path + ".held")
+        child = os.fork()
+        if child == 0:
+            del view
+            gc.collect()
+            os._exit(0 if os.path.exists(path + ".held") else 1)
+        assert os.waitpid(child, 0)[1] == 0, "the child gave the file back"
+        assert os.path.exists(path + ".held") and bytes(view) == b"batch"
+        del view
+        gc.collect()
+        assert os.path.exists(path + ".free") and not os.path.exists(path + ".held")
+    finally:
+        for suffix in ("", ".held", ".free"):
+            if os.path.exists(path + suffix):
+                os.unlink(path + suffix)
 
 
 def test_a_worker_without_a_shared_memory_directory_sends_messages(tmp_path, corpus):
