@@ -92,6 +92,12 @@ pub struct Chunks {
 }
 
 impl Chunks {
+    /// The batch's header, for a sender that carries the payload another way (a shared-memory
+    /// file) once the header was checked to fit a message.
+    pub fn into_header(self) -> Option<BatchHeader> {
+        self.header
+    }
+
     /// The next `n` bytes of the current tensor (at most what is left of it): a slice of its
     /// buffer, or those of several buffers joined.
     fn take(&mut self, n: usize) -> Bytes {

@@ -46,18 +46,24 @@ def cpu_seconds(pid="self"):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
-def processes():
-    """CPU seconds so far of this process, of the worker, and of the worker's children (the
-    `python` op's processes), and this process's minor page faults."""
-    parents = {}
+def process_table():
+    """{pid: (name, parent pid)} of every process now."""
+    table = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             stat = open(f"/proc/{pid}/stat").read()
         except OSError:
             continue
-        parents[pid] = (stat.split("(", 1)[1].split(")", 1)[0], stat.rsplit(")", 1)[1].split()[1])
-    workers = {pid for pid, (name, parent) in parents.items() if name == "stoker-worker" and parent == str(os.getpid())}
-    children = [pid for pid, (_, parent) in parents.items() if parent in workers]
+        table[pid] = (stat.split("(", 1)[1].split(")", 1)[0], stat.rsplit(")", 1)[1].split()[1])
+    return table
+
+
+def processes():
+    """CPU seconds so far of this process, of the worker, and of the worker's children (the
+    `python` op's processes), and this process's minor page faults."""
+    table = process_table()
+    workers = {pid for pid, (name, parent) in table.items() if name == "stoker-worker" and parent == str(os.getpid())}
+    children = [pid for pid, (_, parent) in table.items() if parent in workers]
     consumer, faults = cpu_seconds()
     return {"consumer": consumer, "worker": sum(cpu_seconds(p)[0] for p in workers),
             "python op": sum(cpu_seconds(p)[0] for p in children), "consumer page faults": faults,
@@ -66,14 +72,7 @@ def processes():
 
 def loader_seconds():
     """CPU seconds so far of this process and of its children (the DataLoader's workers)."""
-    me = str(os.getpid())
-    children = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1] == me:
-                children.append(pid)
-        except OSError:
-            continue
+    children = [pid for pid, (_, parent) in process_table().items() if parent == str(os.getpid())]
     return cpu_seconds()[0], sum(cpu_seconds(p)[0] for p in children)
 
 

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt as _, stream};
-use stoker_api::chunk::{chunk_batch, header};
+use stoker_api::chunk::chunk_batch;
 use stoker_api::proto::{self, BatchChunk};
 use stoker_api::{Batch, Stacked};
 use tonic::Status;
@@ -216,15 +216,12 @@ impl Files {
     /// A file the consumer gave back, renamed to a new name for the next batch (the consumer
     /// knows each name once), or None.
     fn reuse(&mut self) -> Option<String> {
-        for i in 0..self.held.len() {
-            let free = self.shared.dir.join(format!("{}{FREE}", self.held[i]));
-            let name = self.shared.next_name();
-            if std::fs::rename(&free, self.shared.dir.join(&name)).is_ok() {
-                self.held.remove(i);
-                return Some(name);
-            }
-        }
-        None
+        let name = self.shared.next_name();
+        let i = self.held.iter().position(|held| {
+            std::fs::rename(self.shared.dir.join(format!("{held}{FREE}")), self.shared.dir.join(&name)).is_ok()
+        })?;
+        self.held.remove(i);
+        Some(name)
     }
 
     /// `name` under every name it may have.
@@ -275,18 +272,19 @@ pub fn shared_chunks(
             None => (files.shared.next_name(), false),
         };
         let shared = files.shared.clone();
-        let (batch, name, written) = tokio::task::spawn_blocking(move || {
+        // The batch goes with the write: its bytes (and budget share) are the file's now, or
+        // the chunks' if the write failed.
+        let (name, written) = tokio::task::spawn_blocking(move || {
             let written = shared.write(&batch, &name, reused);
-            (batch, name, written)
+            (name, written)
         })
         .await
         .expect("writing a batch does not panic");
         let chunks = match written {
             Ok(()) => {
                 files.waiting.push_back(name.clone());
-                let header = Some(header(&batch));
                 vec![Ok(BatchChunk {
-                    header,
+                    header: chunked.into_header(),
                     pieces: Vec::new(),
                     last: true,
                     shared_file: name,
