@@ -5,12 +5,15 @@
 //! (`stoker_api::chunk`), so any batch size streams; to a consumer on the same host that asks,
 //! in files of a shared-memory directory instead (`shared`).
 //!
-//! Backpressure comes from pulling: tonic polls the response stream only when HTTP/2 flow
-//! control lets it send, and each poll here pulls at most one batch from the source. Nothing
+//! Backpressure comes from pulling: the response body (`body`) polls the chunk stream only
+//! when HTTP/2 flow control lets it send, and each poll here pulls at most one batch from
+//! the source. Nothing
 //! is spawned and nothing buffers ahead, so a slow client stops the source instead of growing
 //! memory.
 
 mod auth;
+mod body;
+mod server;
 mod shared;
 mod synthetic;
 
@@ -21,7 +24,7 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt, stream};
 use stoker_api::chunk::chunk_batch;
-use stoker_api::proto::batch_stream_server::{BatchStream, BatchStreamServer};
+use stoker_api::proto::batch_stream_server::BatchStream;
 use stoker_api::proto::{self, BatchChunk, StreamRequest};
 use stoker_api::{Batch, Stacked};
 use tokio::net::TcpListener;
@@ -30,6 +33,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 pub use auth::{AllowAll, Authenticator, Caller};
+pub use server::StreamServer;
 pub use shared::SharedMemory;
 pub use synthetic::SyntheticSource;
 
@@ -117,14 +121,9 @@ impl<S: BatchSource, A: Authenticator> StreamService<S, A> {
         self
     }
 
-    /// The tonic service.
-    pub fn into_server(self) -> BatchStreamServer<Self> {
-        let compression = self.compression;
-        let mut server = BatchStreamServer::new(self);
-        if let Some(encoding) = compression {
-            server = server.send_compressed(encoding).accept_compressed(encoding);
-        }
-        server
+    /// The service to add to a tonic server.
+    pub fn into_server(self) -> StreamServer<S, A> {
+        StreamServer::new(self)
     }
 }
 
