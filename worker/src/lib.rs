@@ -2,6 +2,7 @@
 
 pub mod alloc;
 pub mod apply;
+mod avx2;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod budget;

