@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body_util::BodyExt;
 use prost::Message;
 use stoker_api::proto::StreamRequest;
@@ -110,8 +110,8 @@ where
     let mut read = BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| Status::internal(format!("protocol error reading the request: {}", e.into())))?;
-        if let Ok(mut data) = frame.into_data() {
-            read.extend_from_slice(&data.copy_to_bytes(data.remaining()));
+        if let Ok(data) = frame.into_data() {
+            read.put(data);
         }
         if read.len() > 5 + MAX_REQUEST_BYTES {
             break;
