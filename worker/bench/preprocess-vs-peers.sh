@@ -10,8 +10,11 @@
 #   torchvision  worker/bench/peers/torch_preprocess.py: DataLoader, torchvision.io.decode_jpeg
 #                + transforms v2
 #   pil          the same DataLoader with the classic PIL ImageFolder recipe
-# Pythons: TF_PYTHON (default ~/.cache/stoker/tf-venv/bin/python, `pip install tensorflow-cpu`)
-# and TORCH_PYTHON (default ~/.cache/stoker/venv/bin/python, `make venv`). A peer whose Python
+#   dali         worker/bench/peers/dali_preprocess.py: NVIDIA DALI's CPU pipeline
+#                (decoders.image_random_crop, resize, crop_mirror_normalize), no GPU
+# Pythons: TF_PYTHON (default ~/.cache/stoker/tf-venv/bin/python, `pip install tensorflow-cpu`),
+# TORCH_PYTHON (default ~/.cache/stoker/venv/bin/python, `make venv`) and DALI_PYTHON (default
+# ~/.cache/stoker/dali-venv/bin/python, `pip install nvidia-dali-cuda120`). A peer whose Python
 # cannot import it is left out with the reason printed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +26,7 @@ max_side=${5:-500}
 cache=${STOKER_CACHE:-$HOME/.cache/stoker}
 tf_python=${TF_PYTHON:-$cache/tf-venv/bin/python}
 torch_python=${TORCH_PYTHON:-$cache/venv/bin/python}
+dali_python=${DALI_PYTHON:-$cache/dali-venv/bin/python}
 cargo build --release -q -p stoker-worker --features bench
 worker=target/release/stoker-worker
 [ -d "$corpus" ] || "$worker" corpus --out "$corpus" --images "$images" --min-side "$min_side" --max-side "$max_side"
@@ -31,12 +35,14 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 peers=()
 if "$tf_python" -c 'import tensorflow' 2>/dev/null; then peers+=(tf.data); else echo "tf.data left out: $tf_python cannot import tensorflow"; fi
 if "$torch_python" -c 'import torchvision, PIL' 2>/dev/null; then peers+=(torchvision pil); else echo "torchvision and pil left out: $torch_python cannot import torchvision and PIL"; fi
+if "$dali_python" -c 'import nvidia.dali' 2>/dev/null; then peers+=(dali); else echo "dali left out: $dali_python cannot import nvidia.dali"; fi
 
 run() {
   case $1 in
     stoker) "$worker" bench preprocess --corpus "$corpus" --repeat 3 ;;
     tf.data) "$tf_python" worker/bench/peers/tfdata_preprocess.py --corpus "$corpus" --repeat 3 --decode-and-crop ;;
     torchvision | pil) "$torch_python" worker/bench/peers/torch_preprocess.py --corpus "$corpus" --repeat 3 --recipe "$1" ;;
+    dali) "$dali_python" worker/bench/peers/dali_preprocess.py --corpus "$corpus" --repeat 3 ;;
   esac
 }
 
