@@ -7,9 +7,8 @@
 //!
 //! Backpressure comes from pulling: the response body (`body`) polls the chunk stream only
 //! when HTTP/2 flow control lets it send, and each poll here pulls at most one batch from
-//! the source. Nothing
-//! is spawned and nothing buffers ahead, so a slow client stops the source instead of growing
-//! memory.
+//! the source. Nothing is spawned and nothing buffers ahead, so a slow client stops the
+//! source instead of growing memory.
 
 mod auth;
 mod body;
@@ -188,7 +187,7 @@ fn chunks(batches: Batches, limit: usize) -> impl Stream<Item = Result<BatchChun
 
 #[tonic::async_trait]
 impl<S: BatchSource, A: Authenticator> BatchStream for StreamService<S, A> {
-    type StreamStream = Pin<Box<dyn Stream<Item = Result<BatchChunk, Status>> + Send>>;
+    type StreamStream = body::ChunkStream;
 
     async fn stream(&self, request: Request<StreamRequest>) -> Result<Response<Self::StreamStream>, Status> {
         let metadata = request.metadata().clone();
