@@ -12,6 +12,9 @@
 #   pil          the same DataLoader with the classic PIL ImageFolder recipe
 #   dali         worker/bench/peers/dali_preprocess.py: NVIDIA DALI's CPU pipeline
 #                (decoders.image_random_crop, resize, crop_mirror_normalize), no GPU
+# Every side reads the corpus as it is and, in the same round, a copy of it with restart
+# markers (`stoker-worker add-restart-markers`, made once as CORPUS_DIR-restart-markers: the same
+# pixels, and every peer reads it too); RESTART_MARKERS=0 leaves the copy out.
 # Pythons: TF_PYTHON (default ~/.cache/stoker/tf-venv/bin/python, `pip install tensorflow-cpu`),
 # TORCH_PYTHON (default ~/.cache/stoker/venv/bin/python, `make venv`) and DALI_PYTHON (default
 # ~/.cache/stoker/dali-venv/bin/python, `pip install nvidia-dali-cuda120`). A peer whose Python
@@ -30,7 +33,13 @@ dali_python=${DALI_PYTHON:-$cache/dali-venv/bin/python}
 cargo build --release -q -p stoker-worker --features bench
 worker=target/release/stoker-worker
 [ -d "$corpus" ] || "$worker" corpus --out "$corpus" --images "$images" --min-side "$min_side" --max-side "$max_side"
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); corpus $corpus"
+corpora=("$corpus")
+if [ "${RESTART_MARKERS:-1}" != 0 ]; then
+  marked=$corpus-restart-markers
+  [ -d "$marked" ] || "$worker" add-restart-markers --input "$corpus" --output "$marked"
+  corpora+=("$marked")
+fi
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); corpora ${corpora[*]}"
 
 peers=()
 if "$tf_python" -c 'import tensorflow' 2>/dev/null; then peers+=(tf.data); else echo "tf.data left out: $tf_python cannot import tensorflow"; fi
@@ -39,16 +48,18 @@ if "$dali_python" -c 'import nvidia.dali' 2>/dev/null; then peers+=(dali); else 
 
 run() {
   case $1 in
-    stoker) "$worker" bench preprocess --corpus "$corpus" --repeat 3 ;;
-    tf.data) "$tf_python" worker/bench/peers/tfdata_preprocess.py --corpus "$corpus" --repeat 3 --decode-and-crop ;;
-    torchvision | pil) "$torch_python" worker/bench/peers/torch_preprocess.py --corpus "$corpus" --repeat 3 --recipe "$1" ;;
-    dali) "$dali_python" worker/bench/peers/dali_preprocess.py --corpus "$corpus" --repeat 3 ;;
+    stoker) "$worker" bench preprocess --corpus "$2" --repeat 3 ;;
+    tf.data) "$tf_python" worker/bench/peers/tfdata_preprocess.py --corpus "$2" --repeat 3 --decode-and-crop ;;
+    torchvision | pil) "$torch_python" worker/bench/peers/torch_preprocess.py --corpus "$2" --repeat 3 --recipe "$1" ;;
+    dali) "$dali_python" worker/bench/peers/dali_preprocess.py --corpus "$2" --repeat 3 ;;
   esac
 }
 
 for round in $(seq "$rounds"); do
-  for side in stoker "${peers[@]}"; do
-    best=$(run "$side" 2>>/tmp/preprocess-vs-peers.err | grep "^best" || true)
-    echo "round $round $side: ${best:-FAILED}"
+  for dir in "${corpora[@]}"; do
+    for side in stoker "${peers[@]}"; do
+      best=$(run "$side" "$dir" 2>>/tmp/preprocess-vs-peers.err | grep "^best" || true)
+      echo "round $round $(basename "$dir") $side: ${best:-FAILED}"
+    done
   done
 done

@@ -17,6 +17,7 @@ pub mod formats;
 pub mod loaded;
 pub mod ops;
 pub mod python;
+pub mod restart_markers;
 pub mod serve;
 pub mod shuffle;
 pub mod source;

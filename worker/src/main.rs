@@ -1,6 +1,6 @@
 //! `stoker-worker`: runs a pipeline and streams its batches (under the operator, or standalone
-//! from a manifest), generates the benchmark corpus, and runs the benchmarks (with the `bench`
-//! feature).
+//! from a manifest), generates the benchmark corpus, adds restart markers to a JPEG corpus,
+//! and runs the benchmarks (with the `bench` feature).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -113,6 +113,20 @@ enum Command {
         #[arg(long, default_value_t = 500)]
         max_side: u32,
     },
+    /// Rewrite every JPEG under --input, without loss, with restart markers, so that a
+    /// randomResizedCrop decodes only the segments around its window (docs/transforms.md).
+    AddRestartMarkers {
+        #[arg(long)]
+        input: PathBuf,
+        /// Where the rewritten tree goes (other files are copied); the same as --input rewrites
+        /// in place.
+        #[arg(long)]
+        output: PathBuf,
+        /// The widest a segment between two markers may be, in pixels: narrower segments cut
+        /// closer to a window, and each costs a few bytes.
+        #[arg(long, default_value_t = 32)]
+        segment_px: usize,
+    },
     /// Benchmarks (see docs/performance.md).
     #[cfg(feature = "bench")]
     Bench {
@@ -147,6 +161,22 @@ async fn main() -> anyhow::Result<()> {
             let files = corpus::generate(&out, &spec)?;
             let bytes: u64 = files.iter().map(|f| f.metadata().map_or(0, |m| m.len())).sum();
             println!("wrote {} images ({:.1} MB) under {}", files.len(), bytes as f64 / 1e6, out.display());
+            Ok(())
+        }
+        Some(Command::AddRestartMarkers { input, output, segment_px }) => {
+            anyhow::ensure!(segment_px >= 8, "--segment-px must be at least 8 (one block)");
+            let r = stoker_worker::restart_markers::rewrite_tree(&input, &output, segment_px)?;
+            println!(
+                "rewrote {} JPEGs ({:.1} MB to {:.1} MB), left {} other files and tar members as they were, under {}",
+                r.rewritten,
+                r.bytes_in as f64 / 1e6,
+                r.bytes_out as f64 / 1e6,
+                r.copied,
+                output.display()
+            );
+            if let Some(refusal) = r.first_refusal {
+                println!("left as they were: JPEGs libjpeg could not read, the first {refusal}");
+            }
             Ok(())
         }
         #[cfg(feature = "bench")]

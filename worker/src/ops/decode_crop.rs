@@ -121,6 +121,18 @@ pub(crate) mod tests {
     /// A smooth picture with grain, so every block has detail, as `color` (3 or 4 channels of
     /// RGB or CMYK, or 1 of grey).
     pub(crate) fn jpeg(w: usize, h: usize, color: ColorType, sampling: SamplingFactor, progressive: bool) -> Vec<u8> {
+        jpeg_restarting(w, h, color, sampling, progressive, 0)
+    }
+
+    /// [`jpeg`] with a restart marker every `interval` MCUs (0: none).
+    pub(crate) fn jpeg_restarting(
+        w: usize,
+        h: usize,
+        color: ColorType,
+        sampling: SamplingFactor,
+        progressive: bool,
+        interval: u16,
+    ) -> Vec<u8> {
         let channels = match color {
             ColorType::Luma => 1,
             ColorType::Rgb => 3,
@@ -137,6 +149,7 @@ pub(crate) mod tests {
         let mut encoder = Encoder::new(&mut out, 90);
         encoder.set_sampling_factor(sampling);
         encoder.set_progressive(progressive);
+        encoder.set_restart_interval(interval);
         encoder.encode(&pixels, w as u16, h as u16, color).unwrap();
         out
     }
@@ -153,6 +166,8 @@ pub(crate) mod tests {
             ("4:2:0", jpeg(w, h, ColorType::Rgb, SamplingFactor::F_2_2, false)),
             ("4:2:0 progressive", jpeg(w, h, ColorType::Rgb, SamplingFactor::F_2_2, true)),
             ("grey", jpeg(w, h, ColorType::Luma, SamplingFactor::F_1_1, false)),
+            // Windows cut from the segments around them (jpeg/segments.rs).
+            ("4:2:0 restart markers", jpeg_restarting(w, h, ColorType::Rgb, SamplingFactor::F_2_2, false, 2)),
         ]
     }
 
@@ -165,14 +180,17 @@ pub(crate) mod tests {
             for channels in [1, 3, 4] {
                 let whole = decode_image(&bytes, channels as u8).unwrap();
                 for n in 0..60 {
-                    // Edges and corners first, then anywhere.
+                    // Edges and corners first, then one pixel wide (libjpeg upsamples a decode
+                    // of at most 4 px differently) at both edges and inside, then anywhere.
                     let (top, left) = match n {
-                        0 => (0, 0),
+                        0 | 2 => (0, 0),
                         1 => (jpeg.height - 1, jpeg.width - 1),
+                        3 => (0, jpeg.width - 1),
+                        4 => (rng.below(jpeg.height), 1 + rng.below(jpeg.width - 2)),
                         _ => (rng.below(jpeg.height), rng.below(jpeg.width)),
                     };
                     let height = 1 + rng.below(jpeg.height - top);
-                    let width = 1 + rng.below(jpeg.width - left);
+                    let width = if (2..5).contains(&n) { 1 } else { 1 + rng.below(jpeg.width - left) };
                     let window = Window { top, left, height, width };
                     let rows = Jpeg::open(&bytes).unwrap().window(channels, 1, window).unwrap();
                     let decoded = image_tensor(height, rows.row_width, channels, rows.pixels);

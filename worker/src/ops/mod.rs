@@ -21,13 +21,14 @@ pub use crop::{CropBox, center_crop, crop, random_resized_crop, random_resized_c
 pub use decode::decode_image;
 pub use decode_crop::{Finish, ForCrop, decode_for_crop, resize_crop};
 pub use flip::{Flips, flip_horizontal, flip_vertical, flips, random_flip};
+pub use jpeg::add_restart_markers;
 pub use normalize::{Tables, normalize};
 pub use resize::{resize, resize_exact, resize_shorter_side, shorter_side_size};
 pub use rng::{ElementRng, element_rng};
 pub use tokenize::tokenize;
 
 #[cfg(test)]
-pub(crate) use decode_crop::tests::jpeg;
+pub(crate) use decode_crop::tests::{jpeg, jpeg_restarting};
 
 use stoker_api::DType;
 

@@ -1,8 +1,11 @@
 //! JPEG decoding. libjpeg-turbo (through the shim in turbo.c) decodes every JPEG it can give
 //! as RGB or grey, which is nearly all of them, either whole or only a window of it at a
-//! reduced scale (what tf.data's `decode_and_crop_jpeg` does); zune-jpeg decodes the rest
-//! (CMYK, YCCK). Both treat damage as an error, never as grey-filled pixels.
+//! reduced scale (what tf.data's `decode_and_crop_jpeg` does), from only the segments around
+//! the window when the JPEG has restart markers (segments.rs); zune-jpeg decodes the rest
+//! (CMYK, YCCK). Both treat damage as an error, never as grey-filled pixels. The shim also
+//! adds restart markers to a JPEG without loss ([`add_restart_markers`]).
 
+mod segments;
 mod turbo;
 mod zune;
 
@@ -74,12 +77,34 @@ impl<'a> Jpeg<'a> {
     /// `window` (in pixels of the image scaled by 1/`denom`: 1, 2, 4 or 8) as `channels`:
     /// rows a little wider than the window (whole iMCU columns), the window's columns from
     /// [`Rows::left`]. Only the rows and columns it covers are transformed, and nothing below
-    /// it is read. Only where [`Jpeg::windows`].
+    /// it is read; with restart markers, only the segments around it ([`segments`]). Only
+    /// where [`Jpeg::windows`].
     pub fn window(self, channels: usize, denom: usize, window: Window) -> Result<Rows, OpError> {
         let opened = self.turbo.expect("only libjpeg decodes windows");
         check_decoded_size(window.height, window.width, channels)?;
-        opened.decode(channels, denom, window).map_err(libjpeg_error)
+        let whole = Window {
+            top: window.top * denom,
+            left: window.left * denom,
+            height: (window.height * denom).min(self.height.saturating_sub(window.top * denom)),
+            width: (window.width * denom).min(self.width.saturating_sub(window.left * denom)),
+        };
+        let Some(cut) = segments::Segments::find(self.bytes).and_then(|s| s.cut(whole)) else {
+            return opened.decode(channels, denom, window).map_err(libjpeg_error);
+        };
+        drop(opened);
+        // The cut starts on an MCU, so on a whole scaled pixel.
+        let within = Window { top: window.top - cut.top / denom, left: window.left - cut.left / denom, ..window };
+        turbo::Opened::open(&cut.jpeg).and_then(|o| o.decode(channels, denom, within)).map_err(libjpeg_error)
     }
+}
+
+/// `bytes` rewritten without loss (the same DCT coefficients, so the same pixels) with a
+/// restart marker every few MCUs, at most `segment_px` pixels apart along a row, so that a
+/// window is decoded from the segments around it alone ([`segments`]): (the JPEG, MCUs
+/// between markers).
+pub fn add_restart_markers(bytes: &[u8], segment_px: usize) -> Result<(Vec<u8>, usize), OpError> {
+    Jpeg::open(bytes)?;
+    turbo::with_restarts(bytes, segment_px).map_err(libjpeg_error)
 }
 
 /// libjpeg's message as an error: unsupported codings apart from damage.

@@ -12,6 +12,9 @@
  * columns outside it, jpeg_skip_scanlines the rows above it, and decoding stops after its
  * last row (the entropy-coded data below is never read). A scale of 1/2, 1/4 or 1/8 decodes
  * with a reduced IDCT. Rows are decoded straight into the caller's buffer.
+ *
+ * stoker_jpeg_restart rewrites a JPEG without loss with restart markers, so that later a
+ * window can be decoded from the segments around it alone (segments.rs).
  */
 #include <setjmp.h>
 #include <stdio.h>
@@ -107,6 +110,12 @@ int stoker_jpeg_start(struct stoker_jpeg *j, int channels, int denom, unsigned l
    * for one more column on each side keeps those edge columns out of the window. */
   JDIMENSION x = left > 0 ? (JDIMENSION)left - 1 : 0;
   JDIMENSION end = left + width < c->output_width ? (JDIMENSION)(left + width + 1) : c->output_width;
+  /* libjpeg upsamples chroma by repeating it, not by its smooth filter, in a decode at most
+   * two chroma samples wide (4 px): a narrow window is decoded at least 16 px wide. */
+  if (end - x < 16) {
+    end = x + 16 < c->output_width ? x + 16 : c->output_width;
+    x = end > 16 ? end - 16 : 0;
+  }
   JDIMENSION w = end - x;
   if (w < c->output_width) jpeg_crop_scanline(c, &x, &w);
   *row_width = c->output_width;
@@ -140,6 +149,88 @@ int stoker_jpeg_read(struct stoker_jpeg *j, unsigned char *out, unsigned long ro
   }
   return 0;
 }
+
+/* One JPEG being rewritten with restart markers: the decompressor it is read with, the
+ * compressor it is written with, and their shared error handler. */
+struct restarting {
+  struct jpeg_decompress_struct in;
+  struct jpeg_compress_struct out;
+  struct failure f;
+  int in_alive, out_alive;
+};
+
+/* Rewrites the JPEG in `data` without loss (its DCT coefficients are copied, as jpegtran
+ * does) as one sequential scan with optimised Huffman tables and a restart marker every
+ * `*interval` MCUs: the largest divisor of the MCUs in a row whose segments are at most
+ * `segment_px` pixels wide, so every row of MCUs is whole segments. Its markers (APPn, COM)
+ * are kept. On success 0, `*out` (malloc'd: free it with stoker_jpeg_free_bytes) and
+ * `*out_size`; else 1 with `message` (MESSAGE_BYTES) set. */
+int stoker_jpeg_restart(const unsigned char *data, unsigned long size, unsigned long max_memory,
+                        unsigned long segment_px, unsigned char **out, unsigned long *out_size,
+                        unsigned long *interval, char *message) {
+  struct restarting *r = calloc(1, sizeof *r);
+  /* volatile: read again after a longjmp. */
+  volatile int failed = 1;
+  *out = NULL;
+  *out_size = 0;
+  if (r == NULL) {
+    snprintf(message, MESSAGE_BYTES, "out of memory");
+    return 1;
+  }
+  r->in.err = jpeg_std_error(&r->f.mgr);
+  r->out.err = &r->f.mgr;
+  r->f.mgr.error_exit = on_error;
+  r->f.mgr.emit_message = on_message;
+  r->f.message = message;
+  if (setjmp(r->f.jump)) goto done;
+  jpeg_create_decompress(&r->in);
+  r->in_alive = 1;
+  r->in.mem->max_memory_to_use = (long)max_memory;
+  jpeg_mem_src(&r->in, data, size);
+  jpeg_save_markers(&r->in, JPEG_COM, 0xFFFF);
+  for (int m = 0; m < 16; m++) jpeg_save_markers(&r->in, JPEG_APP0 + m, 0xFFFF);
+  jpeg_read_header(&r->in, TRUE);
+  jvirt_barray_ptr *coefficients = jpeg_read_coefficients(&r->in);
+  jpeg_create_compress(&r->out);
+  r->out_alive = 1;
+  jpeg_mem_dest(&r->out, out, out_size);
+  jpeg_copy_critical_parameters(&r->in, &r->out);
+  r->out.optimize_coding = TRUE;
+  /* The MCU's width: one block of the only component, else every component's blocks. */
+  jpeg_component_info *first = &r->in.comp_info[0];
+  unsigned long h_max = (unsigned long)r->in.max_h_samp_factor;
+  unsigned long mcu_px = r->in.num_components == 1 ? DCTSIZE * h_max / (unsigned long)first->h_samp_factor
+                                                   : DCTSIZE * h_max;
+  unsigned long per_row = (r->in.image_width + mcu_px - 1) / mcu_px;
+  unsigned long every = 1;
+  for (unsigned long d = 1; d <= per_row && d * mcu_px <= segment_px; d++)
+    if (per_row % d == 0) every = d;
+  r->out.restart_interval = (unsigned int)every;
+  *interval = every;
+  jpeg_write_coefficients(&r->out, coefficients);
+  for (jpeg_saved_marker_ptr m = r->in.marker_list; m != NULL; m = m->next) {
+    /* libjpeg writes its own JFIF and Adobe markers. */
+    int jfif = m->marker == JPEG_APP0 && m->data_length >= 4 && memcmp(m->data, "JFIF", 4) == 0;
+    int adobe = m->marker == JPEG_APP0 + 14 && m->data_length >= 5 && memcmp(m->data, "Adobe", 5) == 0;
+    if ((jfif && r->out.write_JFIF_header) || (adobe && r->out.write_Adobe_marker)) continue;
+    jpeg_write_marker(&r->out, m->marker, m->data, m->data_length);
+  }
+  jpeg_finish_compress(&r->out);
+  jpeg_finish_decompress(&r->in);
+  failed = 0;
+done:
+  if (r->out_alive) jpeg_destroy_compress(&r->out);
+  if (r->in_alive) jpeg_destroy_decompress(&r->in);
+  free(r);
+  if (failed) {
+    free(*out);
+    *out = NULL;
+    *out_size = 0;
+  }
+  return failed;
+}
+
+void stoker_jpeg_free_bytes(unsigned char *bytes) { free(bytes); }
 
 void stoker_jpeg_free(struct stoker_jpeg *j) {
   if (j == NULL) return;

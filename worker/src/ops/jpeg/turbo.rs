@@ -1,5 +1,5 @@
 //! The libjpeg-turbo shim (turbo.c): a JPEG opened once for its header, then a window of it
-//! decoded at a scale, straight into the output.
+//! decoded at a scale, straight into the output; and a JPEG rewritten with restart markers.
 
 use std::ffi::{CStr, c_char, c_int, c_uchar, c_ulong};
 use std::ptr::NonNull;
@@ -41,6 +41,52 @@ unsafe extern "C" {
     ) -> c_int;
     fn stoker_jpeg_read(j: *mut Handle, out: *mut c_uchar, rows: c_ulong, stride: c_ulong) -> c_int;
     fn stoker_jpeg_free(j: *mut Handle);
+    #[allow(clippy::too_many_arguments)]
+    fn stoker_jpeg_restart(
+        data: *const c_uchar,
+        size: c_ulong,
+        max_memory: c_ulong,
+        segment_px: c_ulong,
+        out: *mut *mut c_uchar,
+        out_size: *mut c_ulong,
+        interval: *mut c_ulong,
+        message: *mut c_char,
+    ) -> c_int;
+    fn stoker_jpeg_free_bytes(bytes: *mut c_uchar);
+}
+
+/// turbo.c's MESSAGE_BYTES.
+const MESSAGE_BYTES: usize = 200;
+
+/// `bytes` rewritten without loss as one sequential scan with a restart marker every
+/// `interval` MCUs, each segment at most `segment_px` pixels wide and every row of MCUs whole
+/// segments (turbo.c's `stoker_jpeg_restart`): (the JPEG, interval).
+pub fn with_restarts(bytes: &[u8], segment_px: usize) -> Result<(Vec<u8>, usize), String> {
+    let (mut out, mut out_size, mut interval) = (std::ptr::null_mut(), 0, 0);
+    let mut message = [0 as c_char; MESSAGE_BYTES];
+    // SAFETY: the shim reads `bytes` within its length, writes at most MESSAGE_BYTES of
+    // message, and on success hands over a malloc'd buffer of `out_size` bytes, freed below.
+    let failed = unsafe {
+        stoker_jpeg_restart(
+            bytes.as_ptr(),
+            bytes.len() as c_ulong,
+            MAX_MEMORY,
+            segment_px as c_ulong,
+            &mut out,
+            &mut out_size,
+            &mut interval,
+            message.as_mut_ptr(),
+        )
+    };
+    if failed != 0 {
+        // SAFETY: the shim wrote a NUL-terminated message.
+        return Err(unsafe { CStr::from_ptr(message.as_ptr()) }.to_string_lossy().into_owned());
+    }
+    // SAFETY: on success `out` holds `out_size` bytes, copied out before it is freed.
+    let jpeg = unsafe { std::slice::from_raw_parts(out, out_size as usize) }.to_vec();
+    // SAFETY: `out` came from the shim's malloc and is freed once.
+    unsafe { stoker_jpeg_free_bytes(out) };
+    Ok((jpeg, interval as usize))
 }
 
 /// A JPEG whose header libjpeg has read; it borrows the bytes libjpeg reads from.
