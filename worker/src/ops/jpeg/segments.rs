@@ -160,6 +160,11 @@ fn span(start: usize, len: usize, mcu: usize, segment: usize, total: usize) -> (
 /// marker numbered in turn, the last at the end-of-image marker. Any other marker, or another
 /// count, and the JPEG is not cut.
 fn spans(bytes: &[u8], from: usize, expected: usize) -> Option<Vec<(usize, usize)>> {
+    // Each segment but the last ends with a 2-byte marker: a header claiming more segments
+    // than that is refused before anything is allocated for them.
+    if expected > bytes.len() / 2 {
+        return None;
+    }
     let mut spans = Vec::with_capacity(expected);
     let (mut start, mut at) = (from, from);
     loop {
@@ -297,6 +302,12 @@ mod tests {
         let mut swapped = bytes.clone();
         swapped[rst + 1] = RST0 + 1;
         assert!(Segments::find(&swapped).is_none());
+        // A frame claiming 65535x65535 px (4096x4096 MCUs, a marker after each) in a few KB:
+        // refused before its 16.7 million segments are looked for.
+        let mut huge = bytes.clone();
+        let frame = huge.windows(2).position(|w| w == [0xFF, 0xC0]).unwrap();
+        huge[frame + 5..frame + 9].copy_from_slice(&[0xFF, 0xFF, 0xFF, 0xFF]);
+        assert!(Segments::find(&huge).is_none());
         // Cut anywhere: no end-of-image marker.
         for len in (0..bytes.len()).step_by(7) {
             assert!(Segments::find(&bytes[..len]).is_none(), "cut at {len}");
