@@ -366,3 +366,20 @@ async fn a_split_produced_again_leaves_out_the_positions_delivered_before() {
     assert_eq!(produced, [0, 2, 3, 5, 6, 7, 8]);
     assert_eq!(engine.stats.redelivery_skipped.load(std::sync::atomic::Ordering::Relaxed), 3);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restart_markers_change_no_batch() {
+    // Sides up to 1000 px: some crops are decoded at a reduced scale, most from a cut.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = CorpusSpec { images: 12, classes: 2, min_side: 400, max_side: 1000, ..Default::default() };
+    generate(dir.path(), &spec).unwrap();
+    let marked = tempfile::tempdir().unwrap();
+    let report = stoker_worker::restart_markers::rewrite_tree(dir.path(), marked.path(), 32).unwrap();
+    assert_eq!((report.rewritten, report.copied), (12, 0));
+    let (plain, _) = epoch(resnet50_train(&uri(dir.path()), 4), config(2)).await.unwrap();
+    let (cut, _) = epoch(resnet50_train(&uri(marked.path()), 4), config(2)).await.unwrap();
+    assert_eq!(plain.len(), cut.len());
+    for (a, b) in plain.iter().zip(&cut) {
+        assert!(a.tensors["image"] == b.tensors["image"] && a.tensors["label"] == b.tensors["label"]);
+    }
+}
