@@ -113,8 +113,9 @@ enum Command {
         #[arg(long, default_value_t = 500)]
         max_side: u32,
     },
-    /// Rewrite every JPEG under --input, without loss, with restart markers, so that a
-    /// randomResizedCrop decodes only the segments around its window (docs/transforms.md).
+    /// Rewrite every JPEG under --input (files, and inside tar and TFRecord shards), without
+    /// loss, with restart markers, so that a randomResizedCrop decodes only the segments around
+    /// its window (docs/transforms.md).
     AddRestartMarkers {
         #[arg(long)]
         input: PathBuf,
@@ -167,7 +168,7 @@ async fn main() -> anyhow::Result<()> {
             anyhow::ensure!(segment_px >= 8, "--segment-px must be at least 8 (one block)");
             let r = stoker_worker::restart_markers::rewrite_tree(&input, &output, segment_px)?;
             println!(
-                "rewrote {} JPEGs ({:.1} MB to {:.1} MB), left {} other files and tar members as they were, under {}",
+                "rewrote {} JPEGs ({:.1} MB to {:.1} MB), left {} other files, members and values as they were, under {}",
                 r.rewritten,
                 r.bytes_in as f64 / 1e6,
                 r.bytes_out as f64 / 1e6,
@@ -175,7 +176,7 @@ async fn main() -> anyhow::Result<()> {
                 output.display()
             );
             if let Some(refusal) = r.first_refusal {
-                println!("left as they were: JPEGs libjpeg could not read, the first {refusal}");
+                println!("left as they were: JPEGs libjpeg could not read or damaged shards, the first {refusal}");
             }
             Ok(())
         }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
-use super::protowire::{Reader, Value, put_len, put_varint};
+use super::protowire::{Reader, Value, put_len, put_tag, put_varint};
 use crate::element::{Element, Field};
 
 enum Kind {
@@ -217,6 +217,51 @@ pub fn encode(element: &Element) -> Vec<u8> {
     let mut example = Vec::new();
     put_len(&mut example, 1, &features);
     example
+}
+
+/// The serialized Example with each value of its bytes_lists replaced where `replace` gives
+/// one (a JPEG rewritten, say); every other field is kept as it was decoded.
+pub fn rewrite_bytes(record: Bytes, replace: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>) -> Result<Vec<u8>, String> {
+    // Example.features, Features.feature (a map entry), the entry's value, Feature.bytes_list,
+    // BytesList.value.
+    rewrite_at(record, &[1, 1, 2, 1, 1], replace)
+}
+
+/// `message` with the length-delimited values at `path` (field numbers, outermost first)
+/// replaced where `replace` gives one.
+fn rewrite_at(
+    message: Bytes,
+    path: &[u32],
+    replace: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>,
+) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(message.len());
+    let mut r = Reader::new(message);
+    while let Some((number, value)) = r.field()? {
+        match value {
+            Value::Len(inner) if number == path[0] => {
+                let inner = match path {
+                    [_] => replace(&inner).unwrap_or_else(|| inner.to_vec()),
+                    [_, rest @ ..] => rewrite_at(inner, rest, replace)?,
+                    [] => unreachable!("the path is never empty"),
+                };
+                put_len(&mut out, number, &inner);
+            }
+            Value::Len(inner) => put_len(&mut out, number, &inner),
+            Value::Varint(v) => {
+                put_tag(&mut out, number, 0);
+                put_varint(&mut out, v);
+            }
+            Value::Fixed64(v) => {
+                put_tag(&mut out, number, 1);
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            Value::Fixed32(v) => {
+                put_tag(&mut out, number, 5);
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    Ok(out)
 }
 
 // Protobuf writers leave out an empty packed field; an empty list is then just `{}`.

@@ -97,3 +97,26 @@ fn encode_then_decode_gives_the_element_back() {
     ]);
     assert_eq!(example::decode(Bytes::from(example::encode(&element))), Ok(element));
 }
+
+#[test]
+fn rewriting_bytes_values_keeps_every_other_field() {
+    // Bytes values starting with "jpeg" get `prefix`; "text" never does.
+    let element = |prefix: &str| {
+        let value = |v: &str| Bytes::from(format!("{prefix}{v}"));
+        el(&[
+            ("image", Field::Bytes(value("jpeg one"))),
+            ("views", Field::BytesList(vec![value("jpeg two"), Bytes::from_static(b"text"), value("jpeg three")])),
+            ("label", Field::Int64(vec![3, -1])),
+            ("box", Field::Float32(vec![0.25, 0.5])),
+        ])
+    };
+    let mut seen = Vec::new();
+    let rewritten = example::rewrite_bytes(Bytes::from(example::encode(&element(""))), &mut |value| {
+        seen.push(value.to_vec());
+        value.starts_with(b"jpeg").then(|| [b"new ", value].concat())
+    })
+    .unwrap();
+    assert_eq!(seen.len(), 4, "every bytes value, and only those");
+    assert_eq!(example::decode(Bytes::from(rewritten)).unwrap(), element("new "));
+    assert!(example::rewrite_bytes(Bytes::from_static(b"\x0a\x05ab"), &mut |_| None).is_err(), "a length past the end");
+}
