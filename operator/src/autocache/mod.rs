@@ -59,7 +59,8 @@ pub struct Decision {
 
 impl Profile {
     fn parallel(&self) -> f64 {
-        f64::from(self.workers.max(1) * self.threads.max(1))
+        // In f64: a worker may register any thread count, and the product must not overflow.
+        f64::from(self.workers.max(1)) * f64::from(self.threads.max(1))
     }
 
     pub fn compute_epoch(&self) -> f64 {
@@ -139,6 +140,16 @@ mod tests {
             write_bytes_per_second: write,
             read_bytes_per_second: read,
         }
+    }
+
+    #[test]
+    fn any_worker_and_thread_counts_give_a_decision() {
+        // The dispatcher's fuzz test found workers * threads overflowing u32 (a worker
+        // registered with 2^32 - 1 threads): a panic in the heartbeat's handler.
+        let mut p = profile(vec![HintProfile { at: 2, prefix_seconds: 0.0035, bytes: 150e3 }], 2e9, 1e9);
+        (p.workers, p.threads) = (u32::MAX, u32::MAX);
+        let d = decide(CacheMode::Auto, &p);
+        assert!(d.compute_epoch_seconds > 0.0 && d.compute_epoch_seconds.is_finite(), "{d:?}");
     }
 
     #[test]
