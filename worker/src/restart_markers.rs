@@ -14,7 +14,7 @@ use bytes::Bytes;
 use rayon::prelude::*;
 
 use crate::formats::{example, tfrecord};
-use crate::ops::add_restart_markers;
+use crate::ops::{add_restart_markers, is_jpeg};
 
 /// What a rewrite did.
 #[derive(Debug, Default)]
@@ -40,11 +40,10 @@ struct Totals {
 impl Totals {
     /// `bytes` with restart markers if they are a JPEG libjpeg reads, else `None`.
     fn rewrite(&self, bytes: &[u8], segment_px: usize, name: impl FnOnce() -> String) -> Option<Vec<u8>> {
-        let rewritten = match bytes {
-            [0xFF, 0xD8, 0xFF, ..] => {
-                add_restart_markers(bytes, segment_px).map_err(|e| self.refuse(format!("{}: {e}", name())))
-            }
-            _ => Err(()),
+        let rewritten = if is_jpeg(bytes) {
+            add_restart_markers(bytes, segment_px).map_err(|e| self.refuse(format!("{}: {e}", name())))
+        } else {
+            Err(())
         };
         let counter = if rewritten.is_ok() { &self.rewritten } else { &self.copied };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -108,19 +107,23 @@ pub fn rewrite_tree(input: &Path, output: &Path, segment_px: usize) -> anyhow::R
             }
             None => totals.rewrite(&bytes, segment_px, || file.display().to_string()),
         };
+        let read = bytes.len() as u64;
         let out = match out {
             Some(out) => out,
             None if output == input => return Ok(()),
-            None => bytes.clone(),
+            None => bytes,
         };
-        bytes_in.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        bytes_in.fetch_add(read, Ordering::Relaxed);
         bytes_out.fetch_add(out.len() as u64, Ordering::Relaxed);
         if let Some(dir) = target.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
         // Written beside the target and renamed over it, so an interrupted rewrite in place
-        // leaves every file whole.
-        let partial = target.with_extension("stoker-partial");
+        // leaves every file whole; named after the whole file name, so that `k.jpg` and
+        // `k.cls`, rewritten at once, never share one.
+        let mut partial = target.clone().into_os_string();
+        partial.push(".stoker-partial");
+        let partial = PathBuf::from(partial);
         std::fs::write(&partial, &out).with_context(|| format!("writing {}", partial.display()))?;
         std::fs::rename(&partial, &target).with_context(|| format!("renaming onto {}", target.display()))
     })?;

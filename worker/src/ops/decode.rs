@@ -48,6 +48,11 @@ pub(super) fn sniff(bytes: &[u8]) -> Format {
     }
 }
 
+/// Whether `bytes` start as a JPEG does (what decodeImage decodes as one).
+pub fn is_jpeg(bytes: &[u8]) -> bool {
+    matches!(sniff(bytes), Format::Jpeg)
+}
+
 fn decode_jpeg(bytes: &[u8], channels: usize) -> Result<Decoded, OpError> {
     Jpeg::open(bytes)?.decode(channels)
 }

@@ -18,7 +18,7 @@ mod tokenize;
 
 pub use cast::cast;
 pub use crop::{CropBox, center_crop, crop, random_resized_crop, random_resized_crop_box};
-pub use decode::decode_image;
+pub use decode::{decode_image, is_jpeg};
 pub use decode_crop::{Finish, ForCrop, decode_for_crop, resize_crop};
 pub use flip::{Flips, flip_horizontal, flip_vertical, flips, random_flip};
 pub use jpeg::add_restart_markers;
