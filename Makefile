@@ -5,22 +5,51 @@ CACHE := $(or $(STOKER_CACHE),$(HOME)/.cache/stoker)
 VENV := $(CACHE)/venv
 export PATH := $(CACHE)/bin:$(PATH)
 
-.PHONY: demo test tools generate lint python venv deps
+.PHONY: demo test test-lint test-rust test-python test-kubelet test-kind tools generate lint python venv deps
 
-# Runs the local demo: no cluster needed. Release build: the workers really decode JPEGs.
+# Runs the local demo: no cluster needed. It builds exactly what `make test` builds first (the
+# worker's own code optimised even there, so its workers really decode and crop at the rate the
+# demo asks of them), so neither command rebuilds what the other built. Cargo prints each crate
+# as it compiles.
 demo: deps
-	$(CARGO) build --release -q -p stoker-local -p stoker-worker --bins
-	target/release/stoker demo
+	@echo "==> make demo: building Stoker (from nothing about 7 min on 2 cores, then seconds)"
+	$(CARGO) build $(WORKSPACE_BUILD)
+	@echo "==> make demo: running it"
+	target/debug/stoker demo
 
-# Every test tier that can run on this machine: formatting and lints first, then unit, chart,
-# and e2e on a real control plane; then the e2e scenarios again on real pods (a kubelet on
-# Docker, images built here), and on kind where docker and kind exist (otherwise it says why it
-# is skipped). The worker's benchmarks (its `bench` feature) are built so their tests run too.
-test: deps lint tools venv
-	$(CARGO) build --workspace --bins --features stoker-worker/bench
+# The one build of the binaries, shared by `make demo` and the Rust tier: every binary, with
+# the worker's benchmarks (its `bench` feature) so their tests run too.
+WORKSPACE_BUILD := --workspace --bins --features stoker-worker/bench
+
+# Every test tier that can run on this machine, in order, each run even when one before it
+# failed (one failure must not hide the others); exits non-zero at the end if any failed, and
+# prints each tier's time. Formatting and lints; unit, chart and e2e on a real control plane;
+# the Python client; the e2e scenarios again on real pods (a kubelet on Docker, images built
+# here), and on kind where docker and kind exist (otherwise it says why it is skipped).
+TIERS := lint rust python kubelet kind
+
+test: deps
+	@failed=; summary=; start=$$(date +%s); \
+	for tier in $(TIERS); do \
+	  echo "==> make test: tier $$tier"; t0=$$(date +%s); \
+	  if $(MAKE) --no-print-directory test-$$tier; then result=passed; else result=FAILED; failed="$$failed $$tier"; fi; \
+	  summary="$$summary  $$tier: $$result in $$(( $$(date +%s) - t0 )) s\n"; \
+	done; \
+	printf "==> make test: every tier ran in %s s\n$$summary" $$(( $$(date +%s) - start )); \
+	if [ -n "$$failed" ]; then echo "==> make test: FAILED:$$failed"; exit 1; fi
+
+test-lint: lint
+
+test-rust: deps tools venv
+	$(CARGO) build $(WORKSPACE_BUILD)
 	STOKER_PYTHON=$(VENV)/bin/python $(CARGO) test --workspace --no-fail-fast --features stoker-worker/bench
-	$(MAKE) python
+
+test-python: python
+
+test-kubelet: deps tools venv
 	STOKER_E2E_PROVIDER=kubelet $(CARGO) test -p stoker-e2e --test e2e
+
+test-kind: deps tools
 	STOKER_E2E_PROVIDER=kind $(CARGO) test -p stoker-e2e --test e2e
 
 # The Python client's tests (against the workers `cargo build` made), in a venv kept in the

@@ -83,6 +83,10 @@ pub struct AutoscalerStatus {
     /// namespace's worker cap.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub held_back_by_budget: u32,
+    /// Set while the pipeline is converged and its clients still wait for data: when growth
+    /// will be tried again, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<String>,
     /// Newest last; bounded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<ScalingStep>,

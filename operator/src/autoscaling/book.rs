@@ -27,6 +27,8 @@ pub struct ScalingRecord {
     pub wait_fraction: Option<f64>,
     /// Workers the policy wanted beyond what the cluster-wide budget granted.
     pub held_back: u32,
+    /// When and why a convergence with clients waiting will be re-tried.
+    pub retry: Option<String>,
     pub history: Vec<ScalingStep>,
 }
 

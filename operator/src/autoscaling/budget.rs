@@ -17,7 +17,7 @@
 //! pipelines' mins alone exceed the cap still gets every min, as the cluster budget does,
 //! because a spec's min is a floor the controller keeps whatever the autoscaler says.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use stoker_api::window::Window;
 
@@ -187,6 +187,16 @@ pub fn share_capped(wishes: Vec<Wish>, caps: Caps) -> BTreeMap<String, Grant> {
         .collect()
 }
 
+/// Whether a pipeline stopped serving clients since the last round (it finished, was deleted,
+/// or went idle): `before` and `after` are each round's pipelines that do. Its workers are then
+/// room, on the budget and on the nodes, that may let more workers help the others where they
+/// did not. Only a departure counts, not a smaller count: a pipeline stepping back from a
+/// re-try that did not help gives back nothing it had before, and counting it would make two
+/// pipelines re-try in turn forever.
+pub fn departed<K: Ord>(before: &BTreeSet<K>, after: &BTreeSet<K>) -> bool {
+    !before.is_subset(after)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,5 +293,14 @@ mod tests {
         assert_eq!(grants, share_capped(wishes, caps), "the same inputs give the same split");
         assert_eq!(Caps::from_flags(0, 0), Caps::default(), "0 is no cap");
         assert_eq!(Caps::from_flags(40, 8), Caps { cluster: Some(40), namespace: Some(8) });
+    }
+
+    #[test]
+    fn only_a_pipeline_that_stops_serving_clients_is_a_departure() {
+        let set = |keys: &[&str]| keys.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>();
+        assert!(departed(&set(&["a", "b"]), &set(&["a"])), "b finished or went idle");
+        assert!(!departed(&set(&["a"]), &set(&["a", "b"])), "b arrived");
+        assert!(!departed(&set(&["a", "b"]), &set(&["a", "b"])), "same pipelines, whatever their counts");
+        assert!(departed(&set(&["a", "b"]), &set(&["a", "c"])), "b left as c came");
     }
 }

@@ -6,7 +6,9 @@
 //! 4. `wishes`: a pipeline wishes for the most any of its jobs wants, or min once no client has
 //!    been attached for a while;
 //! 5. `grant`: the cluster-wide budget is shared out by marginal gain;
-//! 6. `records`: what changed becomes rescales with their reasons, and every pipeline's record.
+//! 6. `reconsider`: when a pipeline stops serving clients (finished, deleted, idle), the
+//!    others' policies hear of it, so that a convergence more workers did not help is re-tried;
+//! 7. `records`: what changed becomes rescales with their reasons, and every pipeline's record.
 //!
 //! The async loop around it (`run`) only moves data in and out.
 
@@ -63,6 +65,10 @@ pub struct Driver {
     pending: BTreeMap<JobKey, Vec<Window>>,
     /// Time since each pipeline was last judged.
     since: BTreeMap<PipelineKey, Duration>,
+    /// The pipelines serving clients (in scope and not idle) after the last round.
+    serving: BTreeSet<PipelineKey>,
+    /// The pipelines idle this round (no client for `idleAfterSeconds`).
+    idle: BTreeSet<PipelineKey>,
 }
 
 /// Why each pipeline's count changes this round, for Events and status history.
@@ -87,6 +93,7 @@ impl Driver {
         let mut reasons = self.judge(&due, pipelines);
         let wishes = self.wishes(elapsed, pipelines, &attached, &mut reasons);
         let grants = self.grant(pipelines, &wishes, caps);
+        self.reconsider(pipelines);
         self.records(now, pipelines, &attached, &wishes, &grants, reasons, previous)
     }
 
@@ -97,6 +104,7 @@ impl Driver {
         self.detached.retain(|key, _| in_scope.contains(key));
         self.pending.retain(|(key, _), _| in_scope.contains(key));
         self.since.retain(|key, _| in_scope.contains(key));
+        self.idle.retain(|key| in_scope.contains(key));
     }
 
     /// Keeps the windows of pipelines in scope until they are judged; returns the pipelines
@@ -167,6 +175,11 @@ impl Driver {
             let idle_for = self.detached.entry(p.key.clone()).or_default();
             *idle_for = if is_attached { Duration::ZERO } else { *idle_for + elapsed };
             let idle = !is_attached && *idle_for >= Duration::from_secs(u64::from(p.policy.idle_after_seconds));
+            if idle {
+                self.idle.insert(p.key.clone());
+            } else {
+                self.idle.remove(&p.key);
+            }
             let wish = if idle {
                 let idle_secs = idle_for.as_secs();
                 for (_, job) in self.jobs.iter_mut().filter(|((k, _), _)| k == &p.key) {
@@ -219,6 +232,19 @@ impl Driver {
             .collect()
     }
 
+    /// When a pipeline stopped serving clients since the last round, tells every other's jobs.
+    fn reconsider(&mut self, pipelines: &[Scaled]) {
+        let serving: BTreeSet<PipelineKey> =
+            pipelines.iter().map(|p| p.key.clone()).filter(|k| !self.idle.contains(k)).collect();
+        if budget::departed(&self.serving, &serving) {
+            for ((key, job_name), job) in self.jobs.iter_mut().filter(|((k, _), _)| serving.contains(k)) {
+                tracing::debug!(pipeline = %key, job = %job_name, "another pipeline stopped: reconsidering");
+                job.policy.reconsider("another pipeline stopped and gave its workers back");
+            }
+        }
+        self.serving = serving;
+    }
+
     /// Each pipeline's record after the round, and a rescale (with a history step) for each
     /// pipeline whose granted count differs from what it runs.
     #[allow(clippy::too_many_arguments)]
@@ -247,6 +273,7 @@ impl Driver {
             let states: Vec<PolicyState> = self.jobs_of(&p.key).map(|j| j.policy.state()).collect();
             record.converged = !states.is_empty() && states.iter().all(PolicyState::converged);
             record.state = Some(PolicyState::shown(states).unwrap_or(PolicyState::Idle));
+            record.retry = self.jobs_of(&p.key).find_map(|j| j.policy.retry_plan());
             if granted != p.workers {
                 let mut reason = reasons.remove(&p.key).unwrap_or_else(|| "following the policy".into());
                 if let Some(cap) = by.filter(|_| held_back > 0) {
@@ -532,5 +559,46 @@ mod tests {
         assert!(rescales[0].to > 1, "{rescales:?}");
         assert_eq!(rounds % 2, 0, "decisions come only in due rounds");
         assert_eq!(records[&key("a")].history[0].time, format!("t{rounds}"));
+    }
+
+    /// A policy that holds and records what it is told to reconsider.
+    struct Recorder(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl Policy for Recorder {
+        fn observe(&mut self, _: &Window) -> Decision {
+            Decision::Hold
+        }
+        fn idle(&mut self) -> Decision {
+            Decision::Hold
+        }
+        fn state(&self) -> PolicyState {
+            PolicyState::Converged
+        }
+        fn reconsider(&mut self, why: &str) {
+            self.0.lock().unwrap().push(why.to_string());
+        }
+    }
+
+    #[test]
+    fn when_a_pipeline_stops_serving_the_others_jobs_reconsider() {
+        let mut d = Driver::default();
+        let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        d.jobs.insert(
+            (key("a"), "j".into()),
+            JobPolicy { policy: Box::new(Recorder(heard.clone())), wants: 1, last: None, model: Model::default() },
+        );
+        let both = [scaled("a", 1, 8, 1), scaled("b", 1, 8, 3)];
+        let caps = Caps { cluster: Some(4), namespace: None };
+        let mut round = |pipelines: &[Scaled]| {
+            d.round(SECOND, "t", vec![job_windows("a", "j", vec![])], pipelines, caps, &BTreeMap::new());
+        };
+        round(&both);
+        round(&both);
+        assert!(heard.lock().unwrap().is_empty(), "nothing given back yet");
+        // b is done: its three workers are the budget's again.
+        round(&both[..1]);
+        assert_eq!(*heard.lock().unwrap(), ["another pipeline stopped and gave its workers back"]);
+        round(&both[..1]);
+        assert_eq!(heard.lock().unwrap().len(), 1, "told once");
     }
 }

@@ -111,6 +111,7 @@ pub fn next(
                 converged: r.converged,
                 state: r.state.map(|s| s.name().to_string()),
                 held_back_by_budget: r.held_back,
+                retry: r.retry.clone(),
                 history: r.history.clone(),
             },
             // A new leader has decided nothing yet: keep what the last one recorded. The very

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use stoker_operator::autoscaling::sim::tenants::{
-    Sharing, TENANT_MINS, TenantsOutcome, tenant_limits, tenant_trainers, tenant_ways, tenants_table,
+    Sharing, TENANT_BUDGET, TENANT_MINS, TenantsOutcome, tenant_limits, tenant_trainers, tenant_ways, tenants_table,
 };
 
 use super::run::{self, Job};
@@ -27,7 +27,7 @@ pub async fn contest(options: &Options, out: &mut (dyn std::io::Write + Send)) -
         setting.cores_per_rate
     )?;
     let mut outcomes = Vec::new();
-    for (contender, sharing, name) in tenant_ways(config) {
+    for (contender, sharing, name) in tenant_ways(config, TENANT_BUDGET, &TENANT_MINS) {
         let limits = tenant_limits(&sharing, &TENANT_MINS, config);
         let jobs: Vec<Job> = trainers
             .iter()

@@ -102,6 +102,14 @@ pub trait Policy {
     /// No client is attached any more.
     fn idle(&mut self) -> Decision;
     fn state(&self) -> PolicyState;
+    /// Room appeared outside the job (another pipeline stopped, giving its workers back to
+    /// the budget and the nodes): a convergence that more workers did not help may be re-tried
+    /// at the next window in which the clients wait. `why` says what happened, for the reason.
+    fn reconsider(&mut self, _why: &str) {}
+    /// For status: when and why a convergence will be re-tried, if it will.
+    fn retry_plan(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Our policy for a job whose pipeline runs `start` workers now.

@@ -190,5 +190,7 @@ pub fn report(contests: &[Contest], config: &SimConfig, all: bool) -> String {
     out.push_str(&detail_table(contests, all));
     out.push_str("\nTenants over a budget:\n\n");
     out.push_str(&super::tenants::tenants_table(&super::tenants::tenants_contest(config)));
+    out.push_str("\nTwo jobs on one node, the second finishing first:\n\n");
+    out.push_str(&super::tenants::shared_node_table(&super::tenants::shared_node_contest(config)));
     out
 }

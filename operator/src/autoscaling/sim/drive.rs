@@ -12,6 +12,8 @@ pub trait Controller {
     /// Seconds of training between decisions.
     fn period(&self) -> f64;
     fn decide(&mut self, measured: &Measurement, world: &World) -> Decision;
+    /// Another job stopped (see [`Policy::reconsider`]); baselines take no notice.
+    fn reconsider(&mut self, _why: &str) {}
 }
 
 /// One of the product's policies (borrowed or owned), fed the windows clients report every
@@ -28,6 +30,10 @@ impl<P: DerefMut<Target: Policy>> Controller for Reported<P> {
 
     fn decide(&mut self, measured: &Measurement, _world: &World) -> Decision {
         self.policy.observe(&measured.window)
+    }
+
+    fn reconsider(&mut self, why: &str) {
+        self.policy.reconsider(why);
     }
 }
 

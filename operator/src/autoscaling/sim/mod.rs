@@ -31,7 +31,7 @@ pub mod world;
 
 pub use drive::{Run, run};
 pub use plot::convergence_svg;
-pub use scenarios::{Scenario, optimum, scenarios, throughput};
+pub use scenarios::{Scenario, contention_scenarios, optimum, scenarios, throughput};
 pub use tenants::multi_tenant;
 pub use world::{Measurement, World};
 
@@ -53,7 +53,28 @@ pub struct Trainer {
     /// From this batch on, compute is multiplied by the factor. The comparison uses this one:
     /// policies judge windows of different lengths, but every run trains the same batches.
     pub speed_change_at_batch: Option<(u64, f64)>,
+    /// A stretch of the run during which something else slows the job's workers.
+    pub contention: Option<Contention>,
     pub seed: u64,
+}
+
+/// A stretch of simulated time during which the job's workers are slowed, as a noisy
+/// neighbour, a busy node or a slow object store would: each worker makes `factor` of its
+/// rate, and all of them together at most `cores` workers' worth (a neighbour holding the
+/// node's other cores, so that adding workers does not help until it is gone).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Contention {
+    pub from_s: f64,
+    pub until_s: f64,
+    pub factor: f64,
+    pub cores: f64,
+}
+
+impl Contention {
+    /// Worker-equivalents that `n` workers make at simulated time `clock`.
+    pub fn capacity(&self, n: f64, clock: f64) -> f64 {
+        if (self.from_s..self.until_s).contains(&clock) { (n * self.factor).min(self.cores) } else { n }
+    }
 }
 
 impl Trainer {
@@ -67,6 +88,7 @@ impl Trainer {
             stall: 1.0,
             speed_change: None,
             speed_change_at_batch: None,
+            contention: None,
             seed: 1,
         }
     }
@@ -85,9 +107,9 @@ impl Trainer {
         }
     }
 
-    /// The same trainer without noise or speed changes: its steady state.
+    /// The same trainer without noise, speed changes or contention: its steady state.
     pub fn steady(&self) -> Trainer {
-        Trainer { noise: 0.0, speed_change: None, speed_change_at_batch: None, ..self.clone() }
+        Trainer { noise: 0.0, speed_change: None, speed_change_at_batch: None, contention: None, ..self.clone() }
     }
 }
 
@@ -98,10 +120,19 @@ pub struct SimConfig {
     pub prefetch: f64,
     pub windows: u32,
     pub limits: Limits,
+    /// Cores of the one node all the jobs' workers run on, in workers' worth; `None`: a core
+    /// per worker. With more workers than cores, every worker gets the same share.
+    pub node_cores: Option<f64>,
 }
 
 impl Default for SimConfig {
     fn default() -> Self {
-        SimConfig { window_seconds: 10.0, prefetch: 8.0, windows: 120, limits: Limits { min: 1, max: 64 } }
+        SimConfig {
+            window_seconds: 10.0,
+            prefetch: 8.0,
+            windows: 120,
+            limits: Limits { min: 1, max: 64 },
+            node_cores: None,
+        }
     }
 }

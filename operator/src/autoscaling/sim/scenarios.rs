@@ -1,7 +1,7 @@
 //! The trainers the policies are compared on, and the optimum worker count of each.
 
 use super::world::World;
-use super::{SimConfig, Trainer};
+use super::{Contention, SimConfig, Trainer};
 
 /// Every comparison run trains for as many steps as the trainer alone would take this long:
 /// an hour at full speed. A search costs a policy a roughly fixed time, so shorter runs make
@@ -72,9 +72,32 @@ pub fn scenarios() -> Vec<Scenario> {
     all
 }
 
-/// The standard scenarios and trainers that get 2x faster or slower a third into the run.
+/// Workers slowed for a stretch while the search runs, then freed: a neighbour holding a
+/// node's cores (adding workers does not help until it is gone), or every worker slowed (a slow
+/// object store). Whatever the search concluded during the stretch must not outlive it.
+pub fn contention_scenarios() -> Vec<Scenario> {
+    let neighbour = |from_s, until_s, cores| Contention { from_s, until_s, factor: 1.0, cores };
+    let slowed = |from_s, until_s, factor| Contention { from_s, until_s, factor, cores: f64::INFINITY };
+    [
+        (3, "a neighbour holds all but one worker's cores for the first 5 min", neighbour(0.0, 300.0, 1.0)),
+        (8, "a neighbour holds all but four workers' cores from 1 to 6 min", neighbour(60.0, 360.0, 4.0)),
+        (16, "a neighbour holds all but four workers' cores for the first 5 min", neighbour(0.0, 300.0, 4.0)),
+        (16, "workers 2x slower for the first 10 min", slowed(0.0, 600.0, 0.5)),
+        (8, "a neighbour holds all but four workers' cores all along", neighbour(0.0, f64::INFINITY, 4.0)),
+    ]
+    .into_iter()
+    .map(|(opt, what, contention)| Scenario {
+        name: format!("optimum {opt}, {what}"),
+        trainer: Trainer { contention: Some(contention), ..Trainer::with_optimum(opt, 0.030) },
+    })
+    .collect()
+}
+
+/// The standard scenarios, trainers that get 2x faster or slower a third into the run, and
+/// transient contention.
 pub fn comparison_scenarios() -> Vec<Scenario> {
     let mut all = scenarios();
+    all.extend(contention_scenarios());
     for (opt, factor) in [(8, 0.5), (8, 2.0), (16, 0.5), (16, 2.0)] {
         let trainer = Trainer::with_optimum(opt, 0.030);
         let at = steps(&trainer) / 3;

@@ -4,6 +4,7 @@
 //! the cluster per tenant that each tenant's autoscaler (HPA, KEDA, Cachew's rule) or fixed
 //! pool stays within, and that nobody else may use when the tenant does not.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use super::contenders::Contender;
@@ -39,14 +40,14 @@ pub struct Shared {
 }
 
 /// Each tenant's job under `contender` (its trainer, its min), the workers shared as `sharing`
-/// says, until `until` (steps count per tenant; a tenant that has them stops and frees its
+/// says, until each tenant's `until` (a tenant that has its steps stops and frees its
 /// workers). Every round each unfinished tenant trains one period of its controller.
 pub fn share_rounds(
     trainers: &[Trainer],
     mins: &[u32],
     contender: Contender,
     sharing: &Sharing,
-    until: Until,
+    until: &[Until],
     config: &SimConfig,
 ) -> Shared {
     let limits = tenant_limits(sharing, mins, config);
@@ -59,17 +60,21 @@ pub fn share_rounds(
     let mut wants = starts.clone();
     let mut models = vec![Model::default(); trainers.len()];
     let mut done = vec![false; trainers.len()];
-    let mut history = Vec::new();
+    let mut history: Vec<Vec<u32>> = Vec::new();
+    let mut was_serving: BTreeSet<usize> = (0..trainers.len()).collect();
     for round in 0.. {
-        if done.iter().all(|&d| d) || until.ran(round) {
+        if done.iter().all(|&d| d) || until.iter().all(|u| u.ran(round)) {
             break;
         }
+        let running: u32 = (0..worlds.len()).filter(|&i| !done[i]).map(|i| worlds[i].workers).sum();
+        let share = config.node_cores.map_or(1.0, |cores| (cores / f64::from(running.max(1))).min(1.0));
         for i in 0..worlds.len() {
+            worlds[i].share = share;
             if done[i] {
                 continue;
             }
             let period = controllers[i].period();
-            let Some(measured) = train_window(&mut worlds[i], &mut runs[i], period, config.prefetch, until) else {
+            let Some(measured) = train_window(&mut worlds[i], &mut runs[i], period, config.prefetch, until[i]) else {
                 done[i] = true;
                 continue;
             };
@@ -88,6 +93,14 @@ pub fn share_rounds(
                 runs[i].rescaled(round, worlds[i].clock, counts[i]);
             }
         }
+        // As the operator's driver does: when a tenant is done, the others hear of it.
+        let serving: BTreeSet<usize> = (0..worlds.len()).filter(|&i| !done[i]).collect();
+        if budget::departed(&was_serving, &serving) {
+            for &i in &serving {
+                controllers[i].reconsider("another job stopped and gave its workers back");
+            }
+        }
+        was_serving = serving;
         history.push(counts);
     }
     for (run, world) in runs.iter_mut().zip(&worlds) {
@@ -124,7 +137,8 @@ fn grants(
 /// Tenants over a shared budget: each has a trainer and our policy; every round each observes
 /// a window at its granted count, and the budget is shared by marginal gain.
 pub fn multi_tenant(trainers: &[Trainer], mins: &[u32], budget: u32, rounds: u32, config: &SimConfig) -> Vec<Vec<u32>> {
-    share_rounds(trainers, mins, Contender::Ours, &Sharing::Budget(budget), Until::Windows(rounds), config).history
+    let until = vec![Until::Windows(rounds); trainers.len()];
+    share_rounds(trainers, mins, Contender::Ours, &Sharing::Budget(budget), &until, config).history
 }
 
 /// The tenants of the comparison: five jobs whose optima (33 workers together) are twice the
@@ -165,11 +179,11 @@ pub fn tenant_trainers() -> Vec<Trainer> {
     TENANT_OPTIMA.iter().map(|&o| Trainer::with_optimum(o, 0.030)).collect()
 }
 
-/// The ways of sharing compared: ours over the budget, every other contender within even
-/// quotas, and fixed pools at the quotas.
-pub fn tenant_ways(config: &SimConfig) -> Vec<(Contender, Sharing, String)> {
-    let quotas = Sharing::even_quotas(TENANT_BUDGET, &TENANT_MINS);
-    let mut ways = vec![(Contender::Ours, Sharing::Budget(TENANT_BUDGET), "ours, shared budget".to_string())];
+/// The ways of sharing `budget` between tenants of `mins` compared: ours over the budget,
+/// every other contender within even quotas, and fixed pools at the quotas.
+pub fn tenant_ways(config: &SimConfig, budget: u32, mins: &[u32]) -> Vec<(Contender, Sharing, String)> {
+    let quotas = Sharing::even_quotas(budget, mins);
+    let mut ways = vec![(Contender::Ours, Sharing::Budget(budget), "ours, shared budget".to_string())];
     for c in Contender::all(config).into_iter().filter(|c| !matches!(c, Contender::Ours | Contender::Fixed { .. })) {
         ways.push((c, quotas.clone(), format!("{}, even quotas", c.name())));
     }
@@ -193,11 +207,36 @@ pub fn tenant_limits(sharing: &Sharing, mins: &[u32], config: &SimConfig) -> Vec
 /// Every way of sharing; each tenant trains the steps it would take an hour at full speed.
 pub fn tenants_contest(config: &SimConfig) -> Vec<TenantsOutcome> {
     let trainers = tenant_trainers();
-    let steps = super::scenarios::steps(&trainers[0]);
-    tenant_ways(config)
+    let until = vec![Until::Batches(super::scenarios::steps(&trainers[0])); trainers.len()];
+    tenant_ways(config, TENANT_BUDGET, &TENANT_MINS)
         .into_iter()
         .map(|(c, sharing, name)| {
-            let shared = share_rounds(&trainers, &TENANT_MINS, c, &sharing, Until::Batches(steps), config);
+            let shared = share_rounds(&trainers, &TENANT_MINS, c, &sharing, &until, config);
+            TenantsOutcome::of(name, &shared.runs)
+        })
+        .collect()
+}
+
+/// Two jobs as in the real-process test (`local/tests/local_policies.rs`): each needs
+/// [`NODE_OPTIMUM`] workers, the second is half as long, they share a budget of
+/// [`NODE_BUDGET`], and all their workers run on one node with [`NODE_CORES`] workers' worth of
+/// cores. While both run, a worker beyond the cores adds nothing, so a search then converges
+/// low with its clients waiting; once the second is done, the first must grow again.
+pub const NODE_OPTIMUM: u32 = 3;
+pub const NODE_BUDGET: u32 = 4;
+pub const NODE_CORES: f64 = 2.0;
+
+/// Every way of sharing for the two jobs on one node; the first trains an hour's steps.
+pub fn shared_node_contest(config: &SimConfig) -> Vec<TenantsOutcome> {
+    let config = SimConfig { node_cores: Some(NODE_CORES), ..*config };
+    let trainer = Trainer::with_optimum(NODE_OPTIMUM, 0.030);
+    let steps = super::scenarios::steps(&trainer);
+    let (trainers, mins) = ([trainer.clone(), trainer], [1, 1]);
+    let until = [Until::Batches(steps), Until::Batches(steps / 2)];
+    tenant_ways(&config, NODE_BUDGET, &mins)
+        .into_iter()
+        .map(|(c, sharing, name)| {
+            let shared = share_rounds(&trainers, &mins, c, &sharing, &until, &config);
             TenantsOutcome::of(name, &shared.runs)
         })
         .collect()
@@ -206,8 +245,23 @@ pub fn tenants_contest(config: &SimConfig) -> Vec<TenantsOutcome> {
 /// Markdown: the tenants' setting, then one row per way of sharing.
 pub fn tenants_table(outcomes: &[TenantsOutcome]) -> String {
     let Sharing::Quotas(quotas) = Sharing::even_quotas(TENANT_BUDGET, &TENANT_MINS) else { unreachable!() };
+    let setting =
+        format!("Optima {TENANT_OPTIMA:?}, mins {TENANT_MINS:?}, budget {TENANT_BUDGET} (even quotas {quotas:?}).");
+    outcomes_table(&setting, outcomes)
+}
+
+/// Markdown: the two jobs on one node, then one row per way of sharing.
+pub fn shared_node_table(outcomes: &[TenantsOutcome]) -> String {
+    let setting = format!(
+        "Two jobs of optimum {NODE_OPTIMUM}, the second half as long, budget {NODE_BUDGET} (even quotas 2 and 2), \
+         all workers on one node with {NODE_CORES} workers' worth of cores."
+    );
+    outcomes_table(&setting, outcomes)
+}
+
+fn outcomes_table(setting: &str, outcomes: &[TenantsOutcome]) -> String {
     let mut out = format!(
-        "Optima {TENANT_OPTIMA:?}, mins {TENANT_MINS:?}, budget {TENANT_BUDGET} (even quotas {quotas:?}).\n\n\
+        "{setting}\n\n\
          | policy | mean training time | last job done | worker-hours | waiting for data | decisions |\n\
          | --- | --- | --- | --- | --- | --- |\n"
     );

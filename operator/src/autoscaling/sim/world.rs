@@ -24,6 +24,9 @@ pub struct Measurement {
 pub struct World {
     trainer: Trainer,
     pub workers: u32,
+    /// The share of a core each worker gets on a node shared with other jobs' workers (1: a
+    /// core each).
+    pub share: f64,
     queue: f64,
     pub clock: f64,
     batch: u64,
@@ -34,7 +37,7 @@ pub struct World {
 impl World {
     pub fn new(trainer: Trainer, workers: u32) -> Self {
         let rng = trainer.seed;
-        World { trainer, workers, queue: 0.0, clock: 0.0, batch: 0, window: 0, rng }
+        World { trainer, workers, share: 1.0, queue: 0.0, clock: 0.0, batch: 0, window: 0, rng }
     }
 
     /// Batches trained so far.
@@ -73,6 +76,14 @@ impl World {
         c
     }
 
+    /// Worker-equivalents making batches now: the workers, slowed by any contention at this
+    /// time and by their share of a shared node.
+    fn capacity(&self) -> f64 {
+        let n = f64::from(self.workers.max(1));
+        let n = self.trainer.contention.map_or(n, |c| c.capacity(n, self.clock));
+        n * self.share
+    }
+
     /// One window of `seconds` of training (at least one batch) at the current worker count.
     pub fn window(&mut self, seconds: f64, prefetch: f64) -> Window {
         self.measure(seconds, prefetch, u64::MAX).window
@@ -81,7 +92,7 @@ impl World {
     /// One window of `seconds` of training, or fewer if `most` batches come first (at least
     /// one), at the current worker count.
     pub fn measure(&mut self, seconds: f64, prefetch: f64, most: u64) -> Measurement {
-        let produce = self.trainer.rate * f64::from(self.workers.max(1));
+        let produce = self.trainer.rate * self.capacity();
         let start_queue = self.queue;
         let mut times = Vec::new();
         let (mut total, mut waited, mut ready_area) = (0.0, 0.0, 0.0);
