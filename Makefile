@@ -12,7 +12,7 @@ export PATH := $(CACHE)/bin:$(PATH)
 # demo asks of them), so neither command rebuilds what the other built. Cargo prints each crate
 # as it compiles.
 demo: deps
-	@echo "==> make demo: building Stoker (from nothing about 7 min on 2 cores, then seconds)"
+	@echo "==> make demo: building Stoker (from nothing about 6.5 min on 2 cores, then seconds)"
 	$(CARGO) build $(WORKSPACE_BUILD)
 	@echo "==> make demo: running it"
 	target/debug/stoker demo
