@@ -46,11 +46,13 @@ test-rust: deps tools venv
 
 test-python: python
 
+# The real-pod tiers' images carry the binaries the rust tier built and tested (see
+# e2e/cluster/images.sh), not a second, release build of everything.
 test-kubelet: deps tools venv
-	STOKER_E2E_PROVIDER=kubelet $(CARGO) test -p stoker-e2e --test e2e
+	STOKER_IMAGE_PROFILE=dev STOKER_E2E_PROVIDER=kubelet $(CARGO) test -p stoker-e2e --test e2e
 
 test-kind: deps tools
-	STOKER_E2E_PROVIDER=kind $(CARGO) test -p stoker-e2e --test e2e
+	STOKER_IMAGE_PROFILE=dev STOKER_E2E_PROVIDER=kind $(CARGO) test -p stoker-e2e --test e2e
 
 # The Python client's tests (against the workers `cargo build` made), in a venv kept in the
 # cache; the package is reinstalled each run so edits are picked up. PyTorch (with its CUDA

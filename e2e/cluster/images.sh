@@ -2,8 +2,13 @@
 # Builds Stoker's images on a machine that reaches no image registry, for the e2e tiers that
 # run real pods: a runtime base made from this machine's own Debian files (what the upstream
 # base, distroless cc-debian12, holds: glibc, libgcc, CA certificates, a nonroot user 65532),
-# the operator and worker images from the repository's Dockerfile on that base with release
-# binaries built here, and the pod sandbox image from the `pause` install-tools.sh built.
+# the operator and worker images from the repository's Dockerfile on that base with binaries
+# built here, and the pod sandbox image from the `pause` install-tools.sh built.
+#
+# The binaries are release builds, unless STOKER_IMAGE_PROFILE=dev: then they are the debug
+# build `make test`'s rust tier built and tested (`cargo build --workspace --bins --features
+# stoker-worker/bench`, the worker's own crate optimised), which the real-pod tier uses so as
+# not to compile everything a second time (13 min on 2 cores) on every run.
 #
 # A second base adds Python for `python` transforms: the interpreter the tests' venv runs on
 # (with its standard library, at their own paths) and numpy from that venv, what the
@@ -25,13 +30,21 @@ VENV="${STOKER_CACHE:-$HOME/.cache/stoker}/venv"
 PAUSE=stoker.local/pause:3.4
 log() { echo "images: $*" >&2; }
 
+case "${STOKER_IMAGE_PROFILE:-release}" in
+  release) PROFILE_DIR=release; BUILD=(--release -p stoker-operator -p stoker-worker) ;;
+  dev) PROFILE_DIR=debug; BUILD=(--workspace --bins --features stoker-worker/bench) ;;
+  *) echo "images: STOKER_IMAGE_PROFILE is release or dev, not ${STOKER_IMAGE_PROFILE}" >&2; exit 2 ;;
+esac
+OUT="$ROOT/target/$PROFILE_DIR"
+build_binaries() { (cd "$ROOT" && cargo build --locked -q "${BUILD[@]}"); }
+
 # A root filesystem tar of the files a dynamically linked Rust binary needs at run time.
 base_rootfs() {
   local root=$1
   mkdir -p "$root"/{etc/ssl/certs,tmp,home/nonroot,lib64,usr/local/bin}
   chmod 1777 "$root/tmp"
   # The loader and the libraries the binaries link, symlinks resolved.
-  copy_libraries "$root" "$ROOT/target/release/stoker-operator" "$ROOT/target/release/stoker-worker"
+  copy_libraries "$root" "$OUT/stoker-operator" "$OUT/stoker-worker"
   cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"
   printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$root/etc/passwd"
   printf 'root:x:0:\nnonroot:x:65532:\n' >"$root/etc/group"
@@ -77,7 +90,7 @@ if ! "$DOCKER" image inspect "$BASE" >/dev/null 2>&1; then
   log "making $BASE from this machine's files"
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  (cd "$ROOT" && cargo build --release --locked -q -p stoker-operator -p stoker-worker)
+  build_binaries
   base_rootfs "$tmp/root"
   tar -C "$tmp/root" -c . | "$DOCKER" import -c 'USER 65532:65532' -c 'WORKDIR /home/nonroot' - "$BASE" >/dev/null
 fi
@@ -90,7 +103,7 @@ if ! "$DOCKER" image inspect "$PYTHON_BASE" >/dev/null 2>&1; then
   fi
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  (cd "$ROOT" && cargo build --release --locked -q -p stoker-operator -p stoker-worker)
+  build_binaries
   python_rootfs "$tmp/root"
   tar -C "$tmp/root" -c . | "$DOCKER" import -c 'USER 65532:65532' -c 'WORKDIR /home/nonroot' \
     -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin' - "$PYTHON_BASE" >/dev/null
@@ -104,11 +117,18 @@ if ! "$DOCKER" image inspect "$PAUSE" >/dev/null 2>&1; then
   tar -C "$tmp" -c pause | "$DOCKER" import -c 'ENTRYPOINT ["/pause"]' - "$PAUSE" >/dev/null
 fi
 
-log "building the release binaries"
-(cd "$ROOT" && cargo build --release --locked -q -p stoker-operator -p stoker-worker)
+log "building the binaries (${STOKER_IMAGE_PROFILE:-release})"
+build_binaries
+# The Dockerfile's prebuilt stage copies target/release/stoker-{operator,worker}: a context of
+# the Dockerfile and the two binaries at that path, whichever build they come from.
+context=$(mktemp -d)
+trap 'rm -rf "${tmp:-}" "$context"' EXIT
+mkdir -p "$context/target/release"
+cp "$ROOT/Dockerfile" "$context/"
+cp "$OUT/stoker-operator" "$OUT/stoker-worker" "$context/target/release/"
 for target in operator worker worker-python; do
   log "building stoker.local/stoker-$target:$TAG"
   DOCKER_BUILDKIT=1 "$DOCKER" build -q --target "$target" --build-arg BINARIES=prebuilt \
     --build-arg BASE="$BASE" --build-arg PYTHON_BASE="$PYTHON_BASE" -t "stoker.local/stoker-$target:$TAG" \
-    "$ROOT" >/dev/null
+    "$context" >/dev/null
 done

@@ -243,7 +243,17 @@ async fn a_dispatcher_handed_over_then_gone_for_seconds_then_a_worker_killed_los
         assert!(workers.kill_one(&key).is_some(), "no worker to kill");
         workers.scale(&key, 5).await.unwrap();
     }
-    more_steps(700).await;
+    // Read on until the epoch of the last fault and at least six in all are over (an epoch
+    // two behind the newest the trainer read from is), however fast the trainer went meanwhile:
+    // a count of steps here left five epochs over when the machine was slow.
+    let newest = || seen.lock().unwrap().keys().max().copied().unwrap_or(0);
+    let enough = (newest() + 2).max(7);
+    let reading = async {
+        while newest() < enough {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(300), reading).await.expect("the trainer stopped");
     trainer.abort();
 
     let seen = seen.lock().unwrap();

@@ -197,10 +197,11 @@ impl Ours {
                 let proportional = f64::from(n) / f64::from(from);
                 let helped = speedup > 1.0 + self.threshold;
                 let in_proportion = speedup >= 1.0 + (proportional - 1.0) * PROPORTIONAL && wait >= WAIT_LOW;
-                // Clients still waiting a lot: data-bound, whatever the speedup says.
+                // Growing helps again: whatever held the workers back before is gone.
                 if helped {
                     self.retry_every = self.retry_first;
                 }
+                // Clients still waiting a lot: data-bound, whatever the speedup says.
                 if in_proportion || (helped && wait >= WAIT_HIGH) {
                     self.grow(t, wait, &format!("{from} -> {n} workers sped batches up {speedup:.2}x"))
                 } else if helped {
