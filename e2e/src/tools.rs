@@ -79,6 +79,21 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// A binary as built for the cluster's images by `e2e/cluster/images.sh`: from `target/debug`
+/// when `STOKER_IMAGE_PROFILE=dev` (what `make test` does), else from `target/release`.
+pub fn image_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let profile = match std::env::var("STOKER_IMAGE_PROFILE").as_deref() {
+        Ok("dev") => "debug",
+        Ok("release") | Err(_) => "release",
+        Ok(other) => bail!("STOKER_IMAGE_PROFILE is release or dev, not {other:?}"),
+    };
+    let path = target_dir().join(profile).join(name);
+    if !is_executable(&path) {
+        bail!("{} is missing: e2e/cluster/images.sh builds it with the images", path.display());
+    }
+    Ok(path)
+}
+
 /// The output of a finished command.
 #[derive(Debug, Clone)]
 pub struct Output {

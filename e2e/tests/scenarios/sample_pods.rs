@@ -23,7 +23,7 @@ use stoker_api::{DataPipeline, condition};
 use stoker_client::Client;
 use stoker_e2e::in_cluster::{REPOSITORY, TAG};
 use stoker_e2e::k8s::{delete_namespace, fresh_namespace};
-use stoker_e2e::tools::{Cmd, target_dir, workspace_root};
+use stoker_e2e::tools::{Cmd, image_binary, workspace_root};
 use stoker_e2e::{Check, Cluster, OperatorOptions, WorkerData, wait_for};
 
 /// Time for a sample's pods to start and become Ready (images are local; the pipeline's source
@@ -168,8 +168,8 @@ async fn python_here(cluster: &dyn Cluster, ns: &str, sample: &mut Value) -> any
 
 /// An ImageNet-like folder of JPEGs (`<class>/<n>.jpg`), by the worker's own generator.
 fn write_images(dir: &Path) -> anyhow::Result<()> {
-    // The release build the images were made from: the debug one takes ~10x as long.
-    let worker = target_dir().join("release/stoker-worker");
+    // The build the images were made from (the worker crate is optimised in either).
+    let worker = image_binary("stoker-worker")?;
     let out = std::process::Command::new(&worker)
         .args(["corpus", "--classes", "3", "--images", &IMAGES.to_string(), "--out"])
         .arg(dir)
