@@ -36,6 +36,7 @@ pub fn header<T: Payload>(batch: &Batch<T>) -> BatchHeader {
         rows: batch.rows.clone(),
         incarnation: batch.incarnation,
         round: batch.round.clone(),
+        stream_seq: batch.stream_seq,
         tensors: batch
             .tensors
             .iter()
@@ -182,6 +183,7 @@ mod tests {
             rows: vec![5 << 32, 5 << 32 | 9],
             incarnation: 11,
             round: Some(proto::RoundRef { worker: "w-1".into(), index: 4 }),
+            stream_seq: 13,
         }
     }
 
@@ -254,6 +256,7 @@ mod tests {
             rows: b.rows.clone(),
             incarnation: b.incarnation,
             round: b.round.clone(),
+            stream_seq: b.stream_seq,
         };
         assert_eq!(stacked.join(), b);
         let parts: Vec<&Bytes> = stacked.tensors.values().flat_map(|t| &t.parts).collect();

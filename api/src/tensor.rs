@@ -216,6 +216,8 @@ pub struct Batch<T = Tensor> {
     pub incarnation: u64,
     /// A job read by ranks in coordinated mode: the worker's round the batch was dealt in.
     pub round: Option<crate::proto::RoundRef>,
+    /// On a resumable stream: the batch's number in it, from 1 (0: not numbered).
+    pub stream_seq: u64,
 }
 
 /// A row's provenance: its split and its position in the split's source order. Positions are
@@ -241,6 +243,7 @@ impl<T> Default for Batch<T> {
             rows: Vec::new(),
             incarnation: 0,
             round: None,
+            stream_seq: 0,
         }
     }
 }
@@ -275,6 +278,7 @@ impl Batch<Stacked> {
             rows: self.rows.clone(),
             incarnation: self.incarnation,
             round: self.round.clone(),
+            stream_seq: self.stream_seq,
         }
     }
 }

@@ -75,7 +75,7 @@ impl Client {
         options.check()?;
         let token = options.token_source();
         let streams = futures::future::try_join_all(
-            workers.iter().map(|w| open(w, (&options, &token), None, &WorkerTls::ByAddress)),
+            workers.iter().map(|w| open(w, (&options, &token), None, &WorkerTls::ByAddress, None)),
         )
         .await?;
         let (tx, rx) = mpsc::channel(options.prefetch);
@@ -364,7 +364,7 @@ async fn pump_to_caller(
     tx: mpsc::Sender<Item>,
     max_batch_bytes: u64,
 ) {
-    if let Some(failure) = pump(worker, stream, &tx, max_batch_bytes, None, || {}).await {
+    if let Some(failure) = pump(worker, stream, &tx, max_batch_bytes, (None, None), || {}).await {
         tracing::warn!(error = %failure, "worker stream failed");
         let _ = tx.send(Err(failure)).await;
     }

@@ -31,7 +31,7 @@ use crate::registration::{RETRY, Registration};
 use crate::stats::Meter;
 use crate::tasks::Tasks;
 use crate::tls::WorkerTls;
-use crate::worker_stream::{open, pump};
+use crate::worker_stream::{Cursor, open, pump};
 
 /// A worker's address and an epoch: one stream.
 type StreamKey = (String, u64);
@@ -42,12 +42,16 @@ type StreamKey = (String, u64);
 struct Streaming {
     task: JoinHandle<()>,
     delivered: Arc<AtomicBool>,
+    /// The stream's batches received when this connection of it opened.
+    received_before: u64,
 }
 
-/// How a stream ended: normally (its worker made all of the epoch it will), or not.
+/// How a stream ended: normally (its worker made all of the epoch it will), or not; and
+/// whether the worker had forgotten it (a resume it cannot serve).
 struct Ended {
     key: StreamKey,
     finished: bool,
+    forgotten: bool,
 }
 
 /// What the client and its follower share.
@@ -88,6 +92,11 @@ struct State {
     streams: HashMap<StreamKey, Streaming>,
     /// Streams that ended normally: their worker made all of that epoch it will.
     finished: HashSet<StreamKey>,
+    /// The streams of listed workers, resumed under the same cursor after their connection
+    /// broke.
+    cursors: HashMap<StreamKey, Arc<Cursor>>,
+    /// Streams to open again after a pause: their last connection delivered nothing.
+    paused: HashSet<StreamKey>,
     ended: mpsc::UnboundedSender<Ended>,
     /// How to dial the listed workers, as the newest list says.
     tls: WorkerTls,
@@ -101,6 +110,8 @@ impl Follower {
             version: 0,
             streams: HashMap::new(),
             finished: HashSet::new(),
+            cursors: HashMap::new(),
+            paused: HashSet::new(),
             ended: ended_tx,
             tls: WorkerTls::Plaintext,
         };
@@ -132,18 +143,28 @@ impl Follower {
                     _ => watch = None,
                 },
                 Some(ended) = ended_rx.recv() => {
-                    state.streams.remove(&ended.key);
+                    let progressed = state.streams.remove(&ended.key).is_some_and(|s| {
+                        state.cursors.get(&ended.key).is_some_and(|c| c.received() > s.received_before)
+                    });
+                    if ended.finished || ended.forgotten {
+                        state.cursors.remove(&ended.key);
+                    }
                     if ended.finished {
                         state.finished.insert(ended.key);
                     } else if state.listed.contains(&ended.key.0) {
-                        // Still alive as far as the dispatcher knows: reconnect after a pause.
-                        tokio::time::sleep(RETRY).await;
+                        // Still alive as far as the dispatcher knows: resume the stream, at once
+                        // if this connection of it delivered (it broke on the way), else after
+                        // a pause (the worker does not answer yet, or is gone).
+                        if !progressed {
+                            state.paused.insert(ended.key.clone());
+                        }
                         self.stream_all(&mut state);
                     }
                 }
                 _ = self.shared.switched.notified() => {
                     let reading = self.shared.reading.load(Ordering::Relaxed);
                     state.finished.retain(|(_, epoch)| *epoch >= reading);
+                    state.cursors.retain(|(_, epoch), _| *epoch >= reading);
                     self.stream_all(&mut state);
                 }
                 _ = self.shared.delivery.changed.notified() => {
@@ -218,6 +239,9 @@ impl Follower {
             stream.task.abort();
             let _ = stream.task.await;
         }
+        // The cursors of workers no longer listed stay: a list can be stale (it left out a
+        // worker that registered a moment later), and a worker listed again resumes its stream
+        // where the abort broke it; one that truly left sends nothing again.
         self.stream_all(state);
         self.acknowledge(state, None).await
     }
@@ -241,15 +265,19 @@ impl Follower {
                 }
                 let Some(tx) = self.shared.epochs.sender(epoch) else { continue };
                 let delivered = Arc::new(AtomicBool::new(false));
+                let cursor = state.cursors.entry(key.clone()).or_insert_with(|| Arc::new(Cursor::new())).clone();
+                let received_before = cursor.received();
+                let pause = if state.paused.remove(&key) { RETRY } else { Duration::ZERO };
                 let stream = stream_from(
                     key.clone(),
                     (self.options.clone(), state.tls.clone(), self.link.token().clone()),
-                    tx,
+                    (tx, pause),
                     state.ended.clone(),
                     delivered.clone(),
-                    self.shared.delivery.clone(),
+                    (self.shared.delivery.clone(), cursor),
                 );
-                state.streams.insert(key, Streaming { task: self.tasks.spawn_joinable(stream), delivered });
+                let task = self.tasks.spawn_joinable(stream);
+                state.streams.insert(key, Streaming { task, delivered, received_before });
             }
         }
     }
@@ -306,19 +334,27 @@ fn address_of(key: &str) -> &str {
 async fn stream_from(
     key: StreamKey,
     (options, tls, token): (ClientOptions, WorkerTls, TokenSource),
-    tx: mpsc::Sender<Item>,
+    (tx, pause): (mpsc::Sender<Item>, Duration),
     ended: mpsc::UnboundedSender<Ended>,
     delivered: Arc<AtomicBool>,
-    delivery: Delivery,
+    (delivery, cursor): (Delivery, Arc<Cursor>),
 ) {
+    tokio::time::sleep(pause).await;
     let worker = key.0.clone();
-    let failure = match open(address_of(&worker), (&options, &token), Some(key.1), &tls).await {
+    let failure = match open(address_of(&worker), (&options, &token), Some(key.1), &tls, Some(&cursor)).await {
         Ok(stream) => {
             let on_batch = || delivered.store(true, Ordering::Relaxed);
-            pump(worker.clone(), stream, &tx, options.max_batch_bytes, Some(&delivery), on_batch).await
+            let accounts = (Some(&delivery), Some(cursor.as_ref()));
+            pump(worker.clone(), stream, &tx, options.max_batch_bytes, accounts, on_batch).await
         }
         Err(e) => Some(e),
     };
+    // The worker no longer has the stream to resume (it forgot it after a long break): what
+    // it had sent into the broken connection is gone, and a new stream starts.
+    let forgotten = matches!(&failure, Some(Error::Status { status, .. }) if status.code() == Code::NotFound);
+    if forgotten {
+        tracing::error!(%worker, epoch = key.1, "the worker forgot a broken stream: batches sent into it may be lost");
+    }
     match failure {
         Some(e) if fatal(&e) => {
             tracing::error!(error = %e, "worker refused the stream");
@@ -328,7 +364,7 @@ async fn stream_from(
             if let Some(e) = &other {
                 tracing::info!(error = %e, "worker stream ended; the dispatcher reassigns its splits");
             }
-            let _ = ended.send(Ended { key, finished: other.is_none() });
+            let _ = ended.send(Ended { key, finished: other.is_none(), forgotten });
         }
     }
 }

@@ -26,6 +26,7 @@ struct Partial {
     rows: Vec<u64>,
     incarnation: u64,
     round: Option<stoker_api::proto::RoundRef>,
+    stream_seq: u64,
     tensors: Vec<PartialTensor>,
     /// First tensor still missing bytes.
     current: usize,
@@ -175,6 +176,7 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
         rows: header.rows,
         incarnation: header.incarnation,
         round: header.round,
+        stream_seq: header.stream_seq,
         tensors,
         current: 0,
         declared,
@@ -221,7 +223,7 @@ impl Partial {
         }
         let (epoch, split, sequence, completes, rows, incarnation) =
             (self.epoch, self.split, self.sequence, self.completes, self.rows, self.incarnation);
-        let round = self.round;
-        Ok(Batch { tensors, epoch, split, sequence, completes, rows, incarnation, round })
+        let (round, stream_seq) = (self.round, self.stream_seq);
+        Ok(Batch { tensors, epoch, split, sequence, completes, rows, incarnation, round, stream_seq })
     }
 }

@@ -1,9 +1,11 @@
 //! One worker's batch stream: opening it, and reading its chunks into the client's queue.
 //! Used alike for a fixed list of workers and for the ones the dispatcher names.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use stoker_api::Batch;
 use stoker_api::proto::batch_stream_client::BatchStreamClient;
-use stoker_api::proto::{self, BatchChunk, PipelineRef, StreamRequest};
+
+use stoker_api::proto::{self, BatchChunk, PipelineRef, StreamRequest, StreamResume};
 use stoker_api::token::TokenSource;
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
@@ -14,13 +16,58 @@ use crate::options::ClientOptions;
 use crate::reassemble::Reassembler;
 use crate::tls::WorkerTls;
 
+/// A stream that outlives its connection (`StreamResume`): its id, and how many of its batches
+/// arrived whole. Opened again under the same id after its connection broke, the worker sends
+/// first what came after those.
+#[derive(Debug)]
+pub(crate) struct Cursor {
+    id: u64,
+    received: AtomicU64,
+}
+
+impl Cursor {
+    pub(crate) fn new() -> Self {
+        use std::hash::BuildHasher;
+        static OPENED: AtomicU64 = AtomicU64::new(0);
+        // Random per process (RandomState's keys), distinct within it (the count).
+        let id = std::collections::hash_map::RandomState::new().hash_one(OPENED.fetch_add(1, Ordering::Relaxed));
+        Cursor { id: id.max(1), received: AtomicU64::new(0) }
+    }
+
+    /// A batch is counted once it is in the queue, or refused: either way not asked for again.
+    fn counted(&self, seq: u64) {
+        if seq == 0 {
+            return;
+        }
+        let had = self.received.swap(seq, Ordering::Relaxed);
+        if seq != had + 1 {
+            // Batches of before the worker registered again are not sent again (their rows come
+            // from elsewhere); the worker says so loudly if it ever lost any other.
+            tracing::debug!(stream = self.id, had, seq, "a resumed stream went on past batches not sent again");
+        }
+    }
+
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    fn resume(&self, options: &ClientOptions) -> StreamResume {
+        StreamResume {
+            stream: self.id,
+            received: self.received(),
+            window_bytes: u64::from(options.stream_window_bytes),
+        }
+    }
+}
+
 /// Opens a worker's stream: of one `epoch` under the dispatcher, else from `start_epoch` on;
-/// over TLS as `tls` says, with the client's one `token` source.
+/// over TLS as `tls` says, with the client's one `token` source; resumable with a `cursor`.
 pub(crate) async fn open(
     worker: &str,
     (options, token): (&ClientOptions, &TokenSource),
     epoch: Option<u64>,
     tls: &WorkerTls,
+    cursor: Option<&Cursor>,
 ) -> Result<tonic::Streaming<BatchChunk>, Error> {
     let connect = |source| Error::Connect { worker: worker.to_string(), source };
     let (uri, tls) = crate::tls::worker(worker, options, tls)?;
@@ -52,6 +99,7 @@ pub(crate) async fn open(
         epoch,
         // Batches through shared memory are for the Python client.
         shared_memory: None,
+        resume: cursor.map(|c| c.resume(options)),
     });
     if let Some(token) = &options.token {
         proto::bearer(token)
@@ -69,25 +117,35 @@ pub(crate) async fn open(
 /// Reads one worker's chunks into the shared queue. Waiting on the full queue stops reading the
 /// stream, which stops HTTP/2 window updates, which stops the worker: that is the backpressure.
 /// Under the dispatcher, `delivery` records each batch's rows as it enters the queue.
+/// A resumable stream's `cursor` counts the batches that entered (or were refused), and skips
+/// one sent again that it has.
 /// Returns why the stream failed, or None when it ended or the client is gone.
 pub(crate) async fn pump(
     worker: String,
     mut stream: tonic::Streaming<BatchChunk>,
     tx: &mpsc::Sender<Result<Batch, Error>>,
     max_batch_bytes: u64,
-    delivery: Option<&Delivery>,
+    (delivery, cursor): (Option<&Delivery>, Option<&Cursor>),
     mut on_batch: impl FnMut(),
 ) -> Option<Error> {
     let mut reassembler = Reassembler::new(max_batch_bytes);
+    let counted = |batch_seq: u64| cursor.inspect(|c| c.counted(batch_seq));
     loop {
         match stream.message().await {
             Ok(Some(chunk)) => match reassembler.push(chunk) {
                 Ok(Some(batch)) => {
+                    if let Some(c) = cursor.filter(|c| batch.stream_seq != 0 && batch.stream_seq <= c.received()) {
+                        tracing::debug!(%worker, seq = batch.stream_seq, received = c.received(), "a batch sent again that arrived before");
+                        continue;
+                    }
                     // Undone if the stream is stopped (its worker left the list) before the
                     // batch is in: only queued rows count as delivered.
                     let recorded = match delivery.map(|d| d.record(&worker, &batch)) {
                         // Made under a dispatcher this client rejoined another after.
-                        Some(None) => continue,
+                        Some(None) => {
+                            counted(batch.stream_seq);
+                            continue;
+                        }
                         recorded => recorded.flatten(),
                     };
                     let data = (!batch.is_completions()).then(|| (batch.epoch, batch.round.clone()));
@@ -99,8 +157,10 @@ pub(crate) async fn pump(
                     };
                     // Made under a dispatcher a rejoin retired while it waited for room.
                     if recorded.is_some_and(|r| !r.keep()) {
+                        counted(batch.stream_seq);
                         continue;
                     }
+                    counted(batch.stream_seq);
                     room.send(Ok(batch));
                     if let (Some(d), Some((epoch, round))) = (delivery, data) {
                         d.received(epoch, round.as_ref());

@@ -54,6 +54,7 @@ fn header(n: u64) -> Option<BatchHeader> {
         rows: vec![],
         incarnation: 0,
         round: None,
+        stream_seq: 0,
     })
 }
 

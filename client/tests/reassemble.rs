@@ -32,6 +32,7 @@ fn sample() -> Batch {
         rows: vec![9 << 32 | 1, 8 << 32],
         incarnation: 3,
         round: Some(stoker_api::proto::RoundRef { worker: "w-2".into(), index: 6 }),
+        stream_seq: 12,
     }
 }
 
@@ -105,6 +106,7 @@ fn one_tensor_header(dtype: i32, shape: Vec<u64>, byte_length: u64) -> BatchHead
         rows: vec![],
         incarnation: 0,
         round: None,
+        stream_seq: 0,
     }
 }
 

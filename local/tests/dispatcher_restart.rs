@@ -26,21 +26,6 @@ const EPOCHS: u64 = 3;
 /// The ranks read one more: the first the new dispatcher orders.
 const RANKED_EPOCHS: u64 = EPOCHS + 1;
 
-/// How often each record reached the job in each epoch.
-fn counts(consumers: &[&Vec<support::Got>]) -> Vec<BTreeMap<i64, u32>> {
-    (0..consumers[0].len())
-        .map(|epoch| {
-            let mut seen = BTreeMap::new();
-            for got in consumers {
-                for id in &got[epoch].ids {
-                    *seen.entry(*id).or_default() += 1;
-                }
-            }
-            seen
-        })
-        .collect()
-}
-
 /// A restartable dispatcher and two worker processes of the 4000-record pipeline, each at 40
 /// batches a second per job: an epoch lasts seconds, so a restart lands where it is aimed.
 struct Running {
@@ -98,11 +83,11 @@ async fn a_restarted_dispatcher_repeats_and_loses_nothing_of_the_epochs_its_clie
         ranked.push(r.await.expect("a rank failed"));
     }
     let all = (FILES * LINES) as usize;
-    for (epoch, seen) in counts(&[&shared]).iter().enumerate() {
+    for (epoch, seen) in support::counts(&[&shared]).iter().enumerate() {
         let repeats: u32 = seen.values().map(|n| n - 1).sum();
         assert_eq!((seen.len(), repeats), (all, 0), "shared job, epoch {epoch}: every record, none twice");
     }
-    for (epoch, seen) in counts(&[&ranked[0], &ranked[1]]).iter().enumerate() {
+    for (epoch, seen) in support::counts(&[&ranked[0], &ranked[1]]).iter().enumerate() {
         let (a, b) = (&ranked[0][epoch], &ranked[1][epoch]);
         assert_eq!(a.batches, b.batches, "epoch {epoch}: both ranks the same number of batches");
         assert!(seen.values().all(|&n| n == 1), "ranked job, epoch {epoch}: a record reached it twice");
@@ -157,7 +142,7 @@ async fn a_restart_at_an_epochs_end_then_a_worker_killed_costs_no_record_and_no_
     assert!(workers.kill_one(&key).is_some(), "no worker to kill");
     let got = job.await.expect("the client failed");
     let all = (FILES * LINES) as usize;
-    for (epoch, seen) in counts(&[&got]).iter().enumerate() {
+    for (epoch, seen) in support::counts(&[&got]).iter().enumerate() {
         let repeats: u32 = seen.values().map(|n| n - 1).sum();
         assert_eq!((seen.len(), repeats), (all, 0), "epoch {epoch}: every record, none twice");
     }
@@ -187,12 +172,13 @@ async fn a_dispatcher_handed_over_then_gone_for_seconds_then_a_worker_killed_los
     const SMALL_FILES: i64 = 16;
     const SMALL_LINES: i64 = 200;
     let (data, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let logs_path = support::kept_logs(logs.path());
     let timeouts = Timeouts { worker: Duration::from_secs(10), client: Duration::from_secs(30) };
     let mut dispatcher = support::RestartableDispatcher::start("127.0.0.1:0".parse().unwrap(), timeouts).await;
     let url = dispatcher.url();
     let pipeline = small_records(data.path(), SMALL_FILES, SMALL_LINES);
     let key = PipelineKey::new(&pipeline.namespace, &pipeline.name);
-    let workers = support::workers(&url, Some(20.0), logs.path());
+    let workers = support::workers(&url, Some(20.0), &logs_path);
     workers.add(pipeline, None, None);
     workers.scale(&key, 5).await.unwrap();
 

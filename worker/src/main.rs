@@ -257,16 +257,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 let source = DispatchedSource::new(engine.clone(), link.clone(), args.max_batch_rate, abandoned_after);
                 link.spawn_heartbeats(engine, source.errors.clone(), HEARTBEAT_INTERVAL);
                 let served = if args.authorize_readers {
-                    let service = StreamService::new(source)
-                        .with_authenticator(DispatcherReaders::new(link.client()))
-                        .with_shared_memory(shared.clone());
+                    let service = service(source, &shared, args.memory_budget, Some(&link))
+                        .with_authenticator(DispatcherReaders::new(link.client()));
                     tokio::select! {
                         served = stoker_worker::stream::serve_on(listener, service, &options, shutdown) => served,
                         () = deadline => Ok(()),
                     }
                 } else {
                     tokio::select! {
-                        served = stoker_worker::stream::serve_on(listener, StreamService::new(source).with_shared_memory(shared.clone()), &options, shutdown) => served,
+                        served = stoker_worker::stream::serve_on(listener, service(source, &shared, args.memory_budget, Some(&link)), &options, shutdown) => served,
                         () = deadline => Ok(()),
                     }
                 };
@@ -275,7 +274,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             None => {
                 let (source, producer) = EngineSource::start(engine, args.epochs);
                 tokio::select! {
-                    served = stoker_worker::stream::serve_on(listener, StreamService::new(source).with_shared_memory(shared.clone()), &options, shutdown) => served?,
+                    served = stoker_worker::stream::serve_on(listener, service(source, &shared, args.memory_budget, None), &options, shutdown) => served?,
                     () = deadline => {}
                 }
                 if producer.is_finished() {
@@ -350,4 +349,20 @@ fn load(args: &RunArgs) -> anyhow::Result<WorkerPipeline> {
         }
     };
     Ok(pipeline)
+}
+
+/// The batch service of `source`, with shared memory as set up, keeping at most a quarter of
+/// the memory budget for streams whose connection broke; under the dispatcher, sending nothing
+/// again of before the worker registered again (`link`).
+fn service<S: stoker_worker::stream::BatchSource>(
+    source: S,
+    shared: &Option<Arc<stoker_worker::stream::SharedMemory>>,
+    memory_budget: usize,
+    link: Option<&Arc<Link>>,
+) -> StreamService<S> {
+    let mut resumes = stoker_worker::stream::Resumes::new(memory_budget as u64 / 4);
+    if let Some(link) = link.cloned() {
+        resumes = resumes.with_generation(Box::new(move || link.generation()));
+    }
+    StreamService::new(source).with_shared_memory(shared.clone()).with_resumes(resumes)
 }

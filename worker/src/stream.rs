@@ -12,6 +12,7 @@
 
 mod auth;
 mod body;
+mod resume;
 mod server;
 mod shared;
 mod synthetic;
@@ -32,6 +33,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 pub use auth::{AllowAll, Authenticator, Caller};
+pub use resume::Resumes;
 pub use server::StreamServer;
 pub use shared::SharedMemory;
 pub use synthetic::SyntheticSource;
@@ -93,23 +95,43 @@ pub struct StreamService<S, A = AllowAll> {
     compression: Option<CompressionEncoding>,
     /// Where batches go for consumers on this host that ask for shared memory.
     shared: Option<Arc<SharedMemory>>,
+    /// Streams kept for clients whose connection broke.
+    resumes: Arc<Resumes>,
 }
 
 impl<S: BatchSource> StreamService<S> {
     pub fn new(source: S) -> Self {
-        StreamService { source: Arc::new(source), auth: Arc::new(AllowAll), compression: None, shared: None }
+        StreamService {
+            source: Arc::new(source),
+            auth: Arc::new(AllowAll),
+            compression: None,
+            shared: None,
+            resumes: Arc::default(),
+        }
     }
 }
 
 impl<S: BatchSource, A: Authenticator> StreamService<S, A> {
     pub fn with_authenticator<B: Authenticator>(self, auth: B) -> StreamService<S, B> {
-        StreamService { source: self.source, auth: Arc::new(auth), compression: self.compression, shared: self.shared }
+        StreamService {
+            source: self.source,
+            auth: Arc::new(auth),
+            compression: self.compression,
+            shared: self.shared,
+            resumes: self.resumes,
+        }
     }
 
     /// Hands batches to consumers that map files from `shared`'s directory (the same host and
     /// user) through it, instead of in messages.
     pub fn with_shared_memory(mut self, shared: Option<Arc<SharedMemory>>) -> Self {
         self.shared = shared;
+        self
+    }
+
+    /// Keeps streams for clients whose connection broke in `resumes`.
+    pub fn with_resumes(mut self, resumes: Resumes) -> Self {
+        self.resumes = Arc::new(resumes);
         self
     }
 
@@ -128,6 +150,15 @@ impl<S: BatchSource, A: Authenticator> StreamService<S, A> {
 
 /// Checks a request and returns the subscription and the message limit to chunk for.
 pub fn validate(request: StreamRequest, caller: Caller) -> Result<(Subscription, usize), Status> {
+    let (subscription, limit, _) = validate_resumable(request, caller)?;
+    Ok((subscription, limit))
+}
+
+/// [`validate`], and the request's [`proto::StreamResume`] when it asks for a resumable stream.
+fn validate_resumable(
+    request: StreamRequest,
+    caller: Caller,
+) -> Result<(Subscription, usize, Option<proto::StreamResume>), Status> {
     let invalid = |m: String| Err(Status::invalid_argument(m));
     let pipeline = request.pipeline.unwrap_or_default();
     if pipeline.namespace.is_empty() || pipeline.name.is_empty() {
@@ -161,7 +192,7 @@ pub fn validate(request: StreamRequest, caller: Caller) -> Result<(Subscription,
         epoch: request.epoch,
         caller,
     };
-    Ok((subscription, limit as usize))
+    Ok((subscription, limit as usize, request.resume))
 }
 
 /// The chunk size limit for a client's message limit. Compression can grow incompressible
@@ -195,7 +226,7 @@ impl<S: BatchSource, A: Authenticator> BatchStream for StreamService<S, A> {
         // A consumer on this host that maps files from our shared-memory directory.
         let shared =
             self.shared.clone().filter(|s| request.shared_memory.as_ref().is_some_and(|theirs| s.serves(theirs)));
-        let (mut subscription, limit) = validate(request, Caller::default())?;
+        let (mut subscription, limit, resume) = validate_resumable(request, Caller::default())?;
         subscription.caller =
             self.auth.authenticate(&metadata, &subscription.namespace, &subscription.pipeline).await?;
         tracing::info!(
@@ -207,7 +238,10 @@ impl<S: BatchSource, A: Authenticator> BatchStream for StreamService<S, A> {
             shared_memory = shared.is_some(),
             "consumer subscribed"
         );
-        let batches = self.source.subscribe(&subscription)?;
+        let mut batches = self.source.subscribe(&subscription)?;
+        if let Some(resume) = &resume {
+            batches = self.resumes.stream(&subscription, resume, limit, batches)?;
+        }
         let limit = chunk_limit(limit, self.compression.is_some());
         Ok(Response::new(match shared {
             Some(shared) => Box::pin(shared::shared_chunks(batches, shared, limit)),

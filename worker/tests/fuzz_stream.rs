@@ -19,7 +19,7 @@ use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use prost::Message;
 use stoker_api::DType;
 use stoker_api::proto::batch_stream_server::BatchStream;
-use stoker_api::proto::{self, PipelineRef, StreamRequest};
+use stoker_api::proto::{self, PipelineRef, StreamRequest, StreamResume};
 use stoker_worker::stream::{ServerOptions, StreamService, SyntheticSource};
 use tonic::{Code, Request};
 
@@ -95,9 +95,10 @@ fn stream_request() -> impl Strategy<Value = StreamRequest> {
         proptest::option::of(num()),
         count(),
         any::<bool>(),
+        proptest::option::of((num(), num(), num())),
     )
         .prop_map(
-            |(pipeline, job, consumer_index, start_epoch, max_message_bytes, epoch, consumers, coordinated)| {
+            |(pipeline, job, consumer_index, start_epoch, max_message_bytes, epoch, consumers, coordinated, resume)| {
                 StreamRequest {
                     pipeline,
                     job,
@@ -108,6 +109,11 @@ fn stream_request() -> impl Strategy<Value = StreamRequest> {
                     consumers,
                     coordinated,
                     shared_memory: None,
+                    resume: resume.map(|(stream, received, window_bytes)| StreamResume {
+                        stream,
+                        received,
+                        window_bytes,
+                    }),
                 }
             },
         )
@@ -123,16 +129,23 @@ fn valid(r: &StreamRequest) -> bool {
         && r.consumers <= proto::MAX_CONSUMERS
         && (r.consumers <= 1 || r.consumer_index < r.consumers)
         && (!r.coordinated || r.consumers >= 2)
+        && r.resume.as_ref().is_none_or(|resume| resume.stream != 0)
+}
+
+/// Whether a valid request asks to resume a stream: none is known to a new service.
+fn resumes_unknown(r: &StreamRequest) -> bool {
+    r.resume.as_ref().is_some_and(|resume| resume.received > 0)
 }
 
 #[test]
 fn every_request_is_refused_exactly_when_invalid_and_a_valid_one_streams_within_its_limit() {
     let _serial = fuzz_support::serial();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-    let service = StreamService::new(source());
     let tensor_bytes = 2 * 96 * 96 * 3 + 2 * 8;
     let result = TestRunner::new(config()).run(&stream_request(), |request| {
         let expect_ok = valid(&request);
+        // A new service each time: no stream of an earlier case is known to it.
+        let service = StreamService::new(source());
         let limit = if request.max_message_bytes == 0 { 4 << 20 } else { request.max_message_bytes as usize };
         let before = fuzz_support::live();
         fuzz_support::reset_peak();
@@ -146,6 +159,7 @@ fn every_request_is_refused_exactly_when_invalid_and_a_valid_one_streams_within_
         match answer {
             Ok(chunks) => {
                 prop_assert!(expect_ok, "an invalid request was accepted");
+                prop_assert!(!resumes_unknown(&request), "a stream it never served was resumed");
                 let mut batches = 0;
                 let mut payload = 0;
                 for chunk in chunks {
@@ -161,6 +175,9 @@ fn every_request_is_refused_exactly_when_invalid_and_a_valid_one_streams_within_
                 }
                 prop_assert_eq!(batches as u64, BATCHES);
                 prop_assert_eq!(payload, BATCHES as usize * tensor_bytes);
+            }
+            Err(status) if expect_ok && resumes_unknown(&request) => {
+                prop_assert_eq!(status.code(), Code::NotFound, "{:?}", status);
             }
             Err(status) => {
                 prop_assert_eq!(status.code(), Code::InvalidArgument, "{:?}", status);

@@ -112,6 +112,7 @@ fn request(namespace: &str, name: &str, job: &str, max_message_bytes: u64) -> St
         epoch: None,
         coordinated: false,
         shared_memory: None,
+        resume: None,
     }
 }
 

@@ -119,6 +119,24 @@ impl Drop for RestartableDispatcher {
     }
 }
 
+/// Where a test's logs go: `$STOKER_TEST_LOGS` when set (then the test's own tracing goes to
+/// `test.log` there too, filtered by `RUST_LOG`, and the directory stays after the test, for
+/// chasing a failure that comes once in many runs), else `default`.
+#[allow(dead_code)]
+pub fn kept_logs(default: &std::path::Path) -> std::path::PathBuf {
+    let Some(dir) = std::env::var_os("STOKER_TEST_LOGS").map(std::path::PathBuf::from) else {
+        return default.to_path_buf();
+    };
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = std::fs::File::create(dir.join("test.log")).unwrap();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::sync::Mutex::new(file))
+        .with_ansi(false)
+        .try_init();
+    dir
+}
+
 /// `pipeline`'s workers (none started yet) attached to the dispatcher at `url`.
 #[allow(dead_code)]
 pub fn workers(url: &str, max_batch_rate: Option<f64>, logs: &std::path::Path) -> LocalWorkers {
@@ -170,6 +188,23 @@ pub struct Got {
     pub ids: Vec<i64>,
     pub dropped_rows: u64,
     pub rounds: Vec<Option<stoker_api::proto::RoundRef>>,
+}
+
+/// How often each record reached a job in each epoch, over its consumers (what [`consume`]
+/// returned for each).
+#[allow(dead_code)]
+pub fn counts(consumers: &[&Vec<Got>]) -> Vec<std::collections::BTreeMap<i64, u32>> {
+    (0..consumers[0].len())
+        .map(|epoch| {
+            let mut seen = std::collections::BTreeMap::new();
+            for got in consumers {
+                for id in &got[epoch].ids {
+                    *seen.entry(*id).or_default() += 1;
+                }
+            }
+            seen
+        })
+        .collect()
 }
 
 /// A client of [`padded_records`] reading `job` as rank `rank` of `consumers` (0: shared),

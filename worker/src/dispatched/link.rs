@@ -109,7 +109,8 @@ impl Link {
         self.client.clone()
     }
 
-    pub(super) fn generation(&self) -> u64 {
+    /// How often this worker registered (again) with the dispatcher.
+    pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::SeqCst)
     }
 

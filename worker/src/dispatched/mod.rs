@@ -305,8 +305,9 @@ impl BatchSource for DispatchedSource {
                 if ended {
                     return None;
                 }
+                let hands = epoch_job.0.batches[rank].clone();
+                let mut hand = hands.lock().await;
                 let next = {
-                    let mut hand = epoch_job.0.batches[rank].lock().await;
                     loop {
                         if link.generation() != subscribed {
                             break None;
@@ -327,7 +328,7 @@ impl BatchSource for DispatchedSource {
                             hand.pending = Some(queued);
                             break None;
                         }
-                        break Some(queued.item);
+                        break Some(queued);
                     }
                 };
                 let Some(next) = next else {
@@ -337,12 +338,20 @@ impl BatchSource for DispatchedSource {
                     return Some((Err(status), (epoch_job, true)));
                 };
                 // Rate-limited once a batch is in hand, so a stream waiting for its epoch's
-                // batches takes no turns from the job's other epoch.
-                if let Some(interval) = min_interval {
-                    let mut next_send = epoch_job.0.next_send.lock().await;
-                    tokio::time::sleep_until(*next_send).await;
-                    *next_send = tokio::time::Instant::now().max(*next_send) + interval;
-                }
+                // batches takes no turns from the job's other epoch. Meanwhile the batch is
+                // back in the hand: a stream dropped while it waits (its connection broke)
+                // leaves it to the next, where it would otherwise be lost with the stream.
+                let next = match min_interval {
+                    Some(interval) => {
+                        hand.pending = Some(next);
+                        let mut next_send = epoch_job.0.next_send.lock().await;
+                        tokio::time::sleep_until(*next_send).await;
+                        *next_send = tokio::time::Instant::now().max(*next_send) + interval;
+                        hand.pending.take().expect("held under the hand's lock").item
+                    }
+                    None => next.item,
+                };
+                drop(hand);
                 // The batch names the splits it completes; the client that receives it reports them.
                 Some((next, (epoch_job, false)))
             }

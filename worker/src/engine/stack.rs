@@ -55,7 +55,17 @@ pub fn make_batch(
             };
         }
     }
-    Ok(Batch { tensors, epoch, split, sequence, completes: Vec::new(), rows: Vec::new(), incarnation: 0, round: None })
+    Ok(Batch {
+        tensors,
+        epoch,
+        split,
+        sequence,
+        completes: Vec::new(),
+        rows: Vec::new(),
+        incarnation: 0,
+        round: None,
+        stream_seq: 0,
+    })
 }
 
 /// Rows' values smaller than this are copied into one buffer instead of kept as parts.

@@ -80,7 +80,17 @@ impl SyntheticSource {
             .filter(|(_, _, shape)| self.rows && shape.len() >= 2)
             .map_or(0, |(_, _, shape)| shape[0]) as u64;
         let rows = (0..rows_per_batch).map(|r| stoker_api::row(split, sequence * rows_per_batch + r)).collect();
-        Batch { tensors, epoch, split, sequence, completes: Vec::new(), rows, incarnation: 0, round: None }
+        Batch {
+            tensors,
+            epoch,
+            split,
+            sequence,
+            completes: Vec::new(),
+            rows,
+            incarnation: 0,
+            round: None,
+            stream_seq: 0,
+        }
     }
 }
 
