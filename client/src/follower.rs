@@ -123,6 +123,8 @@ impl Follower {
         }
         // Set when there is something to acknowledge that a failed attempt left behind.
         let mut unacknowledged = false;
+        // The batch times of a window whose report failed.
+        let mut unreported: Option<crate::stats::BatchTimes> = None;
         loop {
             if watch.is_none() {
                 match self.link.watch().await {
@@ -174,12 +176,12 @@ impl Follower {
                     unacknowledged = !self.acknowledge(&state, None).await;
                 }
                 _ = report.tick() => {
-                    let stats = {
-                        let mut meter = self.shared.meter.lock().unwrap();
-                        let stats = meter.window();
-                        meter.reset();
-                        stats
-                    };
+                    let mut times = self.shared.meter.lock().unwrap().take();
+                    // A window whose report failed (the dispatcher unreachable, the connection
+                    // reset) goes with this one; only the last: older figures would mislead.
+                    if let Some(failed) = unreported.take() {
+                        times.merge_earlier(failed);
+                    }
                     // Workers, not streams: a worker streams two epochs at once.
                     let delivering: HashSet<&str> = state
                         .streams
@@ -188,8 +190,9 @@ impl Follower {
                         .map(|((address, _), _)| address.as_str())
                         .collect();
                     let delivering = delivering.len();
-                    if let Err(s) = self.link.report(stats, delivering).await {
-                        tracing::debug!(status = %s, "reporting a batch-time window failed");
+                    if let Err(s) = self.link.report(times.window(), delivering).await {
+                        tracing::debug!(status = %s, "reporting a batch-time window failed; it goes with the next");
+                        unreported = Some(times);
                     }
                 }
                 discarded = &mut self.leave => {

@@ -64,6 +64,17 @@ impl BatchTimes {
     pub fn reset(&mut self) {
         *self = BatchTimes::default();
     }
+
+    /// Adds the pairs of an `earlier` window (one whose report failed) before these.
+    pub fn merge_earlier(&mut self, earlier: BatchTimes) {
+        let room = MAX_SAMPLES - self.samples.len();
+        for sample in earlier.samples.into_iter().rev().take(room) {
+            self.samples.push_front(sample);
+        }
+        self.batches += earlier.batches;
+        self.total_batch_time += earlier.total_batch_time;
+        self.total_wait += earlier.total_wait;
+    }
 }
 
 /// The smallest sample with at least a fraction `q` of the samples at or below it.
@@ -103,5 +114,36 @@ impl Meter {
     /// Starts a new window; the batch currently being processed counts in the new one.
     pub fn reset(&mut self) {
         self.times.reset();
+    }
+
+    /// The window's pairs, starting a new window.
+    pub fn take(&mut self) -> BatchTimes {
+        std::mem::take(&mut self.times)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_whose_report_failed_counts_in_the_next() {
+        let ms = Duration::from_millis;
+        let mut failed = BatchTimes::default();
+        failed.record(ms(10), ms(5));
+        failed.record(ms(30), ms(0));
+        let mut next = BatchTimes::default();
+        next.record(ms(20), ms(5));
+        next.merge_earlier(failed);
+        let w = next.window();
+        assert_eq!((w.batches, w.total_batch_time, w.total_wait, w.median), (3, ms(60), ms(10), ms(20)));
+        let mut full = BatchTimes::default();
+        for _ in 0..MAX_SAMPLES {
+            full.record(ms(1), ms(0));
+        }
+        let mut earlier = BatchTimes::default();
+        earlier.record(ms(100), ms(0));
+        full.merge_earlier(earlier);
+        assert_eq!((full.samples.len(), full.batches), (MAX_SAMPLES, MAX_SAMPLES as u64 + 1), "samples stay bounded");
     }
 }

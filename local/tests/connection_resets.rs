@@ -84,6 +84,7 @@ async fn read(ranks: u32, faults: bool) -> (Vec<Vec<support::Got>>, Duration, us
     }
     let took = started.elapsed();
     stop.store(true, Ordering::Relaxed);
+    eprintln!("the dispatcher's view: {:?}", s.dispatcher.with_state(|st| st.jobs(&s.key)));
     let closed = resetter.map(|r| r.join().unwrap()).unwrap_or(0);
     (got, took, closed)
 }
