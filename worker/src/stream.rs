@@ -148,14 +148,9 @@ impl<S: BatchSource, A: Authenticator> StreamService<S, A> {
     }
 }
 
-/// Checks a request and returns the subscription and the message limit to chunk for.
-pub fn validate(request: StreamRequest, caller: Caller) -> Result<(Subscription, usize), Status> {
-    let (subscription, limit, _) = validate_resumable(request, caller)?;
-    Ok((subscription, limit))
-}
-
-/// [`validate`], and the request's [`proto::StreamResume`] when it asks for a resumable stream.
-fn validate_resumable(
+/// Checks a request and returns the subscription, the message limit to chunk for, and the
+/// [`proto::StreamResume`] when it asks for a resumable stream.
+pub fn validate(
     request: StreamRequest,
     caller: Caller,
 ) -> Result<(Subscription, usize, Option<proto::StreamResume>), Status> {
@@ -226,7 +221,7 @@ impl<S: BatchSource, A: Authenticator> BatchStream for StreamService<S, A> {
         // A consumer on this host that maps files from our shared-memory directory.
         let shared =
             self.shared.clone().filter(|s| request.shared_memory.as_ref().is_some_and(|theirs| s.serves(theirs)));
-        let (mut subscription, limit, resume) = validate_resumable(request, Caller::default())?;
+        let (mut subscription, limit, resume) = validate(request, Caller::default())?;
         subscription.caller =
             self.auth.authenticate(&metadata, &subscription.namespace, &subscription.pipeline).await?;
         tracing::info!(

@@ -64,30 +64,9 @@ impl Default for Resumes {
     }
 }
 
-/// What a stream is of: a resume must ask for the same.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Of {
-    namespace: String,
-    pipeline: String,
-    job: String,
-    consumer_index: u32,
-    epoch: Option<u64>,
-}
-
-impl Of {
-    fn new(s: &Subscription) -> Self {
-        Of {
-            namespace: s.namespace.clone(),
-            pipeline: s.pipeline.clone(),
-            job: s.job.clone(),
-            consumer_index: s.consumer_index,
-            epoch: s.epoch,
-        }
-    }
-}
-
 struct Kept {
-    of: Of,
+    /// What the stream is of (its caller's token aside): a resume must ask for the same.
+    of: Subscription,
     /// The connection serving the stream now (the count of connections it had).
     owner: u64,
     /// Sent and perhaps not received, oldest first, each numbered and with the generation it
@@ -193,7 +172,7 @@ impl Resumes {
             return Err(Status::invalid_argument("StreamResume.stream: 0 is not a stream id"));
         }
         let key = (subscription.caller.username.clone(), resume.stream);
-        let of = Of::new(subscription);
+        let of = Subscription { caller: Default::default(), ..subscription.clone() };
         let mut streams = self.streams.lock().unwrap();
         self.tidy(&mut streams, Instant::now());
         let (kept, owner) = match streams.get(&key) {
