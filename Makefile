@@ -61,10 +61,14 @@ test-kind: deps tools
 python: venv
 	STOKER_PYTHON=$(VENV)/bin/python $(VENV)/bin/python -m pytest -q -rs client/python/tests
 
-# The venv the Python tests and the workers' `python` transforms run in (STOKER_PYTHON).
+# The venv the Python tests and the workers' `python` transforms run in (STOKER_PYTHON). The
+# client package is the Rust client bound to Python (client/python/src), built by maturin
+# (fetched from PyPI by pip) with cargo into target/: here in the dev profile, which reuses
+# what the rust tier built, where `pip install ./client/python` alone builds it optimised.
 venv:
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check './client/python[torch]' pytest tokenizers
+	MATURIN_PEP517_ARGS="--profile dev" $(VENV)/bin/pip install -q --disable-pip-version-check \
+	  './client/python[torch]' pytest tokenizers
 
 # etcd, kube-apiserver, kube-controller-manager, kubectl, helm into ~/.cache/stoker/bin.
 tools:

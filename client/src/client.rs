@@ -34,6 +34,8 @@ pub struct Client {
     meter: Arc<Mutex<Meter>>,
     /// Start of the `next()` call in progress, kept across polls.
     call_start: Option<Instant>,
+    /// Under the dispatcher, the task that says goodbye to it once the client is dropped.
+    follower: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Under the dispatcher: who this consumer is, and what its loop has been handed of the epoch.
@@ -81,9 +83,9 @@ impl Client {
         let (tx, rx) = mpsc::channel(options.prefetch);
         let tasks = Tasks::default();
         for (worker, stream) in workers.into_iter().zip(streams) {
-            tasks.spawn(pump_to_caller(worker, stream, tx.clone(), options.max_batch_bytes));
+            tasks.spawn(pump_to_caller(worker, stream, tx.clone(), options.reassembler()));
         }
-        Ok(Client { source: Source::Fixed(rx), tasks, meter: Arc::default(), call_start: None })
+        Ok(Client { source: Source::Fixed(rx), tasks, meter: Arc::default(), call_start: None, follower: None })
     }
 
     /// Registers with the dispatcher at `url`, streams from the pipeline's workers as they come
@@ -102,6 +104,9 @@ impl Client {
             .first_list(deadline)
             .await
             .map_err(|status| Error::Dispatcher { url: url.to_string(), status: Box::new(status) })?;
+        // Reading starts at the job's open epoch, or at a later start epoch (the epochs between
+        // are left to the job's other consumers).
+        let start = first.epoch.max(options.start_epoch.or(resume.as_ref().map(|r| r.epoch)).unwrap_or(0));
         let epochs = Arc::new(Epochs::new(options.prefetch));
         let ranked = options.consumers > 1;
         let shared = Shared {
@@ -113,7 +118,7 @@ impl Client {
             meter: Arc::default(),
             open_epoch: Arc::new(AtomicU64::new(first.epoch)),
             clients: Arc::new(AtomicU32::new(first.clients)),
-            reading: Arc::new(AtomicU64::new(first.epoch)),
+            reading: Arc::new(AtomicU64::new(start)),
             switched: Arc::new(Notify::new()),
         };
         link.had = Some(Rejoining {
@@ -121,12 +126,12 @@ impl Client {
             open_epoch: shared.open_epoch.clone(),
             clients: shared.clients.clone(),
         });
-        let queue = epochs.take_receiver(first.epoch);
+        let queue = epochs.take_receiver(start);
         let progress = Progress {
             job,
             consumers: options.consumers,
             consumer_index: options.consumer_index,
-            yielded: resume.as_ref().map_or_else(|| Yielded::new(first.epoch), Yielded::resumed),
+            yielded: resume.as_ref().map_or_else(|| Yielded::new(start), Yielded::resumed),
         };
         let (leave, leaving) = oneshot::channel();
         let tasks = Tasks::default();
@@ -140,11 +145,23 @@ impl Client {
             leave: leaving,
         };
         // Not among the tasks aborted on drop: it says goodbye to the dispatcher first.
-        tokio::spawn(follower.run());
+        let follower = Some(tokio::spawn(follower.run()));
         let meter = shared.meter.clone();
         let ration = ranked.then(Box::default);
         let source = Source::Dispatched { queue, shared, leave: Some(leave), ration, progress: Box::new(progress) };
-        Ok(Client { source, tasks, meter, call_start: None })
+        Ok(Client { source, tasks, meter, call_start: None, follower })
+    }
+
+    /// Stops every stream and, under the dispatcher, tells it the client is leaving (with what
+    /// is left to acknowledge, and whether batches were received that the loop never took),
+    /// waiting at most `timeout` for that to be said. Dropping the client does the same
+    /// without waiting.
+    pub async fn close(mut self, timeout: std::time::Duration) {
+        let follower = self.follower.take();
+        drop(self);
+        if let Some(follower) = follower {
+            let _ = tokio::time::timeout(timeout, follower).await;
+        }
     }
 
     /// The next batch from any worker, across epochs; None once every worker's stream has ended
@@ -362,9 +379,9 @@ async fn pump_to_caller(
     worker: String,
     stream: tonic::Streaming<BatchChunk>,
     tx: mpsc::Sender<Item>,
-    max_batch_bytes: u64,
+    reassembler: crate::reassemble::Reassembler,
 ) {
-    if let Some(failure) = pump(worker, stream, &tx, max_batch_bytes, (None, None), || {}).await {
+    if let Some(failure) = pump(worker, stream, &tx, reassembler, (None, None), || {}).await {
         tracing::warn!(error = %failure, "worker stream failed");
         let _ = tx.send(Err(failure)).await;
     }

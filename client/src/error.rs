@@ -22,9 +22,20 @@ pub enum ProtocolError {
     Truncated { received: u64, declared: u64 },
     #[error("the stream ended in the middle of a batch")]
     EndedMidBatch,
-    /// This client never asks for batches in shared memory (the Python client does).
-    #[error("a batch in shared memory, which this client did not ask for")]
+    #[error("a batch in shared memory, which this stream did not ask for")]
     UnaskedSharedMemory,
+    #[error("a batch in shared memory comes whole in one chunk: its header, no pieces, and last")]
+    SharedMemoryInPieces,
+    #[error(transparent)]
+    SharedFile(#[from] crate::shared::TakeError),
+}
+
+impl ProtocolError {
+    /// A batch's shared-memory file the worker removed before the client took it (its stream
+    /// broke): the batch was not received, and a resumed stream sends it again.
+    pub fn is_gone_file(&self) -> bool {
+        matches!(self, ProtocolError::SharedFile(crate::shared::TakeError::Gone(_)))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

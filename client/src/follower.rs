@@ -306,6 +306,9 @@ impl Follower {
 /// A worker's answer the training loop must see rather than have hidden by a reconnect.
 fn fatal(e: &Error) -> bool {
     match e {
+        // A batch's shared-memory file removed as its stream broke: the resumed stream sends
+        // the batch again.
+        Error::Protocol { source, .. } if source.is_gone_file() => false,
         // The client's CA, or the worker's certificate, is wrong: no retry fixes it.
         Error::Protocol { .. } | Error::Tls { .. } => true,
         Error::Status { status, .. } => matches!(
@@ -348,7 +351,7 @@ async fn stream_from(
         Ok(stream) => {
             let on_batch = || delivered.store(true, Ordering::Relaxed);
             let accounts = (Some(&delivery), Some(cursor.as_ref()));
-            pump(worker.clone(), stream, &tx, options.max_batch_bytes, accounts, on_batch).await
+            pump(worker.clone(), stream, &tx, options.reassembler(), accounts, on_batch).await
         }
         Err(e) => Some(e),
     };

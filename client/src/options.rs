@@ -27,10 +27,13 @@ pub struct ClientOptions {
     /// Under the dispatcher: go on from a state `Client::state` gave (saved with a checkpoint),
     /// on any dispatcher and with any number of workers. Every consumer of the job resumes from
     /// its own state saved at the same step; the job produces the rest of that epoch without
-    /// what any of them had yielded, once all their states are in.
+    /// what any of them had yielded, once all their states are in. To resume with another
+    /// number of ranks, every new rank passes the one state [`crate::merge_states`] makes of
+    /// all the old ranks' states.
     pub resume: Option<proto::ResumeState>,
-    /// Standalone workers: the epoch to start at (None: 0). Under the dispatcher a client
-    /// starts at the job's open epoch.
+    /// The epoch to start at. Standalone workers: None is 0. Under the dispatcher a client
+    /// starts at the job's open epoch, or at this one if it is later (the epochs between are
+    /// left to the job's other consumers); resuming, the state's epoch.
     pub start_epoch: Option<u64>,
     /// Under the dispatcher: stream the next epoch while the training loop reads this one
     /// (queued apart, at most `prefetch` batches), so an epoch's end costs no wait. Turn it off
@@ -62,6 +65,11 @@ pub struct ClientOptions {
     /// certificate for its Service's DNS name. Default: the URL's host.
     pub tls_server_name: Option<String>,
     pub connect_timeout: Duration,
+    /// Batches from a worker on this host through this shared-memory directory (`/dev/shm`,
+    /// [`crate::shared::DIRECTORY`]): the worker writes each batch once to a file there and the
+    /// client maps it, instead of the batch crossing a socket. Workers elsewhere, or running as
+    /// another user, send messages. None (the default): messages only.
+    pub shared_memory: Option<PathBuf>,
     /// HTTP/2 flow-control window per stream: in-flight bytes per worker beyond the prefetch
     /// queue. Large enough for full speed, small enough that a slow trainer stops the worker.
     pub stream_window_bytes: u32,
@@ -92,8 +100,14 @@ impl ClientOptions {
             tls_ca: None,
             tls_server_name: None,
             connect_timeout: Duration::from_secs(10),
+            shared_memory: None,
             stream_window_bytes: 4 << 20,
         }
+    }
+
+    /// What turns a stream's chunks back into batches, as this client asked for them.
+    pub(crate) fn reassembler(&self) -> crate::reassemble::Reassembler {
+        crate::reassemble::Reassembler::new(self.max_batch_bytes).with_shared_memory(self.shared_memory.clone())
     }
 
     pub(crate) fn check(&self) -> Result<(), Error> {
@@ -106,9 +120,19 @@ impl ClientOptions {
             if state.job != self.job {
                 return bad(format!("the resume state is of job {:?}, not {:?}", state.job, self.job));
             }
-            if (state.consumers.max(1), state.consumer_index) != (self.consumers.max(1), self.consumer_index) {
+            if self.start_epoch.is_some_and(|e| e != state.epoch) {
                 return bad(format!(
-                    "the resume state is of consumer {} of {}, not {} of {}",
+                    "start_epoch {} is not the resume state's epoch {}",
+                    self.start_epoch.unwrap_or_default(),
+                    state.epoch
+                ));
+            }
+            // A merged state resumes any number of ranks; a rank's own, only its rank of as many.
+            let own = state.merged_ranks == 0;
+            if own && (state.consumers.max(1), state.consumer_index) != (self.consumers.max(1), self.consumer_index) {
+                return bad(format!(
+                    "the resume state is of consumer {} of {}, not {} of {} (to resume with another number of \
+                     ranks, merge every rank's state into one: merge_states)",
                     state.consumer_index, state.consumers, self.consumer_index, self.consumers
                 ));
             }

@@ -15,6 +15,8 @@ use crate::error::ProtocolError;
 
 pub struct Reassembler {
     max_batch_bytes: u64,
+    /// The shared-memory directory the stream asked for batches through, if it did.
+    shared_memory: Option<std::path::PathBuf>,
     partial: Option<Partial>,
 }
 
@@ -86,7 +88,13 @@ impl Acc {
 impl Reassembler {
     /// `max_batch_bytes` bounds what a header may make the client allocate.
     pub fn new(max_batch_bytes: u64) -> Self {
-        Reassembler { max_batch_bytes, partial: None }
+        Reassembler { max_batch_bytes, shared_memory: None, partial: None }
+    }
+
+    /// For a stream that asked for batches through the shared-memory directory `dir`.
+    pub fn with_shared_memory(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.shared_memory = dir;
+        self
     }
 
     /// Whether a batch is partly received.
@@ -111,7 +119,7 @@ impl Reassembler {
 
     fn push_inner(&mut self, chunk: BatchChunk) -> Result<Option<Batch>, ProtocolError> {
         if !chunk.shared_file.is_empty() {
-            return Err(ProtocolError::UnaskedSharedMemory);
+            return self.shared(chunk).map(Some);
         }
         let partial = match (self.partial.as_mut(), chunk.header) {
             (None, Some(header)) => self.partial.insert(start(header, self.max_batch_bytes)?),
@@ -130,6 +138,23 @@ impl Reassembler {
             return Err(ProtocolError::Truncated { received: partial.received, declared: partial.declared });
         }
         partial.finish().map(Some)
+    }
+}
+
+impl Reassembler {
+    /// A batch whose payload is in a file of the shared-memory directory: tensors over the
+    /// file mapped read-only, no copy.
+    fn shared(&mut self, chunk: BatchChunk) -> Result<Batch, ProtocolError> {
+        let Some(dir) = &self.shared_memory else { return Err(ProtocolError::UnaskedSharedMemory) };
+        let header = match (self.partial.is_some(), chunk.header) {
+            (false, Some(header)) if chunk.pieces.is_empty() && chunk.last => header,
+            (true, _) => return Err(ProtocolError::UnexpectedHeader),
+            _ => return Err(ProtocolError::SharedMemoryInPieces),
+        };
+        let mut partial = start(header, self.max_batch_bytes)?;
+        let payload = crate::shared::take(dir, &chunk.shared_file, partial.declared as usize, chunk.reuse_shared_file)?;
+        partial.take(payload)?;
+        partial.finish()
     }
 }
 

@@ -50,17 +50,78 @@ impl Yielded {
             batches: self.batches,
             consumers,
             consumer_index,
+            merged_ranks: 0,
             yielded: self
                 .rows
                 .iter()
                 .map(|(&split, positions)| {
                     let mut positions = positions.clone();
                     positions.sort_unstable();
+                    // A merged state's rows may come back in every new rank's state.
+                    positions.dedup();
                     HeldRows { epoch: self.epoch, split, positions }
                 })
                 .collect(),
         }
     }
+}
+
+/// One state from the states every rank of a job saved at the same step (`Client::state`):
+/// their rows together. It resumes the job read by any number of ranks, each passing it as
+/// its `ClientOptions::resume` under its own rank (2 ranks' states resume 4 ranks, or 1, after
+/// a preemption onto other nodes). Refused unless the states are of one job, one step (the
+/// same epoch and batches yielded) and every rank, each once.
+pub fn merge_states(states: &[ResumeState]) -> Result<ResumeState, String> {
+    let Some(first) = states.first() else { return Err("no states to merge".into()) };
+    if let [only] = states
+        && only.merged_ranks > 0
+    {
+        return Ok(only.clone());
+    }
+    let ranks = first.consumers.max(1);
+    let mut seen = BTreeMap::new();
+    for s in states {
+        if s.merged_ranks > 0 {
+            return Err("a merged state is merged again only alone: merge the ranks' own states".into());
+        }
+        if (&s.job, s.epoch, s.batches, s.consumers.max(1)) != (&first.job, first.epoch, first.batches, ranks) {
+            return Err(format!(
+                "the states are of different steps: job {:?} epoch {} after {} batches of {} rank(s), and job {:?} \
+                 epoch {} after {} batches of {} rank(s): merge the states saved at one checkpoint",
+                first.job,
+                first.epoch,
+                first.batches,
+                ranks,
+                s.job,
+                s.epoch,
+                s.batches,
+                s.consumers.max(1)
+            ));
+        }
+        if seen.insert(s.consumer_index, ()).is_some() {
+            return Err(format!("rank {}'s state is given twice", s.consumer_index));
+        }
+    }
+    let missing: Vec<String> = (0..ranks).filter(|r| !seen.contains_key(r)).map(|r| r.to_string()).collect();
+    if !missing.is_empty() || seen.len() as u32 != ranks {
+        return Err(format!(
+            "the states of {ranks} rank(s) are needed, one each; missing: rank(s) {}",
+            if missing.is_empty() { "none, but some are out of range".to_string() } else { missing.join(", ") }
+        ));
+    }
+    let mut rows: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    for h in states.iter().flat_map(|s| &s.yielded).filter(|h| h.epoch == first.epoch) {
+        rows.entry(h.split).or_default().extend(&h.positions);
+    }
+    let yielded = rows
+        .into_iter()
+        .map(|(split, mut positions)| {
+            positions.sort_unstable();
+            positions.dedup();
+            HeldRows { epoch: first.epoch, split, positions }
+        })
+        .collect();
+    Ok(ResumeState { consumer_index: 0, yielded, merged_ranks: ranks, ..first.clone() })
 }
 
 #[cfg(test)]
@@ -90,5 +151,32 @@ mod tests {
         resumed.next_epoch(3);
         let next = resumed.state("job", 2, 1);
         assert_eq!((next.epoch, next.batches, next.yielded.len()), (3, 0, 0));
+    }
+
+    #[test]
+    fn the_ranks_states_of_one_step_merge_into_one_and_nothing_else_does() {
+        let state = |rank, rows: &[(u64, u64)]| {
+            let mut y = Yielded::new(4);
+            y.record(&batch(rows));
+            y.state("job", 2, rank)
+        };
+        let (a, b) = (state(0, &[(1, 5), (0, 3)]), state(1, &[(1, 2), (1, 5)]));
+        let merged = merge_states(&[b.clone(), a.clone()]).unwrap();
+        assert_eq!((merged.merged_ranks, merged.epoch, merged.batches, merged.consumers), (2, 4, 1, 2));
+        let rows: Vec<(u64, Vec<u32>)> = merged.yielded.iter().map(|h| (h.split, h.positions.clone())).collect();
+        assert_eq!(rows, [(0, vec![3]), (1, vec![2, 5])]);
+        assert_eq!(merge_states(std::slice::from_ref(&merged)).unwrap(), merged, "a merged state alone is itself");
+
+        let err = |states: &[ResumeState]| merge_states(states).unwrap_err();
+        assert!(err(std::slice::from_ref(&a)).contains("missing: rank(s) 1"));
+        assert!(err(&[a.clone(), a.clone()]).contains("rank 0's state is given twice"));
+        let later = state(1, &[(1, 2)]);
+        let mut later = ResumeState { batches: 2, ..later };
+        assert!(err(&[a.clone(), later.clone()]).contains("different steps"));
+        later.batches = 1;
+        later.job = "other".into();
+        assert!(err(&[a.clone(), later]).contains("different steps"));
+        assert!(err(&[a, merged]).contains("merged again only alone"));
+        assert!(err(&[]).contains("no states"));
     }
 }

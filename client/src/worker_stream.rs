@@ -94,11 +94,11 @@ pub(crate) async fn open(
         consumer_index: options.consumer_index,
         consumers: options.consumers,
         coordinated: options.coordinated,
-        start_epoch: options.start_epoch,
+        // Under the dispatcher the stream is of one epoch.
+        start_epoch: if epoch.is_none() { options.start_epoch } else { None },
         max_message_bytes: options.max_message_bytes as u64,
         epoch,
-        // Batches through shared memory are for the Python client.
-        shared_memory: None,
+        shared_memory: options.shared_memory.as_deref().and_then(crate::shared::identity),
         resume: cursor.map(|c| c.resume(options)),
     });
     if let Some(token) = &options.token {
@@ -124,11 +124,10 @@ pub(crate) async fn pump(
     worker: String,
     mut stream: tonic::Streaming<BatchChunk>,
     tx: &mpsc::Sender<Result<Batch, Error>>,
-    max_batch_bytes: u64,
+    mut reassembler: Reassembler,
     (delivery, cursor): (Option<&Delivery>, Option<&Cursor>),
     mut on_batch: impl FnMut(),
 ) -> Option<Error> {
-    let mut reassembler = Reassembler::new(max_batch_bytes);
     let counted = |batch_seq: u64| cursor.inspect(|c| c.counted(batch_seq));
     loop {
         match stream.message().await {

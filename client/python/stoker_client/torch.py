@@ -43,7 +43,9 @@ the middle of an epoch also `"resume"`: the client's state (`Client.state()`: th
 rows of the epoch handed out so far). `load_state_dict(state)` makes the next client go on from
 there: with "resume", the rest of that epoch (every rank loads the state it saved at the same
 step; the job goes on as a new run, with any number of workers, after an operator restart
-too); without, the epoch, or the job's open epoch if the job is already past it. With
+too); without, the epoch, or the job's open epoch if the job is already past it. To resume with
+another number of ranks (after a preemption onto other nodes), every new rank loads the one
+state `StokerIterableDataset.merge_state_dicts` makes of every old rank's. With
 `DataLoader(num_workers=0)` the main process reads, and its dataset holds the state. With loader
 processes each one's dataset holds its own (it is its own consumer): torchdata's
 `StatefulDataLoader` collects and restores them through these same two methods; the main
@@ -60,6 +62,7 @@ import multiprocessing.util
 import os
 import warnings
 
+from ._core import merge_states
 from .client import Client
 
 
@@ -172,6 +175,29 @@ class StokerIterableDataset(IterableDataset):
         if self._client is not None and self._pid == os.getpid():
             self._client.close()
         self._client = self._pid = None
+
+    @staticmethod
+    def merge_state_dicts(state_dicts):
+        """One state from the `state_dict()`s every consumer of the job saved at the same step
+        (every rank's; with loader processes every loader process's): loaded into every
+        dataset of a job read by any number of ranks, it goes on from there (2 ranks' states
+        resume 4 ranks, or 1). Raises ValueError unless they are of one job and one step."""
+        state_dicts = list(state_dicts)
+        if not state_dicts:
+            raise ValueError("no states to merge")
+        jobs = {state.get("job") for state in state_dicts}
+        if len(jobs) != 1:
+            raise ValueError(f"the states are of different jobs: {sorted(map(str, jobs))}")
+        resumes = [state["resume"] for state in state_dicts if "resume" in state]
+        if not resumes:
+            epochs = {state.get("epoch") for state in state_dicts}
+            if len(epochs) != 1:
+                raise ValueError(f"the states are of different epochs: {sorted(map(str, epochs))}")
+            return dict(state_dicts[0])
+        if len(resumes) != len(state_dicts):
+            raise ValueError("some states were saved in the middle of an epoch and some not: not one step")
+        merged = merge_states(resumes)
+        return {"epoch": merged["epoch"], "job": state_dicts[0].get("job"), "resume": merged}
 
     def close(self):
         """Closes this process's client (also done when the process ends)."""

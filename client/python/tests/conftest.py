@@ -43,6 +43,55 @@ def pipeline_file(directory: pathlib.Path, corpus: pathlib.Path, batch_size: int
     return path
 
 
+def records_pipeline_file(directory: pathlib.Path, files: int, lines: int, batch_size: int, pad: int) -> pathlib.Path:
+    """A pipeline of `files` JSONL files of `lines` records each (an "id" and `pad` floats:
+    cheap to produce), read by two workers."""
+    import json
+
+    data = directory / "records"
+    data.mkdir()
+    padding = [0.5] * pad
+    for file in range(files):
+        records = (json.dumps({"id": file * lines + i, "pad": padding}) for i in range(lines))
+        (data / f"{file}.jsonl").write_text("\n".join(records) + "\n")
+    path = directory / "pipeline.yaml"
+    path.write_text(
+        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
+        f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
+        f"  batchSize: {batch_size}\n"
+        "  workers: {min: 2, max: 2}\n  autoscaling: {mode: Fixed, replicas: 2}\n"
+    )
+    return path
+
+
+def read_together(clients, read):
+    """`read(rank, client)` for every client at once, each in its own thread; what each
+    returned. The first error is raised once all are done; it closes every client first, as
+    the other ranks would wait for this one's counts forever."""
+    got, errors = [None] * len(clients), []
+
+    def run(rank, client):
+        try:
+            got[rank] = read(rank, client)
+        except Exception as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+            for c in clients:
+                c.close()
+
+    threads = [threading.Thread(target=run, args=(rank, c), daemon=True) for rank, c in enumerate(clients)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for c in clients:
+            c.close()
+    if errors:
+        raise errors[0]
+    return got
+
+
 def images_in(corpus: pathlib.Path) -> int:
     return sum(1 for p in corpus.rglob("*.jpg"))
 

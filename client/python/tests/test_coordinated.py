@@ -5,13 +5,11 @@ come, and batch k of both ranks is of the same round, but for the few at the epo
 no round of the order took (each worker's last, incomplete round). In arrival order the ranks
 line up for a few batches only: they receive the workers' rounds interleaved differently."""
 
-import json
 import random
-import threading
 import time
 
 import pytest
-from conftest import within
+from conftest import read_together, records_pipeline_file, within
 from test_dispatcher import Local
 
 from stoker_client import Client
@@ -33,25 +31,13 @@ STEP_SECONDS = 0.01
 @pytest.fixture
 def records_pipeline(tmp_path):
     """A pipeline of FILES jsonl files of LINES records each, read by two workers."""
-    data = tmp_path / "records"
-    data.mkdir()
-    pad = [0.5] * 200
-    for file in range(FILES):
-        lines = (json.dumps({"id": file * LINES + i, "pad": pad}) for i in range(LINES))
-        (data / f"{file}.jsonl").write_text("\n".join(lines) + "\n")
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(
-        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
-        f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
-        f"  batchSize: {BATCH_SIZE}\n"
-        "  workers: {min: 2, max: 2}\n  autoscaling: {mode: Fixed, replicas: 2}\n"
-    )
-    return path
+    return records_pipeline_file(tmp_path, FILES, LINES, BATCH_SIZE, pad=200)
 
 
-def read_epochs(client, out, steps: random.Random):
-    """Appends, per epoch, (the epoch, its batches' rounds, its rows, rows dropped) to `out`,
-    taking a step of random length after each batch."""
+def read_epochs(client, steps: random.Random):
+    """Per epoch, (the epoch, its batches' rounds, its rows, rows dropped), taking a step of
+    random length after each batch."""
+    out = []
     for _ in range(EPOCHS):
         epoch, dropped = client.epoch, client.dropped_rows
         batches = []
@@ -61,37 +47,14 @@ def read_epochs(client, out, steps: random.Random):
         assert {b.epoch for b in batches} == {epoch}
         out.append((epoch, [b.round for b in batches], [r for b in batches for r in b.rows.tolist()],
                     client.dropped_rows - dropped))
+    return out
 
 
 def read_as_ranks(url, job):
     """What each rank read (`read_epochs`), the ranks reading at the same time."""
     clients = [Client.from_dispatcher(url, "test", "py", job=job, consumers=RANKS, consumer_index=rank,
                                       coordinated=True, prefetch=2) for rank in range(RANKS)]
-    got = [[] for _ in clients]
-    errors = []
-
-    def read(client, out, rank):
-        try:
-            read_epochs(client, out, random.Random(rank))
-        except Exception as e:  # noqa: BLE001 - raised in the test
-            errors.append(e)
-            # The other rank would wait for this one's counts forever.
-            for c in clients:
-                c.close()
-
-    threads = [threading.Thread(target=read, args=(c, out, rank), daemon=True)
-               for rank, (c, out) in enumerate(zip(clients, got))]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        for c in clients:
-            c.close()
-    if errors:
-        raise errors[0]
-    return got
+    return read_together(clients, lambda rank, client: read_epochs(client, random.Random(rank)))
 
 
 def test_coordinated_ranks_get_each_round_at_the_same_step(tmp_path, records_pipeline):

@@ -34,7 +34,7 @@ TWO_WORKERS = "  workers: {min: 2, max: 2}\n  autoscaling: {mode: Fixed, replica
 ONE_WORKER = "  workers: {min: 1, max: 1}\n  autoscaling: {mode: Fixed, replicas: 1}\n"
 
 
-def run_rank(rank: int, port: int, dispatcher: str, job: str, out: pathlib.Path, plan: dict) -> None:
+def run_rank(rank: int, world: int, port: int, dispatcher: str, job: str, out: pathlib.Path, plan: dict) -> None:
     """Trains a linear model on the flattened images for EPOCHS passes (one epoch each); writes,
     per pass, the epochs its batches were of, its steps, the rows it yielded and the rows its
     client dropped. Touches `out`.started after its first step and `out`.first-epoch after its
@@ -49,12 +49,12 @@ def run_rank(rank: int, port: int, dispatcher: str, job: str, out: pathlib.Path,
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=COLLECTIVE_SECONDS))
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(64 * 64 * 3, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    # Rank and world size from torch.distributed: two consumers of the job.
+    # Rank and world size from torch.distributed: `world` consumers of the job.
     dataset = RowsDataset(dispatcher, "test", "py", job=job)
     if "load" in plan:
         dataset.load_state_dict(json.loads(pathlib.Path(plan["load"].format(rank=rank)).read_text()))
@@ -109,20 +109,21 @@ def free_port() -> int:
 
 
 class Ranks:
-    """The WORLD rank processes of one job, their output in `tmp_path`; `plan` as in `run_rank`."""
+    """The `world` rank processes of one job, their output in `tmp_path`; `plan` as in
+    `run_rank`."""
 
-    def __init__(self, tmp_path: pathlib.Path, dispatcher: str, job: str, plan=None):
+    def __init__(self, tmp_path: pathlib.Path, dispatcher: str, job: str, plan=None, world: int = WORLD):
         port = free_port()
         # The ranks import what this process imports (the tests' directory, this client).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        self.outs = [tmp_path / f"rank-{rank}.json" for rank in range(WORLD)]
-        self.logs = [tmp_path / f"rank-{rank}.log" for rank in range(WORLD)]
+        self.outs = [tmp_path / f"rank-{rank}.json" for rank in range(world)]
+        self.logs = [tmp_path / f"rank-{rank}.log" for rank in range(world)]
         self.processes = []
-        for rank in range(WORLD):
+        for rank in range(world):
             with open(self.logs[rank], "w") as log:
                 self.processes.append(subprocess.Popen(
-                    [sys.executable, __file__, str(rank), str(port), dispatcher, job, str(self.outs[rank]),
-                     json.dumps(plan or {})],
+                    [sys.executable, __file__, str(rank), str(world), str(port), dispatcher, job,
+                     str(self.outs[rank]), json.dumps(plan or {})],
                     stdout=log, stderr=subprocess.STDOUT, env=env, cwd=pathlib.Path(__file__).parent))
         self.deadline = time.monotonic() + RUN_SECONDS
 
@@ -186,7 +187,7 @@ def check_resumed(first, second) -> None:
     (`second`) that read the rest of epoch 1 and epoch 2: equal steps in each, every row of
     each epoch once across both."""
     check_steps(first, 0)
-    assert [r[1]["steps"] for r in first] == [3] * WORLD
+    assert [r[1]["steps"] for r in first] == [3] * len(first)
     check_steps(second, 1)
     check_whole("epoch 0", [r[0] for r in first])
     check_whole("epoch 1", [r[1] for r in first] + [r[0] for r in second])
@@ -264,6 +265,28 @@ def test_ranks_resume_mid_epoch_on_a_new_operator_with_another_worker_count(tmp_
     check_resumed(first, second)
 
 
+@pytest.mark.parametrize("world", [3, 1])
+def test_two_ranks_states_merged_resume_the_job_read_by_another_number_of_ranks(tmp_path, ddp_corpus, world):
+    """Elastic resume: two ranks stop 3 steps into epoch 1 and save their states; the states
+    merged into one (`merge_state_dicts`) resume the job read by `world` ranks, each loading
+    it, on a new operator. Epoch 1 across both runs holds every row once, and the new ranks
+    take equal steps."""
+    from stoker_client.torch import StokerIterableDataset
+
+    states = str(tmp_path / "state-{rank}.json")
+    merged = tmp_path / "merged.json"
+    runs = [tmp_path / "first", tmp_path / "second"]
+    for run in runs:
+        run.mkdir()
+    with Local(tmp_path, pipeline_file(tmp_path, ddp_corpus, batch_size=4, extra=TWO_WORKERS)) as local:
+        first = Ranks(runs[0], local.address(), "ddp-elastic", {"steps": 3, "save": states}).records()
+    saved = [json.loads(pathlib.Path(states.format(rank=rank)).read_text()) for rank in range(WORLD)]
+    merged.write_text(json.dumps(StokerIterableDataset.merge_state_dicts(saved)))
+    with Local(tmp_path, pipeline_file(tmp_path, ddp_corpus, batch_size=4, extra=TWO_WORKERS)) as local:
+        second = Ranks(runs[1], local.address(), "ddp-elastic", {"load": str(merged)}, world=world).records()
+    check_resumed(first, second)
+
+
 if __name__ == "__main__":
-    rank_, port_, dispatcher_, job_, out_, plan_ = sys.argv[1:]
-    run_rank(int(rank_), int(port_), dispatcher_, job_, pathlib.Path(out_), json.loads(plan_))
+    rank_, world_, port_, dispatcher_, job_, out_, plan_ = sys.argv[1:]
+    run_rank(int(rank_), int(world_), int(port_), dispatcher_, job_, pathlib.Path(out_), json.loads(plan_))

@@ -1,5 +1,6 @@
 """`python` transforms in a real worker give exactly what the same function gives in plain
-Python on the same elements with the same generators (`stoker_client.runtime.element_rng`):
+Python on the same elements with the same generators (`element_rng` of the worker's Python
+runtime, worker/src/python/runtime.py):
 after the worker's own decode and crop (images through shared memory), and on JSONL records.
 """
 
@@ -10,9 +11,12 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import Worker, within
+from conftest import ROOT, Worker, within
 from stoker_client import Client
-from stoker_client.runtime import element_rng
+
+# The worker's side of `python` transforms, importable for the generators it hands them.
+sys.path.insert(0, str(ROOT / "worker" / "src" / "python"))
+from runtime import element_rng  # noqa: E402
 
 # The workers run the op with this interpreter (it has numpy).
 os.environ.setdefault("STOKER_PYTHON", sys.executable)

@@ -55,7 +55,7 @@ def test_a_client_with_another_ca_fails_clearly(tmp_path, corpus):
         with pytest.raises(TlsError) as failed:
             Client.from_dispatcher(address, "test", "py", ca_file=str(cert), connect_timeout=20)
         assert time.monotonic() - started < 10, "failed at once, not after the connect timeout"
-        assert "handshake failed" in str(failed.value) and str(cert) in str(failed.value), str(failed.value)
+        assert "not signed by a CA this client trusts" in str(failed.value), str(failed.value)
         # Plaintext to a TLS dispatcher: refused after the connect timeout (gRPC retries a
         # closed socket), saying it is probably TLS.
         with pytest.raises(TlsError) as failed:

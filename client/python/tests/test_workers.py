@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from stoker_client import Client, WorkerError
+from stoker_client import Client, StatusCode, WorkerError
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "iterate_epochs.py"
 
@@ -32,10 +32,37 @@ def test_two_workers_deliver_every_image_of_both_epochs(two_workers):
 
 
 def test_an_unreachable_worker_is_an_error_naming_it(two_workers):
-    with Client([two_workers[0], "127.0.0.1:1"], "test", "py") as client:
-        with pytest.raises(WorkerError, match="127.0.0.1:1"):
-            for _ in client:
-                pass
+    # The constructor connects: a wrong address fails there, not mid-training.
+    with pytest.raises(WorkerError, match="127.0.0.1:1") as failed:
+        Client([two_workers[0], "127.0.0.1:1"], "test", "py")
+    assert failed.value.code == StatusCode.UNAVAILABLE
+
+
+def test_epochs_and_states_need_the_dispatcher(two_workers):
+    with Client(two_workers, "test", "py") as client:
+        with pytest.raises(TypeError, match="needs the dispatcher"):
+            client.iter_epoch()
+        with pytest.raises(TypeError, match="needs the dispatcher"):
+            client.state()
+
+
+def test_a_state_is_checked_against_the_consumer():
+    state = {"job": "job", "epoch": 1, "batches": 2, "consumers": 2, "consumer_index": 1, "yielded": [[0, [3]]]}
+    resume = lambda **o: Client.from_dispatcher("127.0.0.1:1", "ns", "p", connect_timeout=0.5, **o)
+    with pytest.raises(ValueError, match='of job "job", not "other"'):
+        resume(job="other", consumers=2, consumer_index=1, resume=state)
+    with pytest.raises(ValueError, match="of consumer 1 of 2, not 0 of 2"):
+        resume(job="job", consumers=2, consumer_index=0, resume=state)
+    with pytest.raises(ValueError, match="of consumer 1 of 2, not 1 of 4"):
+        resume(job="job", consumers=4, consumer_index=1, resume=state)
+    with pytest.raises(ValueError, match="lacks batches, yielded"):
+        resume(job="job", consumers=2, consumer_index=1,
+               resume={"job": "job", "epoch": 1, "consumers": 2, "consumer_index": 1})
+    with pytest.raises(ValueError, match="start_epoch 0 is not the resume state's epoch 1"):
+        resume(job="job", consumers=2, consumer_index=1, resume=state, start_epoch=0)
+    # A valid state gets as far as the dispatcher, which is not there.
+    with pytest.raises(WorkerError, match="127.0.0.1:1"):
+        resume(job="job", consumers=2, consumer_index=1, resume=state)
 
 
 def test_bad_options_are_refused():

@@ -88,6 +88,9 @@ pub struct Resume {
     pub consumers: u32,
     pub consumer_index: u32,
     pub yielded: Vec<Held>,
+    /// Every rank's state merged into one (`ResumeState.merged_ranks`): it resumes the job
+    /// read by any number of ranks, each bringing it.
+    pub merged: bool,
 }
 
 /// A registered client: its id, the job it streams as (a resumed job's run), and this

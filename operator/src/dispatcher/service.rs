@@ -378,6 +378,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 consumers: s.consumers,
                 consumer_index: s.consumer_index,
                 yielded: s.yielded.into_iter().map(held).collect(),
+                merged: s.merged_ranks > 0,
             }),
         };
         let registered =

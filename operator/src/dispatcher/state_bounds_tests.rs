@@ -63,8 +63,15 @@ fn epochs_at_u64_max_do_not_overflow() {
     let w = s.register_worker(registration("a:1", 1), t).unwrap();
     // A job resumed at epoch u64::MAX: completing it moves on from the last epoch there is
     // (`epoch + 1` in the ledger panicked in debug builds, with the state's mutex held).
-    let resume =
-        Resume { job: "r".into(), epoch: u64::MAX, batches: 1, consumers: 0, consumer_index: 0, yielded: vec![] };
+    let resume = Resume {
+        job: "r".into(),
+        epoch: u64::MAX,
+        batches: 1,
+        consumers: 0,
+        consumer_index: 0,
+        yielded: vec![],
+        merged: false,
+    };
     let run = s.register_client(ClientRegistration { resume: Some(resume), ..client("r") }, t).unwrap().job;
     let first = s.next_split(&w, &run, &[], u64::MAX, t);
     assert_eq!(first, Ok(Assignment::Split { epoch: u64::MAX, split: 0, skip: vec![] }));

@@ -14,7 +14,9 @@ impl DispatcherState {
     /// states saved at the same step (same epoch and batches: every rank has yielded as many),
     /// or a new one. A run is a job of its own, named apart, so no batch made for the job
     /// before (still in a worker's queues) reaches it. Once every rank's state is in, the run
-    /// produces the epoch without the rows any of them had yielded.
+    /// produces the epoch without the rows any of them had yielded. A merged state (every
+    /// rank's saved state as one) resumes the job read by any number of ranks: each new rank
+    /// brings it under its own rank, and the run waits for all of them.
     pub(super) fn resume(
         &mut self,
         pipeline: &PipelineKey,
@@ -25,8 +27,14 @@ impl DispatcherState {
     ) -> Result<String, DispatchError> {
         let mismatch = if resume.job != job {
             Some(format!("it is of job {:?}, not {job:?}", resume.job))
+        } else if resume.merged {
+            None
         } else if resume.consumers.max(1) != consumers.max(1) {
-            Some(format!("it is of a job of {} consumer(s), not {}", resume.consumers, consumers))
+            Some(format!(
+                "it is of a job of {} consumer(s), not {} (merge every rank's state into one to resume with another \
+                 number of ranks)",
+                resume.consumers, consumers
+            ))
         } else if consumers > 1 && resume.consumer_index != consumer_index {
             Some(format!("it is rank {}'s, not rank {consumer_index}'s", resume.consumer_index))
         } else {

@@ -515,6 +515,7 @@ fn a_job_resumed_by_its_ranks_runs_anew_once_every_ranks_state_is_in_without_wha
         consumers: 2,
         consumer_index: rank,
         yielded: vec![Held { epoch: 4, split: 1, positions }],
+        merged: false,
     };
     let resuming =
         |rank, positions| ClientRegistration { resume: Some(state(rank, positions)), ..client("j", rank, 2) };
@@ -538,6 +539,37 @@ fn a_job_resumed_by_its_ranks_runs_anew_once_every_ranks_state_is_in_without_wha
     // Resumed again from the same step (the first run crashed): a fresh run.
     let again = s.register_client(ClientRegistration { resume: Some(state(0, vec![])), ..client("j", 0, 2) }, t);
     assert_ne!(again.unwrap().job, r0.job);
+}
+
+#[test]
+fn a_merged_state_resumes_the_job_read_by_another_number_of_ranks_once_all_of_them_are_in() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    let w = s.register_worker(registration("a:1", 2), t).unwrap();
+    // Two ranks' states merged: their rows together, for three new ranks.
+    let merged = Resume {
+        job: "j".into(),
+        epoch: 4,
+        batches: 7,
+        consumers: 2,
+        consumer_index: 0,
+        yielded: vec![Held { epoch: 4, split: 1, positions: vec![1, 2, 3] }],
+        merged: true,
+    };
+    let resuming = |rank| ClientRegistration { resume: Some(merged.clone()), ..client("j", rank, 3) };
+    let r0 = s.register_client(resuming(0), t).unwrap();
+    let r2 = s.register_client(resuming(2), t).unwrap();
+    assert_eq!(r2.job, r0.job);
+    assert_eq!(s.next_split(&w, &r0.job, &[], 4, t).unwrap(), Assignment::Draining { epoch: 4 }, "rank 1 is not in");
+    assert_eq!(s.register_client(resuming(1), t).unwrap().job, r0.job);
+    assert_eq!(s.next_split(&w, &r0.job, &[], 4, t).unwrap(), split(4, 0));
+    let second = s.next_split(&w, &r0.job, &[], 4, t).unwrap();
+    assert_eq!(second, Assignment::Split { epoch: 4, split: 1, skip: vec![1, 2, 3] }, "the rows once");
+
+    // A rank's own state still resumes only the job read by as many ranks.
+    let own = Resume { merged: false, ..merged.clone() };
+    let refused = s.register_client(ClientRegistration { resume: Some(own), ..client("j", 0, 3) }, t).unwrap_err();
+    assert!(refused.to_string().contains("merge every rank's state"), "{refused}");
 }
 
 #[test]

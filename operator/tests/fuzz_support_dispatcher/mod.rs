@@ -246,10 +246,17 @@ fn register_client() -> impl Strategy<Value = Op> {
             received,
         },
     );
-    let resume =
-        (num(), num(), count(), count(), held()).prop_map(|(epoch, batches, consumers, consumer_index, yielded)| {
-            proto::ResumeState { job: String::new(), epoch, batches, consumers, consumer_index, yielded }
-        });
+    let resume = (num(), num(), count(), count(), held(), count()).prop_map(
+        |(epoch, batches, consumers, consumer_index, yielded, merged_ranks)| proto::ResumeState {
+            job: String::new(),
+            epoch,
+            batches,
+            consumers,
+            consumer_index,
+            yielded,
+            merged_ranks,
+        },
+    );
     (
         pipeline(),
         job(),

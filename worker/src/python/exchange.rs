@@ -1,6 +1,6 @@
 //! What crosses to a Python process and back: an element's fields laid out in the shared
 //! memory file, described by small JSON messages (the protocol is stated in
-//! client/python/stoker_client/runtime.py). Arrays are written once into the shared memory,
+//! worker/src/python/runtime.py). Arrays are written once into the shared memory,
 //! viewed there by numpy without a copy, and the function's output is copied once out of it.
 
 use std::fs::File;

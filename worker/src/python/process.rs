@@ -16,7 +16,7 @@ use super::exchange::{Reply, Shared};
 use super::{Failure, PythonOps};
 
 /// The runtime, built into the worker so the two sides always speak the same protocol.
-const RUNTIME: &str = include_str!("../../../client/python/stoker_client/runtime.py");
+const RUNTIME: &str = include_str!("runtime.py");
 
 /// The shared memory file's first size; it grows with the largest element.
 const INITIAL_SHARED: usize = 4 << 20;
