@@ -5,7 +5,7 @@ CACHE := $(or $(STOKER_CACHE),$(HOME)/.cache/stoker)
 VENV := $(CACHE)/venv
 export PATH := $(CACHE)/bin:$(PATH)
 
-.PHONY: demo test test-lint test-rust test-python test-kubelet test-kind tools generate lint python venv deps
+.PHONY: demo test test-lint test-rust test-python test-kubelet test-kind tools generate lint lint-venv python venv deps
 
 # Runs the local demo: no cluster needed. It builds exactly what `make test` builds first (the
 # worker's own code optimised even there, so its workers really decode and crop at the rate the
@@ -81,11 +81,21 @@ generate: tools
 	cp crds/datapipelines.stoker.dev.yaml charts/stoker/files/crds/datapipelines.stoker.dev.yaml
 	helm template stoker charts/stoker --namespace stoker-system > manifests/install.yaml
 
-# rustfmt.toml holds the style; clippy's warnings are errors.
-lint: deps
+# rustfmt.toml holds the Rust style, ruff.toml and mypy.ini the Python checks; every warning
+# is an error.
+lint: deps lint-venv
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --workspace --all-targets --features stoker-worker/bench -- -D warnings
+	$(LINT_VENV)/bin/ruff format --check .
+	$(LINT_VENV)/bin/ruff check .
+	$(LINT_VENV)/bin/mypy
+
+# Ruff (ruff.toml) and mypy (mypy.ini) for the Python, pinned, in a small venv of their own.
+LINT_VENV := $(CACHE)/lint-venv
+lint-venv:
+	test -x $(LINT_VENV)/bin/python || $(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_VENV)/bin/pip install -q --disable-pip-version-check 'ruff==0.17.6' 'mypy==2.4.1' 'numpy>=2,<3'
 
 # The C library the worker links statically: libjpeg-turbo's headers and static library, from
 # Debian (already on this project's machines; installed when missing).

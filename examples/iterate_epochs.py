@@ -44,8 +44,10 @@ def main():
         elapsed = time.perf_counter() - start
         print(f"all: {total} images in {elapsed:.2f} s: {total / elapsed:.0f} images/s")
         w = client.window()
-        print(f"batches {w.batches}, median batch time {w.median * 1e3:.1f} ms, p90 {w.p90 * 1e3:.1f} ms, "
-              f"waiting for data {w.wait_fraction:.0%}")
+        print(
+            f"batches {w.batches}, median batch time {w.median * 1e3:.1f} ms, p90 {w.p90 * 1e3:.1f} ms, "
+            f"waiting for data {w.wait_fraction:.0%}"
+        )
 
 
 def through_the_dispatcher(args):

@@ -92,6 +92,27 @@ impl From<crate::DType> for Dtype {
     }
 }
 
+impl From<crate::CacheMode> for CacheMode {
+    fn from(mode: crate::CacheMode) -> Self {
+        match mode {
+            crate::CacheMode::Never => CacheMode::Never,
+            crate::CacheMode::Auto => CacheMode::Auto,
+            crate::CacheMode::Always => CacheMode::Always,
+        }
+    }
+}
+
+impl From<CacheMode> for crate::CacheMode {
+    /// Unspecified is Never, the spec's default.
+    fn from(mode: CacheMode) -> Self {
+        match mode {
+            CacheMode::Unspecified | CacheMode::Never => crate::CacheMode::Never,
+            CacheMode::Auto => crate::CacheMode::Auto,
+            CacheMode::Always => crate::CacheMode::Always,
+        }
+    }
+}
+
 impl Dtype {
     /// The shared type, or None for `DTYPE_UNSPECIFIED`.
     pub fn to_api(self) -> Option<crate::DType> {

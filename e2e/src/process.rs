@@ -82,12 +82,8 @@ impl ManagedProcess {
         // SAFETY: waitid on our own child with WNOWAIT only observes; zeroed siginfo is valid.
         unsafe {
             let mut info: libc::siginfo_t = std::mem::zeroed();
-            let rc = libc::waitid(
-                libc::P_PID,
-                self.child.id() as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-            );
+            let rc =
+                libc::waitid(libc::P_PID, self.child.id(), &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT);
             if rc != 0 || info.si_pid() == 0 {
                 return None;
             }

@@ -30,7 +30,6 @@ import sys
 import time
 
 import numpy as np
-
 from standalone import serve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -65,9 +64,13 @@ def processes():
     workers = {pid for pid, (name, parent) in table.items() if name == "stoker-worker" and parent == str(os.getpid())}
     children = [pid for pid, (_, parent) in table.items() if parent in workers]
     consumer, faults = cpu_seconds()
-    return {"consumer": consumer, "worker": sum(cpu_seconds(p)[0] for p in workers),
-            "python op": sum(cpu_seconds(p)[0] for p in children), "consumer page faults": faults,
-            "python op page faults": sum(cpu_seconds(p)[1] for p in children)}
+    return {
+        "consumer": consumer,
+        "worker": sum(cpu_seconds(p)[0] for p in workers),
+        "python op": sum(cpu_seconds(p)[0] for p in children),
+        "consumer page faults": faults,
+        "python op page faults": sum(cpu_seconds(p)[1] for p in children),
+    }
 
 
 def loader_seconds():
@@ -76,21 +79,33 @@ def loader_seconds():
     return cpu_seconds()[0], sum(cpu_seconds(p)[0] for p in children)
 
 
-def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=False, message_mib=None,
-                  layout="planar", shared_memory=True):
+def stoker_epochs(
+    worker_bin,
+    corpus,
+    epochs,
+    threads,
+    jitter,
+    batch=None,
+    cpu=False,
+    message_mib=None,
+    layout="planar",
+    shared_memory=True,
+):
     from stoker_client import Client
 
     function, extra = ("color_jitter_batch", f", batch: {batch}") if batch else ("color_jitter", "")
     extra += f", layout: {layout}"
-    spec = (f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
-            "  transforms:\n"
-            "  - decodeImage: {channels: 3}\n"
-            "  - randomResizedCrop: {size: [224, 224]}\n"
-            "  - randomFlip: {horizontal: true}\n"
-            + (f"  - python: {{module: augment, function: {function}, path: '{CODE}'{extra}}}\n" if jitter else "")
-            + "  - normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}\n"
-            f"  batchSize: {BATCH}\n"
-            "  seed: 1\n")
+    spec = (
+        f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
+        "  transforms:\n"
+        "  - decodeImage: {channels: 3}\n"
+        "  - randomResizedCrop: {size: [224, 224]}\n"
+        "  - randomFlip: {horizontal: true}\n"
+        + (f"  - python: {{module: augment, function: {function}, path: '{CODE}'{extra}}}\n" if jitter else "")
+        + "  - normalize: {mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}\n"
+        f"  batchSize: {BATCH}\n"
+        "  seed: 1\n"
+    )
     with serve(worker_bin, spec, epochs + 1, threads, env={"STOKER_PYTHON": sys.executable}) as address:
         end, images, usage = {}, {}, {}
         options = {"max_message_bytes": message_mib << 20} if message_mib else {}
@@ -106,9 +121,12 @@ def stoker_epochs(worker_bin, corpus, epochs, threads, jitter, batch=None, cpu=F
         if cpu and len(usage) == 2:
             n = sum(images[e] for e in range(1, epochs))
             d = {k: (usage[epochs][k] - usage[1][k]) / n for k in usage[1]}
-            print(f"  per image: worker {d['worker'] * 1e3:.3f} ms CPU, its Python processes {d['python op'] * 1e3:.3f}, "
-                  f"consumer {d['consumer'] * 1e3:.3f}; page faults per image: Python processes {d['python op page faults']:.1f}, "
-                  f"consumer {d['consumer page faults']:.1f}")
+            print(
+                f"  per image: worker {d['worker'] * 1e3:.3f} ms CPU, its Python processes {d['python op'] * 1e3:.3f}, "
+                f"consumer {d['consumer'] * 1e3:.3f}; "
+                f"page faults per image: Python processes {d['python op page faults']:.1f}, "
+                f"consumer {d['consumer page faults']:.1f}"
+            )
         return periods(end, images, epochs), images[1]
 
 
@@ -124,7 +142,9 @@ class Files:
 
         self.jitter = augment.color_jitter if jitter else (lambda element, rng: element)
         classes = sorted(p.name for p in pathlib.Path(corpus).iterdir() if p.is_dir())
-        self.items = [(str(f), i) for i, c in enumerate(classes) for f in sorted((pathlib.Path(corpus) / c).glob("*.jpg"))]
+        self.items = [
+            (str(f), i) for i, c in enumerate(classes) for f in sorted((pathlib.Path(corpus) / c).glob("*.jpg"))
+        ]
         self.crop = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip()])
         self.torch = torch
 
@@ -135,7 +155,7 @@ class Files:
         from torchvision.io import decode_jpeg, read_file
 
         path, label = self.items[index]
-        image = self.crop(decode_jpeg(read_file(path)))           # uint8 [3, 224, 224]
+        image = self.crop(decode_jpeg(read_file(path)))  # uint8 [3, 224, 224]
         element = {"image": image.permute(1, 2, 0).numpy(), "label": np.int64(label)}
         element = self.jitter(element, np.random.default_rng([1, index]))
         normalized = (element["image"].astype(np.float32) / 255.0 - MEAN) / STD
@@ -145,8 +165,14 @@ class Files:
 def dataloader_epochs(corpus, epochs, workers, jitter, cpu=False):
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(Files(corpus, jitter), batch_size=BATCH, shuffle=True, num_workers=workers,
-                        persistent_workers=True, prefetch_factor=4)
+    loader = DataLoader(
+        Files(corpus, jitter),
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=True,
+        prefetch_factor=4,
+    )
     end, images, usage = {}, {}, {}
     for epoch in range(epochs + 1):
         for batch, _ in loader:
@@ -179,18 +205,34 @@ def main():
     ap.add_argument("--without-python", action="store_true", help="both sides without color_jitter (a baseline)")
     ap.add_argument("--batch", type=int, help="Stoker calls color_jitter_batch on this many elements at once")
     ap.add_argument("--message-mib", type=int, help="the client's max_message_bytes, in MiB (default: the client's)")
-    ap.add_argument("--layout", choices=["planar", "interleaved"], default="planar",
-                    help="the python op's image layout (planar: what the DataLoader's function gets from torchvision)")
-    ap.add_argument("--messages", action="store_true",
-                    help="batches to the consumer in gRPC messages (default: through shared memory, this host's)")
-    ap.add_argument("--against-worker", metavar="BIN",
-                    help="instead of the DataLoader, Stoker with this other worker binary (an A/B of two builds)")
-    ap.add_argument("--cpu", action="store_true", help="also print each side's CPU time per image by process (needs --epochs 2 or more)")
+    ap.add_argument(
+        "--layout",
+        choices=["planar", "interleaved"],
+        default="planar",
+        help="the python op's image layout (planar: what the DataLoader's function gets from torchvision)",
+    )
+    ap.add_argument(
+        "--messages",
+        action="store_true",
+        help="batches to the consumer in gRPC messages (default: through shared memory, this host's)",
+    )
+    ap.add_argument(
+        "--against-worker",
+        metavar="BIN",
+        help="instead of the DataLoader, Stoker with this other worker binary (an A/B of two builds)",
+    )
+    ap.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also print each side's CPU time per image by process (needs --epochs 2 or more)",
+    )
     args = ap.parse_args()
     jitter = not args.without_python
-    print(f"machine: {os.cpu_count()} cores; {args.processes} processes per side; best of {args.epochs} epochs; "
-          f"{'with' if jitter else 'without'} color_jitter"
-          + (f"; Stoker's in the batched form, {args.batch} per call" if args.batch and jitter else ""))
+    print(
+        f"machine: {os.cpu_count()} cores; {args.processes} processes per side; best of {args.epochs} epochs; "
+        f"{'with' if jitter else 'without'} color_jitter"
+        + (f"; Stoker's in the batched form, {args.batch} per call" if args.batch and jitter else "")
+    )
     for round in range(1, args.rounds + 1):
         # The side that goes first alternates: a slow spell of the machine then falls on each.
         other = "against" if args.against_worker else "dataloader"
@@ -199,11 +241,24 @@ def main():
                 rates, n = dataloader_epochs(args.corpus, args.epochs, args.processes, jitter, args.cpu)
             else:
                 worker_bin = args.worker_bin if side == "stoker" else args.against_worker
-                rates, n = stoker_epochs(worker_bin, args.corpus, args.epochs, args.processes, jitter, args.batch,
-                                         args.cpu, args.message_mib, args.layout, not args.messages)
-            print(f"round {round} {side + ':':12} best {max(rates):7.1f} images/s  "
-                  f"(epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)")
+                rates, n = stoker_epochs(
+                    worker_bin,
+                    args.corpus,
+                    args.epochs,
+                    args.processes,
+                    jitter,
+                    args.batch,
+                    args.cpu,
+                    args.message_mib,
+                    args.layout,
+                    not args.messages,
+                )
+            print(
+                f"round {round} {side + ':':12} best {max(rates):7.1f} images/s  "
+                f"(epochs {', '.join(f'{r:.0f}' for r in rates)}; {n} images)"
+            )
             sys.stdout.flush()
+
 
 if __name__ == "__main__":
     main()

@@ -15,14 +15,29 @@ def serve(worker_bin, spec, epochs, threads, env=None):
     (the lines under `spec:`, indented) is `spec`; stops it afterwards."""
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = pathlib.Path(tmp) / "pipeline.yaml"
-        pipeline.write_text("apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\n"
-                            "metadata: {name: bench, namespace: bench}\nspec:\n" + spec)
+        pipeline.write_text(
+            "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\n"
+            "metadata: {name: bench, namespace: bench}\nspec:\n" + spec
+        )
         log_path = pathlib.Path(tmp) / "worker.log"
         with open(log_path, "w") as log:
-            worker = subprocess.Popen([worker_bin, "--standalone", "--pipeline", str(pipeline), "--listen",
-                                       "127.0.0.1:0", "--epochs", str(epochs), "--threads", str(threads)],
-                                      stdout=log, stderr=subprocess.STDOUT,
-                                      env={**os.environ, "NO_COLOR": "1", "RUST_LOG": "info", **(env or {})})
+            worker = subprocess.Popen(
+                [
+                    worker_bin,
+                    "--standalone",
+                    "--pipeline",
+                    str(pipeline),
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--epochs",
+                    str(epochs),
+                    "--threads",
+                    str(threads),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "NO_COLOR": "1", "RUST_LOG": "info", **(env or {})},
+            )
             try:
                 yield address(str(log_path), worker, timeout=60.0)
             finally:

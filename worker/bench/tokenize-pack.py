@@ -38,9 +38,43 @@ EOS = 2
 
 
 def words(rng):
-    base = ["data", "input", "pipeline", "training", "accelerator", "stall", "worker", "batch", "token", "model",
-            "language", "the", "a", "of", "and", "to", "in", "is", "that", "for", "it", "with", "as", "on", "was",
-            "naïve", "café", "日本語", "données", "преобразование", "x86", "2048", "GPU's", "(note)", "e.g."]
+    base = [
+        "data",
+        "input",
+        "pipeline",
+        "training",
+        "accelerator",
+        "stall",
+        "worker",
+        "batch",
+        "token",
+        "model",
+        "language",
+        "the",
+        "a",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "that",
+        "for",
+        "it",
+        "with",
+        "as",
+        "on",
+        "was",
+        "naïve",
+        "café",
+        "日本語",
+        "données",
+        "преобразование",
+        "x86",
+        "2048",
+        "GPU's",
+        "(note)",
+        "e.g.",
+    ]
     extra = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 12))) for _ in range(3000)]
     return base + extra
 
@@ -71,11 +105,13 @@ def train_tokenizer(directory, path):
 def stoker_tokens_per_second(worker_bin, data, tokenizer, threads):
     from stoker_client import Client
 
-    spec = (f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
-            "  transforms:\n"
-            f"  - tokenize: {{tokenizer: '{tokenizer}', addSpecialTokens: false}}\n"
-            f"  - pack: {{length: {LENGTH}, separator: {EOS}}}\n"
-            "  batchSize: 16\n")
+    spec = (
+        f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
+        "  transforms:\n"
+        f"  - tokenize: {{tokenizer: '{tokenizer}', addSpecialTokens: false}}\n"
+        f"  - pack: {{length: {LENGTH}, separator: {EOS}}}\n"
+        "  batchSize: 16\n"
+    )
     with serve(worker_bin, spec, 2, threads) as address:
         end, tokens = {}, {}
         with Client([address], "bench", "bench", max_message_bytes=64 << 20) as client:
@@ -91,8 +127,12 @@ def hf_tokens_per_second(data, tokenizer_path, num_proc):
 
     datasets.disable_progress_bars()
     os.environ["TOKENIZERS_PARALLELISM"] = "false" if num_proc > 1 else "true"
-    raw = datasets.load_dataset("json", data_files=sorted(str(p) for p in pathlib.Path(data).glob("*.jsonl")),
-                                split="train", keep_in_memory=True)
+    raw = datasets.load_dataset(
+        "json",
+        data_files=sorted(str(p) for p in pathlib.Path(data).glob("*.jsonl")),
+        split="train",
+        keep_in_memory=True,
+    )
     tok = Tokenizer.from_file(str(tokenizer_path))
 
     def tokenize(batch):
@@ -101,11 +141,16 @@ def hf_tokens_per_second(data, tokenizer_path, num_proc):
     def group_texts(batch):
         ids = [t for row in batch["input_ids"] for t in row]
         whole = len(ids) // LENGTH * LENGTH
-        return {"input_ids": [ids[i:i + LENGTH] for i in range(0, whole, LENGTH)]}
+        return {"input_ids": [ids[i : i + LENGTH] for i in range(0, whole, LENGTH)]}
 
     start = time.perf_counter()
-    tokenized = raw.map(tokenize, batched=True, num_proc=num_proc if num_proc > 1 else None, remove_columns=["text"],
-                        keep_in_memory=True)
+    tokenized = raw.map(
+        tokenize,
+        batched=True,
+        num_proc=num_proc if num_proc > 1 else None,
+        remove_columns=["text"],
+        keep_in_memory=True,
+    )
     packed = tokenized.map(group_texts, batched=True, num_proc=num_proc if num_proc > 1 else None, keep_in_memory=True)
     elapsed = time.perf_counter() - start
     tokens = len(packed) * LENGTH

@@ -44,6 +44,8 @@ def tune() -> bool:
             _decided = False
             if wanted():
                 libc = ctypes.CDLL(None)
-                _decided = (libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-                            and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1)
+                _decided = (
+                    libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+                    and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+                )
         return _decided

@@ -1,6 +1,7 @@
 """Batches: named numpy arrays over the bytes the Rust client received (no copy)."""
 
-from typing import Dict, Iterator, Optional, Tuple
+from collections.abc import Iterator
+from typing import Optional
 
 import numpy as np
 
@@ -20,7 +21,7 @@ def _strings(shape, data: np.ndarray) -> np.ndarray:
         raise ProtocolError(f"a text tensor's offsets do not match its {len(data)} bytes")
     payload = data[head:].tobytes()
     out = np.empty(count, dtype=object)
-    out[:] = [payload[offsets[i]:offsets[i + 1]] for i in range(count)]
+    out[:] = [payload[offsets[i] : offsets[i + 1]] for i in range(count)]
     return out.reshape(shape)
 
 
@@ -46,8 +47,17 @@ class Batch:
 
     __slots__ = ("tensors", "epoch", "split", "sequence", "completes", "rows", "incarnation", "round")
 
-    def __init__(self, tensors: Dict[str, np.ndarray], epoch: int, split: int, sequence: int, completes=(), rows=(),
-                 incarnation: int = 0, round: Optional[Tuple[str, int]] = None):
+    def __init__(
+        self,
+        tensors: dict[str, np.ndarray],
+        epoch: int,
+        split: int,
+        sequence: int,
+        completes=(),
+        rows=(),
+        incarnation: int = 0,
+        round: Optional[tuple[str, int]] = None,
+    ):
         self.tensors = tensors
         self.epoch = epoch
         self.split = split
@@ -62,8 +72,10 @@ class Batch:
     def _from_core(cls, parts) -> "Batch":
         """A batch as the Rust client hands it over (client/python/src/convert.rs `batch`)."""
         tensors, epoch, split, sequence, completes, rows, incarnation, round = parts
-        arrays = {name: np.asarray(source) if text_shape is None else _strings(text_shape, np.asarray(source))
-                  for name, source, text_shape in tensors}
+        arrays = {
+            name: np.asarray(source) if text_shape is None else _strings(text_shape, np.asarray(source))
+            for name, source, text_shape in tensors
+        }
         return cls(arrays, epoch, split, sequence, completes, np.asarray(rows), incarnation, round)
 
     def __getitem__(self, name: str) -> np.ndarray:

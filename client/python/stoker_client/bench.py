@@ -21,8 +21,12 @@ from .client import Client
 
 def start_worker(binary: str, images: int, log, shared_memory: bool = False) -> subprocess.Popen:
     shared = ["--shared-memory-dir", "/dev/shm"] if shared_memory else []
-    return subprocess.Popen([binary, "bench", "serve", "--listen", "127.0.0.1:0", "--images", str(images), *shared],
-                            stdout=log, stderr=subprocess.STDOUT, env={"RUST_LOG": "info", "NO_COLOR": "1"})
+    return subprocess.Popen(
+        [binary, "bench", "serve", "--listen", "127.0.0.1:0", "--images", str(images), *shared],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={"RUST_LOG": "info", "NO_COLOR": "1"},
+    )
 
 
 def address(log_path: str, process: subprocess.Popen, timeout: float = 30.0) -> str:
@@ -69,10 +73,13 @@ def main():
             cpu = (after.ru_utime + after.ru_stime) - (usage.ru_utime + usage.ru_stime)
             faults = after.ru_minflt - usage.ru_minflt
             how = "shared memory" if args.shared_memory else f"{args.max_message_bytes >> 20} MiB messages"
-            print(f"python client, 2 workers, {args.images} images/batch, {how}: "
-                  f"{nbytes / seconds / 1e9:.2f} GB/s ({batches / seconds:.0f} batches/s), "
-                  f"median batch time {w.median * 1e3:.2f} ms, wait fraction {w.wait_fraction:.2f}; "
-                  f"this process: {cpu / (nbytes / 1e9):.3f} s of CPU and {faults / (nbytes / 1e9):.0f} page faults per GB")
+            print(
+                f"python client, 2 workers, {args.images} images/batch, {how}: "
+                f"{nbytes / seconds / 1e9:.2f} GB/s ({batches / seconds:.0f} batches/s), "
+                f"median batch time {w.median * 1e3:.2f} ms, wait fraction {w.wait_fraction:.2f}; "
+                f"this process: {cpu / (nbytes / 1e9):.3f} s of CPU and "
+                f"{faults / (nbytes / 1e9):.0f} page faults per GB"
+            )
         finally:
             for w in workers:
                 w.terminate()

@@ -2,7 +2,8 @@
 client/python/src), which streams from the workers, follows the dispatcher and keeps the
 exactly-once accounting; here only Python's names and numpy arrays are made."""
 
-from typing import Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
+from typing import Optional
 
 from . import _core, _malloc
 from .batch import DEFAULT_MAX_BATCH_BYTES, Batch
@@ -63,6 +64,7 @@ class Client:
     Under the dispatcher `client.state()` says where the consumer is, after any batch: saved
     with a checkpoint, `from_dispatcher(resume=state)` goes on from there mid-epoch.
     """
+
     def __init__(
         self,
         workers: Iterable[str],
@@ -82,10 +84,21 @@ class Client:
         workers = list(workers)
         if not workers:
             raise ValueError("no worker addresses given")
-        self._start(namespace, pipeline, workers=workers, job=job, consumer_index=consumer_index,
-                    start_epoch=start_epoch, prefetch=prefetch, max_message_bytes=max_message_bytes,
-                    max_batch_bytes=max_batch_bytes, token=token, ca_file=ca_file,
-                    tls_server_name=tls_server_name, shared_memory=shared_memory)
+        self._start(
+            namespace,
+            pipeline,
+            workers=workers,
+            job=job,
+            consumer_index=consumer_index,
+            start_epoch=start_epoch,
+            prefetch=prefetch,
+            max_message_bytes=max_message_bytes,
+            max_batch_bytes=max_batch_bytes,
+            token=token,
+            ca_file=ca_file,
+            tls_server_name=tls_server_name,
+            shared_memory=shared_memory,
+        )
 
     def _start(self, namespace: str, pipeline: str, **options) -> None:
         _malloc.tune()
@@ -97,10 +110,21 @@ class Client:
         self._last_epoch = options.get("start_epoch") or 0
 
     @classmethod
-    def from_dispatcher(cls, url: str, namespace: str, pipeline: str, job: str = "default", consumer_index: int = 0,
-                        connect_timeout: float = 10.0, prefetch_next_epoch: bool = True,
-                        start_epoch: Optional[int] = None, consumers: int = 0, resume: Optional[dict] = None,
-                        coordinated: bool = False, **options) -> "Client":
+    def from_dispatcher(
+        cls,
+        url: str,
+        namespace: str,
+        pipeline: str,
+        job: str = "default",
+        consumer_index: int = 0,
+        connect_timeout: float = 10.0,
+        prefetch_next_epoch: bool = True,
+        start_epoch: Optional[int] = None,
+        consumers: int = 0,
+        resume: Optional[dict] = None,
+        coordinated: bool = False,
+        **options,
+    ) -> "Client":
         """Registers with the dispatcher at `url` (host:port, or https://host:port with a CA),
         streams from the pipeline's workers as they come and go, acknowledges what it received
         (every batch is delivered once, even when a worker dies mid-split or a connection
@@ -124,10 +148,20 @@ class Client:
         workers. `options` are the constructor's (prefetch, max_message_bytes, token,
         ca_file, tls_server_name, shared_memory, ...)."""
         client = cls.__new__(cls)
-        client._start(namespace, pipeline, dispatcher=url, job=job, consumer_index=consumer_index,
-                      connect_timeout=connect_timeout, prefetch_next_epoch=prefetch_next_epoch,
-                      start_epoch=start_epoch, consumers=consumers, resume=resume, coordinated=coordinated,
-                      **options)
+        client._start(
+            namespace,
+            pipeline,
+            dispatcher=url,
+            job=job,
+            consumer_index=consumer_index,
+            connect_timeout=connect_timeout,
+            prefetch_next_epoch=prefetch_next_epoch,
+            start_epoch=start_epoch,
+            consumers=consumers,
+            resume=resume,
+            coordinated=coordinated,
+            **options,
+        )
         return client
 
     @property

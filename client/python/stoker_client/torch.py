@@ -80,8 +80,18 @@ class StokerIterableDataset(IterableDataset):
     module; its consumers are `world_size * num_workers`). `client_options` go to
     `Client.from_dispatcher` (prefetch, max_message_bytes, token, ...)."""
 
-    def __init__(self, dispatcher, namespace, pipeline, job="default", rank=None, world_size=None,
-                 prefetch_next_epoch=None, coordinated=False, **client_options):
+    def __init__(
+        self,
+        dispatcher,
+        namespace,
+        pipeline,
+        job="default",
+        rank=None,
+        world_size=None,
+        prefetch_next_epoch=None,
+        coordinated=False,
+        **client_options,
+    ):
         super().__init__()
         if not isinstance(dispatcher, str):
             raise TypeError("StokerIterableDataset reads through the dispatcher: pass its address (host:port)")
@@ -124,10 +134,19 @@ class StokerIterableDataset(IterableDataset):
         loaders, loader = (info.num_workers, info.id) if info is not None else (1, 0)
         rank, world_size = self._rank()
         prefetch = self.prefetch_next_epoch if self.prefetch_next_epoch is not None else info is None
-        client = Client.from_dispatcher(self.dispatcher, self.namespace, self.pipeline, job=self.job,
-                                        consumer_index=rank * loaders + loader, prefetch_next_epoch=prefetch,
-                                        start_epoch=self._start_epoch, consumers=world_size * loaders,
-                                        resume=self._resume, coordinated=self.coordinated, **self.client_options)
+        client = Client.from_dispatcher(
+            self.dispatcher,
+            self.namespace,
+            self.pipeline,
+            job=self.job,
+            consumer_index=rank * loaders + loader,
+            prefetch_next_epoch=prefetch,
+            start_epoch=self._start_epoch,
+            consumers=world_size * loaders,
+            resume=self._resume,
+            coordinated=self.coordinated,
+            **self.client_options,
+        )
         # The state is spent: a later client (after close()) reads the job as named, from its epoch.
         self._resume = None
         # Tell the dispatcher when the process ends (a loader process too: atexit does not run

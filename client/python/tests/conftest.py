@@ -23,8 +23,11 @@ def worker_binary() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus")
-    subprocess.run([str(worker_binary()), "corpus", "--out", str(out), "--images", "24", "--classes", "3"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [str(worker_binary()), "corpus", "--out", str(out), "--images", "24", "--classes", "3"],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
@@ -124,9 +127,20 @@ class Worker:
         self.log = log
         self._file = open(log, "w")
         self.process = subprocess.Popen(
-            [str(worker_binary()), "--standalone", "--pipeline", str(pipeline), "--listen", "127.0.0.1:0",
-             "--epochs", str(epochs), "--threads", "1"],
-            stdout=self._file, stderr=subprocess.STDOUT,
+            [
+                str(worker_binary()),
+                "--standalone",
+                "--pipeline",
+                str(pipeline),
+                "--listen",
+                "127.0.0.1:0",
+                "--epochs",
+                str(epochs),
+                "--threads",
+                "1",
+            ],
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
             env={**os.environ, "NO_COLOR": "1", "RUST_LOG": "info", **(env or {})},
         )
         self.address = self._wait_for_address()

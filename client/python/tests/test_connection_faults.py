@@ -14,11 +14,12 @@ import time
 from collections import Counter
 
 import pytest
+
+from stoker_client import Client
+
 from conftest import read_together, records_pipeline_file, within
 from test_dispatcher import Local
 from test_shared_memory import mapped
-
-from stoker_client import Client
 
 FILES = 4
 LINES = 1000
@@ -40,7 +41,7 @@ def own_connections():
         except OSError:
             continue
         if link.startswith("socket:["):
-            inodes.add(link[len("socket:["):-1])
+            inodes.add(link[len("socket:[") : -1])
     found = []
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         with open(table) as f:
@@ -57,8 +58,9 @@ def reset(local_ports):
     if not local_ports:
         return 0
     filter = " or ".join(f"sport = :{p}" for p in local_ports)
-    out = subprocess.run(["ss", "-K", "-t", "-n", "state", "established", f"( {filter} )"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ss", "-K", "-t", "-n", "state", "established", f"( {filter} )"], capture_output=True, text=True, check=True
+    ).stdout
     return len([line for line in out.splitlines()[1:] if line.strip()])
 
 
@@ -77,8 +79,7 @@ class Resetter:
         round = 0
         while not self.stop.wait(EVERY):
             round += 1
-            ports = [local for local, remote in own_connections()
-                     if remote != self.dispatcher_port or round % 3 == 0]
+            ports = [local for local, remote in own_connections() if remote != self.dispatcher_port or round % 3 == 0]
             self.closed += reset(ports)
 
     def finish(self) -> int:
@@ -90,8 +91,12 @@ class Resetter:
 def read(url: str, job: str, ranks: int, shared_memory: bool):
     """Each consumer's (rows, batches, dropped rows, batches sampled that came through shared
     memory) per epoch, read at the same time."""
-    clients = [Client.from_dispatcher(url, "test", "py", job=job, consumers=ranks, consumer_index=rank,
-                                      shared_memory=shared_memory, prefetch=4) for rank in range(max(ranks, 1))]
+    clients = [
+        Client.from_dispatcher(
+            url, "test", "py", job=job, consumers=ranks, consumer_index=rank, shared_memory=shared_memory, prefetch=4
+        )
+        for rank in range(max(ranks, 1))
+    ]
 
     def epochs(_rank, client):
         out = []
@@ -134,8 +139,10 @@ def test_connection_resets_lose_and_repeat_nothing(tmp_path, records_pipeline, s
     calm, calm_seconds, _ = run(tmp_path, records_pipeline, "calm", shared_memory=shared_memory, faults=False)
     check_exactly_once(calm)
     got, seconds, closed = run(tmp_path, records_pipeline, "resets", shared_memory=shared_memory)
-    print(f"three epochs: {calm_seconds:.1f} s without faults, {seconds:.1f} s with {closed} sockets reset "
-          f"({seconds / calm_seconds:.2f}x)")
+    print(
+        f"three epochs: {calm_seconds:.1f} s without faults, {seconds:.1f} s with {closed} sockets reset "
+        f"({seconds / calm_seconds:.2f}x)"
+    )
     assert closed >= 6, f"the resets closed {closed} sockets: the faults did not happen"
     check_exactly_once(got)
     shared = sum(epoch[3] for epoch in got[0])

@@ -9,10 +9,11 @@ import random
 import time
 
 import pytest
-from conftest import read_together, records_pipeline_file, within
-from test_dispatcher import Local
 
 from stoker_client import Client
+
+from conftest import read_together, records_pipeline_file, within
+from test_dispatcher import Local
 
 RANKS = 2
 EPOCHS = 2
@@ -45,15 +46,25 @@ def read_epochs(client, steps: random.Random):
             batches.append(batch)
             time.sleep(steps.uniform(0, STEP_SECONDS))
         assert {b.epoch for b in batches} == {epoch}
-        out.append((epoch, [b.round for b in batches], [r for b in batches for r in b.rows.tolist()],
-                    client.dropped_rows - dropped))
+        out.append(
+            (
+                epoch,
+                [b.round for b in batches],
+                [r for b in batches for r in b.rows.tolist()],
+                client.dropped_rows - dropped,
+            )
+        )
     return out
 
 
 def read_as_ranks(url, job):
     """What each rank read (`read_epochs`), the ranks reading at the same time."""
-    clients = [Client.from_dispatcher(url, "test", "py", job=job, consumers=RANKS, consumer_index=rank,
-                                      coordinated=True, prefetch=2) for rank in range(RANKS)]
+    clients = [
+        Client.from_dispatcher(
+            url, "test", "py", job=job, consumers=RANKS, consumer_index=rank, coordinated=True, prefetch=2
+        )
+        for rank in range(RANKS)
+    ]
     return read_together(clients, lambda rank, client: read_epochs(client, random.Random(rank)))
 
 

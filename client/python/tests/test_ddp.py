@@ -18,6 +18,7 @@ import sys
 import time
 
 import pytest
+
 from conftest import pipeline_file, worker_binary
 from test_dispatcher import Local
 
@@ -45,12 +46,18 @@ def run_rank(rank: int, world: int, port: int, dispatcher: str, job: str, out: p
     be killed."""
     import torch
     import torch.distributed as dist
-    from test_torch import RowsDataset
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=COLLECTIVE_SECONDS))
+    from test_torch import RowsDataset
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=COLLECTIVE_SECONDS),
+    )
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(64 * 64 * 3, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -76,13 +83,30 @@ def run_rank(rank: int, world: int, port: int, dispatcher: str, job: str, out: p
                 if not plan.get("checkpoint"):
                     break
                 pathlib.Path(plan["save"].format(rank=rank)).write_text(json.dumps(dataset.state_dict()))
-                out.write_text(json.dumps(record + [{"epochs": sorted(epochs), "steps": steps, "rows": rows,
-                                                     "dropped_rows": dataset.dropped_rows - dropped_before}]))
+                out.write_text(
+                    json.dumps(
+                        record
+                        + [
+                            {
+                                "epochs": sorted(epochs),
+                                "steps": steps,
+                                "rows": rows,
+                                "dropped_rows": dataset.dropped_rows - dropped_before,
+                            }
+                        ]
+                    )
+                )
             if index == EPOCHS - 1 and steps == plan.get("steps", -3) + 2 and plan.get("checkpoint"):
                 pathlib.Path(f"{out}.killable").touch()
                 time.sleep(3600)
-        record.append({"epochs": sorted(epochs), "steps": steps, "rows": rows,
-                       "dropped_rows": dataset.dropped_rows - dropped_before})
+        record.append(
+            {
+                "epochs": sorted(epochs),
+                "steps": steps,
+                "rows": rows,
+                "dropped_rows": dataset.dropped_rows - dropped_before,
+            }
+        )
         dropped_before = dataset.dropped_rows
         if index == 0:
             pathlib.Path(f"{out}.first-epoch").touch()
@@ -93,12 +117,14 @@ def run_rank(rank: int, world: int, port: int, dispatcher: str, job: str, out: p
     out.write_text(json.dumps(record))
 
 
-
 @pytest.fixture(scope="module")
 def ddp_corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp-corpus")
-    subprocess.run([str(worker_binary()), "corpus", "--out", str(out), "--images", str(IMAGES), "--classes", "3"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [str(worker_binary()), "corpus", "--out", str(out), "--images", str(IMAGES), "--classes", "3"],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
@@ -121,10 +147,25 @@ class Ranks:
         self.processes = []
         for rank in range(world):
             with open(self.logs[rank], "w") as log:
-                self.processes.append(subprocess.Popen(
-                    [sys.executable, __file__, str(rank), str(world), str(port), dispatcher, job,
-                     str(self.outs[rank]), json.dumps(plan or {})],
-                    stdout=log, stderr=subprocess.STDOUT, env=env, cwd=pathlib.Path(__file__).parent))
+                self.processes.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            __file__,
+                            str(rank),
+                            str(world),
+                            str(port),
+                            dispatcher,
+                            job,
+                            str(self.outs[rank]),
+                            json.dumps(plan or {}),
+                        ],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        cwd=pathlib.Path(__file__).parent,
+                    )
+                )
         self.deadline = time.monotonic() + RUN_SECONDS
 
     def output(self) -> str:

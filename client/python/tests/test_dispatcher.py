@@ -10,9 +10,9 @@ import sys
 import threading
 import time
 
-from conftest import ROOT, images_in, pipeline_file, within, worker_binary
-
 from stoker_client import Client
+
+from conftest import ROOT, images_in, pipeline_file, within, worker_binary
 
 
 class Local:
@@ -22,9 +22,25 @@ class Local:
     def __init__(self, tmp_path, pipeline, args=()):
         stoker = pathlib.Path(os.environ.get("STOKER_BIN", ROOT / "target" / "debug" / "stoker"))
         env = {**os.environ, "STOKER_WORKER_BIN": str(worker_binary()), "STOKER_CACHE": str(tmp_path / "cache")}
-        self.process = subprocess.Popen([str(stoker), "local", "-f", str(pipeline), "--listen", "127.0.0.1:0",
-                                         "--window-seconds", "1", "--seconds", "60", *args],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.process = subprocess.Popen(
+            [
+                str(stoker),
+                "local",
+                "-f",
+                str(pipeline),
+                "--listen",
+                "127.0.0.1:0",
+                "--window-seconds",
+                "1",
+                "--seconds",
+                "60",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
         self.lines = []
         self.url = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
@@ -55,9 +71,11 @@ def test_the_client_follows_the_dispatcher_and_reports_windows(tmp_path, corpus)
             assert all(b["image"].shape[1:] == (64, 64, 3) for b in batches)
             # The view prints the batch time the autoscaler got from this client's reports.
             deadline = time.monotonic() + 20
-            while time.monotonic() < deadline and not any(re.search(r"\d+s\s+\d+\s+[1-9][\d.]* ms", l) for l in lines):
+            while time.monotonic() < deadline and not any(
+                re.search(r"\d+s\s+\d+\s+[1-9][\d.]* ms", line) for line in lines
+            ):
                 next(client)
-        assert any(re.search(r"\d+s\s+\d+\s+[1-9][\d.]* ms", l) for l in lines), "".join(lines)
+        assert any(re.search(r"\d+s\s+\d+\s+[1-9][\d.]* ms", line) for line in lines), "".join(lines)
 
 
 def test_completions_without_a_batch_are_reported_and_never_yielded(tmp_path, corpus):
@@ -90,8 +108,10 @@ def check_epoch(epoch, batches, images):
 
 def test_iter_epoch_gives_each_epoch_whole_and_once(tmp_path, corpus):
     images = images_in(corpus)
-    with Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local, \
-            Client.from_dispatcher(local.address(), "test", "py") as client:
+    with (
+        Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local,
+        Client.from_dispatcher(local.address(), "test", "py") as client,
+    ):
         first, batches = within(60, read_epoch, client)
         check_epoch(first, batches, images)
         assert client.epoch == first + 1
@@ -102,8 +122,10 @@ def test_iter_epoch_gives_each_epoch_whole_and_once(tmp_path, corpus):
 
 def test_next_goes_on_across_epochs_without_prefetching(tmp_path, corpus):
     images = images_in(corpus)
-    with Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local, \
-            Client.from_dispatcher(local.address(), "test", "py", prefetch_next_epoch=False) as client:
+    with (
+        Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local,
+        Client.from_dispatcher(local.address(), "test", "py", prefetch_next_epoch=False) as client,
+    ):
         start = client.epoch
         batches = within(60, lambda: [next(client) for _ in range(2 * images // 4)])
         assert [b.epoch for b in batches] == sorted(b.epoch for b in batches), "epochs in order"
@@ -114,10 +136,25 @@ def test_next_goes_on_across_epochs_without_prefetching(tmp_path, corpus):
 def test_the_example_reads_epochs_through_the_dispatcher(tmp_path, corpus):
     example = ROOT / "examples" / "iterate_epochs.py"
     with Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local:
-        out = subprocess.run([sys.executable, str(example), "--namespace", "test", "--pipeline", "py",
-                              "--dispatcher", local.address(), "--epochs", "2"],
-                             check=True, capture_output=True, text=True, timeout=120).stdout
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(example),
+                "--namespace",
+                "test",
+                "--pipeline",
+                "py",
+                "--dispatcher",
+                local.address(),
+                "--epochs",
+                "2",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
     images = images_in(corpus)
-    lines = [l for l in out.splitlines() if l.startswith("epoch")]
-    assert [l.split(" images in ")[0] for l in lines] == [f"epoch 0: {images}", f"epoch 1: {images}"], out
-    assert all(l.endswith("images/s") for l in lines), out
+    lines = [line for line in out.splitlines() if line.startswith("epoch")]
+    assert [line.split(" images in ")[0] for line in lines] == [f"epoch 0: {images}", f"epoch 1: {images}"], out
+    assert all(line.endswith("images/s") for line in lines), out

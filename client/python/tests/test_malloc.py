@@ -27,7 +27,9 @@ print(json.dumps({"tuned": tuned, "faults": (faults() - before) / 20}))
 
 def probe(**env):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "STOKER_TUNE_MALLOC"}
-    out = subprocess.run([sys.executable, "-c", PROBE], env={**clean, **env}, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env={**clean, **env}, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)
 
 

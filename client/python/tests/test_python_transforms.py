@@ -11,8 +11,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import ROOT, Worker, within
 from stoker_client import Client
+
+from conftest import ROOT, Worker, within
 
 # The worker's side of `python` transforms, importable for the generators it hands them.
 sys.path.insert(0, str(ROOT / "worker" / "src" / "python"))
@@ -103,8 +104,10 @@ def test_an_image_augmentation_equals_plain_python_after_the_rust_decode(tmp_pat
     sys.path.insert(0, str(code))
     import user_augment
 
-    workers = [Worker(image_pipeline(tmp_path, corpus, op, code), tmp_path / f"worker-{i}.log", epochs=2)
-               for i, op in enumerate((None, python_op))]
+    workers = [
+        Worker(image_pipeline(tmp_path, corpus, op, code), tmp_path / f"worker-{i}.log", epochs=2)
+        for i, op in enumerate((None, python_op))
+    ]
     try:
         plain = within(120, rows_of, workers[0].address, 2)
         augmented = within(120, rows_of, workers[1].address, 2)
@@ -132,8 +135,9 @@ def records_pipeline(tmp_path, python):
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
     for f in range(3):
-        (data / f"{f}.jsonl").write_text("".join(
-            f'{{"n": {n}, "x": [{n}.25, {n}.5, {n}.75]}}\n' for n in range(f * 20, (f + 1) * 20)))
+        (data / f"{f}.jsonl").write_text(
+            "".join(f'{{"n": {n}, "x": [{n}.25, {n}.5, {n}.75]}}\n' for n in range(f * 20, (f + 1) * 20))
+        )
     pipeline = tmp_path / "records.yaml"
     pipeline.write_text(
         "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
@@ -150,8 +154,7 @@ def records_pipeline(tmp_path, python):
 
 def test_a_batched_function_returning_the_wrong_length_fails_its_elements(tmp_path):
     code = write_module(tmp_path)
-    pipeline = records_pipeline(
-        tmp_path, f"{{module: user_augment, function: short_batch, path: '{code}', batch: 8}}")
+    pipeline = records_pipeline(tmp_path, f"{{module: user_augment, function: short_batch, path: '{code}', batch: 8}}")
     worker = Worker(pipeline, tmp_path / "worker.log", epochs=1)
     rows = []
     try:
@@ -174,7 +177,8 @@ def test_records_and_dropping_equal_plain_python(tmp_path, function, batch):
     import user_augment
 
     pipeline = records_pipeline(
-        tmp_path, f"{{module: user_augment, function: {function}, path: '{code}', deterministic: false{batch}}}")
+        tmp_path, f"{{module: user_augment, function: {function}, path: '{code}', deterministic: false{batch}}}"
+    )
     worker = Worker(pipeline, tmp_path / "worker.log", epochs=2)
     try:
         got = within(120, rows_of, worker.address, 2)

@@ -11,8 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from conftest import Worker, images_in, pipeline_file, within
 from stoker_client import Client
+
+from conftest import Worker, images_in, pipeline_file, within
 
 DIRECTORY = "/dev/shm"
 
@@ -41,8 +42,11 @@ def mapped(array: np.ndarray) -> bool:
 
 def files_of(worker: Worker, waiting_only=False):
     """The worker's files: all, or those not taken yet (no `.held`/`.free` suffix)."""
-    return [n for n in os.listdir(DIRECTORY) if n.startswith(f"stoker-{worker.process.pid}-")
-            and not (waiting_only and "." in n)]
+    return [
+        n
+        for n in os.listdir(DIRECTORY)
+        if n.startswith(f"stoker-{worker.process.pid}-") and not (waiting_only and "." in n)
+    ]
 
 
 def until_no_files_of(worker: Worker, seconds=10.0):
@@ -124,8 +128,9 @@ def read_recording_files(address, keep_every):
 
 def test_files_whose_arrays_are_gone_hold_later_batches_and_held_ones_keep_theirs(tmp_path, corpus):
     pipeline = pipeline_file(tmp_path, corpus, batch_size=2, extra="  seed: 5\n")
-    keep_all, keep_some, messages = (Worker(pipeline, tmp_path / f"{name}.log", epochs=2)
-                                     for name in ("all", "some", "messages"))
+    keep_all, keep_some, messages = (
+        Worker(pipeline, tmp_path / f"{name}.log", epochs=2) for name in ("all", "some", "messages")
+    )
     try:
         every, inodes, kept = within(120, read_recording_files, keep_all.address, 1)
         assert len(every) == 2 * images_in(corpus) and kept == len(inodes)
@@ -162,7 +167,7 @@ def test_a_file_goes_back_when_the_taker_drops_it_not_when_a_forked_child_does(t
             assert os.path.exists(path) and mapped(image)
             del image
             gc.collect()
-            assert not os.path.exists(path) and os.path.exists(path[:-len(".held")] + ".free")
+            assert not os.path.exists(path) and os.path.exists(path[: -len(".held")] + ".free")
     finally:
         worker.stop()
 
@@ -196,8 +201,9 @@ def test_a_client_carried_across_a_fork_fails_clearly_and_the_parent_goes_on(tmp
 
 
 def test_a_worker_without_a_shared_memory_directory_sends_messages(tmp_path, corpus):
-    worker = Worker(pipeline_file(tmp_path, corpus), tmp_path / "worker.log", epochs=1,
-                    env={"STOKER_SHARED_MEMORY_DIR": "none"})
+    worker = Worker(
+        pipeline_file(tmp_path, corpus), tmp_path / "worker.log", epochs=1, env={"STOKER_SHARED_MEMORY_DIR": "none"}
+    )
     try:
         rows, _, any_mapped = within(120, read_all, worker.address, True)
         assert len(rows) == images_in(corpus) and not any_mapped

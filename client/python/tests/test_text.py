@@ -12,19 +12,41 @@ import numpy as np
 import pytest
 import tokenizers  # noqa: F401 - `make venv` installs it: a missing one fails, never skips
 
-from conftest import Worker, within
 from stoker_client import Client
+
+from conftest import Worker, within
 
 os.environ.setdefault("STOKER_PYTHON", sys.executable)
 
-WORDS = ["the", "data", "loader", "stalls", "while", "gpus", "wait", "ünïcode", "日本語", "tokens", "pack", "mix",
-         "stoker", "feeds", "accelerators", "quickly", "and", "again", "🙂", "x"]
+WORDS = [
+    "the",
+    "data",
+    "loader",
+    "stalls",
+    "while",
+    "gpus",
+    "wait",
+    "ünïcode",
+    "日本語",
+    "tokens",
+    "pack",
+    "mix",
+    "stoker",
+    "feeds",
+    "accelerators",
+    "quickly",
+    "and",
+    "again",
+    "🙂",
+    "x",
+]
 
 
 def corpus(n, seed=3):
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 60))) + rng.choice(["", ".", "!\n"])
-            for _ in range(n)]
+    return [
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 60))) + rng.choice(["", ".", "!\n"]) for _ in range(n)
+    ]
 
 
 def train(path):
@@ -45,7 +67,8 @@ def serve(tmp_path, data, rest):
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(
         "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
-        f"  source: {{uri: 'file://{data}/', format: jsonl}}\n  transforms:\n{rest}")
+        f"  source: {{uri: 'file://{data}/', format: jsonl}}\n  transforms:\n{rest}"
+    )
     worker = Worker(pipeline, tmp_path / "worker.log", epochs=1)
     try:
         return within(120, read_all, worker.address)
@@ -71,13 +94,16 @@ def test_tokenize_equals_the_python_tokenizers_package(tmp_path, max_length):
     data = tmp_path / "data"
     data.mkdir()
     for f in range(3):
-        (data / f"{f}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[f * 40:(f + 1) * 40]))
+        (data / f"{f}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[f * 40 : (f + 1) * 40]))
     truncation = f", maxLength: {max_length}" if max_length else ""
-    rows = serve(tmp_path, data,
-                 f"  - tokenize: {{tokenizer: '{tmp_path / 'tokenizer.json'}'{truncation}}}\n"
-                 "  - cast: {field: text, dtype: bytes}\n"
-                 "  batchSize: 8\n"
-                 "  padValue: -1\n")
+    rows = serve(
+        tmp_path,
+        data,
+        f"  - tokenize: {{tokenizer: '{tmp_path / 'tokenizer.json'}'{truncation}}}\n"
+        "  - cast: {field: text, dtype: bytes}\n"
+        "  batchSize: 8\n"
+        "  padValue: -1\n",
+    )
     assert len(rows) == len(texts)
     for row, element in rows.items():
         split, position = row >> 32, row & 0xFFFFFFFF
@@ -86,8 +112,8 @@ def test_tokenize_equals_the_python_tokenizers_package(tmp_path, max_length):
         want = tok.encode(text).ids
         ids = element["input_ids"]
         assert ids.dtype == np.int32
-        assert ids[:len(want)].tolist() == want, text
-        assert (ids[len(want):] == -1).all(), "the rest is the batch's padding"
+        assert ids[: len(want)].tolist() == want, text
+        assert (ids[len(want) :] == -1).all(), "the rest is the batch's padding"
         assert want[0] == 1 and (max_length or want[-1] == 2), "special tokens added"
         if max_length:
             assert len(want) <= max_length
@@ -100,15 +126,19 @@ def test_text_reaches_a_python_op_and_comes_back_as_text(tmp_path):
         "def split(element, rng):\n"
         "    text = element['text']\n"
         "    assert isinstance(text, bytes), type(text)\n"
-        "    return {'words': text.decode().split()[:3] + ['']*(3 - len(text.decode().split()[:3])), 'n': len(text)}\n")
+        "    return {'words': text.decode().split()[:3] + ['']*(3 - len(text.decode().split()[:3])), 'n': len(text)}\n"
+    )
     data = tmp_path / "data"
     data.mkdir()
     texts = corpus(30)
     (data / "0.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    rows = serve(tmp_path, data,
-                 "  - cast: {field: text, dtype: bytes}\n"
-                 f"  - python: {{module: words, function: split, path: '{code}'}}\n"
-                 "  batchSize: 4\n")
+    rows = serve(
+        tmp_path,
+        data,
+        "  - cast: {field: text, dtype: bytes}\n"
+        f"  - python: {{module: words, function: split, path: '{code}'}}\n"
+        "  batchSize: 4\n",
+    )
     assert len(rows) == len(texts)
     for row, element in rows.items():
         text = texts[row & 0xFFFFFFFF]
@@ -125,12 +155,16 @@ def test_tokenize_and_pack_lose_no_token_and_mark_documents(tmp_path):
     per_file = 30
     for f in range(3):
         (data / f"{f}.jsonl").write_text(
-            "".join(json.dumps({"text": t}) + "\n" for t in texts[f * per_file:(f + 1) * per_file]))
+            "".join(json.dumps({"text": t}) + "\n" for t in texts[f * per_file : (f + 1) * per_file])
+        )
     length = 32
-    rows = serve(tmp_path, data,
-                 f"  - tokenize: {{tokenizer: '{tmp_path / 'tokenizer.json'}', addSpecialTokens: false}}\n"
-                 f"  - pack: {{length: {length}, separator: 2, padId: -1}}\n"
-                 "  batchSize: 4\n")
+    rows = serve(
+        tmp_path,
+        data,
+        f"  - tokenize: {{tokenizer: '{tmp_path / 'tokenizer.json'}', addSpecialTokens: false}}\n"
+        f"  - pack: {{length: {length}, separator: 2, padId: -1}}\n"
+        "  batchSize: 4\n",
+    )
     # Without shuffle each split is read in its file's order: its rows, in position order,
     # hold its documents' tokens in order, each followed by the separator, then padding.
     by_split = {}
@@ -142,7 +176,7 @@ def test_tokenize_and_pack_lose_no_token_and_mark_documents(tmp_path):
     for split, packed in by_split.items():
         packed.sort(key=lambda p: p[0])
         assert [p for p, _ in packed] == list(range(len(packed))), "positions number the packed rows"
-        docs = [tok.encode(t, add_special_tokens=False).ids for t in texts[split * per_file:(split + 1) * per_file]]
+        docs = [tok.encode(t, add_special_tokens=False).ids for t in texts[split * per_file : (split + 1) * per_file]]
         want = [t for d in docs for t in d + ([2] if not d or d[-1] != 2 else [])]
         ids = np.concatenate([e["input_ids"] for _, e in packed])
         segments = np.concatenate([e["segment_ids"] for _, e in packed])

@@ -7,10 +7,11 @@ import subprocess
 import time
 
 import pytest
-from conftest import images_in, pipeline_file, within
-from test_dispatcher import Local
 
 from stoker_client import Client, TlsError
+
+from conftest import images_in, pipeline_file, within
+from test_dispatcher import Local
 
 
 def ca_file(local: Local, timeout: float = 30.0) -> str:
@@ -37,8 +38,9 @@ def test_a_client_with_the_ca_reads_over_tls(tmp_path, corpus):
         with Client.from_dispatcher(address, "test", "py", ca_file=ca, tls_server_name="localhost") as client:
             assert len(within(60, lambda: next(iter(client.iter_epoch())))["label"]) == 4
         with pytest.raises(TlsError) as failed:
-            Client.from_dispatcher(address, "test", "py", ca_file=ca, tls_server_name="elsewhere.example",
-                                   connect_timeout=20)
+            Client.from_dispatcher(
+                address, "test", "py", ca_file=ca, tls_server_name="elsewhere.example", connect_timeout=20
+            )
         assert "not for the name this client expects" in str(failed.value), str(failed.value)
 
 
@@ -46,9 +48,28 @@ def test_a_client_with_another_ca_fails_clearly(tmp_path, corpus):
     other = tmp_path / "other"
     other.mkdir()
     key, cert = other / "ca.key", other / "ca.crt"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=another CA"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=another CA",
+        ],
+        check=True,
+        capture_output=True,
+    )
     with Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4), args=["--tls"]) as local:
         address = local.address()
         started = time.monotonic()

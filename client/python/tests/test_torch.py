@@ -4,11 +4,12 @@ also across loader processes."""
 # `make python` installs torch: a missing torch is a setup error here, not a reason to skip.
 import pytest
 import torch
-from conftest import images_in, pipeline_file, within
-from test_dispatcher import Local
 from torch.utils.data import DataLoader, get_worker_info
 
 from stoker_client.torch import StokerIterableDataset
+
+from conftest import images_in, pipeline_file, within
+from test_dispatcher import Local
 
 
 @pytest.fixture

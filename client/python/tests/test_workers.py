@@ -48,7 +48,10 @@ def test_epochs_and_states_need_the_dispatcher(two_workers):
 
 def test_a_state_is_checked_against_the_consumer():
     state = {"job": "job", "epoch": 1, "batches": 2, "consumers": 2, "consumer_index": 1, "yielded": [[0, [3]]]}
-    resume = lambda **o: Client.from_dispatcher("127.0.0.1:1", "ns", "p", connect_timeout=0.5, **o)
+
+    def resume(**o):
+        return Client.from_dispatcher("127.0.0.1:1", "ns", "p", connect_timeout=0.5, **o)
+
     with pytest.raises(ValueError, match='of job "job", not "other"'):
         resume(job="other", consumers=2, consumer_index=1, resume=state)
     with pytest.raises(ValueError, match="of consumer 1 of 2, not 0 of 2"):
@@ -56,8 +59,12 @@ def test_a_state_is_checked_against_the_consumer():
     with pytest.raises(ValueError, match="of consumer 1 of 2, not 1 of 4"):
         resume(job="job", consumers=4, consumer_index=1, resume=state)
     with pytest.raises(ValueError, match="lacks batches, yielded"):
-        resume(job="job", consumers=2, consumer_index=1,
-               resume={"job": "job", "epoch": 1, "consumers": 2, "consumer_index": 1})
+        resume(
+            job="job",
+            consumers=2,
+            consumer_index=1,
+            resume={"job": "job", "epoch": 1, "consumers": 2, "consumer_index": 1},
+        )
     with pytest.raises(ValueError, match="start_epoch 0 is not the resume state's epoch 1"):
         resume(job="job", consumers=2, consumer_index=1, resume=state, start_epoch=0)
     # A valid state gets as far as the dispatcher, which is not there.
@@ -73,9 +80,14 @@ def test_bad_options_are_refused():
 
 
 def test_the_example_iterates_epochs_and_prints_images_per_second(two_workers):
-    out = subprocess.run([sys.executable, str(EXAMPLE), "--namespace", "test", "--pipeline", "py", *two_workers],
-                         check=True, capture_output=True, text=True, timeout=120).stdout
-    lines = [l for l in out.splitlines() if l.startswith("epoch")]
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--namespace", "test", "--pipeline", "py", *two_workers],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    lines = [line for line in out.splitlines() if line.startswith("epoch")]
     assert len(lines) == 2, out
     for line in lines:
         # Two standalone workers each serve the 24 images of every epoch.

@@ -14,7 +14,6 @@ use stoker_api::proto::{self, next_split_response::Next};
 use tokio::sync::watch;
 use tonic::{Code, Request, Response, Status};
 
-use stoker_api::CacheMode;
 use stoker_api::window::Window;
 
 use super::cache::{CacheProgress, HintSeen};
@@ -230,14 +229,9 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             splits: r.splits,
             plan_digest: r.plan_digest,
             worker_id: Some(r.worker_id),
-            cache_mode: match r.cache_mode.as_str() {
-                "" | "Never" => CacheMode::Never,
-                "Auto" => CacheMode::Auto,
-                "Always" => CacheMode::Always,
-                other => {
-                    return Err(Status::invalid_argument(format!("cache_mode {other:?} is not Never, Auto or Always")));
-                }
-            },
+            cache_mode: proto::CacheMode::try_from(r.cache_mode)
+                .map_err(|_| Status::invalid_argument(format!("cache_mode {} is not a CacheMode", r.cache_mode)))?
+                .into(),
             cache_hints: r
                 .cache_hints
                 .into_iter()

@@ -49,6 +49,7 @@ unsafe impl GlobalAlloc for Counting {
         if layout.size() > LARGEST_ALLOCATION {
             return std::ptr::null_mut();
         }
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires it.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             grew(layout.size());
@@ -60,6 +61,7 @@ unsafe impl GlobalAlloc for Counting {
         if layout.size() > LARGEST_ALLOCATION {
             return std::ptr::null_mut();
         }
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc_zeroed requires it.
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
             grew(layout.size());
@@ -68,6 +70,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: a pointer this allocator (the system's) gave for this layout.
         unsafe { System.dealloc(ptr, layout) };
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
     }
@@ -76,6 +79,7 @@ unsafe impl GlobalAlloc for Counting {
         if new_size > LARGEST_ALLOCATION {
             return std::ptr::null_mut();
         }
+        // SAFETY: a pointer this allocator (the system's) gave for this layout.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             LIVE.fetch_sub(layout.size(), Ordering::Relaxed);

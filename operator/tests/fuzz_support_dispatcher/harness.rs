@@ -251,7 +251,7 @@ fn registrable(r: &proto::RegisterWorkerRequest) -> bool {
         && !r.address.is_empty()
         && (1..=MAX_SPLITS).contains(&r.splits)
         && r.worker_id.len() <= MAX_ID_BYTES
-        && ["", "Never", "Auto", "Always"].contains(&r.cache_mode.as_str())
+        && proto::CacheMode::try_from(r.cache_mode).is_ok()
 }
 
 async fn dispatch(service: &DispatcherService, request: &Filled) -> Result<Answer, Status> {

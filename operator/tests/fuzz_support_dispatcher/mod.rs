@@ -172,7 +172,8 @@ fn register_worker() -> impl Strategy<Value = Op> {
     let splits = prop_oneof![8 => 1..6u64, 1 => Just(0), 1 => Just(MAX_SPLITS + 1), 1 => Just(u64::MAX)];
     let hint = (count(), prop_oneof![Just("f1".to_string()), text()], any::<bool>())
         .prop_map(|(at, fingerprint, complete)| proto::CacheHint { at, fingerprint, complete });
-    let mode = prop_oneof![Just("".to_string()), Just("Auto".to_string()), Just("Always".to_string()), text()];
+    // The modes, and numbers no mode has.
+    let mode = prop_oneof![0..4i32, proptest::num::i32::ANY];
     (
         pipeline(),
         0..ADDRESSES.len(),

@@ -9,6 +9,7 @@ per core.
     pip install nvidia-dali-cuda120      # from PyPI; runs CPU-only without a GPU or CUDA
     python3 worker/bench/peers/dali_preprocess.py --corpus /tmp/stoker-bench-corpus [--threads 2]
 """
+
 import argparse
 import math
 import os
@@ -37,14 +38,23 @@ def main():
     @pipeline_def(batch_size=args.batch, num_threads=args.threads, device_id=None)
     def resnet50_training():
         jpegs, labels = fn.readers.file(file_root=args.corpus, name="reader")
-        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
-                                               random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
-                                               num_attempts=10)
+        images = fn.decoders.image_random_crop(
+            jpegs,
+            device="cpu",
+            output_type=types.RGB,
+            random_area=[0.08, 1.0],
+            random_aspect_ratio=[3 / 4, 4 / 3],
+            num_attempts=10,
+        )
         images = fn.resize(images, resize_x=224, resize_y=224, antialias=True)
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="HWC",
-                                          mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
-                                          std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
-                                          mirror=fn.random.coin_flip())
+        images = fn.crop_mirror_normalize(
+            images,
+            dtype=types.FLOAT,
+            output_layout="HWC",
+            mean=[0.485 * 255, 0.456 * 255, 0.406 * 255],
+            std=[0.229 * 255, 0.224 * 255, 0.225 * 255],
+            mirror=fn.random.coin_flip(),
+        )
         return images, labels
 
     pipeline = resnet50_training()

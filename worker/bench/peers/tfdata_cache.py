@@ -6,6 +6,7 @@ writing it, then epochs reading it, each after dropping the cache files from the
 
     python3 worker/bench/peers/tfdata_cache.py --corpus /tmp/bench-corpus [--volume DIR]
 """
+
 import argparse
 import glob
 import os
@@ -47,9 +48,14 @@ def main():
 
     def augment(image, label):
         begin, size, _ = tf.image.sample_distorted_bounding_box(
-            tf.shape(image), bounding_boxes=tf.zeros([1, 0, 4]), min_object_covered=0.0,
-            aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
-            use_image_if_no_bounding_boxes=True)
+            tf.shape(image),
+            bounding_boxes=tf.zeros([1, 0, 4]),
+            min_object_covered=0.0,
+            aspect_ratio_range=(3 / 4, 4 / 3),
+            area_range=(0.08, 1.0),
+            max_attempts=10,
+            use_image_if_no_bounding_boxes=True,
+        )
         image = tf.image.resize(tf.slice(image, begin, size), [224, 224], method="bilinear")
         image = tf.image.random_flip_left_right(image)
         return (image - mean) / std, label

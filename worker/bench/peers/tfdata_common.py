@@ -1,5 +1,6 @@
 """What the tf.data peers share: TensorFlow limited to the benchmark's threads, and the image
 folder listed as Stoker lists it (class folders in name order, files in name order)."""
+
 import os
 
 

@@ -5,6 +5,7 @@ with map(num_parallel_calls=AUTOTUNE), batched by 64. Prints images/s and images
 
     python3 worker/bench/peers/tfdata_preprocess.py --corpus /tmp/bench-corpus [--threads 2]
 """
+
 import argparse
 import os
 
@@ -17,8 +18,11 @@ def main():
     ap.add_argument("--corpus", required=True)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--decode-and-crop", action="store_true",
-                    help="use tf.image.decode_and_crop_jpeg (decodes only the crop window)")
+    ap.add_argument(
+        "--decode-and-crop",
+        action="store_true",
+        help="use tf.image.decode_and_crop_jpeg (decodes only the crop window)",
+    )
     args = ap.parse_args()
 
     tf = tfdata_common.tensorflow(args.threads)
@@ -31,9 +35,14 @@ def main():
         data = tf.io.read_file(path)
         shape = tf.image.extract_jpeg_shape(data)
         begin, size, _ = tf.image.sample_distorted_bounding_box(
-            shape, bounding_boxes=tf.zeros([1, 0, 4]), min_object_covered=0.0,
-            aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10,
-            use_image_if_no_bounding_boxes=True)
+            shape,
+            bounding_boxes=tf.zeros([1, 0, 4]),
+            min_object_covered=0.0,
+            aspect_ratio_range=(3 / 4, 4 / 3),
+            area_range=(0.08, 1.0),
+            max_attempts=10,
+            use_image_if_no_bounding_boxes=True,
+        )
         if args.decode_and_crop:
             window = tf.stack([begin[0], begin[1], size[0], size[1]])
             image = tf.image.decode_and_crop_jpeg(data, window, channels=3)
@@ -44,11 +53,14 @@ def main():
         image = (image - mean) / std
         return image, label
 
-    ds = (tf.data.Dataset.from_tensor_slices((paths, labels))
-          .map(load, num_parallel_calls=tf.data.AUTOTUNE)
-          .batch(64)
-          .prefetch(tf.data.AUTOTUNE))
+    ds = (
+        tf.data.Dataset.from_tensor_slices((paths, labels))
+        .map(load, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(64)
+        .prefetch(tf.data.AUTOTUNE)
+    )
     epochs.best_of(args.repeat, lambda: ds, args.threads)
+
 
 if __name__ == "__main__":
     main()

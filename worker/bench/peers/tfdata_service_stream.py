@@ -10,6 +10,7 @@ batch is 14 float16 224x224x3 images of random values plus 14 int64 labels (4.02
 synthetic batch), made once and repeated, so the workers do no preprocessing.
 `--compression auto` is tf.data service's default (snappy); `none` is its fastest setting.
 """
+
 import argparse
 import multiprocessing
 import os
@@ -25,8 +26,7 @@ def tensorflow():
 
 def dispatcher(port, ready):
     tf = tensorflow()
-    server = tf.data.experimental.service.DispatchServer(
-        tf.data.experimental.service.DispatcherConfig(port=port))
+    server = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(port=port))
     ready.set()
     server.join()
 
@@ -34,7 +34,8 @@ def dispatcher(port, ready):
 def worker(dispatcher_port, ready):
     tf = tensorflow()
     server = tf.data.experimental.service.WorkerServer(
-        tf.data.experimental.service.WorkerConfig(dispatcher_address=f"localhost:{dispatcher_port}"))
+        tf.data.experimental.service.WorkerConfig(dispatcher_address=f"localhost:{dispatcher_port}")
+    )
     ready.set()
     server.join()
 
@@ -74,9 +75,13 @@ def main():
         images = rng.standard_normal((args.images, 224, 224, 3), dtype=np.float32).astype(np.float16)
         labels = rng.integers(0, 1000, args.images, dtype=np.int64)
         dataset = tf.data.Dataset.from_tensors((images, labels)).repeat()
-        dataset = dataset.apply(tf.data.experimental.service.distribute(
-            processing_mode="parallel_epochs", service=f"grpc://localhost:{port}",
-            compression=None if args.compression == "none" else "AUTO"))
+        dataset = dataset.apply(
+            tf.data.experimental.service.distribute(
+                processing_mode="parallel_epochs",
+                service=f"grpc://localhost:{port}",
+                compression=None if args.compression == "none" else "AUTO",
+            )
+        )
         batches = iter(dataset)
         for _ in range(50):
             next(batches)
@@ -87,8 +92,10 @@ def main():
             nbytes += x.numpy().nbytes + y.numpy().nbytes
             count += 1
         secs = time.perf_counter() - start
-        print(f"tf.data service, compression {args.compression}: {nbytes / secs / 1e9:.2f} GB/s of tensor payload, "
-              f"{count / secs:.0f} batches/s")
+        print(
+            f"tf.data service, compression {args.compression}: {nbytes / secs / 1e9:.2f} GB/s of tensor payload, "
+            f"{count / secs:.0f} batches/s"
+        )
     finally:
         for p in servers:
             p.terminate()

@@ -12,6 +12,7 @@ Recipes:
 - pil: the classic `ImageFolder` recipe: PIL open + convert RGB, RandomResizedCrop(224),
   RandomHorizontalFlip, ToTensor, Normalize.
 """
+
 import argparse
 import os
 import pathlib
@@ -32,9 +33,14 @@ class Torchvision:
         from torchvision.transforms import v2
 
         self.items = items(corpus)
-        self.transform = v2.Compose([
-            v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
-            v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)])
+        self.transform = v2.Compose(
+            [
+                v2.RandomResizedCrop(224, antialias=True),
+                v2.RandomHorizontalFlip(),
+                v2.ToDtype(torch.float32, scale=True),
+                v2.Normalize(MEAN, STD),
+            ]
+        )
 
     def __len__(self):
         return len(self.items)
@@ -51,9 +57,14 @@ class Pil:
         from torchvision import transforms
 
         self.items = items(corpus)
-        self.transform = transforms.Compose([
-            transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+        self.transform = transforms.Compose(
+            [
+                transforms.RandomResizedCrop(224),
+                transforms.RandomHorizontalFlip(),
+                transforms.ToTensor(),
+                transforms.Normalize(MEAN, STD),
+            ]
+        )
 
     def __len__(self):
         return len(self.items)
@@ -80,9 +91,11 @@ def main():
 
     torch.set_num_threads(1)
     dataset = (Torchvision if args.recipe == "torchvision" else Pil)(args.corpus)
-    loader = DataLoader(dataset, batch_size=64, shuffle=True, num_workers=args.workers,
-                        persistent_workers=True, prefetch_factor=4)
+    loader = DataLoader(
+        dataset, batch_size=64, shuffle=True, num_workers=args.workers, persistent_workers=True, prefetch_factor=4
+    )
     epochs.best_of(args.repeat, lambda: loader, args.workers)
+
 
 if __name__ == "__main__":
     main()

@@ -204,6 +204,7 @@ fn probe_file(path: &Path, bytes: usize) -> io::Result<Throughput> {
 fn drop_page_cache(file: &File) {
     use std::os::fd::AsRawFd;
     // Best effort: where the kernel keeps the pages anyway the read figure is optimistic.
+    // SAFETY: posix_fadvise on a descriptor the File owns; it only advises the kernel.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
 }
 

@@ -65,7 +65,7 @@ impl Link {
             plan_digest: plan_digest(engine.mix()),
             worker_id: String::new(),
             cache_hints: Vec::new(),
-            cache_mode: format!("{:?}", pipeline.cache_mode),
+            cache_mode: proto::CacheMode::from(pipeline.cache_mode).into(),
             shuffle_seed: pipeline.data_plane.shuffle_seed(),
         };
         let link = Arc::new(Link {

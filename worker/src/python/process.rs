@@ -57,7 +57,9 @@ impl Replies {
         let fd = stdout.as_raw_fd();
         // SAFETY: fcntl on a file descriptor this process owns.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        // SAFETY: the same descriptor; only its status flags change.
+        let set = flags >= 0 && unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } >= 0;
+        if !set {
             return Err(std::io::Error::last_os_error());
         }
         Ok(Replies { stdout, pending: Vec::new() })

@@ -15,8 +15,9 @@ Protocol (the worker's side is worker/src/python/):
 - Request: {"op": INDEX, "rng": [seed, epoch, element, op], "size": BYTES (the file's),
   "out": OFFSET (where the output may start: past the input), "fields": [FIELD...]}
   with FIELD {"name", "kind": "array", "dtype", "shape", "offset", "length"} and, for an image
-  of an op with `layout: planar`, "strides" (a view of the shared memory, no copy), {"name", "kind": "bytes", "offset", "length"}, or {"name", "kind":
-  "list", "offset", "lengths"} (byte strings one after another).
+  of an op with `layout: planar`, "strides" (a view of the shared memory, no copy),
+  {"name", "kind": "bytes", "offset", "length"}, or {"name", "kind": "list", "offset",
+  "lengths"} (byte strings one after another).
 - Reply: {"status": "ok", "size": BYTES, "fields": [...]} with the output (arrays in C order, no
   "strides") in the shared memory
   after the input (the file grown if it must be), {"status": "drop"}, or {"status": "error",
@@ -33,6 +34,7 @@ import os
 import struct
 import sys
 import traceback
+from typing import Optional
 
 import numpy as np
 
@@ -57,7 +59,11 @@ class _Shared:
 
     def __init__(self):
         self.size = 0
-        self.map = None
+        self.map: Optional[mmap.mmap] = None
+
+    def view(self) -> mmap.mmap:
+        assert self.map is not None, "the request's size maps the file first"
+        return self.map
 
     def ensure(self, size: int):
         if size > self.size:
@@ -72,14 +78,19 @@ def _inputs(shared: _Shared, fields):
     for f in fields:
         kind, offset = f["kind"], f["offset"]
         if kind == "array":
-            element[f["name"]] = np.ndarray(tuple(f["shape"]), dtype=np.dtype(f["dtype"]).newbyteorder("<"),
-                                            buffer=shared.map, offset=offset, strides=f.get("strides"))
+            element[f["name"]] = np.ndarray(
+                tuple(f["shape"]),
+                dtype=np.dtype(f["dtype"]).newbyteorder("<"),
+                buffer=shared.view(),
+                offset=offset,
+                strides=f.get("strides"),
+            )
         elif kind == "bytes":
-            element[f["name"]] = bytes(shared.map[offset:offset + f["length"]])
+            element[f["name"]] = bytes(shared.view()[offset : offset + f["length"]])
         else:
             values = []
             for length in f["lengths"]:
-                values.append(bytes(shared.map[offset:offset + length]))
+                values.append(bytes(shared.view()[offset : offset + length]))
                 offset += length
             element[f["name"]] = values
     return element
@@ -99,8 +110,10 @@ def _as_output(name, value):
     if array.dtype == np.bool_:
         array = array.astype(np.uint8)
     if array.dtype.name not in DTYPES:
-        raise TypeError(f"field {name!r}: {type(value).__name__} of dtype {array.dtype} has no Stoker form; "
-                        f"return an array of {', '.join(sorted(DTYPES))}, bytes or str")
+        raise TypeError(
+            f"field {name!r}: {type(value).__name__} of dtype {array.dtype} has no Stoker form; "
+            f"return an array of {', '.join(sorted(DTYPES))}, bytes or str"
+        )
     # Any memory order: _outputs writes it out in C order.
     return "array", np.asarray(array, dtype=array.dtype.newbyteorder("<"))
 
@@ -127,18 +140,26 @@ def _outputs(shared: _Shared, start: int, element):
         offset = _aligned(offset)
         if kind == "array":
             # One copy, whatever the array's memory order (a planar input's result is planar).
-            np.copyto(np.ndarray(payload.shape, dtype=payload.dtype, buffer=shared.map, offset=offset), payload)
-            fields.append({"name": name, "kind": kind, "dtype": payload.dtype.name, "shape": list(payload.shape),
-                           "offset": offset, "length": size})
+            np.copyto(np.ndarray(payload.shape, dtype=payload.dtype, buffer=shared.view(), offset=offset), payload)
+            fields.append(
+                {
+                    "name": name,
+                    "kind": kind,
+                    "dtype": payload.dtype.name,
+                    "shape": list(payload.shape),
+                    "offset": offset,
+                    "length": size,
+                }
+            )
         elif kind == "bytes":
-            view = np.frombuffer(shared.map, dtype=np.uint8, count=size, offset=offset)
+            view = np.frombuffer(shared.view(), dtype=np.uint8, count=size, offset=offset)
             view[:] = np.frombuffer(payload, dtype=np.uint8)
             fields.append({"name": name, "kind": kind, "offset": offset, "length": size})
         else:
-            view = np.frombuffer(shared.map, dtype=np.uint8, count=size, offset=offset)
+            view = np.frombuffer(shared.view(), dtype=np.uint8, count=size, offset=offset)
             at = 0
             for v in payload:
-                view[at:at + len(v)] = np.frombuffer(v, dtype=np.uint8)
+                view[at : at + len(v)] = np.frombuffer(v, dtype=np.uint8)
                 at += len(v)
             fields.append({"name": name, "kind": kind, "offset": offset, "lengths": [len(v) for v in payload]})
         offset += size
@@ -150,9 +171,12 @@ def _call_batched(function, shared: _Shared, request) -> dict:
     out = function(elements, [element_rng(*rng) for rng in request["rngs"]])
     if not isinstance(out, (list, tuple)) or len(out) != len(elements):
         got = f"{len(out)} items" if isinstance(out, (list, tuple)) else type(out).__name__
-        raise TypeError(f"the batched function returned {got} for {len(elements)} elements; "
-                        "return a list as long, an element or None for each")
-    replies, offset = [], request["out"]
+        raise TypeError(
+            f"the batched function returned {got} for {len(elements)} elements; "
+            "return a list as long, an element or None for each"
+        )
+    replies: list = []
+    offset = request["out"]
     for element in out:
         if element is None:
             replies.append(None)
@@ -201,8 +225,14 @@ def main(argv):
         try:
             functions[index] = getattr(importlib.import_module(module), function)
         except Exception:  # noqa: BLE001 - told to the worker, which stops with it
-            _write(replies, {"status": "fatal", "error": f"transforms[{index}].python: loading {module}.{function}: "
-                                                           + traceback.format_exc(limit=-3).strip()})
+            _write(
+                replies,
+                {
+                    "status": "fatal",
+                    "error": f"transforms[{index}].python: loading {module}.{function}: "
+                    + traceback.format_exc(limit=-3).strip(),
+                },
+            )
             return 1
     _write(replies, {"status": "ready"})
     shared = _Shared()
@@ -224,8 +254,14 @@ def main(argv):
             fields, _ = _outputs(shared, request["out"], out)
             _write(replies, {"status": "ok", "size": shared.size, "fields": fields})
         except Exception as e:  # noqa: BLE001 - the element's failure, reported per onError
-            _write(replies, {"status": "error", "error": f"{type(e).__name__}: {e}"[:1000],
-                             "traceback": traceback.format_exc()[-8000:]})
+            _write(
+                replies,
+                {
+                    "status": "error",
+                    "error": f"{type(e).__name__}: {e}"[:1000],
+                    "traceback": traceback.format_exc()[-8000:],
+                },
+            )
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ fn counted() -> bool {
 // the counters are only bookkeeping.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc requires it.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() && counted() {
             add(&ALLOCATIONS, 1);
@@ -128,6 +129,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's layout, as GlobalAlloc::alloc_zeroed requires it.
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() && counted() {
             add(&ALLOCATIONS, 1);
@@ -137,6 +139,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: a pointer this allocator (the system's) gave for this layout.
         unsafe { System.dealloc(ptr, layout) };
         if counted() {
             add(&FREED, layout.size() as u64);
@@ -144,6 +147,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: a pointer this allocator (the system's) gave for this layout.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() && counted() {
             add(&ALLOCATIONS, 1);

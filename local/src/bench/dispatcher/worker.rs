@@ -50,7 +50,7 @@ impl SimWorker {
             plan_digest: format!("{:016x}", self.splits),
             worker_id: String::new(),
             cache_hints: Vec::new(),
-            cache_mode: "Never".into(),
+            cache_mode: stoker_api::proto::CacheMode::Never.into(),
             shuffle_seed: Some(7),
         };
         let link = Arc::new(Link {

@@ -63,7 +63,7 @@ const MESSAGE_BYTES: usize = 200;
 /// segments (turbo.c's `stoker_jpeg_restart`): (the JPEG, interval).
 pub fn with_restarts(bytes: &[u8], segment_px: usize) -> Result<(Vec<u8>, usize), String> {
     let (mut out, mut out_size, mut interval) = (std::ptr::null_mut(), 0, 0);
-    let mut message = [0 as c_char; MESSAGE_BYTES];
+    let mut message: [c_char; MESSAGE_BYTES] = [0; MESSAGE_BYTES];
     // SAFETY: the shim reads `bytes` within its length, writes at most MESSAGE_BYTES of
     // message, and on success hands over a malloc'd buffer of `out_size` bytes, freed below.
     let failed = unsafe {
