@@ -8,6 +8,7 @@ pub mod fingerprint;
 pub mod order;
 pub mod proto;
 pub mod ranks;
+mod reading;
 mod spec;
 mod status;
 mod tensor;
@@ -19,6 +20,7 @@ pub mod verdicts;
 pub mod window;
 mod yaml;
 
+pub use reading::{JobShape, Reading};
 pub use spec::*;
 pub use status::*;
 pub use tensor::{Batch, Payload, ShapeMismatch, Stacked, Tensor, row, row_origin};

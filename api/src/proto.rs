@@ -20,20 +20,6 @@ pub const MAX_MAX_MESSAGE_BYTES: usize = 256 << 20;
 /// More ranks than any job runs: each is a queue on every worker and a count at the dispatcher.
 pub const MAX_CONSUMERS: u32 = 65_536;
 
-/// Whether `consumer_index` is a rank of a job of `consumers` (0 or 1: not read by ranks, any
-/// index); the message says what is wrong.
-pub fn check_rank(consumer_index: u32, consumers: u32) -> Result<(), String> {
-    if consumers > MAX_CONSUMERS {
-        return Err(format!("consumers {consumers} is above the limit of {MAX_CONSUMERS}"));
-    }
-    if consumers > 1 && consumer_index >= consumers {
-        return Err(format!(
-            "consumer_index {consumer_index} is not a rank of a job of {consumers} consumers (0..{consumers})"
-        ));
-    }
-    Ok(())
-}
-
 /// The metadata entry carrying the caller's ServiceAccount token on every RPC.
 pub const AUTHORIZATION: &str = "authorization";
 

@@ -108,7 +108,7 @@ impl Client {
         // are left to the job's other consumers).
         let start = first.epoch.max(options.start_epoch.or(resume.as_ref().map(|r| r.epoch)).unwrap_or(0));
         let epochs = Arc::new(Epochs::new(options.prefetch));
-        let ranked = options.consumers > 1;
+        let ranked = options.reading()?.is_ranked();
         let shared = Shared {
             epochs: epochs.clone(),
             delivery: if ranked { Delivery::ranked() } else { Delivery::default() },
@@ -382,6 +382,10 @@ async fn pump_to_caller(
     reassembler: crate::reassemble::Reassembler,
 ) {
     if let Some(failure) = pump(worker, stream, &tx, reassembler, (None, None), || {}).await {
+        if tx.is_closed() {
+            // The client is gone: its connections closing is no worker's failure.
+            return;
+        }
         tracing::warn!(error = %failure, "worker stream failed");
         let _ = tx.send(Err(failure)).await;
     }

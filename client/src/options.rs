@@ -105,6 +105,13 @@ impl ClientOptions {
         }
     }
 
+    /// How this client reads its job (`consumers`, `consumer_index` and `coordinated` checked
+    /// together).
+    pub fn reading(&self) -> Result<stoker_api::Reading, Error> {
+        stoker_api::Reading::from_wire(self.consumers, self.consumer_index, self.coordinated)
+            .map_err(Error::InvalidOptions)
+    }
+
     /// What turns a stream's chunks back into batches, as this client asked for them.
     pub(crate) fn reassembler(&self) -> crate::reassemble::Reassembler {
         crate::reassemble::Reassembler::new(self.max_batch_bytes).with_shared_memory(self.shared_memory.clone())
@@ -112,10 +119,7 @@ impl ClientOptions {
 
     pub(crate) fn check(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::InvalidOptions(m));
-        proto::check_rank(self.consumer_index, self.consumers).map_err(Error::InvalidOptions)?;
-        if self.coordinated && self.consumers < 2 {
-            return bad("coordinated mode lines up the batches of a job's ranks: set consumers (2 or more)".into());
-        }
+        self.reading()?;
         if let Some(state) = &self.resume {
             if state.job != self.job {
                 return bad(format!("the resume state is of job {:?}, not {:?}", state.job, self.job));

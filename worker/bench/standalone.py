@@ -3,10 +3,23 @@
 import contextlib
 import os
 import pathlib
+import re
 import subprocess
 import tempfile
+import time
 
-from stoker_client.bench import address
+
+def address(log_path: str, process: subprocess.Popen, timeout: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(log_path) as f:
+            match = re.search(r"listen\S*?=(127\.0\.0\.1:\d+)", re.sub(r"\x1b\[[0-9;]*m", "", f.read()))
+        if match:
+            return match.group(1)
+        if process.poll() is not None:
+            raise RuntimeError(f"the worker exited; see {log_path}")
+        time.sleep(0.05)
+    raise TimeoutError(f"the worker did not listen within {timeout} s; see {log_path}")
 
 
 @contextlib.contextmanager

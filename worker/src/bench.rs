@@ -2,6 +2,7 @@
 
 mod command;
 pub mod memory;
+mod read;
 
 pub use command::Bench;
 

@@ -61,7 +61,7 @@ impl EngineSource {
 
 impl BatchSource for EngineSource {
     fn subscribe(&self, subscription: &Subscription) -> Result<Batches, Status> {
-        tracing::info!(job = %subscription.job, consumer = subscription.consumer_index, "consumer attached");
+        tracing::info!(job = %subscription.job, reading = ?subscription.reading, "consumer attached");
         let ready = self.ready.clone();
         Ok(futures::stream::unfold(ready, |ready| async move {
             let next = ready.lock().await.recv().await;

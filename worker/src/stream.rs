@@ -26,7 +26,7 @@ use futures::{Stream, StreamExt, stream};
 use stoker_api::chunk::chunk_batch;
 use stoker_api::proto::batch_stream_server::BatchStream;
 use stoker_api::proto::{self, BatchChunk, StreamRequest};
-use stoker_api::{Batch, Stacked};
+use stoker_api::{Batch, Reading, Stacked};
 use tokio::net::TcpListener;
 use tonic::codec::CompressionEncoding;
 use tonic::transport::server::TcpIncoming;
@@ -44,12 +44,9 @@ pub struct Subscription {
     pub namespace: String,
     pub pipeline: String,
     pub job: String,
-    pub consumer_index: u32,
-    /// Under the dispatcher, a job read by ranks: how many (`consumer_index` is the rank);
-    /// 0 or 1: the job's consumers share its batches.
-    pub consumers: u32,
-    /// With `consumers` > 1: deal in rounds (coordinated mode).
-    pub coordinated: bool,
+    /// Under the dispatcher: shared, or one rank of a job read by ranks (dealt in rounds in
+    /// coordinated mode).
+    pub reading: Reading,
     pub start_epoch: Option<u64>,
     /// Under the dispatcher: the one epoch to stream.
     pub epoch: Option<u64>,
@@ -170,19 +167,15 @@ pub fn validate(
     if !range.contains(&limit) {
         return invalid(format!("max_message_bytes {limit} is outside {range:?}"));
     }
-    if let Err(e) = proto::check_rank(request.consumer_index, request.consumers) {
-        return invalid(e);
-    }
-    if request.coordinated && request.consumers < 2 {
-        return invalid("coordinated mode deals rounds among ranks: set consumers (2 or more)".into());
-    }
+    let reading = match Reading::from_wire(request.consumers, request.consumer_index, request.coordinated) {
+        Ok(reading) => reading,
+        Err(e) => return invalid(e),
+    };
     let subscription = Subscription {
         namespace: pipeline.namespace,
         pipeline: pipeline.name,
         job: request.job,
-        consumer_index: request.consumer_index,
-        consumers: request.consumers,
-        coordinated: request.coordinated,
+        reading,
         start_epoch: request.start_epoch,
         epoch: request.epoch,
         caller,
@@ -227,7 +220,7 @@ impl<S: BatchSource, A: Authenticator> BatchStream for StreamService<S, A> {
         tracing::info!(
             pipeline = %format!("{}/{}", subscription.namespace, subscription.pipeline),
             job = %subscription.job,
-            consumer = subscription.consumer_index,
+            reading = ?subscription.reading,
             reader = subscription.caller.username.as_deref().unwrap_or("-"),
             limit,
             shared_memory = shared.is_some(),

@@ -188,6 +188,7 @@ async fn the_authenticator_sees_the_token_and_can_refuse() {
     opts.token = Some("sa-token".into());
     opts.job = "train".into();
     opts.consumer_index = 1;
+    opts.consumers = 2;
     let mut client = connect(&[&worker], opts).await;
     assert!(client.next().await.is_none());
     let subs = recording.0.lock().unwrap().clone();
@@ -197,9 +198,7 @@ async fn the_authenticator_sees_the_token_and_can_refuse() {
             namespace: "team-a".into(),
             pipeline: "imagenet".into(),
             job: "train".into(),
-            consumer_index: 1,
-            consumers: 0,
-            coordinated: false,
+            reading: stoker_api::Reading::Ranked { rank: 1, ranks: 2, coordinated: false },
             start_epoch: None,
             epoch: None,
             caller: Caller { token: Some("sa-token".into()), username: Some("reader".into()) },

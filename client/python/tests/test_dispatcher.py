@@ -5,10 +5,13 @@ local view shows them)."""
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
+
+import pytest
 
 from stoker_client import Client
 
@@ -158,3 +161,53 @@ def test_the_example_reads_epochs_through_the_dispatcher(tmp_path, corpus):
     lines = [line for line in out.splitlines() if line.startswith("epoch")]
     assert [line.split(" images in ")[0] for line in lines] == [f"epoch 0: {images}", f"epoch 1: {images}"], out
     assert all(line.endswith("images/s") for line in lines), out
+
+
+def test_a_wait_for_a_batch_leaves_python_running_and_is_interrupted_by_ctrl_c_and_close(tmp_path, corpus):
+    """The client waits for batches without the GIL: another thread runs meanwhile; Ctrl-C
+    (SIGINT) interrupts a wait within a fraction of a second, and close() from another thread
+    ends one at once."""
+    # One batch a second: every next() waits most of a second.
+    with (
+        Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4), args=["--max-batch-rate", "1"]) as local,
+        Client.from_dispatcher(local.address(), "test", "py", prefetch=1, prefetch_next_epoch=False) as client,
+    ):
+        for _ in range(3):  # whatever was made before the first call
+            next(client)
+        counted, stop = [0], threading.Event()
+
+        def count():
+            while not stop.is_set():
+                counted[0] += 1
+
+        counter = threading.Thread(target=count)
+        counter.start()
+        try:
+            started = time.monotonic()
+            next(client)
+            waited = time.monotonic() - started
+        finally:
+            stop.set()
+            counter.join()
+        assert waited > 0.3, f"the batch came at once ({waited:.2f} s): no wait to measure"
+        assert counted[0] > 10000, f"another thread counted to {counted[0]} in {waited:.2f} s: the GIL was held"
+
+        timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGINT,))
+        started = time.monotonic()
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                while True:
+                    next(client)
+        finally:
+            timer.cancel()
+        assert time.monotonic() - started < 2.0, "Ctrl-C ends the wait"
+
+        closer = threading.Timer(0.3, client.close)
+        started = time.monotonic()
+        closer.start()
+        with pytest.raises(StopIteration):
+            while True:
+                next(client)
+        closer.join()
+        assert time.monotonic() - started < 2.5, "close() from another thread ends the wait"

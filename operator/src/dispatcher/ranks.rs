@@ -67,8 +67,9 @@ impl Ranks {
         self.consumers
     }
 
-    pub fn coordinated(&self) -> bool {
-        self.coordinated
+    /// What every client of the job declares.
+    pub fn shape(&self) -> stoker_api::JobShape {
+        stoker_api::JobShape { ranks: self.consumers, coordinated: self.coordinated }
     }
 
     /// A rank rejoined this dispatcher with `open` as its job's open epoch: it may be reading

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use stoker_api::proto::HintBytes;
 use stoker_api::window::Window;
-use stoker_api::{CacheStatus, DeliveryStatus, WorkersReport};
+use stoker_api::{CacheStatus, DeliveryStatus, Reading, WorkersReport};
 
 use super::cache::Caches;
 use super::gathering::{Gathered, Gathering};
@@ -308,13 +308,8 @@ impl DispatcherState {
     /// dispatcher what it has of the job (see `gathering`).
     pub fn register_client(&mut self, r: ClientRegistration, now: Instant) -> Result<Registered, DispatchError> {
         let ClientRegistration { pipeline, job, consumer_index, consumers, coordinated, client_id, rejoin, resume } = r;
-        stoker_api::proto::check_rank(consumer_index, consumers).map_err(DispatchError::Invalid)?;
+        let reading = Reading::from_wire(consumers, consumer_index, coordinated).map_err(DispatchError::Invalid)?;
         check_id(client_id.as_deref())?;
-        if coordinated && consumers < 2 {
-            return Err(DispatchError::Invalid(
-                "coordinated mode lines up the batches of a job's ranks: declare consumers (2 or more)".into(),
-            ));
-        }
         let (job, start) = match resume {
             Some(resume) => {
                 let epoch = resume.epoch;
@@ -324,19 +319,16 @@ impl DispatcherState {
         };
         let others = self.members.clients_of(&pipeline, &job).filter(|id| client_id.as_ref() != Some(*id)).count();
         let pipeline_state = self.pipelines.entry(pipeline.clone()).or_default();
-        let declared = pipeline_state.ranks.get(&job).map_or((1, false), |r| (r.consumers(), r.coordinated()));
-        if declared != (consumers.max(1), coordinated) {
+        let declared = pipeline_state.ranks.get(&job).map_or(Reading::Shared.shape(), Ranks::shape);
+        let shape = reading.shape();
+        if declared != shape {
             if others > 0 {
-                let mode = |c: bool| if c { "coordinated" } else { "not coordinated" };
                 return Err(DispatchError::Invalid(format!(
-                    "job {job} is read by {} consumer(s), {}, but this client declares {consumers}, {}: every client of a job must declare the same",
-                    declared.0,
-                    mode(declared.1),
-                    mode(coordinated)
+                    "job {job} is read by {declared}, but this client declares {shape}: every client of a job must declare the same"
                 )));
             }
-            if consumers > 1 {
-                pipeline_state.ranks.insert(job.clone(), Ranks::new(consumers, coordinated));
+            if reading.is_ranked() {
+                pipeline_state.ranks.insert(job.clone(), Ranks::new(shape.ranks, shape.coordinated));
             } else {
                 pipeline_state.ranks.remove(&job);
             }

@@ -490,10 +490,11 @@ fn a_coordinated_job_is_declared_by_every_rank_and_its_quotas_carry_the_order() 
     let mut s = DispatcherState::new("t", Timeouts::default());
     let coordinated = |rank| ClientRegistration { coordinated: true, ..client("j", rank, 2) };
     let err = s.register_client(ClientRegistration { coordinated: true, ..client("j", 0, 0) }, t).unwrap_err();
-    assert!(err.to_string().contains("declare consumers"), "{err}");
+    assert!(err.to_string().contains("set consumers (2 or more)"), "{err}");
     let r0 = s.register_client(coordinated(0), t).unwrap().client_id;
     let err = s.register_client(client("j", 1, 2), t).unwrap_err();
-    assert!(err.to_string().contains("coordinated, but this client declares 2, not coordinated"), "{err}");
+    let want = "read by 2 consumer(s), coordinated, but this client declares 2 consumer(s), not coordinated";
+    assert!(err.to_string().contains(want), "{err}");
     let r1 = s.register_client(coordinated(1), t).unwrap().client_id;
     let got = |n| Received { batches: n, rounds: [("w".to_string(), n)].into(), ..Received::default() };
     s.acknowledge(&r0, &[], 0, &[], &[(0, got(2))], t).unwrap();

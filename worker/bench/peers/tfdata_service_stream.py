@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""tf.data service peer of `python -m stoker_client.bench`: one Python consumer reading ready
+"""tf.data service peer of `worker/bench/python_read.py` (`worker/bench/stream-clients.sh`): one
+Python consumer reading ready
 batches from two tf.data service workers on loopback, counting the tensors' bytes for
 `--seconds` after a warm-up, as numpy arrays (what Stoker's Python client hands over).
 

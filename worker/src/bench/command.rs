@@ -73,10 +73,29 @@ pub enum Bench {
         /// Images per batch (14: a 4 MiB batch).
         #[arg(long, default_value_t = 14)]
         images: usize,
+        /// Serves batches of this many rows of 16 bytes (one uint8 tensor) instead of images:
+        /// what each batch costs beyond its bytes.
+        #[arg(long)]
+        small_rows: Option<usize>,
         /// Hands batches to consumers on this host that ask through this shared-memory
         /// directory (as the worker's `--shared-memory-dir`); without it, messages only.
         #[arg(long)]
         shared_memory_dir: Option<std::path::PathBuf>,
+    },
+    /// The Rust client reading running workers (`bench serve`) as fast as it can: GB/s,
+    /// batches/s and its CPU per GB, as `worker/bench/python_read.py` measures the Python one.
+    Read {
+        /// A worker's address (host:port); repeat for each.
+        #[arg(long = "worker", required = true)]
+        workers: Vec<String>,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 64 << 20)]
+        max_message_bytes: usize,
+        /// Batches through shared memory (workers on this host serving with a shared-memory
+        /// directory).
+        #[arg(long)]
+        shared_memory: bool,
     },
 }
 
@@ -105,7 +124,13 @@ impl Bench {
                 })
                 .await
             }
-            Bench::Serve { listen, images, shared_memory_dir } => serve(listen, images, shared_memory_dir).await,
+            Bench::Serve { listen, images, small_rows, shared_memory_dir } => {
+                serve(listen, images, small_rows, shared_memory_dir).await
+            }
+            Bench::Read { workers, seconds, max_message_bytes, shared_memory } => {
+                super::read::command(&super::read::ReadBench { workers, seconds, max_message_bytes, shared_memory })
+                    .await
+            }
         }
     }
 }
@@ -169,12 +194,20 @@ async fn cache(corpus: &Path, volume: &Path, threads: usize, gets: usize) -> any
     Ok(())
 }
 
-async fn serve(listen: SocketAddr, images: usize, shared_memory_dir: Option<std::path::PathBuf>) -> anyhow::Result<()> {
-    let source = SyntheticSource::new(vec![
-        ("image".into(), DType::Float16, vec![images, 224, 224, 3]),
-        ("label".into(), DType::Int64, vec![images]),
-    ])
-    .shared_payload();
+async fn serve(
+    listen: SocketAddr,
+    images: usize,
+    small_rows: Option<usize>,
+    shared_memory_dir: Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
+    let tensors = match small_rows {
+        Some(rows) => vec![("x".into(), DType::Uint8, vec![rows, 16])],
+        None => vec![
+            ("image".into(), DType::Float16, vec![images, 224, 224, 3]),
+            ("label".into(), DType::Int64, vec![images]),
+        ],
+    };
+    let source = SyntheticSource::new(tensors).shared_payload();
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     tracing::info!(listen = %listener.local_addr()?, "serving synthetic batches");
     let shared = match shared_memory_dir {

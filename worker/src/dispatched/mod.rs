@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use stoker_api::Batch;
 use stoker_api::proto::next_split_response::Next;
+use stoker_api::{Batch, JobShape};
 use tonic::Status;
 
 use crate::deal::{Deal, Queued};
@@ -68,10 +68,9 @@ impl Busy {
 struct EpochJob {
     /// By rank; one queue when the job's consumers share its batches.
     batches: Vec<EpochBatches>,
-    /// The job's ranks, as its first consumer here declared (0: shared), and whether they are
+    /// The job's ranks as its first consumer here declared (1: shared), and whether they are
     /// dealt rounds (coordinated mode).
-    consumers: u32,
-    coordinated: bool,
+    shape: JobShape,
     /// When the job's next batch may go out, under `--max-batch-rate`: shared by its epochs,
     /// so reading the next epoch ahead does not double the rate.
     next_send: Arc<tokio::sync::Mutex<tokio::time::Instant>>,
@@ -184,7 +183,7 @@ impl DispatchedSource {
         }
     }
 
-    fn epoch(&self, key: EpochKey, consumers: u32, coordinated: bool) -> Result<Arc<EpochJob>, Status> {
+    fn epoch(&self, key: EpochKey, shape: JobShape) -> Result<Arc<EpochJob>, Status> {
         let mut epochs = self.epochs.lock().unwrap();
         if let Some(epoch_job) = epochs.get(&key) {
             return Ok(epoch_job.clone());
@@ -208,14 +207,16 @@ impl DispatchedSource {
         };
         // Workers begin dealing at different ranks, and each epoch at another one.
         let first = fnv1a(self.link.registration.address.as_bytes()).wrapping_add(key.1);
-        let (mut deal, hands) =
-            if coordinated { Deal::in_rounds(consumers, 1, self.link.id()) } else { Deal::new(consumers, 1, first) };
+        let (mut deal, hands) = if shape.coordinated {
+            Deal::in_rounds(shape.ranks, 1, self.link.id())
+        } else {
+            Deal::new(shape.ranks, 1, first)
+        };
         let batches =
             hands.into_iter().map(|queue| Arc::new(tokio::sync::Mutex::new(Hand { queue, pending: None }))).collect();
         let epoch_job = Arc::new(EpochJob {
             batches,
-            consumers,
-            coordinated,
+            shape,
             next_send,
             attached: Mutex::new((0, Some(std::time::Instant::now()))),
         });
@@ -274,22 +275,18 @@ impl BatchSource for DispatchedSource {
                 "under the dispatcher a stream is of one epoch: set StreamRequest.epoch",
             ));
         };
-        tracing::info!(job = %subscription.job, epoch, consumer = subscription.consumer_index, "consumer attached");
-        let epoch_job =
-            self.epoch((subscription.job.clone(), epoch), subscription.consumers, subscription.coordinated)?;
-        let declared = (epoch_job.consumers.max(1), epoch_job.coordinated);
-        if declared != (subscription.consumers.max(1), subscription.coordinated) {
-            let mode = |c: bool| if c { "coordinated" } else { "not coordinated" };
+        let reading = subscription.reading;
+        tracing::info!(job = %subscription.job, epoch, ?reading, "consumer attached");
+        let epoch_job = self.epoch((subscription.job.clone(), epoch), reading.shape())?;
+        if epoch_job.shape != reading.shape() {
             return Err(Status::invalid_argument(format!(
-                "job {} is read by {} consumer(s), {}, on this worker, but this stream declares {}, {}: every consumer of a job must declare the same",
+                "job {} is read by {} on this worker, but this stream declares {}: every consumer of a job must declare the same",
                 subscription.job,
-                declared.0,
-                mode(declared.1),
-                subscription.consumers,
-                mode(subscription.coordinated)
+                epoch_job.shape,
+                reading.shape()
             )));
         }
-        let rank = if subscription.consumers > 1 { subscription.consumer_index as usize } else { 0 };
+        let rank = reading.rank() as usize;
         let min_interval = self.min_interval;
         // A stream serves the worker's registration it opened under. Once the dispatcher forgot
         // this worker (it restarted, or took the worker for dead) a stream opened before may be

@@ -4,7 +4,7 @@
 //! stream that is a copy of every batch, and more copies as that buffer grows to the
 //! message's size. Serving ready batches to one consumer, those copies were 38% of the
 //! worker's CPU (`perf record --call-graph dwarf` on `stoker-worker bench serve` under
-//! `python -m stoker_client.bench`), CPU that belongs to preprocessing. Here a chunk becomes
+//! a Python client), CPU that belongs to preprocessing. Here a chunk becomes
 //! its encoding's small parts (the gRPC message prefix, the header, each piece's key and
 //! length, the closing fields), written into small buffers, with each piece's bytes in
 //! between as the reference-counted slice of the batch it already is; HTTP/2 writes those

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The clients on the same stream, in alternating rounds (docs/performance.md): two
+# `stoker-worker bench serve` processes on loopback serving ready batches, read for SECONDS
+# after a warm-up by
+#   rust            `stoker-worker bench read` (the Rust client)
+#   python          worker/bench/python_read.py with the package as built here (the binding)
+#   python grpcio   the same script with the Python client of before the binding (grpcio),
+#                   installed from commit $GRPCIO_COMMIT into its own venv
+#   tf.data service worker/bench/peers/tfdata_service_stream.py (its own dispatcher and two
+#                   workers serving the same 4 MiB batch) with compression off, its fastest
+#                   setting, into one Python consumer (4 MiB batches over gRPC only)
+# on 4 MiB batches (14 float16 224x224x3 images) over gRPC, the same through shared memory, and
+# small batches (1,000 rows of 16 bytes) over gRPC.
+#   bash worker/bench/stream-clients.sh [ROUNDS] [SECONDS]
+# Pythons: TORCH_PYTHON (default ~/.cache/stoker/venv/bin/python; the package is reinstalled
+# there, optimised), ~/.cache/stoker/grpcio-venv and ~/.cache/stoker/tf-venv (tensorflow-cpu),
+# both made here when missing.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rounds=${1:-3}
+seconds=${2:-5}
+cache=${STOKER_CACHE:-$HOME/.cache/stoker}
+python=${TORCH_PYTHON:-$cache/venv/bin/python}
+grpcio_commit=${GRPCIO_COMMIT:-e73c754}
+grpcio_venv=$cache/grpcio-venv
+worker=target/release/stoker-worker
+cargo build --release -q -p stoker-worker --features bench
+"$python" -m pip install -q --disable-pip-version-check ./client/python
+if [ ! -x "$grpcio_venv/bin/python" ]; then
+  tmp=$(mktemp -d)
+  git archive "$grpcio_commit" client/python | tar -x -C "$tmp"
+  python3 -m venv "$grpcio_venv"
+  "$grpcio_venv/bin/pip" install -q --disable-pip-version-check "$tmp/client/python"
+  rm -rf "$tmp"
+fi
+tf_python=${TF_PYTHON:-$cache/tf-venv/bin/python}
+if [ ! -x "$tf_python" ]; then
+  python3 -m venv "$cache/tf-venv"
+  "$cache/tf-venv/bin/pip" install -q --disable-pip-version-check tensorflow-cpu
+  tf_python=$cache/tf-venv/bin/python
+fi
+logs=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$logs"' EXIT
+# Starts two workers with these `bench serve` arguments; sets $workers to their --worker flags.
+serve() {
+  kill "${pids[@]}" 2>/dev/null || true
+  wait 2>/dev/null || true
+  pids=()
+  workers=()
+  for i in 0 1; do
+    RUST_LOG=info NO_COLOR=1 "$worker" bench serve --listen 127.0.0.1:0 "$@" >"$logs/$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in 0 1; do
+    for _ in $(seq 300); do
+      address=$(grep -o 'listen=127.0.0.1:[0-9]*' "$logs/$i.log" | head -1 | cut -d= -f2 || true)
+      [ -n "$address" ] && break
+      sleep 0.1
+    done
+    workers+=(--worker "$address")
+  done
+}
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+for setting in messages shared-memory small; do
+  case $setting in
+    messages) serve; flags=() ;;
+    shared-memory) serve --shared-memory-dir /dev/shm; flags=(--shared-memory) ;;
+    small) serve --small-rows 1000; flags=() ;;
+  esac
+  for round in $(seq "$rounds"); do
+    echo "$setting round $round: $("$worker" bench read "${workers[@]}" --seconds "$seconds" "${flags[@]}")"
+    echo "$setting round $round: $("$python" worker/bench/python_read.py "${workers[@]}" --seconds "$seconds" "${flags[@]}" --label "python (binding)")"
+    echo "$setting round $round: $("$grpcio_venv/bin/python" worker/bench/python_read.py "${workers[@]}" --seconds "$seconds" "${flags[@]}" --label "python (grpcio, $grpcio_commit)")"
+    if [ "$setting" = messages ]; then
+      echo "$setting round $round: $("$tf_python" worker/bench/peers/tfdata_service_stream.py --seconds "$seconds" --compression none 2>/dev/null | tail -1)"
+    fi
+  done
+done
