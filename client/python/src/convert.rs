@@ -207,13 +207,17 @@ pub fn error(py: Python<'_>, e: Error) -> PyErr {
     made.unwrap_or_else(|failed| failed)
 }
 
-/// An error and its sources, as one line.
+/// An error and its sources, as one line; a source that only repeats what is said already
+/// (transport errors name their source in their own message) is left out.
 fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
+        let said = s.to_string();
+        if !out.contains(&said) {
+            out.push_str(": ");
+            out.push_str(&said);
+        }
         source = s.source();
     }
     out
