@@ -19,12 +19,13 @@ use crate::error::Error;
 use crate::follower::{Follower, Shared};
 use crate::options::ClientOptions;
 use crate::ration::{Ration, Step};
+use crate::registration::RETRY;
 use crate::registration::{Registration, Rejoining};
 use crate::resume::Yielded;
 use crate::stats::{Meter, WindowStats};
 use crate::tasks::Tasks;
 use crate::tls::WorkerTls;
-use crate::worker_stream::{open, pump};
+use crate::worker_stream::{Cursor, open, pump};
 
 /// Streams batches from one or more workers. Dropping it stops the streams.
 pub struct Client {
@@ -76,14 +77,21 @@ impl Client {
         }
         options.check()?;
         let token = options.token_source();
+        // Each stream resumable: a connection that breaks while the worker stays up goes on
+        // where it broke.
+        let cursors: Vec<Arc<Cursor>> = workers.iter().map(|_| Arc::new(Cursor::new())).collect();
         let streams = futures::future::try_join_all(
-            workers.iter().map(|w| open(w, (&options, &token), None, &WorkerTls::ByAddress, None)),
+            workers
+                .iter()
+                .zip(&cursors)
+                .map(|(w, c)| open(w, (&options, &token), None, &WorkerTls::ByAddress, Some(c))),
         )
         .await?;
         let (tx, rx) = mpsc::channel(options.prefetch);
         let tasks = Tasks::default();
-        for (worker, stream) in workers.into_iter().zip(streams) {
-            tasks.spawn(pump_to_caller(worker, stream, tx.clone(), options.reassembler()));
+        for ((worker, stream), cursor) in workers.into_iter().zip(streams).zip(cursors) {
+            let fixed = FixedStream { worker, options: options.clone(), token: token.clone(), cursor };
+            tasks.spawn(fixed.pump_to_caller(stream, tx.clone()));
         }
         Ok(Client { source: Source::Fixed(rx), tasks, meter: Arc::default(), call_start: None, follower: None })
     }
@@ -374,19 +382,76 @@ fn poll_rationed(
     }
 }
 
-/// A fixed worker's stream: its failure is the caller's to see.
-async fn pump_to_caller(
-    worker: String,
-    stream: tonic::Streaming<BatchChunk>,
-    tx: mpsc::Sender<Item>,
-    reassembler: crate::reassemble::Reassembler,
-) {
-    if let Some(failure) = pump(worker, stream, &tx, reassembler, (None, None), || {}).await {
-        if tx.is_closed() {
-            // The client is gone: its connections closing is no worker's failure.
-            return;
+/// Whether a fixed worker's stream failed because its connection did (not because the worker
+/// said so): what resuming it fixes.
+fn broken_connection(e: &Error) -> bool {
+    match e {
+        Error::Connect { .. } => true,
+        Error::Protocol { source, .. } => source.is_gone_file(),
+        // What a transport failure reaches the stream as (a worker choosing one of these
+        // too is retried only until the stream has made no progress for the connect timeout).
+        Error::Status { status, .. } => {
+            matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled)
         }
-        tracing::warn!(error = %failure, "worker stream failed");
-        let _ = tx.send(Err(failure)).await;
+        _ => false,
+    }
+}
+
+/// A fixed worker's stream and what it takes to open it again where it broke.
+struct FixedStream {
+    worker: String,
+    options: ClientOptions,
+    token: stoker_api::token::TokenSource,
+    cursor: Arc<Cursor>,
+}
+
+impl FixedStream {
+    /// Reads the stream into the caller's queue. A connection that breaks (the transport
+    /// fails, or the worker is unreachable for a moment) is opened again under the stream's
+    /// cursor, the worker sending first what the broken one took with it; without progress
+    /// for the connect timeout it gives up. Any other failure (a status the worker sent, a
+    /// worker that forgot the stream) is the caller's to see.
+    async fn pump_to_caller(self, mut stream: tonic::Streaming<BatchChunk>, tx: mpsc::Sender<Item>) {
+        let accounts = (None, Some(self.cursor.as_ref()));
+        // Since when the stream has delivered nothing, and what it had then.
+        let mut stalled: Option<(tokio::time::Instant, u64)> = None;
+        loop {
+            let Some(failure) =
+                pump(self.worker.clone(), stream, &tx, self.options.reassembler(), accounts, || {}).await
+            else {
+                return;
+            };
+            if tx.is_closed() {
+                // The client is gone: its connections closing is no worker's failure.
+                return;
+            }
+            let received = self.cursor.received();
+            let since = match stalled {
+                Some((since, had)) if had == received => since,
+                _ => tokio::time::Instant::now(),
+            };
+            stalled = Some((since, received));
+            let mut failure = failure;
+            let reopened = loop {
+                if !broken_connection(&failure) || since.elapsed() > self.options.connect_timeout {
+                    break None;
+                }
+                tracing::info!(worker = %self.worker, error = %failure, "worker stream broke; resuming it");
+                tokio::time::sleep(RETRY).await;
+                let tls = &WorkerTls::ByAddress;
+                match open(&self.worker, (&self.options, &self.token), None, tls, Some(&self.cursor)).await {
+                    Ok(stream) => break Some(stream),
+                    Err(e) => failure = e,
+                }
+            };
+            match reopened {
+                Some(again) => stream = again,
+                None => {
+                    tracing::warn!(error = %failure, "worker stream failed");
+                    let _ = tx.send(Err(failure)).await;
+                    return;
+                }
+            }
+        }
     }
 }

@@ -75,6 +75,27 @@ pub enum Error {
 }
 
 impl Error {
+    /// A worker's answer the training loop must see rather than have hidden by a reconnect
+    /// (a refused request, a broken protocol, TLS that does not verify); anything else is a
+    /// connection that broke, and its stream is opened again where it broke.
+    pub fn is_fatal(&self) -> bool {
+        match self {
+            // A batch's shared-memory file removed as its stream broke: the resumed stream
+            // sends the batch again.
+            Error::Protocol { source, .. } if source.is_gone_file() => false,
+            // The client's CA, or the worker's certificate, is wrong: no retry fixes it.
+            Error::Protocol { .. } | Error::Tls { .. } => true,
+            Error::Status { status, .. } => matches!(
+                status.code(),
+                tonic::Code::InvalidArgument
+                    | tonic::Code::PermissionDenied
+                    | tonic::Code::Unauthenticated
+                    | tonic::Code::FailedPrecondition
+            ),
+            _ => false,
+        }
+    }
+
     /// The gRPC status code when the worker answered with one.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {

@@ -303,22 +303,6 @@ impl Follower {
     }
 }
 
-/// A worker's answer the training loop must see rather than have hidden by a reconnect.
-fn fatal(e: &Error) -> bool {
-    match e {
-        // A batch's shared-memory file removed as its stream broke: the resumed stream sends
-        // the batch again.
-        Error::Protocol { source, .. } if source.is_gone_file() => false,
-        // The client's CA, or the worker's certificate, is wrong: no retry fixes it.
-        Error::Protocol { .. } | Error::Tls { .. } => true,
-        Error::Status { status, .. } => matches!(
-            status.code(),
-            Code::InvalidArgument | Code::PermissionDenied | Code::Unauthenticated | Code::FailedPrecondition
-        ),
-        _ => false,
-    }
-}
-
 /// How the client keys a listed worker: its address, and the worker's id where the dispatcher
 /// gives it, for a new process at the same address (a pod's IP reused, a container restarted
 /// in its pod) is another worker: the rows the one before delivered are then held rows of a
@@ -362,7 +346,7 @@ async fn stream_from(
         tracing::error!(%worker, epoch = key.1, "the worker forgot a broken stream: batches sent into it may be lost");
     }
     match failure {
-        Some(e) if fatal(&e) => {
+        Some(e) if e.is_fatal() => {
             tracing::error!(error = %e, "worker refused the stream");
             let _ = tx.send(Err(e)).await;
         }

@@ -29,7 +29,8 @@ async fn batches_arrive_exactly() {
     let mut client = connect(&[&worker], opts).await;
     for i in 0..25 {
         let got = client.next().await.unwrap().unwrap();
-        assert_eq!(got, source.batch(3, i).join(), "batch {i}");
+        // Numbered from 1: the stream is resumable.
+        assert_eq!(got, stoker_api::Batch { stream_seq: i + 1, ..source.batch(3, i).join() }, "batch {i}");
         assert_eq!((got.epoch, got.split, got.sequence), (3, i / 10, i % 10));
     }
     assert!(client.next().await.is_none());
@@ -51,7 +52,7 @@ async fn two_batches_intact(source: SyntheticSource, compression: Option<Compres
     let mut client = connect(&[&worker], opts).await;
     for i in 0..2 {
         let got = client.next().await.unwrap().unwrap();
-        let want = source.batch(0, i).join();
+        let want = stoker_api::Batch { stream_seq: i + 1, ..source.batch(0, i).join() };
         assert_eq!(got.payload_bytes(), want.payload_bytes());
         assert!(got == want, "batch {i} differs");
     }

@@ -18,7 +18,7 @@ import pytest
 
 from stoker_client import Client
 
-from conftest import read_together, records_pipeline_file, within
+from conftest import Worker, read_together, records_pipeline_file, within
 from test_dispatcher import Local
 from test_shared_memory import mapped
 
@@ -159,3 +159,36 @@ def test_ranks_keep_equal_counts_through_resets(tmp_path, records_pipeline):
     assert all(epoch[3] > 0 for rank in got for epoch in rank), "through shared memory"
     for epoch in range(EPOCHS):
         assert got[0][epoch][1] == got[1][epoch][1], f"epoch {epoch}: the ranks' batch counts differ"
+
+
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["messages", "shared-memory"])
+def test_streams_from_fixed_workers_resume_through_resets(tmp_path, shared_memory):
+    """A fixed list of standalone workers (no dispatcher): each serves every record of every
+    epoch; reading them slowly while the connections are reset every 1.5 s, every (epoch, row)
+    arrives once from each worker, and nothing is raised."""
+    # Wide records: a worker's HTTP/2 window holds few batches, so it cannot send all of its
+    # epochs ahead of the slow reader and close its connection before the resets end.
+    pipeline = records_pipeline_file(tmp_path, FILES, LINES, batch_size=20, pad=2000)
+    workers = [Worker(pipeline, tmp_path / f"worker-{i}.log", epochs=EPOCHS) for i in range(2)]
+    try:
+        resetter = Resetter(dispatcher_port=0)
+        seen = Counter()
+        try:
+            with Client([w.address for w in workers], "test", "py", shared_memory=shared_memory, prefetch=2) as client:
+
+                def read():
+                    for batch in client:
+                        seen.update((batch.epoch, row) for row in batch.rows.tolist())
+                        time.sleep(0.01)  # a training step: the streams outlive several resets
+
+                within(240, read)
+        finally:
+            closed = resetter.finish()
+        print(f"fixed workers: {closed} sockets reset")
+        assert closed >= 6, f"the resets closed {closed} sockets: the faults did not happen"
+        assert len(seen) == EPOCHS * FILES * LINES, f"{len(seen)} (epoch, row)s of {EPOCHS * FILES * LINES}"
+        wrong = {key: n for key, n in seen.items() if n != 2}
+        assert not wrong, f"{len(wrong)} (epoch, row)s did not arrive once from each worker"
+    finally:
+        for w in workers:
+            w.stop()
