@@ -251,6 +251,12 @@ impl Delivery {
         inner.gapped.retain(|(epoch, _)| *epoch >= oldest);
     }
 
+    /// Whether this client rejoined another dispatcher after `incarnation`: what it says is
+    /// stale (a list it sent before it went, still buffered on the way).
+    pub(crate) fn retired(&self, incarnation: u64) -> bool {
+        self.inner.lock().unwrap().retired.contains(&incarnation)
+    }
+
     /// What this rank received of its recent epochs (all of them each time: a restarted
     /// dispatcher learns them again from the next acknowledgement).
     pub(crate) fn progress(&self) -> Vec<(u64, Received)> {

@@ -50,6 +50,9 @@ struct Streaming {
 /// whether the worker had forgotten it (a resume it cannot serve).
 struct Ended {
     key: StreamKey,
+    /// The task that streamed: a stream of the key started since (the first one stopped
+    /// because its worker left the list, then listed again) is not the one that ended.
+    task: tokio::task::Id,
     finished: bool,
     forgotten: bool,
 }
@@ -102,19 +105,39 @@ struct State {
     tls: WorkerTls,
 }
 
-impl Follower {
-    pub(crate) async fn run(mut self) {
-        let (ended_tx, mut ended_rx) = mpsc::unbounded_channel::<Ended>();
-        let mut state = State {
+impl State {
+    fn new(ended: mpsc::UnboundedSender<Ended>) -> Self {
+        State {
             listed: BTreeSet::new(),
             version: 0,
             streams: HashMap::new(),
             finished: HashSet::new(),
             cursors: HashMap::new(),
             paused: HashSet::new(),
-            ended: ended_tx,
+            ended,
             tls: WorkerTls::Plaintext,
-        };
+        }
+    }
+
+    /// The stream that `ended`, if it is the one streaming its key: removed, with whether this
+    /// connection of it delivered. None when stale: the stream that ended had been stopped (its
+    /// worker left the list) and the key streams again since. Taking that for the new stream's
+    /// end forgot the new one without stopping it and started a third beside it: two
+    /// connections of one stream, each delivering the same batches (150 rows of an epoch
+    /// twice, with three copies of `dispatcher_restart` at once on two cores).
+    fn take_ended(&mut self, ended: &Ended) -> Option<bool> {
+        if self.streams.get(&ended.key).is_none_or(|s| s.task.id() != ended.task) {
+            return None;
+        }
+        let stream = self.streams.remove(&ended.key)?;
+        Some(self.cursors.get(&ended.key).is_some_and(|c| c.received() > stream.received_before))
+    }
+}
+
+impl Follower {
+    pub(crate) async fn run(mut self) {
+        let (ended_tx, mut ended_rx) = mpsc::unbounded_channel::<Ended>();
+        let mut state = State::new(ended_tx);
         let mut report = tokio::time::interval(self.link.window);
         report.tick().await;
         let mut watch = self.watch.take();
@@ -140,14 +163,20 @@ impl Follower {
             let retry = tokio::time::sleep(if unacknowledged { RETRY } else { Duration::from_secs(3600) });
             tokio::select! {
                 update = updates.next() => match update {
+                    // Lists the dispatcher sent before it went and this client rejoined a new
+                    // one: taken for news, each made the client rejoin again, refusing the new
+                    // one's batches (a rank stalled for good that way), and their quotas are
+                    // the old dispatcher's. Its stream is stale: watch the new one.
+                    Some(Ok(list)) if self.shared.delivery.retired(list.incarnation) => {
+                        tracing::debug!(incarnation = list.incarnation, "a list from a dispatcher this client left: watching again");
+                        watch = None;
+                    }
                     Some(Ok(list)) => unacknowledged = !self.apply(&mut state, list).await,
                     // The dispatcher went away (leader change): watch again.
                     _ => watch = None,
                 },
                 Some(ended) = ended_rx.recv() => {
-                    let progressed = state.streams.remove(&ended.key).is_some_and(|s| {
-                        state.cursors.get(&ended.key).is_some_and(|c| c.received() > s.received_before)
-                    });
+                    let Some(progressed) = state.take_ended(&ended) else { continue };
                     if ended.finished || ended.forgotten {
                         state.cursors.remove(&ended.key);
                     }
@@ -354,7 +383,7 @@ async fn stream_from(
             if let Some(e) = &other {
                 tracing::info!(error = %e, "worker stream ended; the dispatcher reassigns its splits");
             }
-            let _ = ended.send(Ended { key, finished: other.is_none(), forgotten });
+            let _ = ended.send(Ended { key, task: tokio::task::id(), finished: other.is_none(), forgotten });
         }
     }
 }
@@ -362,6 +391,28 @@ async fn stream_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_end_of_a_stream_stopped_before_is_not_taken_for_its_successors() {
+        let (ended, _) = mpsc::unbounded_channel();
+        let mut state = State::new(ended);
+        let key: StreamKey = ("10.0.0.5:50052#w-1".into(), 3);
+        let streaming = |task: JoinHandle<()>| Streaming { task, delivered: Arc::default(), received_before: 0 };
+        // The first stream ended (and said so) while its worker was off the list; the key
+        // streams again under a second task.
+        let first = tokio::spawn(async {});
+        let first_id = first.id();
+        first.await.unwrap();
+        let second = tokio::spawn(std::future::pending::<()>());
+        let second_id = second.id();
+        state.streams.insert(key.clone(), streaming(second));
+        let end = |task| Ended { key: key.clone(), task, finished: false, forgotten: false };
+        assert_eq!(state.take_ended(&end(first_id)), None, "the first stream's end is stale");
+        assert!(state.streams.contains_key(&key), "the second streams on, the only one");
+        assert_eq!(state.take_ended(&end(second_id)), Some(false), "its own end is taken");
+        assert!(!state.streams.contains_key(&key));
+        assert_eq!(state.take_ended(&end(second_id)), None, "and only once");
+    }
 
     #[test]
     fn a_new_process_at_an_address_is_another_worker_reached_at_the_same_address() {

@@ -118,6 +118,11 @@ impl Registration {
     /// (register again), or the dispatcher restarted (rejoin).
     async fn forgotten(&mut self, s: &Status) -> Result<(), Status> {
         let answered = s.metadata().get(proto::INCARNATION).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if answered.is_some_and(|a| self.left(a)) {
+            // A dispatcher this client has left answered before it went: the next call
+            // reaches the one it rejoined.
+            return Ok(());
+        }
         if answered == Some(self.incarnation) && self.request.rejoin.is_none() {
             self.try_register().await
         } else {
@@ -130,9 +135,11 @@ impl Registration {
     /// of the job (refusing batches of the old one from this moment), so the job goes on
     /// without repeating any of it. Nothing to do if this already happened.
     pub(crate) async fn rejoin(&mut self, seen: Option<u64>) -> Result<(), Status> {
-        if seen.is_some_and(|s| s == 0 || s == self.incarnation) {
+        // A list of a dispatcher this client left says nothing new (see `left`).
+        if seen.is_some_and(|s| s == 0 || s == self.incarnation || self.left(s)) {
             return Ok(());
         }
+        tracing::debug!(dispatcher = %self.url, ?seen, registered = self.incarnation, "rejoining");
         if self.request.rejoin.is_none()
             && let Some(had) = &self.had
         {
@@ -153,6 +160,14 @@ impl Registration {
         }
         // Kept until it is taken: a failed attempt sends the same again.
         self.try_register().await
+    }
+
+    /// Whether this client rejoined another dispatcher after `incarnation`. What such a one
+    /// said (a list or an answer still on the way when it went) is stale: taken for news of a
+    /// restart, it made the client rejoin the dispatcher it had just rejoined, refusing that
+    /// one's batches from then on.
+    fn left(&self, incarnation: u64) -> bool {
+        self.had.as_ref().is_some_and(|had| had.delivery.retired(incarnation))
     }
 
     /// The job to stream and watch as: the job, or the run a resumed job goes on as.

@@ -119,16 +119,20 @@ impl Drop for RestartableDispatcher {
     }
 }
 
-/// Where a test's logs go: `$STOKER_TEST_LOGS` when set (then the test's own tracing goes to
-/// `test.log` there too, filtered by `RUST_LOG`, and the directory stays after the test, for
-/// chasing a failure that comes once in many runs), else `default`.
+/// Where a test's logs go: a directory named after the test under `$STOKER_TEST_LOGS` when
+/// set (then the tracing of every test in the process goes to `test.log` there too, filtered
+/// by `RUST_LOG`, and the directory stays after the test, for chasing a failure that comes
+/// once in many runs), else `default`.
 #[allow(dead_code)]
 pub fn kept_logs(default: &std::path::Path) -> std::path::PathBuf {
-    let Some(dir) = std::env::var_os("STOKER_TEST_LOGS").map(std::path::PathBuf::from) else {
+    let Some(root) = std::env::var_os("STOKER_TEST_LOGS").map(std::path::PathBuf::from) else {
         return default.to_path_buf();
     };
+    // The test harness names each test's thread after the test.
+    let test = std::thread::current().name().unwrap_or("test").replace("::", "-");
+    let dir = root.join(test);
     std::fs::create_dir_all(&dir).unwrap();
-    let file = std::fs::File::create(dir.join("test.log")).unwrap();
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(root.join("test.log")).unwrap();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::sync::Mutex::new(file))

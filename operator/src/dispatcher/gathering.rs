@@ -30,6 +30,17 @@ pub struct Gathered {
     pub incomplete: bool,
 }
 
+impl Gathered {
+    /// A client's state (see `Gathering::add`).
+    pub fn add(&mut self, epoch: u64, rows: Vec<Held>, completed: &[(u64, u64)], rank: u32) {
+        self.epoch = self.epoch.max(epoch);
+        self.rows.extend(rows);
+        for &split in completed {
+            self.completed.entry(split).or_default().insert(rank);
+        }
+    }
+}
+
 /// One job's gathering.
 #[derive(Debug)]
 pub struct Gathering {
@@ -76,12 +87,7 @@ impl Gathering {
     ) {
         self.expected = self.expected.max(expected);
         self.from.insert(who);
-        let g = &mut self.gathered;
-        g.epoch = g.epoch.max(epoch);
-        g.rows.extend(rows);
-        for &split in completed {
-            g.completed.entry(split).or_default().insert(rank);
-        }
+        self.gathered.add(epoch, rows, completed, rank);
     }
 
     /// Whether the job can go on: every state is in, or a rejoin waited long enough.

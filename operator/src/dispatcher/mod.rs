@@ -13,6 +13,7 @@ mod gathering;
 mod inbox;
 mod ledger;
 mod members;
+mod pipeline;
 mod ranks;
 mod registration;
 mod service;

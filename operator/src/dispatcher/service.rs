@@ -65,9 +65,13 @@ impl Dispatcher {
 
     /// A dispatcher that admits each call through `access`.
     pub fn guarded(timeouts: Timeouts, window: Duration, access: Arc<dyn Access>) -> Arc<Self> {
-        // Ids stay distinct across dispatcher restarts without coordination.
+        // Ids (and the incarnation, a hash of this) stay distinct across dispatcher restarts
+        // without coordination. The time and process id alone were not enough: dispatchers
+        // started in the same millisecond by one process (tests) or by processes that are
+        // all pid 1 (containers) shared them. A randomly keyed hasher adds 32 random bits.
         let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
-        let instance = format!("{:x}{:04x}", millis & 0xffff_ffff, std::process::id() & 0xffff);
+        let random = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), millis);
+        let instance = format!("{:x}{:04x}{:08x}", millis & 0xffff_ffff, std::process::id() & 0xffff, random as u32);
         Arc::new(Dispatcher {
             state: Mutex::new(DispatcherState::new(instance, timeouts)),
             listings: Mutex::new(HashMap::new()),

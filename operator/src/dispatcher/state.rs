@@ -12,41 +12,16 @@ use stoker_api::window::Window;
 use stoker_api::{CacheStatus, DeliveryStatus, Reading, WorkersReport};
 
 use super::cache::Caches;
-use super::gathering::{Gathered, Gathering};
 use super::inbox::{Inbox, JobWindows};
-use super::ledger::{Assignment, Held, Job, JobSummary, Plan, Reporter};
+use super::ledger::{Assignment, Held, JobSummary, Reporter};
 use super::members::{Client, Members, Progress, Timeouts, Worker};
+use super::pipeline::{JobEntry, Phase, Pipeline};
 use super::ranks::{Quota, Ranks, Received};
 use super::registration::{
     ClientRegistration, DispatchError, MAX_ID_BYTES, MAX_SPLITS, Registered, Rejoin, Resume, WorkerRegistration,
 };
 use crate::autocache::plan::{Directive, Measured};
 use crate::key::PipelineKey;
-
-#[derive(Default)]
-struct Pipeline {
-    /// (splits, digest) every worker of the pipeline must agree on; set by the first worker.
-    plan: Option<(u64, String)>,
-    /// The seed of each epoch's hand-out order (None: plan order), from the newest worker.
-    shuffle_seed: Option<u64>,
-    jobs: BTreeMap<String, Job>,
-    /// Where a job not started yet starts, from its clients' registrations: its workers ask
-    /// for the epoch after it too (reading ahead), and whichever comes first must not decide.
-    starts: BTreeMap<String, u64>,
-    /// Jobs read by ranks, from their clients' registrations.
-    ranks: BTreeMap<String, Ranks>,
-    /// Jobs waiting for their clients' states (rejoined after a restart, or resumed): nothing
-    /// goes out before.
-    gathering: BTreeMap<String, Gathering>,
-    /// Jobs whose states are in, until the plan is known (it comes with the first worker).
-    gathered: BTreeMap<String, Gathered>,
-    /// The live workers (address, id) as last published, and a version that grows when they
-    /// change (clients acknowledge it after dropping the workers that left). Shared with the
-    /// listings: one is made on every acknowledgement, and copying a thousand workers' names
-    /// each time was most of what an acknowledgement cost.
-    listed: Arc<Vec<(String, String)>>,
-    version: u64,
-}
 
 /// What a pipeline's clients are told: its live workers, each job's open epoch, and the
 /// quotas of the jobs read by ranks.
@@ -59,33 +34,6 @@ pub struct Listing {
     pub quotas: BTreeMap<String, Vec<(u64, Quota)>>,
     /// Each job's live clients.
     pub clients: BTreeMap<String, u32>,
-}
-
-impl Pipeline {
-    fn ledger_plan(&self) -> Plan {
-        Plan { splits: self.plan.as_ref().map_or(0, |(n, _)| *n), order: self.shuffle_seed }
-    }
-
-    /// Starts the jobs whose clients' states are in, as soon as the plan is known too, rather
-    /// than when a worker first asks for a split: until a job runs, its clients are told the
-    /// epoch they were reading is still open, and every worker may be waiting for them to
-    /// read on (its queue of the next epoch full), not asking. A restart near an epoch's end
-    /// stalled the job for good that way.
-    fn start_gathered(&mut self) {
-        if self.plan.is_none() {
-            return;
-        }
-        let plan = self.ledger_plan();
-        for (job, gathered) in std::mem::take(&mut self.gathered) {
-            let consumers = self.ranks.get(&job).map_or(1, Ranks::consumers);
-            self.jobs.entry(job).or_insert_with(|| Job::rebuilt(&gathered, &plan, consumers));
-        }
-    }
-
-    /// Who a client of `job` at `rank` reports completions as.
-    fn reporter(&self, job: &str, rank: u32) -> Reporter {
-        Reporter::Client { rank, consumers: self.ranks.get(job).map_or(1, Ranks::consumers) }
-    }
 }
 
 pub struct DispatcherState {
@@ -194,13 +142,15 @@ impl DispatcherState {
     pub fn listing(&self, key: &PipelineKey) -> Listing {
         let Some(p) = self.pipelines.get(key) else { return Listing::default() };
         // A job no worker has asked for yet starts where its clients said (a resumed one).
-        let mut epochs = p.starts.clone();
-        epochs.extend(p.jobs.iter().map(|(name, job)| (name.clone(), job.epoch())));
         Listing {
             workers: p.listed.clone(),
             version: p.version,
-            epochs,
-            quotas: p.ranks.iter().map(|(name, ranks)| (name.clone(), ranks.quotas())).collect(),
+            epochs: p.jobs.iter().map(|(name, entry)| (name.clone(), entry.epoch())).collect(),
+            quotas: p
+                .jobs
+                .iter()
+                .filter_map(|(name, entry)| Some((name.clone(), entry.ranks.as_ref()?.quotas())))
+                .collect(),
             clients: self.members.clients_per_job(key),
         }
     }
@@ -239,7 +189,7 @@ impl DispatcherState {
         now: Instant,
     ) -> Result<(), DispatchError> {
         let key = self.members.seen_worker(worker_id, now)?.pipeline.clone();
-        if let Some(state) = self.pipelines.get_mut(&key).and_then(|p| p.jobs.get_mut(job)) {
+        if let Some(state) = self.pipelines.get_mut(&key).and_then(|p| p.running(job)) {
             state.give_back(worker_id, epoch, splits);
         }
         Ok(())
@@ -276,20 +226,21 @@ impl DispatcherState {
         now: Instant,
     ) -> Result<Assignment, DispatchError> {
         let key = self.members.seen_worker(worker_id, now)?.pipeline.clone();
-        // A job starts with its clients: one no client of which registered with this
-        // dispatcher is one it restarted in the middle of, whose clients have not rejoined yet
-        // (or one they left). Its splits wait for them.
-        let unclaimed = !self.pipelines.get(&key).is_some_and(|p| p.jobs.contains_key(job))
-            && self.members.clients_of(&key, job).next().is_none();
+        let claimed = self.members.clients_of(&key, job).next().is_some();
         let pipeline = self.pipelines.get_mut(&key).expect("a registered worker's pipeline exists");
         let plan = pipeline.ledger_plan();
-        if unclaimed || pipeline.gathering.contains_key(job) {
-            return Ok(Assignment::Draining { epoch });
-        }
-        let start = pipeline.starts.get(job).copied().unwrap_or(epoch);
-        // A gathered job started already (`start_gathered`: a worker is registered, so the
-        // plan is known); any other starts here.
-        let state = pipeline.jobs.entry(job.to_string()).or_insert_with(|| Job::starting(start, &plan));
+        let entry = match pipeline.jobs.get_mut(job) {
+            Some(entry) if claimed || matches!(entry.phase, Phase::Running(_)) => entry,
+            // A job whose clients registered with another dispatcher (a plan changed under
+            // them) starts at the epoch asked for.
+            None if claimed => pipeline.jobs.entry(job.to_string()).or_insert(JobEntry::declared(epoch)),
+            // A job starts with its clients: one no client of which registered with this
+            // dispatcher is one it restarted in the middle of, whose clients have not rejoined
+            // yet (or one they left). Its splits wait for them.
+            _ => return Ok(Assignment::Draining { epoch }),
+        };
+        // Nothing goes out while the job waits for its clients' states.
+        let Some(state) = entry.start(&plan) else { return Ok(Assignment::Draining { epoch }) };
         let directive = self.caches.directive(&key);
         if let Some((action, seconds)) = state.complete(completed, Reporter::Worker, &plan, now) {
             self.caches.epoch(&key, action, seconds);
@@ -319,7 +270,11 @@ impl DispatcherState {
         };
         let others = self.members.clients_of(&pipeline, &job).filter(|id| client_id.as_ref() != Some(*id)).count();
         let pipeline_state = self.pipelines.entry(pipeline.clone()).or_default();
-        let declared = pipeline_state.ranks.get(&job).map_or(Reading::Shared.shape(), Ranks::shape);
+        let entry = pipeline_state.jobs.entry(job.clone()).or_insert_with(|| JobEntry::declared(start.unwrap_or(0)));
+        if let (JobEntry { phase: Phase::Declared { start: first }, .. }, Some(start)) = (&mut *entry, start) {
+            *first = start;
+        }
+        let declared = entry.ranks.as_ref().map_or(Reading::Shared.shape(), Ranks::shape);
         let shape = reading.shape();
         if declared != shape {
             if others > 0 {
@@ -327,21 +282,11 @@ impl DispatcherState {
                     "job {job} is read by {declared}, but this client declares {shape}: every client of a job must declare the same"
                 )));
             }
-            if reading.is_ranked() {
-                pipeline_state.ranks.insert(job.clone(), Ranks::new(shape.ranks, shape.coordinated));
-            } else {
-                pipeline_state.ranks.remove(&job);
-            }
-        }
-        if !pipeline_state.jobs.contains_key(&job) {
-            let first = pipeline_state.starts.entry(job.clone()).or_insert(0);
-            if let Some(start) = start {
-                *first = start;
-            }
+            entry.ranks = reading.is_ranked().then(|| Ranks::new(shape.ranks, shape.coordinated));
         }
         let id = self.members.id("c", client_id);
         if let Some(rejoin) = rejoin.filter(|r| r.incarnation != self.incarnation) {
-            if let Some(ranks) = self.pipelines.get_mut(&pipeline).and_then(|p| p.ranks.get_mut(&job)) {
+            if let Some(ranks) = entry.ranks.as_mut() {
                 ranks.rejoined(rejoin.open_epoch);
             }
             self.rejoin(&pipeline, &job, &id, consumer_index, consumers, rejoin, now);
@@ -373,14 +318,15 @@ impl DispatcherState {
         let client = self.members.seen_client(client_id, now)?;
         let (key, job, rank) = (client.pipeline.clone(), client.job.clone(), client.consumer_index);
         let Some(pipeline) = self.pipelines.get_mut(&key) else { return Ok(0) };
-        if let Some(ranks) = pipeline.ranks.get_mut(&job) {
+        let plan = pipeline.ledger_plan();
+        let Some(entry) = pipeline.jobs.get_mut(&job) else { return Ok(0) };
+        if let Some(ranks) = entry.ranks.as_mut() {
             for (epoch, r) in received {
                 ranks.report(rank, *epoch, r.clone());
             }
         }
-        let plan = pipeline.ledger_plan();
-        let by = pipeline.reporter(&job, rank);
-        let Some(state) = pipeline.jobs.get_mut(&job) else { return Ok(0) };
+        let by = entry.reporter(rank);
+        let Some(state) = entry.running() else { return Ok(0) };
         if !completed.is_empty() || !held.is_empty() {
             tracing::debug!(
                 pipeline = %key,
@@ -409,7 +355,7 @@ impl DispatcherState {
     }
 
     fn client_gone(&mut self, id: &str, client: &Client, lost_batches: bool, now: Instant) {
-        if let Some(state) = self.pipelines.get_mut(&client.pipeline).and_then(|p| p.jobs.get_mut(&client.job)) {
+        if let Some(state) = self.pipelines.get_mut(&client.pipeline).and_then(|p| p.running(&client.job)) {
             state.forget_client(id, now);
             if lost_batches {
                 tracing::warn!(pipeline = %client.pipeline, job = %client.job, "a client went away holding batches; handing the job's in-flight splits out again");
@@ -434,7 +380,7 @@ impl DispatcherState {
         changed.extend(self.gathered_late(now));
         // A client that never acknowledges holds a recovery up for at most its own timeout.
         for pipeline in self.pipelines.values_mut() {
-            for job in pipeline.jobs.values_mut() {
+            for job in pipeline.running_jobs() {
                 job.give_up_waiting(now, self.timeouts.client);
             }
         }
@@ -450,7 +396,7 @@ impl DispatcherState {
             self.pipelines.get(&worker.pipeline).map(|p| p.jobs.keys().cloned().collect()).unwrap_or_default();
         for job in jobs {
             let clients = self.clients_of(&worker.pipeline, &job);
-            if let Some(state) = self.pipelines.get_mut(&worker.pipeline).and_then(|p| p.jobs.get_mut(&job)) {
+            if let Some(state) = self.pipelines.get_mut(&worker.pipeline).and_then(|p| p.running(&job)) {
                 // Also splits whose last batch this worker sent but no client reported yet:
                 // they may have died in its buffers.
                 state.recover(id, version, &clients, now);
@@ -472,7 +418,14 @@ impl DispatcherState {
 
     pub fn jobs(&self, pipeline: &PipelineKey) -> Vec<JobSummary> {
         let Some(p) = self.pipelines.get(pipeline) else { return Vec::new() };
-        p.jobs.iter().map(|(name, j)| j.summary(name, p.ledger_plan().splits)).collect()
+        let splits = p.ledger_plan().splits;
+        p.jobs
+            .iter()
+            .filter_map(|(name, entry)| match &entry.phase {
+                Phase::Running(job) => Some(job.summary(name, splits)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Every pipeline's delivery counters, summed over its jobs.
@@ -481,7 +434,11 @@ impl DispatcherState {
             .keys()
             .map(|key| {
                 let mut d = DeliveryStatus {
-                    rows_dropped_for_equal_ranks: self.pipelines[key].ranks.values().map(Ranks::dropped_rows).sum(),
+                    rows_dropped_for_equal_ranks: self.pipelines[key]
+                        .jobs
+                        .values()
+                        .filter_map(|entry| Some(entry.ranks.as_ref()?.dropped_rows()))
+                        .sum(),
                     ..DeliveryStatus::default()
                 };
                 for job in self.jobs(key) {

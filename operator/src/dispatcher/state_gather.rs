@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::{DispatchError, DispatcherState, Rejoin, Resume};
 use crate::dispatcher::gathering::Gathering;
 use crate::dispatcher::ledger::{Held, Reporter};
+use crate::dispatcher::pipeline::{JobEntry, Phase};
 use crate::key::PipelineKey;
 
 impl DispatcherState {
@@ -44,16 +45,22 @@ impl DispatcherState {
             return Err(DispatchError::Invalid(format!("cannot resume from this state: {why}")));
         }
         let step = (job.to_string(), resume.epoch, resume.batches);
-        let existing =
-            self.pipelines.get(pipeline).and_then(|p| p.gathering.iter().find(|(_, g)| g.step.as_ref() == Some(&step)));
+        let existing = self.pipelines.get(pipeline).and_then(|p| {
+            p.jobs.iter().find(|(_, e)| matches!(&e.phase, Phase::Gathering { gathering, .. } if gathering.step.as_ref() == Some(&step)))
+        });
         let run = match existing {
             Some((run, _)) => run.clone(),
             None => self.members.id(&format!("{job}~run"), None),
         };
         let p = self.pipelines.entry(pipeline.clone()).or_default();
-        let gathering = p.gathering.entry(run.clone()).or_insert_with(|| Gathering::resume(step, consumers));
-        gathering.add(consumer_index.to_string(), consumers, resume.epoch, resume.yielded, &[], consumer_index);
-        p.starts.insert(run.clone(), resume.epoch);
+        let epoch = resume.epoch;
+        let entry = p.jobs.entry(run.clone()).or_insert_with(|| JobEntry {
+            ranks: None,
+            phase: Phase::Gathering { start: epoch, gathering: Gathering::resume(step, consumers) },
+        });
+        if let Phase::Gathering { gathering, .. } = &mut entry.phase {
+            gathering.add(consumer_index.to_string(), consumers, epoch, resume.yielded, &[], consumer_index);
+        }
         self.gathered(pipeline, &run, Instant::now());
         Ok(run)
     }
@@ -78,20 +85,33 @@ impl DispatcherState {
         let p = self.pipelines.entry(pipeline.clone()).or_default();
         let plan = p.ledger_plan();
         let ranked = consumers > 1;
-        if let Some(state) = p.jobs.get_mut(job) {
-            tracing::info!(%pipeline, %job, client = %id, "a client rejoined a job under way: what it has is acknowledged");
-            state.acknowledge(id, 0, &received, now);
-            let by = Reporter::Client { rank: if ranked { rank } else { 0 }, consumers: consumers.max(1) };
-            state.complete(&completed, by, &plan, now);
-            return;
-        }
         let (who, expected) = if ranked { (rank.to_string(), consumers) } else { (id.to_string(), clients) };
-        let gathering = p.gathering.entry(job.to_string()).or_insert_with(|| {
-            tracing::info!(%pipeline, %job, expected, "a client rejoined a job this dispatcher does not know: waiting for the others");
-            Gathering::rejoin(expected, deadline)
-        });
-        gathering.add(who, expected, open_epoch, received, &completed, if ranked { rank } else { 0 });
-        p.starts.entry(job.to_string()).and_modify(|e| *e = (*e).max(open_epoch)).or_insert(open_epoch);
+        let rank = if ranked { rank } else { 0 };
+        let entry = p.jobs.entry(job.to_string()).or_insert(JobEntry::declared(open_epoch));
+        match &mut entry.phase {
+            Phase::Running(state) => {
+                tracing::info!(%pipeline, %job, client = %id, "a client rejoined a job under way: what it has is acknowledged");
+                state.acknowledge(id, 0, &received, now);
+                let by = Reporter::Client { rank, consumers: consumers.max(1) };
+                state.complete(&completed, by, &plan, now);
+                return;
+            }
+            Phase::Gathered(gathered) => {
+                // Late, but before anything went out (the plan is not known yet): as if in time.
+                gathered.add(open_epoch, received, &completed, rank);
+                return;
+            }
+            Phase::Gathering { start, gathering } => {
+                *start = (*start).max(open_epoch);
+                gathering.add(who, expected, open_epoch, received, &completed, rank);
+            }
+            Phase::Declared { start } => {
+                tracing::info!(%pipeline, %job, expected, "a client rejoined a job this dispatcher does not know: waiting for the others");
+                let mut gathering = Gathering::rejoin(expected, deadline);
+                gathering.add(who, expected, open_epoch, received, &completed, rank);
+                entry.phase = Phase::Gathering { start: (*start).max(open_epoch), gathering };
+            }
+        }
         self.gathered(pipeline, job, now);
     }
 
@@ -99,15 +119,22 @@ impl DispatcherState {
     /// true if it did.
     fn gathered(&mut self, pipeline: &PipelineKey, job: &str, now: Instant) -> bool {
         let Some(p) = self.pipelines.get_mut(pipeline) else { return false };
-        if p.gathering.get(job).is_some_and(|g| g.ready(now)) {
-            let gathered = p.gathering.remove(job).expect("checked above").finish();
+        let Some(entry) = p.jobs.get_mut(job) else { return false };
+        if let Phase::Gathering { gathering, .. } = &entry.phase
+            && gathering.ready(now)
+        {
+            let Phase::Gathering { gathering, .. } = std::mem::replace(&mut entry.phase, Phase::Declared { start: 0 })
+            else {
+                unreachable!("matched above")
+            };
+            let gathered = gathering.finish();
             let rows: usize = gathered.rows.iter().map(|h: &Held| h.positions.len()).sum();
             if gathered.incomplete {
                 tracing::warn!(%pipeline, %job, epoch = gathered.epoch, rows, completed = gathered.completed.len(), "a client did not rejoin within the client timeout: the job goes on without it, and rows it had may repeat");
             } else {
                 tracing::info!(%pipeline, %job, epoch = gathered.epoch, rows, completed = gathered.completed.len(), "every client's state is in: the job goes on without what they have");
             }
-            p.gathered.insert(job.to_string(), gathered);
+            entry.phase = Phase::Gathered(gathered);
             p.start_gathered();
             return true;
         }
@@ -120,7 +147,10 @@ impl DispatcherState {
         let waiting: Vec<(PipelineKey, String)> = self
             .pipelines
             .iter()
-            .flat_map(|(key, p)| p.gathering.keys().map(move |job| (key.clone(), job.clone())))
+            .flat_map(|(key, p)| {
+                let gathering = p.jobs.iter().filter(|(_, e)| matches!(e.phase, Phase::Gathering { .. }));
+                gathering.map(move |(job, _)| (key.clone(), job.clone()))
+            })
             .collect();
         waiting.into_iter().filter(|(pipeline, job)| self.gathered(pipeline, job, now)).map(|(p, _)| p).collect()
     }

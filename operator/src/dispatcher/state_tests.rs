@@ -298,6 +298,25 @@ fn a_rejoin_goes_on_without_a_client_that_never_came_back_and_a_late_one_is_ackn
     assert_eq!(s.jobs(&key())[0].epoch, 7);
 }
 
+/// A job's life has one place: a client late to a rejoin whose gathering went on without it
+/// (the client timeout passed), but before the plan was known (no worker yet), adds what it
+/// has to the gathered job. Before, with a map per phase, its rows went into a second
+/// gathering the job never read, and came again.
+#[test]
+fn a_client_late_for_a_gathering_before_the_plan_is_known_still_counts() {
+    let t = Instant::now();
+    let mut s =
+        DispatcherState::new("t2", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
+    s.register_client(rejoining("c-t1-1", vec![], vec![held(7, 0, &[4])]), t).unwrap();
+    let later = t + Duration::from_secs(31);
+    s.expire(later);
+    assert_eq!(s.listing(&key()).epochs["j"], 7, "gathered, waiting for the plan");
+    s.register_client(rejoining("c-t1-2", vec![], vec![held(7, 1, &[0])]), later).unwrap();
+    let w = s.register_worker(registration("a:1", 2), later).unwrap();
+    assert_eq!(s.next_split(&w, "j", &[], 7, later).unwrap(), Assignment::Split { epoch: 7, split: 0, skip: vec![4] });
+    assert_eq!(s.next_split(&w, "j", &[], 7, later).unwrap(), Assignment::Split { epoch: 7, split: 1, skip: vec![0] });
+}
+
 #[test]
 fn workers_with_a_different_listing_are_refused_while_the_old_ones_live() {
     let t = Instant::now();

@@ -1,0 +1,145 @@
+//! A worker list from a dispatcher the client has already left behind (sent before it went,
+//! still buffered on the way when the client rejoined the new one) is stale news, not a
+//! second restart. Taken for one, each such list made the client rejoin the dispatcher it had
+//! just rejoined, retiring it: from then on every batch of the new dispatcher was refused,
+//! and a rank of the `dispatcher_restart` test waited for good (on a loaded machine, where
+//! lists pile up unread). A hand-played dispatcher on loopback sends exactly that order.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::Stream;
+use stoker_api::proto::dispatcher_server::{Dispatcher, DispatcherServer};
+use stoker_api::proto::*;
+use stoker_client::{Client, ClientOptions};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+type Lists = Pin<Box<dyn Stream<Item = Result<WorkerList, Status>> + Send>>;
+
+/// Plays a dispatcher that "restarts" when the test says: its incarnation moves from 1 to 2.
+#[derive(Default)]
+struct Played {
+    incarnation: AtomicU64,
+    /// Each RegisterClient's `rejoin.incarnation` (None: a first registration).
+    registrations: Mutex<Vec<Option<u64>>>,
+    /// The first watch's lists come from the test; later watches get the newest list.
+    first_watch: Mutex<Option<mpsc::UnboundedReceiver<WorkerList>>>,
+    watches: AtomicU64,
+}
+
+fn list(incarnation: u64) -> WorkerList {
+    WorkerList { incarnation, version: incarnation, ..WorkerList::default() }
+}
+
+/// The service over the state the test reads.
+struct Service(Arc<Played>);
+
+#[tonic::async_trait]
+impl Dispatcher for Service {
+    type WatchWorkersStream = Lists;
+
+    async fn register_client(
+        &self,
+        request: Request<RegisterClientRequest>,
+    ) -> Result<Response<RegisterClientResponse>, Status> {
+        let r = request.into_inner();
+        self.0.registrations.lock().unwrap().push(r.rejoin.map(|j| j.incarnation));
+        let incarnation = self.0.incarnation.load(Ordering::SeqCst);
+        Ok(Response::new(RegisterClientResponse { client_id: "c-1".into(), window_ms: 0, job: r.job, incarnation }))
+    }
+
+    async fn watch_workers(&self, _: Request<WatchWorkersRequest>) -> Result<Response<Lists>, Status> {
+        self.0.watches.fetch_add(1, Ordering::SeqCst);
+        if let Some(rx) = self.0.first_watch.lock().unwrap().take() {
+            let lists = futures::stream::unfold(rx, |mut rx| async move { Some((Ok(rx.recv().await?), rx)) });
+            return Ok(Response::new(Box::pin(lists)));
+        }
+        let newest = list(self.0.incarnation.load(Ordering::SeqCst));
+        Ok(Response::new(Box::pin(futures::StreamExt::chain(
+            futures::stream::iter([Ok(newest)]),
+            futures::stream::pending(),
+        ))))
+    }
+
+    async fn acknowledge(&self, _: Request<AcknowledgeRequest>) -> Result<Response<AcknowledgeResponse>, Status> {
+        Ok(Response::new(AcknowledgeResponse { epoch: 0 }))
+    }
+
+    async fn report_window(&self, _: Request<ReportWindowRequest>) -> Result<Response<ReportWindowResponse>, Status> {
+        Ok(Response::new(ReportWindowResponse {}))
+    }
+
+    async fn register_worker(
+        &self,
+        _: Request<RegisterWorkerRequest>,
+    ) -> Result<Response<RegisterWorkerResponse>, Status> {
+        Err(Status::unimplemented("not played"))
+    }
+
+    async fn worker_heartbeat(
+        &self,
+        _: Request<WorkerHeartbeatRequest>,
+    ) -> Result<Response<WorkerHeartbeatResponse>, Status> {
+        Err(Status::unimplemented("not played"))
+    }
+
+    async fn next_split(&self, _: Request<NextSplitRequest>) -> Result<Response<NextSplitResponse>, Status> {
+        Err(Status::unimplemented("not played"))
+    }
+
+    async fn return_splits(&self, _: Request<ReturnSplitsRequest>) -> Result<Response<ReturnSplitsResponse>, Status> {
+        Err(Status::unimplemented("not played"))
+    }
+
+    async fn authorize_reader(
+        &self,
+        _: Request<AuthorizeReaderRequest>,
+    ) -> Result<Response<AuthorizeReaderResponse>, Status> {
+        Err(Status::unimplemented("not played"))
+    }
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} within 10 s"));
+}
+
+#[tokio::test]
+async fn lists_of_a_dispatcher_the_client_left_make_no_second_rejoin() {
+    let played = Arc::new(Played { incarnation: AtomicU64::new(1), ..Played::default() });
+    let (lists, rx) = mpsc::unbounded_channel();
+    *played.first_watch.lock().unwrap() = Some(rx);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let svc = DispatcherServer::new(Service(played.clone()));
+    tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(TcpIncoming::from(listener)));
+
+    lists.send(list(1)).unwrap();
+    let _client = Client::from_dispatcher(&url, ClientOptions::new("ns", "p")).await.unwrap();
+    assert_eq!(*played.registrations.lock().unwrap(), [None]);
+
+    // The restart: the client hears of it from a list, and rejoins once, retiring 1.
+    played.incarnation.store(2, Ordering::SeqCst);
+    lists.send(list(2)).unwrap();
+    until("the rejoin", || played.registrations.lock().unwrap().len() == 2).await;
+    // Then lists the old dispatcher had sent before it went.
+    for _ in 0..3 {
+        lists.send(list(1)).unwrap();
+    }
+    until("a new watch after the stale list", || played.watches.load(Ordering::SeqCst) == 2).await;
+    assert_eq!(
+        *played.registrations.lock().unwrap(),
+        [None, Some(1)],
+        "one rejoin, retiring the old dispatcher; the new one never retired"
+    );
+}
