@@ -47,12 +47,15 @@ test-rust: deps tools venv
 test-python: python
 
 # The real-pod tiers' images carry the binaries the rust tier built and tested (see
-# e2e/cluster/images.sh), not a second, release build of everything.
+# e2e/cluster/images.sh), not a second, release build of everything. Their e2e binary is the
+# rust tier's too: selected from the workspace with the same features (`-p stoker-e2e` alone
+# resolves dependencies' features differently, and rebuilt 15 crates: 91 s in a CI run).
+E2E := --workspace --features stoker-worker/bench --test e2e
 test-kubelet: deps tools venv
-	STOKER_IMAGE_PROFILE=dev STOKER_E2E_PROVIDER=kubelet $(CARGO) test -p stoker-e2e --test e2e
+	STOKER_IMAGE_PROFILE=dev STOKER_E2E_PROVIDER=kubelet $(CARGO) test $(E2E)
 
 test-kind: deps tools
-	STOKER_IMAGE_PROFILE=dev STOKER_E2E_PROVIDER=kind $(CARGO) test -p stoker-e2e --test e2e
+	STOKER_IMAGE_PROFILE=dev STOKER_E2E_PROVIDER=kind $(CARGO) test $(E2E)
 
 # The Python client's tests (against the workers `cargo build` made), in a venv kept in the
 # cache; the package is reinstalled each run so edits are picked up. PyTorch (with its CUDA
