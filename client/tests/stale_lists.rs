@@ -4,6 +4,8 @@
 //! just rejoined, retiring it: from then on every batch of the new dispatcher was refused,
 //! and a rank of the `dispatcher_restart` test waited for good (on a loaded machine, where
 //! lists pile up unread). A hand-played dispatcher on loopback sends exactly that order.
+//! It also refuses a rejoin once: the client sends the same rejoin again (the Rust twin of a
+//! test of the Python client's own protocol code, deleted with it).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,8 +27,13 @@ type Lists = Pin<Box<dyn Stream<Item = Result<WorkerList, Status>> + Send>>;
 #[derive(Default)]
 struct Played {
     incarnation: AtomicU64,
-    /// Each RegisterClient's `rejoin.incarnation` (None: a first registration).
-    registrations: Mutex<Vec<Option<u64>>>,
+    /// Each RegisterClient's `rejoin` (None: a first registration).
+    registrations: Mutex<Vec<Option<Rejoin>>>,
+    /// Rejoins still to refuse as if the dispatcher were not up yet.
+    refuse_rejoins: AtomicU64,
+    /// A client rejoined the current incarnation (until then its acknowledgements are
+    /// answered NOT_FOUND, as a restarted dispatcher answers them).
+    rejoined: std::sync::atomic::AtomicBool,
     /// The first watch's lists come from the test; later watches get the newest list.
     first_watch: Mutex<Option<mpsc::UnboundedReceiver<WorkerList>>>,
     watches: AtomicU64,
@@ -48,7 +55,14 @@ impl Dispatcher for Service {
         request: Request<RegisterClientRequest>,
     ) -> Result<Response<RegisterClientResponse>, Status> {
         let r = request.into_inner();
-        self.0.registrations.lock().unwrap().push(r.rejoin.map(|j| j.incarnation));
+        let rejoining = r.rejoin.is_some();
+        self.0.registrations.lock().unwrap().push(r.rejoin);
+        if rejoining
+            && self.0.refuse_rejoins.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+        {
+            return Err(Status::unavailable("starting"));
+        }
+        self.0.rejoined.store(rejoining, Ordering::SeqCst);
         let incarnation = self.0.incarnation.load(Ordering::SeqCst);
         Ok(Response::new(RegisterClientResponse { client_id: "c-1".into(), window_ms: 0, job: r.job, incarnation }))
     }
@@ -67,6 +81,12 @@ impl Dispatcher for Service {
     }
 
     async fn acknowledge(&self, _: Request<AcknowledgeRequest>) -> Result<Response<AcknowledgeResponse>, Status> {
+        let incarnation = self.0.incarnation.load(Ordering::SeqCst);
+        if incarnation > 1 && !self.0.rejoined.load(Ordering::SeqCst) {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            metadata.insert(INCARNATION, incarnation.into());
+            return Err(Status::with_metadata(tonic::Code::NotFound, "unknown client", metadata));
+        }
         Ok(Response::new(AcknowledgeResponse { epoch: 0 }))
     }
 
@@ -119,11 +139,7 @@ async fn lists_of_a_dispatcher_the_client_left_make_no_second_rejoin() {
     let played = Arc::new(Played { incarnation: AtomicU64::new(1), ..Played::default() });
     let (lists, rx) = mpsc::unbounded_channel();
     *played.first_watch.lock().unwrap() = Some(rx);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let svc = DispatcherServer::new(Service(played.clone()));
-    tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(TcpIncoming::from(listener)));
-
+    let url = played_dispatcher(&played).await;
     lists.send(list(1)).unwrap();
     let _client = Client::from_dispatcher(&url, ClientOptions::new("ns", "p")).await.unwrap();
     assert_eq!(*played.registrations.lock().unwrap(), [None]);
@@ -137,9 +153,38 @@ async fn lists_of_a_dispatcher_the_client_left_make_no_second_rejoin() {
         lists.send(list(1)).unwrap();
     }
     until("a new watch after the stale list", || played.watches.load(Ordering::SeqCst) == 2).await;
-    assert_eq!(
-        *played.registrations.lock().unwrap(),
-        [None, Some(1)],
-        "one rejoin, retiring the old dispatcher; the new one never retired"
-    );
+    let rejoined: Vec<Option<u64>> =
+        played.registrations.lock().unwrap().iter().map(|r| r.as_ref().map(|r| r.incarnation)).collect();
+    assert_eq!(rejoined, [None, Some(1)], "one rejoin, retiring the old dispatcher; the new one never retired");
+}
+
+async fn played_dispatcher(played: &Arc<Played>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let svc = DispatcherServer::new(Service(played.clone()));
+    tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(TcpIncoming::from(listener)));
+    url
+}
+
+#[tokio::test]
+async fn a_rejoin_that_failed_is_sent_again_as_it_was() {
+    let played = Arc::new(Played { incarnation: AtomicU64::new(1), ..Played::default() });
+    let (lists, rx) = mpsc::unbounded_channel();
+    *played.first_watch.lock().unwrap() = Some(rx);
+    let url = played_dispatcher(&played).await;
+    lists.send(list(1)).unwrap();
+    let _client = Client::from_dispatcher(&url, ClientOptions::new("ns", "p")).await.unwrap();
+
+    // The restart, heard of from a list; the first rejoin is refused, the acknowledgement
+    // after it answered NOT_FOUND by the new dispatcher, which makes the client rejoin again.
+    played.refuse_rejoins.store(1, Ordering::SeqCst);
+    played.incarnation.store(2, Ordering::SeqCst);
+    lists.send(list(2)).unwrap();
+    until("the rejoin sent again", || played.registrations.lock().unwrap().len() == 3).await;
+    let registrations = played.registrations.lock().unwrap().clone();
+    let (refused, again) = (&registrations[1], &registrations[2]);
+    assert_eq!(refused.as_ref().map(|r| r.incarnation), Some(1), "a rejoin, retiring the old dispatcher");
+    // (Without streams it carries no rows: this checks the retry is the rejoin, retiring the
+    // same dispatcher, not a plain registration or a second retirement.)
+    assert_eq!(again, refused, "the refused rejoin sent again as it was");
 }
