@@ -134,14 +134,24 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     .unwrap_or_else(|_| panic!("{what} within 10 s"));
 }
 
-#[tokio::test]
-async fn lists_of_a_dispatcher_the_client_left_make_no_second_rejoin() {
+/// A client registered with the played dispatcher (incarnation 1), and the sender of the
+/// lists on its first watch.
+async fn registered() -> (Arc<Played>, mpsc::UnboundedSender<WorkerList>, Client) {
     let played = Arc::new(Played { incarnation: AtomicU64::new(1), ..Played::default() });
     let (lists, rx) = mpsc::unbounded_channel();
     *played.first_watch.lock().unwrap() = Some(rx);
-    let url = played_dispatcher(&played).await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let svc = DispatcherServer::new(Service(played.clone()));
+    tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(TcpIncoming::from(listener)));
     lists.send(list(1)).unwrap();
-    let _client = Client::from_dispatcher(&url, ClientOptions::new("ns", "p")).await.unwrap();
+    let client = Client::from_dispatcher(&url, ClientOptions::new("ns", "p")).await.unwrap();
+    (played, lists, client)
+}
+
+#[tokio::test]
+async fn lists_of_a_dispatcher_the_client_left_make_no_second_rejoin() {
+    let (played, lists, _client) = registered().await;
     assert_eq!(*played.registrations.lock().unwrap(), [None]);
 
     // The restart: the client hears of it from a list, and rejoins once, retiring 1.
@@ -158,22 +168,9 @@ async fn lists_of_a_dispatcher_the_client_left_make_no_second_rejoin() {
     assert_eq!(rejoined, [None, Some(1)], "one rejoin, retiring the old dispatcher; the new one never retired");
 }
 
-async fn played_dispatcher(played: &Arc<Played>) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let svc = DispatcherServer::new(Service(played.clone()));
-    tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(TcpIncoming::from(listener)));
-    url
-}
-
 #[tokio::test]
 async fn a_rejoin_that_failed_is_sent_again_as_it_was() {
-    let played = Arc::new(Played { incarnation: AtomicU64::new(1), ..Played::default() });
-    let (lists, rx) = mpsc::unbounded_channel();
-    *played.first_watch.lock().unwrap() = Some(rx);
-    let url = played_dispatcher(&played).await;
-    lists.send(list(1)).unwrap();
-    let _client = Client::from_dispatcher(&url, ClientOptions::new("ns", "p")).await.unwrap();
+    let (played, lists, _client) = registered().await;
 
     // The restart, heard of from a list; the first rejoin is refused, the acknowledgement
     // after it answered NOT_FOUND by the new dispatcher, which makes the client rejoin again.
