@@ -95,9 +95,10 @@ impl Gathering {
         self.from.len() as u32 >= self.expected || self.deadline.is_some_and(|d| now >= d)
     }
 
-    pub fn finish(self) -> Gathered {
+    /// What was gathered (the gathering is spent: its phase ends here).
+    pub fn finish(&mut self) -> Gathered {
         let incomplete = (self.from.len() as u32) < self.expected;
-        Gathered { incomplete, ..self.gathered }
+        Gathered { incomplete, ..std::mem::take(&mut self.gathered) }
     }
 }
 

@@ -120,13 +120,9 @@ impl DispatcherState {
     fn gathered(&mut self, pipeline: &PipelineKey, job: &str, now: Instant) -> bool {
         let Some(p) = self.pipelines.get_mut(pipeline) else { return false };
         let Some(entry) = p.jobs.get_mut(job) else { return false };
-        if let Phase::Gathering { gathering, .. } = &entry.phase
+        if let Phase::Gathering { gathering, .. } = &mut entry.phase
             && gathering.ready(now)
         {
-            let Phase::Gathering { gathering, .. } = std::mem::replace(&mut entry.phase, Phase::Declared { start: 0 })
-            else {
-                unreachable!("matched above")
-            };
             let gathered = gathering.finish();
             let rows: usize = gathered.rows.iter().map(|h: &Held| h.positions.len()).sum();
             if gathered.incomplete {
