@@ -5,6 +5,7 @@ pub mod bounds;
 pub mod children;
 pub mod chunk;
 pub mod fingerprint;
+mod ids;
 pub mod order;
 pub mod proto;
 pub mod ranks;
@@ -20,6 +21,7 @@ pub mod verdicts;
 pub mod window;
 mod yaml;
 
+pub use ids::{ClientId, JobName, WorkerId};
 pub use reading::{JobShape, Reading};
 pub use spec::*;
 pub use status::*;

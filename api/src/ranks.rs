@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::WorkerId;
 use crate::proto::{self, RoundOrder, RoundRef};
 
 /// What a rank has received of an epoch.
@@ -17,7 +18,7 @@ pub struct Received {
     /// Rows received beyond the epoch's final quota and dropped.
     pub dropped_rows: u64,
     /// Coordinated mode: by worker id, its rounds received without a gap from round 0.
-    pub rounds: BTreeMap<String, u64>,
+    pub rounds: BTreeMap<WorkerId, u64>,
     /// Coordinated mode: rounds of the epoch's order yielded.
     pub position: u64,
 }
@@ -38,7 +39,7 @@ impl Received {
             batches: self.batches,
             ended: self.ended,
             dropped_rows: self.dropped_rows,
-            rounds: self.rounds.iter().map(|(w, &n)| (w.clone(), n)).collect(),
+            rounds: self.rounds.iter().map(|(w, &n)| (w.to_string(), n)).collect(),
             position: self.position,
         }
     }
@@ -49,7 +50,7 @@ impl Received {
             batches: p.batches,
             ended: p.ended,
             dropped_rows: p.dropped_rows,
-            rounds: p.rounds.iter().map(|(w, &n)| (w.clone(), n)).collect(),
+            rounds: p.rounds.iter().map(|(w, &n)| (WorkerId::new(w.as_str()), n)).collect(),
             position: p.position,
         };
         (p.epoch, received)

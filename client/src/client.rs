@@ -25,7 +25,7 @@ use crate::resume::Yielded;
 use crate::stats::{Meter, WindowStats};
 use crate::tasks::Tasks;
 use crate::tls::WorkerTls;
-use crate::worker_stream::{Cursor, open, pump};
+use crate::worker_stream::{Cursor, WorkerKey, open, pump};
 
 /// Streams batches from one or more workers. Dropping it stops the streams.
 pub struct Client {
@@ -417,7 +417,8 @@ impl FixedStream {
         let mut stalled: Option<(tokio::time::Instant, u64)> = None;
         loop {
             let Some(failure) =
-                pump(self.worker.clone(), stream, &tx, self.options.reassembler(), accounts, || {}).await
+                pump(WorkerKey::from(self.worker.as_str()), stream, &tx, self.options.reassembler(), accounts, || {})
+                    .await
             else {
                 return;
             };

@@ -15,8 +15,10 @@ use std::sync::{Arc, Mutex};
 
 use stoker_api::proto::RoundRef;
 use stoker_api::ranks::Received;
-use stoker_api::{Batch, row_origin};
+use stoker_api::{Batch, WorkerId, row_origin};
 use tokio::sync::Notify;
+
+use crate::worker_stream::WorkerKey;
 
 /// (epoch, split)
 pub(crate) type SplitId = (u64, u64);
@@ -31,8 +33,8 @@ pub(crate) struct Held {
 #[derive(Default)]
 struct Inner {
     completed: Vec<SplitId>,
-    /// Positions received of each unfinished split, by worker address.
-    rows: HashMap<SplitId, HashMap<String, Vec<u32>>>,
+    /// Positions received of each unfinished split, by worker.
+    rows: HashMap<SplitId, HashMap<WorkerKey, Vec<u32>>>,
     /// Positions of unfinished splits already reported as held (their worker left the list).
     reported: HashMap<SplitId, Vec<u32>>,
     /// Splits of unfinished epochs whose completion arrived, and whether a rejoin reported it
@@ -42,7 +44,7 @@ struct Inner {
     retired: BTreeSet<u64>,
     /// Batches recorded and not yet in the queue: per (split, worker), where their positions
     /// start in `rows` (a worker's stream has one batch on its way at a time).
-    in_flight: HashMap<(SplitId, String), usize>,
+    in_flight: HashMap<(SplitId, WorkerKey), usize>,
     /// Completions recorded and not yet in the queue.
     arriving: BTreeSet<SplitId>,
     /// Held rows a failed acknowledgement carried, for the next one.
@@ -52,7 +54,7 @@ struct Inner {
     /// Coordinated mode: (epoch, worker) whose rounds came with a gap (a batch lost with a
     /// broken stream, or refused): their count stops there, so the order takes no round this
     /// rank lacks; what comes after is yielded after the order.
-    gapped: BTreeSet<(u64, String)>,
+    gapped: BTreeSet<(u64, WorkerId)>,
 }
 
 /// Shared by the worker streams (which record rows), the caller's side of the client (which
@@ -71,7 +73,7 @@ pub(crate) struct Delivery {
 /// produced again).
 pub(crate) struct Recorded<'d> {
     delivery: &'d Delivery,
-    worker: String,
+    worker: WorkerKey,
     /// The dispatcher the batch was made under.
     incarnation: u64,
     /// Each split the batch had rows of, and how many of its positions were recorded before.
@@ -132,7 +134,7 @@ pub(crate) struct Had {
 impl Delivery {
     /// Records the rows and completions of `batch` from `worker` before it enters the queue;
     /// None if it is refused (made under a dispatcher this client rejoined another after).
-    pub(crate) fn record<'d>(&'d self, worker: &str, batch: &Batch) -> Option<Recorded<'d>> {
+    pub(crate) fn record<'d>(&'d self, worker: &WorkerKey, batch: &Batch) -> Option<Recorded<'d>> {
         let mut before: Vec<(SplitId, usize)> = Vec::new();
         let mut inner = self.inner.lock().unwrap();
         if inner.retired.contains(&batch.incarnation) {
@@ -151,16 +153,16 @@ impl Delivery {
         for &row in &batch.rows {
             let (split, position) = row_origin(row);
             let id = (batch.epoch, split);
-            let positions = inner.rows.entry(id).or_default().entry(worker.to_string()).or_default();
+            let positions = inner.rows.entry(id).or_default().entry(worker.clone()).or_default();
             if !before.iter().any(|(s, _)| *s == id) {
                 before.push((id, positions.len()));
             }
             positions.push(position);
         }
         for (id, len) in &before {
-            inner.in_flight.insert((*id, worker.to_string()), *len);
+            inner.in_flight.insert((*id, worker.clone()), *len);
         }
-        Some(Recorded { delivery: self, worker: worker.to_string(), incarnation: batch.incarnation, before, arrived })
+        Some(Recorded { delivery: self, worker: worker.clone(), incarnation: batch.incarnation, before, arrived })
     }
 
     /// For a job read by ranks.
@@ -201,8 +203,9 @@ impl Delivery {
         let got = inner.received.entry(epoch).or_default();
         got.batches += 1;
         if let Some(round) = round {
-            let key = (epoch, round.worker.clone());
-            let count = got.rounds.entry(round.worker.clone()).or_default();
+            let worker = WorkerId::new(round.worker.as_str());
+            let count = got.rounds.entry(worker.clone()).or_default();
+            let key = (epoch, worker);
             if round.index == *count && !inner.gapped.contains(&key) {
                 *count += 1;
             } else {
@@ -265,12 +268,12 @@ impl Delivery {
 
     /// What the next acknowledgement carries: the completions since the last, and the rows
     /// received from workers not in `listed` (forgotten here: a split is reported once).
-    pub(crate) fn take(&self, listed: &BTreeSet<String>) -> (Vec<SplitId>, Vec<Held>) {
+    pub(crate) fn take(&self, listed: &BTreeSet<WorkerKey>) -> (Vec<SplitId>, Vec<Held>) {
         let mut guard = self.inner.lock().unwrap();
         let inner = &mut *guard;
         let mut held = std::mem::take(&mut inner.held);
         for (split, by_worker) in inner.rows.iter_mut() {
-            let gone: Vec<String> = by_worker.keys().filter(|w| !listed.contains(*w)).cloned().collect();
+            let gone: Vec<WorkerKey> = by_worker.keys().filter(|w| !listed.contains(*w)).cloned().collect();
             let mut positions: Vec<u32> = gone.iter().flat_map(|w| by_worker.remove(w).unwrap_or_default()).collect();
             if !positions.is_empty() {
                 positions.sort_unstable();
@@ -354,16 +357,16 @@ mod tests {
         Batch { epoch, rows, completes: completes.to_vec(), ..Batch::default() }
     }
 
-    fn listed(workers: &[&str]) -> BTreeSet<String> {
-        workers.iter().map(|w| w.to_string()).collect()
+    fn listed(workers: &[&str]) -> BTreeSet<WorkerKey> {
+        workers.iter().map(|&w| w.into()).collect()
     }
 
     #[test]
     fn rows_from_a_worker_that_left_are_reported_once_and_done_splits_not_at_all() {
         let d = Delivery::default();
-        d.record("a", &batch(0, &[(1, 0), (2, 5), (1, 3)], &[])).unwrap().keep();
-        d.record("b", &batch(0, &[(1, 1)], &[])).unwrap().keep();
-        d.record("a", &batch(0, &[(2, 6)], &[2])).unwrap().keep();
+        d.record(&"a".into(), &batch(0, &[(1, 0), (2, 5), (1, 3)], &[])).unwrap().keep();
+        d.record(&"b".into(), &batch(0, &[(1, 1)], &[])).unwrap().keep();
+        d.record(&"a".into(), &batch(0, &[(2, 6)], &[2])).unwrap().keep();
         d.taken(&batch(0, &[(2, 6)], &[2]));
         let (completed, held) = d.take(&listed(&["b"]));
         assert_eq!(completed, [(0, 2)]);
@@ -375,15 +378,15 @@ mod tests {
     #[test]
     fn a_batch_that_never_entered_the_queue_is_not_held() {
         let d = Delivery::default();
-        d.record("a", &batch(3, &[(1, 0)], &[])).unwrap().keep();
-        drop(d.record("a", &batch(3, &[(1, 1), (1, 2)], &[])));
+        d.record(&"a".into(), &batch(3, &[(1, 0)], &[])).unwrap().keep();
+        drop(d.record(&"a".into(), &batch(3, &[(1, 1), (1, 2)], &[])));
         assert_eq!(d.take(&listed(&[])).1, [Held { split: (3, 1), positions: vec![0] }]);
     }
 
     #[test]
     fn a_failed_acknowledgement_goes_with_the_next() {
         let d = Delivery::default();
-        d.record("a", &batch(0, &[(4, 2)], &[])).unwrap().keep();
+        d.record(&"a".into(), &batch(0, &[(4, 2)], &[])).unwrap().keep();
         d.taken(&batch(0, &[], &[7]));
         let (completed, held) = d.take(&listed(&[]));
         d.restore(completed.clone(), held.clone());
@@ -393,7 +396,7 @@ mod tests {
     #[test]
     fn a_rank_keeps_a_completed_splits_rows_until_its_epoch_is_finished_and_counts_what_it_got() {
         let d = Delivery::ranked();
-        d.record("a", &batch(0, &[(1, 0), (1, 1)], &[1])).unwrap().keep();
+        d.record(&"a".into(), &batch(0, &[(1, 0), (1, 1)], &[1])).unwrap().keep();
         d.taken(&batch(0, &[(1, 0), (1, 1)], &[1]));
         d.received(0, None);
         d.received(0, None);
@@ -410,7 +413,7 @@ mod tests {
                 (1, Received { batches: 1, ..Received::default() })
             ]
         );
-        d.record("a", &batch(0, &[(2, 0)], &[])).unwrap().keep();
+        d.record(&"a".into(), &batch(0, &[(2, 0)], &[])).unwrap().keep();
         d.finished_before(1);
         assert_eq!(d.take(&listed(&[])).1, [], "epoch 0 is finished");
         d.finished_before(3);
@@ -420,10 +423,10 @@ mod tests {
     #[test]
     fn a_rejoin_tells_everything_that_arrived_of_the_open_epochs_and_refuses_the_old_dispatchers_batches() {
         let d = Delivery::default();
-        d.record("a", &batch(4, &[(1, 0), (1, 3)], &[])).unwrap().keep();
-        d.record("b", &batch(4, &[(1, 1), (2, 0)], &[2])).unwrap().keep();
-        d.record("b", &batch(5, &[(0, 8)], &[])).unwrap().keep();
-        d.record("b", &batch(3, &[(6, 1)], &[6])).unwrap().keep();
+        d.record(&"a".into(), &batch(4, &[(1, 0), (1, 3)], &[])).unwrap().keep();
+        d.record(&"b".into(), &batch(4, &[(1, 1), (2, 0)], &[2])).unwrap().keep();
+        d.record(&"b".into(), &batch(5, &[(0, 8)], &[])).unwrap().keep();
+        d.record(&"b".into(), &batch(3, &[(6, 1)], &[6])).unwrap().keep();
         assert_eq!(d.take(&listed(&["b"])).1, [Held { split: (4, 1), positions: vec![0, 3] }], "a left");
         let had = d.rejoin(7, 4);
         assert_eq!(had.completed, [(4, 2)], "arrived, not yet taken; epoch 3 is finished");
@@ -437,9 +440,9 @@ mod tests {
             "a's rows though already reported, and the next epoch's"
         );
         let old = Batch { incarnation: 7, ..batch(4, &[(3, 0)], &[3]) };
-        assert!(d.record("b", &old).is_none(), "the old dispatcher's batches are refused");
+        assert!(d.record(&"b".into(), &old).is_none(), "the old dispatcher's batches are refused");
         let new = Batch { incarnation: 8, ..batch(4, &[(3, 0)], &[]) };
-        d.record("b", &new).unwrap().keep();
+        d.record(&"b".into(), &new).unwrap().keep();
         d.taken(&batch(4, &[(2, 0)], &[2]));
         assert_eq!(d.take(&listed(&["b"])).0, [], "the rejoin told the completion already");
         d.restore(vec![(4, 2)], vec![]);
@@ -448,7 +451,7 @@ mod tests {
         assert_eq!(again.completed, [(4, 2)]);
         assert_eq!(again.received[1], Held { split: (4, 3), positions: vec![0] }, "the new dispatcher's rows too");
         let zero = batch(4, &[(3, 1)], &[]);
-        assert!(d.record("b", &zero).is_some(), "0 is never refused");
+        assert!(d.record(&"b".into(), &zero).is_some(), "0 is never refused");
     }
 
     /// Found on real pods: a batch of the old dispatcher waiting for room in the queue when
@@ -458,9 +461,9 @@ mod tests {
     fn a_batch_waiting_for_room_at_a_rejoin_is_left_out_and_refused() {
         let d = Delivery::default();
         let old = |rows: &[(u64, u64)], completes: &[u64]| Batch { incarnation: 7, ..batch(4, rows, completes) };
-        assert!(d.record("a", &old(&[(1, 0), (1, 1)], &[])).unwrap().keep());
-        let waiting = d.record("a", &old(&[(1, 2), (2, 0)], &[1])).unwrap();
-        let dropped = d.record("b", &old(&[(3, 0)], &[3])).unwrap();
+        assert!(d.record(&"a".into(), &old(&[(1, 0), (1, 1)], &[])).unwrap().keep());
+        let waiting = d.record(&"a".into(), &old(&[(1, 2), (2, 0)], &[1])).unwrap();
+        let dropped = d.record(&"b".into(), &old(&[(3, 0)], &[3])).unwrap();
         let had = d.rejoin(7, 4);
         assert_eq!(had.received, [Held { split: (4, 1), positions: vec![0, 1] }], "only what is in the queue");
         assert_eq!(had.completed, [], "a completion not yet in the queue has not arrived");
@@ -470,7 +473,7 @@ mod tests {
         assert_eq!(again.received, had.received, "the refused and the dropped batch left nothing behind");
         assert_eq!(again.completed, []);
         let new = Batch { incarnation: 9, ..batch(4, &[(1, 2)], &[1]) };
-        assert!(d.record("a", &new).unwrap().keep(), "the new dispatcher's batches go in");
+        assert!(d.record(&"a".into(), &new).unwrap().keep(), "the new dispatcher's batches go in");
     }
 
     /// What the accounting costs per batch, as the client does it: rows recorded as a batch is
@@ -507,7 +510,7 @@ mod tests {
             let listed = listed(&["w"]);
             let start = std::time::Instant::now();
             for b in &batches {
-                d.record("w", b).unwrap().keep();
+                d.record(&"w".into(), b).unwrap().keep();
                 d.taken(b);
                 if !b.completes.is_empty() {
                     d.take(&listed);

@@ -31,10 +31,10 @@ use crate::registration::{RETRY, Registration};
 use crate::stats::Meter;
 use crate::tasks::Tasks;
 use crate::tls::WorkerTls;
-use crate::worker_stream::{Cursor, open, pump};
+use crate::worker_stream::{Cursor, WorkerKey, open, pump};
 
-/// A worker's address and an epoch: one stream.
-type StreamKey = (String, u64);
+/// A worker and an epoch: one stream.
+type StreamKey = (WorkerKey, u64);
 
 /// One stream: its task, and whether a batch has come from its worker yet. Only workers that
 /// delivered count in the reported worker count: a worker that just started is listed before
@@ -90,7 +90,7 @@ pub(crate) struct Follower {
 }
 
 struct State {
-    listed: BTreeSet<String>,
+    listed: BTreeSet<WorkerKey>,
     version: u64,
     streams: HashMap<StreamKey, Streaming>,
     /// Streams that ended normally: their worker made all of that epoch it will.
@@ -212,11 +212,11 @@ impl Follower {
                         times.merge_earlier(failed);
                     }
                     // Workers, not streams: a worker streams two epochs at once.
-                    let delivering: HashSet<&str> = state
+                    let delivering: HashSet<&WorkerKey> = state
                         .streams
                         .iter()
                         .filter(|(_, s)| s.delivered.load(Ordering::Relaxed))
-                        .map(|((address, _), _)| address.as_str())
+                        .map(|((worker, _), _)| worker)
                         .collect();
                     let delivering = delivering.len();
                     if let Err(s) = self.link.report(times.window(), delivering).await {
@@ -250,7 +250,8 @@ impl Follower {
         self.shared.clients.store(list.clients, Ordering::Relaxed);
         if !list.same_workers {
             let ids = list.workers.iter().map(Some).chain(std::iter::repeat(None));
-            state.listed = list.addresses.into_iter().zip(ids).map(|(address, id)| worker_key(address, id)).collect();
+            state.listed =
+                list.addresses.into_iter().zip(ids).map(|(address, id)| WorkerKey::listed(address, id)).collect();
         }
         state.version = list.version;
         state.tls = WorkerTls::listed(&list.tls_server_name);
@@ -290,8 +291,8 @@ impl Follower {
         let reading = self.shared.reading.load(Ordering::Relaxed);
         let epochs = if self.options.prefetch_next_epoch { reading..=reading + 1 } else { reading..=reading };
         for epoch in epochs {
-            for address in &state.listed {
-                let key = (address.clone(), epoch);
+            for worker in &state.listed {
+                let key = (worker.clone(), epoch);
                 if state.streams.contains_key(&key) || state.finished.contains(&key) {
                     continue;
                 }
@@ -332,22 +333,6 @@ impl Follower {
     }
 }
 
-/// How the client keys a listed worker: its address, and the worker's id where the dispatcher
-/// gives it, for a new process at the same address (a pod's IP reused, a container restarted
-/// in its pod) is another worker: the rows the one before delivered are then held rows of a
-/// worker that left the list, not rows of the new one.
-fn worker_key(address: String, id: Option<&String>) -> String {
-    match id {
-        Some(id) if !id.is_empty() => format!("{address}#{id}"),
-        _ => address,
-    }
-}
-
-/// The address to connect to for a worker key.
-fn address_of(key: &str) -> &str {
-    key.split_once('#').map_or(key, |(address, _)| address)
-}
-
 /// Streams one epoch of one worker's batches into the epoch's queue; tells `ended` when the
 /// stream stops for any reason but a fatal one, which goes to the caller instead.
 async fn stream_from(
@@ -360,7 +345,7 @@ async fn stream_from(
 ) {
     tokio::time::sleep(pause).await;
     let worker = key.0.clone();
-    let failure = match open(address_of(&worker), (&options, &token), Some(key.1), &tls, Some(&cursor)).await {
+    let failure = match open(&worker.address, (&options, &token), Some(key.1), &tls, Some(&cursor)).await {
         Ok(stream) => {
             let on_batch = || delivered.store(true, Ordering::Relaxed);
             let accounts = (Some(&delivery), Some(cursor.as_ref()));
@@ -396,7 +381,7 @@ mod tests {
     async fn the_end_of_a_stream_stopped_before_is_not_taken_for_its_successors() {
         let (ended, _) = mpsc::unbounded_channel();
         let mut state = State::new(ended);
-        let key: StreamKey = ("10.0.0.5:50052#w-1".into(), 3);
+        let key: StreamKey = (WorkerKey::listed("10.0.0.5:50052".into(), Some(&"w-1".into())), 3);
         let streaming = |task: JoinHandle<()>| Streaming { task, delivered: Arc::default(), received_before: 0 };
         // The first stream ended (and said so) while its worker was off the list; the key
         // streams again under a second task.
@@ -417,13 +402,13 @@ mod tests {
     #[test]
     fn a_new_process_at_an_address_is_another_worker_reached_at_the_same_address() {
         let (old, new) = (
-            worker_key("10.0.0.5:50052".into(), Some(&"w-1".into())),
-            worker_key("10.0.0.5:50052".into(), Some(&"w-2".into())),
+            WorkerKey::listed("10.0.0.5:50052".into(), Some(&"w-1".into())),
+            WorkerKey::listed("10.0.0.5:50052".into(), Some(&"w-2".into())),
         );
         assert_ne!(old, new, "rows of the old one are held rows once it leaves the list");
-        assert_eq!((address_of(&old), address_of(&new)), ("10.0.0.5:50052", "10.0.0.5:50052"));
-        let unnamed = worker_key("10.0.0.5:50052".into(), None);
-        assert_eq!(unnamed, "10.0.0.5:50052", "a dispatcher that names no ids: the address alone");
-        assert_eq!(address_of(&unnamed), "10.0.0.5:50052");
+        assert_eq!((old.address.as_str(), new.address.as_str()), ("10.0.0.5:50052", "10.0.0.5:50052"));
+        let unnamed = WorkerKey::listed("10.0.0.5:50052".into(), Some(&String::new()));
+        assert_eq!(unnamed, WorkerKey::from("10.0.0.5:50052"), "a dispatcher that names no ids: the address alone");
+        assert_eq!(old.to_string(), "10.0.0.5:50052#w-1", "as logs name it");
     }
 }

@@ -1,9 +1,11 @@
 //! One worker's batch stream: opening it, and reading its chunks into the client's queue.
 //! Used alike for a fixed list of workers and for the ones the dispatcher names.
 
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use stoker_api::Batch;
+
 use stoker_api::proto::batch_stream_client::BatchStreamClient;
+use stoker_api::{Batch, WorkerId};
 
 use stoker_api::proto::{self, BatchChunk, PipelineRef, StreamRequest, StreamResume};
 use stoker_api::token::TokenSource;
@@ -15,6 +17,40 @@ use crate::error::Error;
 use crate::options::ClientOptions;
 use crate::reassemble::Reassembler;
 use crate::tls::WorkerTls;
+
+/// A worker as the client keys its streams and the rows they delivered: the address it is
+/// reached at, and its id where the dispatcher gives one, for a new process at the same
+/// address (a pod's IP reused, a container restarted in its pod) is another worker: the rows
+/// the one before delivered are then held rows of a worker that left the list, not the new
+/// one's.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct WorkerKey {
+    pub address: String,
+    pub id: Option<WorkerId>,
+}
+
+impl WorkerKey {
+    /// A worker as a list names it (an empty id: none given).
+    pub(crate) fn listed(address: String, id: Option<&String>) -> Self {
+        WorkerKey { address, id: id.filter(|id| !id.is_empty()).map(|id| WorkerId::new(id.as_str())) }
+    }
+}
+
+/// A worker known by its address alone (a fixed list of workers).
+impl From<&str> for WorkerKey {
+    fn from(address: &str) -> Self {
+        WorkerKey { address: address.to_string(), id: None }
+    }
+}
+
+impl fmt::Display for WorkerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.id {
+            Some(id) => write!(f, "{}#{id}", self.address),
+            None => f.write_str(&self.address),
+        }
+    }
+}
 
 /// A stream that outlives its connection (`StreamResume`): its id, and how many of its batches
 /// arrived whole. Opened again under the same id after its connection broke, the worker sends
@@ -121,7 +157,7 @@ pub(crate) async fn open(
 /// one sent again that it has.
 /// Returns why the stream failed, or None when it ended or the client is gone.
 pub(crate) async fn pump(
-    worker: String,
+    worker: WorkerKey,
     mut stream: tonic::Streaming<BatchChunk>,
     tx: &mpsc::Sender<Result<Batch, Error>>,
     mut reassembler: Reassembler,
@@ -166,10 +202,12 @@ pub(crate) async fn pump(
                     }
                 }
                 Ok(None) => {}
-                Err(source) => return Some(Error::Protocol { worker, source }),
+                Err(source) => return Some(Error::Protocol { worker: worker.to_string(), source }),
             },
-            Ok(None) => return reassembler.finish().err().map(|source| Error::Protocol { worker, source }),
-            Err(status) => return Some(Error::Status { worker, status: Box::new(status) }),
+            Ok(None) => {
+                return reassembler.finish().err().map(|source| Error::Protocol { worker: worker.to_string(), source });
+            }
+            Err(status) => return Some(Error::Status { worker: worker.to_string(), status: Box::new(status) }),
         }
     }
 }

@@ -26,7 +26,7 @@ use futures::{Stream, StreamExt, stream};
 use stoker_api::chunk::chunk_batch;
 use stoker_api::proto::batch_stream_server::BatchStream;
 use stoker_api::proto::{self, BatchChunk, StreamRequest};
-use stoker_api::{Batch, Reading, Stacked};
+use stoker_api::{Batch, JobName, Reading, Stacked};
 use tokio::net::TcpListener;
 use tonic::codec::CompressionEncoding;
 use tonic::transport::server::TcpIncoming;
@@ -43,7 +43,7 @@ pub use synthetic::SyntheticSource;
 pub struct Subscription {
     pub namespace: String,
     pub pipeline: String,
-    pub job: String,
+    pub job: JobName,
     /// Under the dispatcher: shared, or one rank of a job read by ranks (dealt in rounds in
     /// coordinated mode).
     pub reading: Reading,
@@ -174,7 +174,7 @@ pub fn validate(
     let subscription = Subscription {
         namespace: pipeline.namespace,
         pipeline: pipeline.name,
-        job: request.job,
+        job: request.job.into(),
         reading,
         start_epoch: request.start_epoch,
         epoch: request.epoch,

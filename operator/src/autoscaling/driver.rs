@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use stoker_api::window::Window;
-use stoker_api::{AutoscalingPolicy, ScalingStep};
+use stoker_api::{AutoscalingPolicy, JobName, ScalingStep};
 
 use super::ScalingRecord;
 use super::budget::{self, Caps, Grant, Model};
@@ -45,7 +45,7 @@ pub struct Rescale {
 }
 
 /// A (pipeline, job): each job of a pipeline has its own policy.
-type JobKey = (PipelineKey, String);
+type JobKey = (PipelineKey, JobName);
 
 struct JobPolicy {
     policy: Box<dyn Policy + Send>,

@@ -15,6 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
+use stoker_api::{ClientId, JobName};
+
 use super::ledger::Held;
 
 /// What a job's clients have, gathered.
@@ -41,23 +43,31 @@ impl Gathered {
     }
 }
 
+/// Who gave a state: a job read by ranks needs one per rank (a rank's client may register
+/// again under another id); a shared job one per client.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Contributor {
+    Rank(u32),
+    Client(ClientId),
+}
+
 /// One job's gathering.
 #[derive(Debug)]
 pub struct Gathering {
     /// A resume's step: (job as named, epoch, batches yielded). None for a rejoin.
-    pub step: Option<(String, u64, u64)>,
+    pub step: Option<(JobName, u64, u64)>,
     /// How many states make the job whole.
     expected: u32,
     /// A rejoin goes on without the missing states then.
     deadline: Option<Instant>,
     /// Who gave a state: a rank, or a shared job's client.
-    from: BTreeSet<String>,
+    from: BTreeSet<Contributor>,
     gathered: Gathered,
 }
 
 impl Gathering {
     /// Waits for every rank of a job resumed from the checkpoint `step`.
-    pub fn resume(step: (String, u64, u64), consumers: u32) -> Self {
+    pub fn resume(step: (JobName, u64, u64), consumers: u32) -> Self {
         let gathered = Gathered { epoch: step.1, ..Gathered::default() };
         Gathering { step: Some(step), expected: consumers.max(1), deadline: None, from: BTreeSet::new(), gathered }
     }
@@ -78,7 +88,7 @@ impl Gathering {
     /// clients may know of more clients than the first to rejoin did.
     pub fn add(
         &mut self,
-        who: String,
+        who: Contributor,
         expected: u32,
         epoch: u64,
         rows: Vec<Held>,
@@ -115,12 +125,12 @@ mod tests {
     fn a_rejoin_is_ready_once_every_client_is_in_or_the_deadline_passed() {
         let t = Instant::now();
         let mut g = Gathering::rejoin(1, t + Duration::from_secs(30));
-        g.add("c-1".into(), 2, 4, vec![held(4, 1, &[0])], &[(4, 2)], 0);
+        g.add(Contributor::Client("c-1".into()), 2, 4, vec![held(4, 1, &[0])], &[(4, 2)], 0);
         assert!(!g.ready(t), "the client said the job had two");
-        g.add("c-1".into(), 2, 4, vec![], &[], 0);
+        g.add(Contributor::Client("c-1".into()), 2, 4, vec![], &[], 0);
         assert!(!g.ready(t), "the same client twice is one");
         assert!(g.ready(t + Duration::from_secs(30)));
-        g.add("c-2".into(), 2, 5, vec![held(5, 0, &[3])], &[(4, 2)], 0);
+        g.add(Contributor::Client("c-2".into()), 2, 5, vec![held(5, 0, &[3])], &[(4, 2)], 0);
         assert!(g.ready(t));
         let done = g.finish();
         assert_eq!(done.epoch, 5, "the newest open epoch any client knew");
@@ -133,9 +143,9 @@ mod tests {
     fn a_resume_waits_for_every_rank_and_never_gives_up() {
         let t = Instant::now();
         let mut g = Gathering::resume(("j".into(), 2, 10), 2);
-        g.add("0".into(), 2, 2, vec![held(2, 0, &[1])], &[], 0);
+        g.add(Contributor::Rank(0), 2, 2, vec![held(2, 0, &[1])], &[], 0);
         assert!(!g.ready(t + Duration::from_secs(3600)));
-        g.add("1".into(), 2, 2, vec![], &[], 1);
+        g.add(Contributor::Rank(1), 2, 2, vec![], &[], 1);
         assert!(g.ready(t));
         assert_eq!(g.finish().epoch, 2);
     }

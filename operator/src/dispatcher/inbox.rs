@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use stoker_api::window::Window;
+use stoker_api::{ClientId, JobName};
 
 use super::members::Client;
 use crate::key::PipelineKey;
@@ -16,7 +17,7 @@ const MAX_WINDOWS_PER_CLIENT: usize = 64;
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobWindows {
     pub pipeline: PipelineKey,
-    pub job: String,
+    pub job: JobName,
     pub consumers: usize,
     /// Windows reported since the last call, from all the job's consumers.
     pub windows: Vec<Window>,
@@ -25,12 +26,12 @@ pub struct JobWindows {
 /// Windows not yet taken, per client id.
 #[derive(Default)]
 pub struct Inbox {
-    windows: BTreeMap<String, Vec<Window>>,
+    windows: BTreeMap<ClientId, Vec<Window>>,
 }
 
 impl Inbox {
-    pub fn push(&mut self, client: &str, window: Window) {
-        let windows = self.windows.entry(client.to_string()).or_default();
+    pub fn push(&mut self, client: &ClientId, window: Window) {
+        let windows = self.windows.entry(client.clone()).or_default();
         if windows.len() >= MAX_WINDOWS_PER_CLIENT {
             windows.remove(0);
         }
@@ -38,13 +39,13 @@ impl Inbox {
     }
 
     /// A client that left: its windows go with it.
-    pub fn forget(&mut self, client: &str) {
+    pub fn forget(&mut self, client: &ClientId) {
         self.windows.remove(client);
     }
 
     /// Every (pipeline, job) with live `clients`, with the windows reported since the last call.
-    pub fn take<'a>(&mut self, clients: impl IntoIterator<Item = (&'a String, &'a Client)>) -> Vec<JobWindows> {
-        let mut by_job: BTreeMap<(PipelineKey, String), JobWindows> = BTreeMap::new();
+    pub fn take<'a>(&mut self, clients: impl IntoIterator<Item = (&'a ClientId, &'a Client)>) -> Vec<JobWindows> {
+        let mut by_job: BTreeMap<(PipelineKey, JobName), JobWindows> = BTreeMap::new();
         for (id, client) in clients {
             let entry = by_job.entry((client.pipeline.clone(), client.job.clone())).or_insert_with(|| JobWindows {
                 pipeline: client.pipeline.clone(),
@@ -71,7 +72,7 @@ mod tests {
     fn a_silent_reader_keeps_only_the_newest_windows() {
         let mut inbox = Inbox::default();
         for b in 0..100 {
-            inbox.push("c", window(b));
+            inbox.push(&"c".into(), window(b));
         }
         let client = Client {
             pipeline: PipelineKey::new("ns", "p"),
@@ -79,7 +80,7 @@ mod tests {
             consumer_index: 0,
             last_seen: std::time::Instant::now(),
         };
-        let id = "c".to_string();
+        let id = ClientId::from("c");
         let taken = inbox.take([(&id, &client)]);
         let batches: Vec<u64> = taken[0].windows.iter().map(|w| w.batches).collect();
         assert_eq!(batches, (36..100).collect::<Vec<_>>());

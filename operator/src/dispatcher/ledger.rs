@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use stoker_api::{CacheDecision, order};
+use stoker_api::{CacheDecision, ClientId, JobName, WorkerId, order};
 
 use super::gathering::Gathered;
 use crate::autocache::plan::Directive;
@@ -51,7 +51,7 @@ struct Recovery {
     /// The worker list without the dead worker: clients acknowledge this version or later.
     version: u64,
     /// Live clients of the job that have not acknowledged yet.
-    waiting: BTreeSet<String>,
+    waiting: BTreeSet<ClientId>,
     since: Instant,
 }
 
@@ -60,7 +60,7 @@ struct Recovery {
 struct Pass {
     pending: VecDeque<u64>,
     /// Split -> the worker holding it.
-    assigned: HashMap<u64, String>,
+    assigned: HashMap<u64, WorkerId>,
     recovering: BTreeMap<u64, Recovery>,
     /// Positions of unfinished splits already delivered, from the clients' acknowledgements.
     delivered: HashMap<u64, BTreeSet<u32>>,
@@ -168,7 +168,7 @@ pub struct Job {
 /// A job's delivery counters, for status and metrics.
 #[derive(Clone, Debug, PartialEq)]
 pub struct JobSummary {
-    pub job: String,
+    pub job: JobName,
     pub epoch: u64,
     pub splits: u64,
     pub done: u64,
@@ -234,7 +234,7 @@ impl Job {
     pub fn hand_out(
         &mut self,
         epoch: u64,
-        worker: &str,
+        worker: &WorkerId,
         plan: &Plan,
         directive: &Directive,
         now: Instant,
@@ -253,7 +253,7 @@ impl Job {
                 let skip: Vec<u32> =
                     pass.delivered.get(&split).map(|d| d.iter().copied().collect()).unwrap_or_default();
                 self.skipped += skip.len() as u64;
-                pass.assigned.insert(split, worker.to_string());
+                pass.assigned.insert(split, worker.clone());
                 pass.started.get_or_insert(now);
                 pass.actions[match directive {
                     Directive::Compute => 0,
@@ -339,7 +339,7 @@ impl Job {
     /// The in-flight splits of a dead worker: produced again once `clients` (the job's live
     /// ones) have acknowledged the worker list `version`, which no longer has the worker, with
     /// the rows they got from it. With no client to wait for they go back at once.
-    pub fn recover(&mut self, dead: &str, version: u64, clients: &BTreeSet<String>, now: Instant) {
+    pub fn recover(&mut self, dead: &WorkerId, version: u64, clients: &BTreeSet<ClientId>, now: Instant) {
         let mut requeued = 0;
         for pass in self.passes_mut() {
             let lost: Vec<u64> = pass.assigned.iter().filter(|(_, w)| *w == dead).map(|(s, _)| *s).collect();
@@ -355,7 +355,7 @@ impl Job {
 
     /// A client's acknowledgement: it streams from no worker missing from list `version`, and
     /// `held` is what it got from the ones that left.
-    pub fn acknowledge(&mut self, client: &str, version: u64, held: &[Held], now: Instant) {
+    pub fn acknowledge(&mut self, client: &ClientId, version: u64, held: &[Held], now: Instant) {
         for h in held {
             if let Some(pass) = self.pass_mut(h.epoch)
                 && !pass.done.contains(&h.split)
@@ -372,7 +372,7 @@ impl Job {
     }
 
     /// A client that went silent is waited for no more.
-    pub fn forget_client(&mut self, client: &str, now: Instant) {
+    pub fn forget_client(&mut self, client: &ClientId, now: Instant) {
         for pass in self.passes_mut() {
             for recovery in pass.recovering.values_mut() {
                 recovery.waiting.remove(client);
@@ -393,7 +393,7 @@ impl Job {
 
     /// Hands out again the in-flight splits `holds` picks (their data may be lost with
     /// whoever held it).
-    pub fn requeue(&mut self, holds: impl Fn(&str) -> bool) {
+    pub fn requeue(&mut self, holds: impl Fn(&WorkerId) -> bool) {
         let mut requeued = 0;
         for pass in self.passes_mut() {
             let lost: Vec<u64> = pass.assigned.iter().filter(|(_, w)| holds(w)).map(|(s, _)| *s).collect();
@@ -404,7 +404,7 @@ impl Job {
 
     /// Splits of `epoch` that `worker` took and will not deliver (its producer stopped: nobody
     /// read the epoch): back to the queue, those it still holds.
-    pub fn give_back(&mut self, worker: &str, epoch: u64, splits: &[u64]) {
+    pub fn give_back(&mut self, worker: &WorkerId, epoch: u64, splits: &[u64]) {
         if let Some(pass) = self.pass_mut(epoch) {
             let held: Vec<u64> =
                 splits.iter().copied().filter(|s| pass.assigned.get(s).is_some_and(|w| w == worker)).collect();
@@ -412,9 +412,9 @@ impl Job {
         }
     }
 
-    pub fn summary(&self, job: &str, splits: u64) -> JobSummary {
+    pub fn summary(&self, job: &JobName, splits: u64) -> JobSummary {
         JobSummary {
-            job: job.to_string(),
+            job: job.clone(),
             epoch: self.epoch,
             splits,
             done: self.current.done.len() as u64,

@@ -13,6 +13,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use stoker_api::{JobName, WorkerId};
+
 use super::gathering::{Gathered, Gathering};
 use super::ledger::{Job, Plan, Reporter};
 use super::ranks::Ranks;
@@ -23,12 +25,12 @@ pub(super) struct Pipeline {
     pub plan: Option<(u64, String)>,
     /// The seed of each epoch's hand-out order (None: plan order), from the newest worker.
     pub shuffle_seed: Option<u64>,
-    pub jobs: BTreeMap<String, JobEntry>,
+    pub jobs: BTreeMap<JobName, JobEntry>,
     /// The live workers (address, id) as last published, and a version that grows when they
     /// change (clients acknowledge it after dropping the workers that left). Shared with the
     /// listings: one is made on every acknowledgement, and copying a thousand workers' names
     /// each time was most of what an acknowledgement cost.
-    pub listed: Arc<Vec<(String, String)>>,
+    pub listed: Arc<Vec<(String, WorkerId)>>,
     pub version: u64,
 }
 
@@ -118,7 +120,7 @@ impl Pipeline {
     }
 
     /// The job if it runs.
-    pub fn running(&mut self, job: &str) -> Option<&mut Job> {
+    pub fn running(&mut self, job: &JobName) -> Option<&mut Job> {
         self.jobs.get_mut(job).and_then(JobEntry::running)
     }
 

@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use stoker_api::WorkerId;
 use stoker_api::proto::{RoundOrder, RoundRef};
 pub use stoker_api::ranks::{Quota, Received};
 
@@ -52,7 +53,7 @@ struct Epoch {
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Order {
     /// By worker: its rounds in the order (every rank has them).
-    taken: BTreeMap<String, u64>,
+    taken: BTreeMap<WorkerId, u64>,
     /// Position of `rounds[0]`.
     base: u64,
     rounds: VecDeque<RoundRef>,
@@ -97,7 +98,7 @@ impl Ranks {
         got.dropped_rows = got.dropped_rows.max(r.dropped_rows);
         got.position = got.position.max(r.position);
         // No worker has a longer id; a longer one would be copied into every round of the order.
-        for (worker, n) in r.rounds.into_iter().filter(|(w, _)| w.len() <= super::registration::MAX_ID_BYTES) {
+        for (worker, n) in r.rounds.into_iter().filter(|(w, _)| w.as_str().len() <= super::registration::MAX_ID_BYTES) {
             let rounds = got.rounds.entry(worker).or_default();
             *rounds = (*rounds).max(n);
         }
@@ -133,9 +134,9 @@ impl Order {
     /// Takes the rounds every rank now has, worker by worker in turn (one round of each, then
     /// the next), and forgets those every rank has yielded.
     fn extend(&mut self, ranks: &BTreeMap<u32, Received>) {
-        let workers: BTreeSet<&String> = ranks.values().flat_map(|r| r.rounds.keys()).collect();
+        let workers: BTreeSet<&WorkerId> = ranks.values().flat_map(|r| r.rounds.keys()).collect();
         // (worker, its next round to take, the rounds every rank has)
-        let mut ready: Vec<(String, u64, u64)> = workers
+        let mut ready: Vec<(WorkerId, u64, u64)> = workers
             .into_iter()
             .filter_map(|w| {
                 let everyone = ranks.values().map(|r| r.rounds.get(w).copied().unwrap_or(0)).min().unwrap_or(0);
@@ -152,7 +153,7 @@ impl Order {
             added = false;
             for (worker, next, end) in ready.iter_mut() {
                 if *next < *end && room > 0 {
-                    self.rounds.push_back(RoundRef { worker: worker.clone(), index: *next });
+                    self.rounds.push_back(RoundRef { worker: worker.to_string(), index: *next });
                     *next += 1;
                     room -= 1;
                     added = true;
@@ -183,7 +184,7 @@ mod tests {
 
     /// A coordinated rank's report: rounds by worker, and its position in the order.
     fn rounds(of: &[(&str, u64)], position: u64) -> Received {
-        let rounds = of.iter().map(|&(w, n)| (w.to_string(), n)).collect();
+        let rounds = of.iter().map(|&(w, n)| (WorkerId::from(w), n)).collect();
         Received { batches: of.iter().map(|(_, n)| n).sum(), rounds, position, ..Received::default() }
     }
 
@@ -194,7 +195,7 @@ mod tests {
     impl With for Received {
         /// These rounds, without summing them into `batches` (u64::MAX would overflow).
         fn with(mut self, of: &[(&str, u64)]) -> Received {
-            self.rounds = of.iter().map(|&(w, n)| (w.to_string(), n)).collect();
+            self.rounds = of.iter().map(|&(w, n)| (WorkerId::from(w), n)).collect();
             self
         }
     }

@@ -1,7 +1,7 @@
 //! What the dispatcher's RPCs bring into its state and what a registration gets back, and
 //! the bounds every request is checked against before it may size anything.
 
-use stoker_api::CacheMode;
+use stoker_api::{CacheMode, ClientId, JobName, WorkerId};
 
 use super::cache::HintSeen;
 use super::ledger::Held;
@@ -38,7 +38,7 @@ pub struct WorkerRegistration {
     pub splits: u64,
     pub plan_digest: String,
     /// Kept when re-registering after a dispatcher restart.
-    pub worker_id: Option<String>,
+    pub worker_id: Option<WorkerId>,
     pub cache_mode: CacheMode,
     /// Empty when the worker has no cache volume.
     pub cache_hints: Vec<HintSeen>,
@@ -50,14 +50,14 @@ pub struct WorkerRegistration {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClientRegistration {
     pub pipeline: PipelineKey,
-    pub job: String,
+    pub job: JobName,
     pub consumer_index: u32,
     /// A job read by ranks: how many (0 or 1: its consumers share its batches).
     pub consumers: u32,
     /// With `consumers` > 1: batch k of every rank from the same round (see `ranks`).
     pub coordinated: bool,
     /// Kept when re-registering after a dispatcher restart.
-    pub client_id: Option<String>,
+    pub client_id: Option<ClientId>,
     /// Registering again with a dispatcher that forgot the client: what it has of the job.
     pub rejoin: Option<Rejoin>,
     /// Resume the job from this consumer's saved state.
@@ -82,7 +82,7 @@ pub struct Rejoin {
 /// step), and their rows.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Resume {
-    pub job: String,
+    pub job: JobName,
     pub epoch: u64,
     pub batches: u64,
     pub consumers: u32,
@@ -97,7 +97,7 @@ pub struct Resume {
 /// dispatcher's incarnation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Registered {
-    pub client_id: String,
-    pub job: String,
+    pub client_id: ClientId,
+    pub job: JobName,
     pub incarnation: u64,
 }

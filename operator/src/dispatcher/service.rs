@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tonic::{Code, Request, Response, Status};
 
 use stoker_api::window::Window;
+use stoker_api::{ClientId, JobName, WorkerId};
 
 use super::cache::{CacheProgress, HintSeen};
 use super::ledger::Assignment;
@@ -174,21 +175,18 @@ impl DispatcherService {
         })
     }
 
-    /// Admits a call about a worker or client id: it must be allowed on that member's
-    /// pipeline (`work` or read). An id the dispatcher does not know needs only a valid token;
-    /// the call then answers NOT_FOUND as before.
-    async fn admit_member<T>(
-        &self,
-        rpc: &'static str,
-        request: &Request<T>,
-        id: &str,
-        work: bool,
-    ) -> Result<(), Status> {
-        let pipeline = self.0.with_state(|s| s.pipeline_of(id));
-        let need = match &pipeline {
-            Some(p) if work => Need::Work(p),
-            Some(p) => Need::Read(p),
-            None => Need::Token,
+    /// Admits a call about a worker or client: it must be allowed on that member's pipeline
+    /// (a worker's calls need `work`, a client's read). An id the dispatcher does not know
+    /// needs only a valid token; the call then answers NOT_FOUND as before.
+    async fn admit_member<T>(&self, rpc: &'static str, request: &Request<T>, member: Member<'_>) -> Result<(), Status> {
+        let pipeline = self.0.with_state(|s| match member {
+            Member::Worker(id) => s.pipeline_of_worker(id),
+            Member::Client(id) => s.pipeline_of_client(id),
+        });
+        let need = match (&pipeline, member) {
+            (Some(p), Member::Worker(_)) => Need::Work(p),
+            (Some(p), Member::Client(_)) => Need::Read(p),
+            (None, _) => Need::Token,
         };
         self.admit(rpc, request, need).await.map(drop)
     }
@@ -206,6 +204,13 @@ impl DispatcherService {
             DispatchError::Invalid(_) => Status::invalid_argument(e.to_string()),
         }
     }
+}
+
+/// Whose call it is.
+#[derive(Clone, Copy)]
+enum Member<'a> {
+    Worker(&'a WorkerId),
+    Client(&'a ClientId),
 }
 
 fn pipeline_key(p: Option<proto::PipelineRef>) -> Result<PipelineKey, Status> {
@@ -232,7 +237,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             threads: r.threads,
             splits: r.splits,
             plan_digest: r.plan_digest,
-            worker_id: Some(r.worker_id),
+            worker_id: Some(r.worker_id.into()),
             cache_mode: proto::CacheMode::try_from(r.cache_mode)
                 .map_err(|_| Status::invalid_argument(format!("cache_mode {} is not a CacheMode", r.cache_mode)))?
                 .into(),
@@ -252,7 +257,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         tracing::info!(%pipeline, %address, worker = %worker_id, "worker registered");
         self.0.publish(&pipeline);
         Ok(Response::new(proto::RegisterWorkerResponse {
-            worker_id,
+            worker_id: worker_id.into_string(),
             heartbeat_interval_ms: HEARTBEAT_INTERVAL.as_millis() as u32,
             incarnation,
         }))
@@ -262,7 +267,8 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::WorkerHeartbeatRequest>,
     ) -> Result<Response<proto::WorkerHeartbeatResponse>, Status> {
-        self.admit_member("WorkerHeartbeat", &request, &request.get_ref().worker_id, true).await?;
+        let worker = WorkerId::from(request.get_ref().worker_id.as_str());
+        self.admit_member("WorkerHeartbeat", &request, Member::Worker(&worker)).await?;
         let r = request.into_inner();
         let p = r.progress.unwrap_or_default();
         let progress = Progress {
@@ -281,7 +287,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 Vec::new()
             },
         };
-        self.0.with_state(|s| s.heartbeat(&r.worker_id, progress, Instant::now())).map_err(|e| self.status(e))?;
+        self.0.with_state(|s| s.heartbeat(&worker, progress, Instant::now())).map_err(|e| self.status(e))?;
         Ok(Response::new(proto::WorkerHeartbeatResponse {}))
     }
 
@@ -289,19 +295,21 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::NextSplitRequest>,
     ) -> Result<Response<proto::NextSplitResponse>, Status> {
-        self.admit_member("NextSplit", &request, &request.get_ref().worker_id, true).await?;
+        let worker = WorkerId::from(request.get_ref().worker_id.as_str());
+        self.admit_member("NextSplit", &request, Member::Worker(&worker)).await?;
         let r = request.into_inner();
         if r.job.is_empty() {
             return Err(Status::invalid_argument("job is required"));
         }
+        let job = JobName::from(r.job);
         let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
         let (next, directive, pipeline, incarnation) = self
             .0
             .with_state(|s| {
                 Ok((
-                    s.next_split(&r.worker_id, &r.job, &completed, r.epoch, Instant::now())?,
-                    s.cache_directive(&r.worker_id),
-                    s.pipeline_of(&r.worker_id),
+                    s.next_split(&worker, &job, &completed, r.epoch, Instant::now())?,
+                    s.cache_directive(&worker),
+                    s.pipeline_of_worker(&worker),
                     s.incarnation(),
                 ))
             })
@@ -336,10 +344,12 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::ReturnSplitsRequest>,
     ) -> Result<Response<proto::ReturnSplitsResponse>, Status> {
-        self.admit_member("ReturnSplits", &request, &request.get_ref().worker_id, true).await?;
+        let worker = WorkerId::from(request.get_ref().worker_id.as_str());
+        self.admit_member("ReturnSplits", &request, Member::Worker(&worker)).await?;
         let r = request.into_inner();
+        let job = JobName::from(r.job.as_str());
         self.0
-            .with_state(|s| s.give_back(&r.worker_id, &r.job, r.epoch, &r.splits, Instant::now()))
+            .with_state(|s| s.give_back(&worker, &job, r.epoch, &r.splits, Instant::now()))
             .map_err(|e| self.status(e))?;
         tracing::info!(worker = %r.worker_id, job = %r.job, epoch = r.epoch, splits = ?r.splits, "splits returned by a stopped producer");
         Ok(Response::new(proto::ReturnSplitsResponse {}))
@@ -357,11 +367,11 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         }
         let registration = ClientRegistration {
             pipeline: pipeline.clone(),
-            job: r.job.clone(),
+            job: r.job.into(),
             consumer_index: r.consumer_index,
             consumers: r.consumers,
             coordinated: r.coordinated,
-            client_id: Some(r.client_id),
+            client_id: Some(r.client_id.into()),
             rejoin: r.rejoin.map(|j| Rejoin {
                 incarnation: j.incarnation,
                 open_epoch: j.open_epoch,
@@ -370,7 +380,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 received: j.received.into_iter().map(held).collect(),
             }),
             resume: r.resume.map(|s| Resume {
-                job: s.job,
+                job: s.job.into(),
                 epoch: s.epoch,
                 batches: s.batches,
                 consumers: s.consumers,
@@ -385,9 +395,9 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         // Its job's client count changed.
         self.0.publish(&pipeline);
         Ok(Response::new(proto::RegisterClientResponse {
-            client_id: registered.client_id,
+            client_id: registered.client_id.into_string(),
             window_ms: self.0.window.as_millis() as u32,
-            job: registered.job,
+            job: registered.job.into_string(),
             incarnation: registered.incarnation,
         }))
     }
@@ -403,11 +413,11 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let r = request.into_inner();
         let updates = tokio_stream::wrappers::WatchStream::new(self.0.watch(&pipeline));
         let incarnation = self.0.with_state(|s| s.incarnation());
-        let job = r.job;
+        let job = JobName::from(r.job);
         let tls_server_name = self.0.worker_tls_names.get().map(|names| names(&pipeline)).unwrap_or_default();
         // The workers this stream last sent: the list is shared until it changes, so the
         // pointer says whether it did.
-        let mut sent: Option<Arc<Vec<(String, String)>>> = None;
+        let mut sent: Option<Arc<Vec<(String, WorkerId)>>> = None;
         let lists = updates.map(move |l| {
             let same_workers = sent.as_ref().is_some_and(|w| Arc::ptr_eq(w, &l.workers));
             sent = Some(l.workers.clone());
@@ -420,7 +430,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             let clients = l.clients.get(&job).copied().unwrap_or_default();
             Ok(proto::WorkerList {
                 addresses: listed.iter().map(|(address, _)| address.clone()).collect(),
-                workers: listed.iter().map(|(_, id)| id.clone()).collect(),
+                workers: listed.iter().map(|(_, id)| id.to_string()).collect(),
                 same_workers,
                 version: l.version,
                 epoch,
@@ -437,10 +447,10 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::ReportWindowRequest>,
     ) -> Result<Response<proto::ReportWindowResponse>, Status> {
-        self.admit_member("ReportWindow", &request, &request.get_ref().client_id, false).await?;
-        let r = request.into_inner();
-        let window = Window::from(&r);
-        self.0.with_state(|s| s.report_window(&r.client_id, window, Instant::now())).map_err(|e| self.status(e))?;
+        let client = ClientId::from(request.get_ref().client_id.as_str());
+        self.admit_member("ReportWindow", &request, Member::Client(&client)).await?;
+        let window = Window::from(request.get_ref());
+        self.0.with_state(|s| s.report_window(&client, window, Instant::now())).map_err(|e| self.status(e))?;
         Ok(Response::new(proto::ReportWindowResponse {}))
     }
 
@@ -448,7 +458,8 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         &self,
         request: Request<proto::AcknowledgeRequest>,
     ) -> Result<Response<proto::AcknowledgeResponse>, Status> {
-        self.admit_member("Acknowledge", &request, &request.get_ref().client_id, false).await?;
+        let client = ClientId::from(request.get_ref().client_id.as_str());
+        self.admit_member("Acknowledge", &request, Member::Client(&client)).await?;
         let r = request.into_inner();
         let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
         let held: Vec<Held> = r.held.into_iter().map(held).collect();
@@ -456,11 +467,10 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let (epoch, pipeline) = self
             .0
             .with_state(|s| {
-                let pipeline = s.pipeline_of(&r.client_id);
-                let epoch =
-                    s.acknowledge(&r.client_id, &completed, r.list_version, &held, &received, Instant::now())?;
+                let pipeline = s.pipeline_of_client(&client);
+                let epoch = s.acknowledge(&client, &completed, r.list_version, &held, &received, Instant::now())?;
                 if r.leaving {
-                    s.leave(&r.client_id, r.discarded, Instant::now());
+                    s.leave(&client, r.discarded, Instant::now());
                 }
                 Ok((epoch, pipeline))
             })

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use stoker_api::proto::HintBytes;
 use stoker_api::window::Window;
-use stoker_api::{CacheStatus, DeliveryStatus, Reading, WorkersReport};
+use stoker_api::{CacheStatus, ClientId, DeliveryStatus, JobName, Reading, WorkerId, WorkersReport};
 
 use super::cache::Caches;
 use super::inbox::{Inbox, JobWindows};
@@ -28,12 +28,12 @@ use crate::key::PipelineKey;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Listing {
     /// (address, id) of each live worker, sorted.
-    pub workers: Arc<Vec<(String, String)>>,
+    pub workers: Arc<Vec<(String, WorkerId)>>,
     pub version: u64,
-    pub epochs: BTreeMap<String, u64>,
-    pub quotas: BTreeMap<String, Vec<(u64, Quota)>>,
+    pub epochs: BTreeMap<JobName, u64>,
+    pub quotas: BTreeMap<JobName, Vec<(u64, Quota)>>,
     /// Each job's live clients.
-    pub clients: BTreeMap<String, u32>,
+    pub clients: BTreeMap<JobName, u32>,
 }
 
 pub struct DispatcherState {
@@ -67,7 +67,7 @@ impl DispatcherState {
         self.incarnation
     }
 
-    pub fn register_worker(&mut self, r: WorkerRegistration, now: Instant) -> Result<String, DispatchError> {
+    pub fn register_worker(&mut self, r: WorkerRegistration, now: Instant) -> Result<WorkerId, DispatchError> {
         if r.address.is_empty() {
             return Err(DispatchError::Invalid("a worker must give the address clients reach it at".into()));
         }
@@ -77,10 +77,10 @@ impl DispatcherState {
         if r.splits > MAX_SPLITS {
             return Err(DispatchError::Invalid(format!("{} splits is above the limit of {MAX_SPLITS}", r.splits)));
         }
-        check_id(r.worker_id.as_deref())?;
+        check_id(r.worker_id.as_ref().map(WorkerId::as_str))?;
         // A new process at a live worker's address (a pod's IP given to its replacement, a
         // container restarted in its pod): that worker is gone, whatever its heartbeats say.
-        let replaced: Vec<String> =
+        let replaced: Vec<WorkerId> =
             self.members.workers_at(&r.address).filter(|id| r.worker_id.as_ref() != Some(*id)).cloned().collect();
         for id in replaced {
             let worker = self.members.remove_worker(&id).expect("listed above");
@@ -110,7 +110,7 @@ impl DispatcherState {
         pipeline.shuffle_seed = r.shuffle_seed;
         pipeline.start_gathered();
         self.caches.register(&r.pipeline, r.cache_mode, &r.cache_hints, r.splits);
-        let id = self.members.id("w", r.worker_id);
+        let id = self.members.worker_id(r.worker_id);
         let worker = Worker {
             pipeline: r.pipeline,
             address: r.address,
@@ -127,7 +127,7 @@ impl DispatcherState {
     /// Records the pipeline's live worker addresses, moving the version on if they changed;
     /// returns the version.
     fn relist(&mut self, key: &PipelineKey) -> u64 {
-        let mut workers: Vec<(String, String)> =
+        let mut workers: Vec<(String, WorkerId)> =
             self.members.workers_of(key).map(|(id, w)| (w.address.clone(), id.clone())).collect();
         workers.sort();
         let pipeline = self.pipelines.entry(key.clone()).or_default();
@@ -155,18 +155,22 @@ impl DispatcherState {
         }
     }
 
-    /// The pipeline of a worker or client, by id.
-    pub fn pipeline_of(&self, id: &str) -> Option<PipelineKey> {
-        let worker = self.members.worker(id).map(|w| w.pipeline.clone());
-        worker.or_else(|| self.members.client(id).map(|c| c.pipeline.clone()))
+    /// The pipeline of a worker.
+    pub fn pipeline_of_worker(&self, id: &WorkerId) -> Option<PipelineKey> {
+        self.members.worker(id).map(|w| w.pipeline.clone())
+    }
+
+    /// The pipeline of a client.
+    pub fn pipeline_of_client(&self, id: &ClientId) -> Option<PipelineKey> {
+        self.members.client(id).map(|c| c.pipeline.clone())
     }
 
     /// Live clients of a job, by id.
-    fn clients_of(&self, key: &PipelineKey, job: &str) -> BTreeSet<String> {
+    fn clients_of(&self, key: &PipelineKey, job: &JobName) -> BTreeSet<ClientId> {
         self.members.clients_of(key, job).cloned().collect()
     }
 
-    pub fn heartbeat(&mut self, worker_id: &str, progress: Progress, now: Instant) -> Result<(), DispatchError> {
+    pub fn heartbeat(&mut self, worker_id: &WorkerId, progress: Progress, now: Instant) -> Result<(), DispatchError> {
         let worker = self.members.seen_worker(worker_id, now)?;
         worker.progress = progress;
         let key = worker.pipeline.clone();
@@ -182,8 +186,8 @@ impl DispatcherState {
     /// because no client read the epoch.
     pub fn give_back(
         &mut self,
-        worker_id: &str,
-        job: &str,
+        worker_id: &WorkerId,
+        job: &JobName,
         epoch: u64,
         splits: &[u64],
         now: Instant,
@@ -196,7 +200,7 @@ impl DispatcherState {
     }
 
     /// Where the worker's next split gets its elements up to an autocache hint.
-    pub fn cache_directive(&self, worker_id: &str) -> Directive {
+    pub fn cache_directive(&self, worker_id: &WorkerId) -> Directive {
         self.members.worker(worker_id).map_or(Directive::Compute, |w| self.caches.directive(&w.pipeline))
     }
 
@@ -219,8 +223,8 @@ impl DispatcherState {
     /// dispatcher does not know yet (first use, or after a restart) starts at that epoch.
     pub fn next_split(
         &mut self,
-        worker_id: &str,
-        job: &str,
+        worker_id: &WorkerId,
+        job: &JobName,
         completed: &[(u64, u64)],
         epoch: u64,
         now: Instant,
@@ -233,7 +237,7 @@ impl DispatcherState {
             Some(entry) if claimed || matches!(entry.phase, Phase::Running(_)) => entry,
             // A job whose clients registered with another dispatcher (a plan changed under
             // them) starts at the epoch asked for.
-            None if claimed => pipeline.jobs.entry(job.to_string()).or_insert(JobEntry::declared(epoch)),
+            None if claimed => pipeline.jobs.entry(job.clone()).or_insert(JobEntry::declared(epoch)),
             // A job starts with its clients: one no client of which registered with this
             // dispatcher is one it restarted in the middle of, whose clients have not rejoined
             // yet (or one they left). Its splits wait for them.
@@ -260,7 +264,7 @@ impl DispatcherState {
     pub fn register_client(&mut self, r: ClientRegistration, now: Instant) -> Result<Registered, DispatchError> {
         let ClientRegistration { pipeline, job, consumer_index, consumers, coordinated, client_id, rejoin, resume } = r;
         let reading = Reading::from_wire(consumers, consumer_index, coordinated).map_err(DispatchError::Invalid)?;
-        check_id(client_id.as_deref())?;
+        check_id(client_id.as_ref().map(ClientId::as_str))?;
         let (job, start) = match resume {
             Some(resume) => {
                 let epoch = resume.epoch;
@@ -284,7 +288,7 @@ impl DispatcherState {
             }
             entry.ranks = reading.is_ranked().then(|| Ranks::new(shape.ranks, shape.coordinated));
         }
-        let id = self.members.id("c", client_id);
+        let id = self.members.client_id(client_id);
         if let Some(rejoin) = rejoin.filter(|r| r.incarnation != self.incarnation) {
             if let Some(ranks) = entry.ranks.as_mut() {
                 ranks.rejoined(rejoin.open_epoch);
@@ -296,7 +300,7 @@ impl DispatcherState {
     }
 
     /// A client's batch-time window.
-    pub fn report_window(&mut self, client_id: &str, window: Window, now: Instant) -> Result<(), DispatchError> {
+    pub fn report_window(&mut self, client_id: &ClientId, window: Window, now: Instant) -> Result<(), DispatchError> {
         window.check().map_err(|e| DispatchError::Invalid(e.to_string()))?;
         self.members.seen_client(client_id, now)?;
         self.inbox.push(client_id, window);
@@ -308,7 +312,7 @@ impl DispatcherState {
     /// ranks what this rank received of each epoch. Returns the job's open epoch.
     pub fn acknowledge(
         &mut self,
-        client_id: &str,
+        client_id: &ClientId,
         completed: &[(u64, u64)],
         version: u64,
         held: &[Held],
@@ -348,13 +352,13 @@ impl DispatcherState {
     /// A client closed. If it `discarded` batches (never handed to its training loop), the
     /// splits they completed may never be reported: as for a client that went silent, the
     /// job's in-flight splits are produced again.
-    pub fn leave(&mut self, client_id: &str, discarded: bool, now: Instant) {
+    pub fn leave(&mut self, client_id: &ClientId, discarded: bool, now: Instant) {
         let Some(client) = self.members.remove_client(client_id) else { return };
         self.inbox.forget(client_id);
         self.client_gone(client_id, &client, discarded, now);
     }
 
-    fn client_gone(&mut self, id: &str, client: &Client, lost_batches: bool, now: Instant) {
+    fn client_gone(&mut self, id: &ClientId, client: &Client, lost_batches: bool, now: Instant) {
         if let Some(state) = self.pipelines.get_mut(&client.pipeline).and_then(|p| p.running(&client.job)) {
             state.forget_client(id, now);
             if lost_batches {
@@ -389,10 +393,10 @@ impl DispatcherState {
 
     /// A worker is gone (`why`): it leaves the list, and its splits are produced again without
     /// what the clients got of them, once they acknowledge the list without it.
-    fn worker_gone(&mut self, id: &str, worker: Worker, why: &str, now: Instant) {
+    fn worker_gone(&mut self, id: &WorkerId, worker: Worker, why: &str, now: Instant) {
         tracing::warn!(worker = %id, address = %worker.address, pipeline = %worker.pipeline, "a worker is gone ({why}): its splits are produced again without what clients got");
         let version = self.relist(&worker.pipeline);
-        let jobs: Vec<String> =
+        let jobs: Vec<JobName> =
             self.pipelines.get(&worker.pipeline).map(|p| p.jobs.keys().cloned().collect()).unwrap_or_default();
         for job in jobs {
             let clients = self.clients_of(&worker.pipeline, &job);
@@ -412,7 +416,7 @@ impl DispatcherState {
         addresses
     }
 
-    pub fn worker_progress(&self, pipeline: &PipelineKey) -> Vec<(String, u32, Progress)> {
+    pub fn worker_progress(&self, pipeline: &PipelineKey) -> Vec<(WorkerId, u32, Progress)> {
         self.members.workers_of(pipeline).map(|(id, w)| (id.clone(), w.threads, w.progress.clone())).collect()
     }
 
@@ -490,11 +494,11 @@ impl DispatcherState {
         self.members.attached()
     }
 
-    pub fn consumers(&self, pipeline: &PipelineKey, job: &str) -> Vec<u32> {
+    pub fn consumers(&self, pipeline: &PipelineKey, job: &JobName) -> Vec<u32> {
         let mut v: Vec<u32> = self
             .members
             .clients_of_pipeline(pipeline)
-            .filter(|(_, c)| c.job == job)
+            .filter(|(_, c)| c.job == *job)
             .map(|(_, c)| c.consumer_index)
             .collect();
         v.sort_unstable();

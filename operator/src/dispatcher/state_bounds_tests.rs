@@ -46,10 +46,11 @@ fn a_plan_of_more_than_max_splits_and_an_overlong_id_are_refused() {
     // poisoned mutex); 2^32 one of 32 GiB.
     assert!(invalid(s.register_worker(registration("a:1", u64::MAX), t)));
     assert!(invalid(s.register_worker(registration("a:1", MAX_SPLITS + 1), t)));
-    let long = Some("w".repeat(MAX_ID_BYTES + 1));
-    assert!(invalid(s.register_worker(WorkerRegistration { worker_id: long.clone(), ..registration("a:1", 1) }, t)));
-    assert!(invalid(s.register_client(ClientRegistration { client_id: long, ..client("j") }, t)));
-    let kept = Some("w".repeat(MAX_ID_BYTES));
+    let long = "w".repeat(MAX_ID_BYTES + 1);
+    let worker_id = Some(WorkerId::new(long.as_str()));
+    assert!(invalid(s.register_worker(WorkerRegistration { worker_id, ..registration("a:1", 1) }, t)));
+    assert!(invalid(s.register_client(ClientRegistration { client_id: Some(long.into()), ..client("j") }, t)));
+    let kept = Some(WorkerId::new("w".repeat(MAX_ID_BYTES)));
     assert_eq!(
         s.register_worker(WorkerRegistration { worker_id: kept.clone(), ..registration("a:1", MAX_SPLITS) }, t).ok(),
         kept

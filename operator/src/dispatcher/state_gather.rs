@@ -4,8 +4,10 @@
 use std::collections::BTreeSet;
 use std::time::Instant;
 
+use stoker_api::{ClientId, JobName};
+
 use super::{DispatchError, DispatcherState, Rejoin, Resume};
-use crate::dispatcher::gathering::Gathering;
+use crate::dispatcher::gathering::{Contributor, Gathering};
 use crate::dispatcher::ledger::{Held, Reporter};
 use crate::dispatcher::pipeline::{JobEntry, Phase};
 use crate::key::PipelineKey;
@@ -21,13 +23,13 @@ impl DispatcherState {
     pub(super) fn resume(
         &mut self,
         pipeline: &PipelineKey,
-        job: &str,
+        job: &JobName,
         consumer_index: u32,
         consumers: u32,
         resume: Resume,
-    ) -> Result<String, DispatchError> {
-        let mismatch = if resume.job != job {
-            Some(format!("it is of job {:?}, not {job:?}", resume.job))
+    ) -> Result<JobName, DispatchError> {
+        let mismatch = if resume.job != *job {
+            Some(format!("it is of job {:?}, not {:?}", resume.job.as_str(), job.as_str()))
         } else if resume.merged {
             None
         } else if resume.consumers.max(1) != consumers.max(1) {
@@ -44,13 +46,13 @@ impl DispatcherState {
         if let Some(why) = mismatch {
             return Err(DispatchError::Invalid(format!("cannot resume from this state: {why}")));
         }
-        let step = (job.to_string(), resume.epoch, resume.batches);
+        let step = (job.clone(), resume.epoch, resume.batches);
         let existing = self.pipelines.get(pipeline).and_then(|p| {
             p.jobs.iter().find(|(_, e)| matches!(&e.phase, Phase::Gathering { gathering, .. } if gathering.step.as_ref() == Some(&step)))
         });
         let run = match existing {
             Some((run, _)) => run.clone(),
-            None => self.members.id(&format!("{job}~run"), None),
+            None => self.members.run_of(job),
         };
         let p = self.pipelines.entry(pipeline.clone()).or_default();
         let epoch = resume.epoch;
@@ -59,7 +61,7 @@ impl DispatcherState {
             phase: Phase::Gathering { start: epoch, gathering: Gathering::resume(step, consumers) },
         });
         if let Phase::Gathering { gathering, .. } = &mut entry.phase {
-            gathering.add(consumer_index.to_string(), consumers, epoch, resume.yielded, &[], consumer_index);
+            gathering.add(Contributor::Rank(consumer_index), consumers, epoch, resume.yielded, &[], consumer_index);
         }
         self.gathered(pipeline, &run, Instant::now());
         Ok(run)
@@ -73,8 +75,8 @@ impl DispatcherState {
     pub(super) fn rejoin(
         &mut self,
         pipeline: &PipelineKey,
-        job: &str,
-        id: &str,
+        job: &JobName,
+        id: &ClientId,
         rank: u32,
         consumers: u32,
         rejoin: Rejoin,
@@ -85,9 +87,10 @@ impl DispatcherState {
         let p = self.pipelines.entry(pipeline.clone()).or_default();
         let plan = p.ledger_plan();
         let ranked = consumers > 1;
-        let (who, expected) = if ranked { (rank.to_string(), consumers) } else { (id.to_string(), clients) };
+        let (who, expected) =
+            if ranked { (Contributor::Rank(rank), consumers) } else { (Contributor::Client(id.clone()), clients) };
         let rank = if ranked { rank } else { 0 };
-        let entry = p.jobs.entry(job.to_string()).or_insert(JobEntry::declared(open_epoch));
+        let entry = p.jobs.entry(job.clone()).or_insert(JobEntry::declared(open_epoch));
         match &mut entry.phase {
             Phase::Running(state) => {
                 tracing::info!(%pipeline, %job, client = %id, "a client rejoined a job under way: what it has is acknowledged");
@@ -117,7 +120,7 @@ impl DispatcherState {
 
     /// Moves `job`'s gathering on if it is ready (and starts the job if the plan is known);
     /// true if it did.
-    fn gathered(&mut self, pipeline: &PipelineKey, job: &str, now: Instant) -> bool {
+    fn gathered(&mut self, pipeline: &PipelineKey, job: &JobName, now: Instant) -> bool {
         let Some(p) = self.pipelines.get_mut(pipeline) else { return false };
         let Some(entry) = p.jobs.get_mut(job) else { return false };
         if let Phase::Gathering { gathering, .. } = &mut entry.phase
@@ -140,7 +143,7 @@ impl DispatcherState {
     /// Gatherings that waited out the client timeout go on without the missing; returns the
     /// pipelines whose clients must hear of it.
     pub(super) fn gathered_late(&mut self, now: Instant) -> BTreeSet<PipelineKey> {
-        let waiting: Vec<(PipelineKey, String)> = self
+        let waiting: Vec<(PipelineKey, JobName)> = self
             .pipelines
             .iter()
             .flat_map(|(key, p)| {

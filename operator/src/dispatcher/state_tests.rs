@@ -43,11 +43,10 @@ fn client(job: &str, consumer_index: u32, consumers: u32) -> ClientRegistration 
 
 /// Takes and completes splits until the dispatcher answers with something else, which is
 /// returned beside the splits done.
-fn work(state: &mut DispatcherState, worker: &str, job: &str, epoch: u64, now: Instant) -> (Vec<u64>, Assignment) {
-    let mut got = Vec::new();
-    let mut completed = Vec::new();
+fn work(state: &mut DispatcherState, worker: &WorkerId, job: &str, epoch: u64, now: Instant) -> (Vec<u64>, Assignment) {
+    let (mut got, mut completed, job) = (Vec::new(), Vec::new(), JobName::from(job));
     loop {
-        match state.next_split(worker, job, &completed, 0, now).unwrap() {
+        match state.next_split(worker, &job, &completed, 0, now).unwrap() {
             Assignment::Split { epoch: e, split, .. } if e == epoch => {
                 got.push(split);
                 completed = vec![(e, split)];
@@ -67,7 +66,7 @@ fn one_worker_gets_every_split_once_then_the_next_epoch() {
     assert_eq!(got, vec![0, 1, 2]);
     assert_eq!(next, Assignment::Finished { epoch: 0 });
     assert_eq!(s.jobs(&key())[0].epoch, 1);
-    assert_eq!(s.next_split(&w, "job", &[], 1, t).unwrap(), split(1, 0));
+    assert_eq!(s.next_split(&w, &"job".into(), &[], 1, t).unwrap(), split(1, 0));
 }
 
 #[test]
@@ -77,19 +76,19 @@ fn a_worker_with_nothing_left_in_an_epoch_starts_the_next_but_not_the_one_after(
     s.register_client(client("j", 0, 0), t).unwrap();
     let a = s.register_worker(registration("a:1", 2), t).unwrap();
     let b = s.register_worker(registration("b:1", 2), t).unwrap();
-    assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
-    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
+    assert_eq!(s.next_split(&a, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&b, &"j".into(), &[], 0, t).unwrap(), split(0, 1));
     // Nothing left in epoch 0 for a (b holds the last split, and may die): a starts epoch 1.
-    assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
-    assert_eq!(s.next_split(&a, "j", &[], 1, t).unwrap(), split(1, 0));
-    assert_eq!(s.next_split(&a, "j", &[(1, 0)], 1, t).unwrap(), split(1, 1));
+    assert_eq!(s.next_split(&a, &"j".into(), &[(0, 0)], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
+    assert_eq!(s.next_split(&a, &"j".into(), &[], 1, t).unwrap(), split(1, 0));
+    assert_eq!(s.next_split(&a, &"j".into(), &[(1, 0)], 1, t).unwrap(), split(1, 1));
     // b still holds epoch 0's split 1: a may not run two epochs ahead of it.
-    assert_eq!(s.next_split(&a, "j", &[(1, 1)], 2, t).unwrap(), Assignment::Draining { epoch: 2 });
+    assert_eq!(s.next_split(&a, &"j".into(), &[(1, 1)], 2, t).unwrap(), Assignment::Draining { epoch: 2 });
     assert_eq!(s.jobs(&key())[0].epoch, 0);
     // b finishes epoch 0; epoch 1 is done too, and the job moves on to epoch 2.
-    assert_eq!(s.next_split(&b, "j", &[(0, 1)], 0, t).unwrap(), Assignment::Finished { epoch: 0 });
+    assert_eq!(s.next_split(&b, &"j".into(), &[(0, 1)], 0, t).unwrap(), Assignment::Finished { epoch: 0 });
     assert_eq!(s.jobs(&key())[0].epoch, 1);
-    assert_eq!(s.next_split(&a, "j", &[], 2, t).unwrap(), split(2, 0));
+    assert_eq!(s.next_split(&a, &"j".into(), &[], 2, t).unwrap(), split(2, 0));
     assert_eq!(s.jobs(&key())[0].epoch, 2);
 }
 
@@ -100,17 +99,17 @@ fn a_dead_workers_splits_of_the_next_epoch_come_back_too() {
     let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     let a = s.register_worker(registration("a:1", 2), t).unwrap();
     let b = s.register_worker(registration("b:1", 2), t).unwrap();
-    assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
-    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
-    assert_eq!(s.next_split(&b, "j", &[], 1, t).unwrap(), split(1, 0));
+    assert_eq!(s.next_split(&a, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&b, &"j".into(), &[], 0, t).unwrap(), split(0, 1));
+    assert_eq!(s.next_split(&b, &"j".into(), &[], 1, t).unwrap(), split(1, 0));
     let later = t + Duration::from_secs(6);
     s.heartbeat(&a, Progress::default(), later).unwrap();
     s.expire(later);
     // The client stopped streaming from the dead worker, holding nothing of it.
     s.acknowledge(&c, &[], s.listing(&key()).version, &[], &[], later).unwrap();
     assert_eq!(s.jobs(&key())[0].requeued, 2);
-    assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, later).unwrap(), split(0, 1));
-    assert_eq!(s.next_split(&a, "j", &[(0, 1)], 1, later).unwrap(), split(1, 0));
+    assert_eq!(s.next_split(&a, &"j".into(), &[(0, 0)], 0, later).unwrap(), split(0, 1));
+    assert_eq!(s.next_split(&a, &"j".into(), &[(0, 1)], 1, later).unwrap(), split(1, 0));
 }
 
 #[test]
@@ -131,8 +130,8 @@ fn a_dead_workers_unfinished_splits_go_to_the_others() {
     let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     let a = s.register_worker(registration("a:1", 4), t).unwrap();
     let b = s.register_worker(registration("b:1", 4), t).unwrap();
-    assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
-    assert_eq!(s.next_split(&a, "j", &[(0, 0)], 0, t).unwrap(), split(0, 1));
+    assert_eq!(s.next_split(&a, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&a, &"j".into(), &[(0, 0)], 0, t).unwrap(), split(0, 1));
     // a dies holding split 1; b keeps heartbeating.
     let later = t + Duration::from_secs(6);
     s.heartbeat(&b, Progress::default(), later).unwrap();
@@ -146,7 +145,7 @@ fn a_dead_workers_unfinished_splits_go_to_the_others() {
     let job = &s.jobs(&key())[0];
     assert_eq!((job.epoch, job.requeued, job.repeats), (1, 1, 0));
     // The dead worker's id is unknown now: it must register again.
-    assert!(matches!(s.next_split(&a, "j", &[], 0, later), Err(DispatchError::Unknown { .. })));
+    assert!(matches!(s.next_split(&a, &"j".into(), &[], 0, later), Err(DispatchError::Unknown { .. })));
 }
 
 /// Found on real pods: a worker pod's IP went to its replacement (and a crashed container
@@ -159,7 +158,7 @@ fn a_new_worker_at_a_live_workers_address_replaces_it_at_once() {
     let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(30) });
     let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     let old = s.register_worker(registration("a:1", 2), t).unwrap();
-    assert_eq!(s.next_split(&old, "j", &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&old, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
     let before = s.listing(&key());
     // A new process at the same address, well within the old one's heartbeat timeout.
     let new = s.register_worker(registration("a:1", 2), t + Duration::from_secs(1)).unwrap();
@@ -167,10 +166,16 @@ fn a_new_worker_at_a_live_workers_address_replaces_it_at_once() {
     let after = s.listing(&key());
     assert_eq!(*after.workers, vec![("a:1".to_string(), new.clone())]);
     assert!(after.version > before.version, "the list changed: the client drops the old worker");
-    assert!(matches!(s.next_split(&old, "j", &[], 0, t), Err(DispatchError::Unknown { .. })), "the old one is gone");
+    assert!(
+        matches!(s.next_split(&old, &"j".into(), &[], 0, t), Err(DispatchError::Unknown { .. })),
+        "the old one is gone"
+    );
     // Its split comes back without the rows the client says it got from it.
     s.acknowledge(&c, &[], after.version, &[held(0, 0, &[0, 1])], &[], t).unwrap();
-    assert_eq!(s.next_split(&new, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0, skip: vec![0, 1] });
+    assert_eq!(
+        s.next_split(&new, &"j".into(), &[], 0, t).unwrap(),
+        Assignment::Split { epoch: 0, split: 0, skip: vec![0, 1] }
+    );
     // Re-registering under its own id is not a new worker.
     let again = WorkerRegistration { worker_id: Some(new.clone()), ..registration("a:1", 2) };
     assert_eq!(s.register_worker(again, t).unwrap(), new);
@@ -184,19 +189,19 @@ fn a_late_completion_of_a_requeued_split_counts_as_a_repeat() {
     let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     let a = s.register_worker(registration("a:1", 2), t).unwrap();
     let b = s.register_worker(registration("b:1", 2), t).unwrap();
-    assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&a, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
     let later = t + Duration::from_secs(6);
     s.heartbeat(&b, Progress::default(), later).unwrap();
     s.expire(later);
     // The client stopped streaming from the dead worker, holding nothing of it.
     s.acknowledge(&c, &[], s.listing(&key()).version, &[], &[], later).unwrap();
-    assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&b, &"j".into(), &[], 0, later).unwrap(), split(0, 0));
     // a was only slow: it comes back and reports split 0 as well.
     let a2 =
         s.register_worker(WorkerRegistration { worker_id: Some(a.clone()), ..registration("a:1", 2) }, later).unwrap();
     assert_eq!(a2, a, "re-registration keeps the id");
-    assert_eq!(s.next_split(&b, "j", &[(0, 0)], 0, later).unwrap(), split(0, 1));
-    s.next_split(&a, "j", &[(0, 0)], 0, later).unwrap();
+    assert_eq!(s.next_split(&b, &"j".into(), &[(0, 0)], 0, later).unwrap(), split(0, 1));
+    s.next_split(&a, &"j".into(), &[(0, 0)], 0, later).unwrap();
     assert_eq!(s.jobs(&key())[0].repeats, 1);
 }
 
@@ -219,20 +224,27 @@ fn a_restarted_dispatcher_hands_out_nothing_of_a_job_until_its_clients_rejoined_
         .unwrap();
     assert_eq!(w, "w-t1-1", "the worker keeps its id");
     // The worker's producer asks before any client is back: its batches would repeat rows.
-    assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), Assignment::Draining { epoch: 7 });
+    assert_eq!(s.next_split(&w, &"j".into(), &[], 7, t).unwrap(), Assignment::Draining { epoch: 7 });
     let first = s.register_client(rejoining("c-t1-1", vec![(7, 0)], vec![held(7, 1, &[0, 2])]), t).unwrap();
     assert_eq!((first.client_id.as_str(), first.incarnation), ("c-t1-1", s.incarnation()));
     assert_ne!(s.incarnation(), 99);
-    assert_eq!(s.listing(&key()).epochs["j"], 7, "the job's open epoch, from the rejoin");
-    assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), Assignment::Draining { epoch: 7 }, "one of two clients");
+    assert_eq!(s.listing(&key()).epochs[&JobName::from("j")], 7, "the job's open epoch, from the rejoin");
+    assert_eq!(
+        s.next_split(&w, &"j".into(), &[], 7, t).unwrap(),
+        Assignment::Draining { epoch: 7 },
+        "one of two clients"
+    );
     s.register_client(rejoining("c-t1-2", vec![(7, 3)], vec![held(7, 1, &[1]), held(8, 0, &[5])]), t).unwrap();
     assert_eq!(
-        s.next_split(&w, "j", &[], 7, t).unwrap(),
+        s.next_split(&w, &"j".into(), &[], 7, t).unwrap(),
         Assignment::Split { epoch: 7, split: 1, skip: vec![0, 1, 2] }
     );
-    assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), split(7, 2), "splits 0 and 3 are done");
-    assert_eq!(s.next_split(&w, "j", &[], 7, t).unwrap(), Assignment::Draining { epoch: 7 });
-    assert_eq!(s.next_split(&w, "j", &[], 8, t).unwrap(), Assignment::Split { epoch: 8, split: 0, skip: vec![5] });
+    assert_eq!(s.next_split(&w, &"j".into(), &[], 7, t).unwrap(), split(7, 2), "splits 0 and 3 are done");
+    assert_eq!(s.next_split(&w, &"j".into(), &[], 7, t).unwrap(), Assignment::Draining { epoch: 7 });
+    assert_eq!(
+        s.next_split(&w, &"j".into(), &[], 8, t).unwrap(),
+        Assignment::Split { epoch: 8, split: 0, skip: vec![5] }
+    );
     let job = &s.jobs(&key())[0];
     assert_eq!((job.epoch, job.done, job.repeats, job.unacknowledged), (7, 2, 0, 0));
 }
@@ -258,11 +270,11 @@ fn a_rejoined_job_starts_once_its_clients_are_in_without_a_worker_asking() {
         } else {
             // The plan comes with the first worker: the job starts then.
             s.register_client(rejoin("c-t1-1"), t).unwrap();
-            assert_eq!(s.listing(&key()).epochs["j"], 7, "no plan yet: the job waits");
+            assert_eq!(s.listing(&key()).epochs[&JobName::from("j")], 7, "no plan yet: the job waits");
             s.register_worker(registration("a:1", 2), t).unwrap();
         }
-        assert_eq!(s.listing(&key()).epochs["j"], 8, "worker first: {worker_first}: epoch 7 is over");
-        assert_eq!(s.acknowledge("c-t1-1", &[], 0, &[], &[], t).unwrap(), 8);
+        assert_eq!(s.listing(&key()).epochs[&JobName::from("j")], 8, "worker first: {worker_first}: epoch 7 is over");
+        assert_eq!(s.acknowledge(&"c-t1-1".into(), &[], 0, &[], &[], t).unwrap(), 8);
     }
 }
 
@@ -282,15 +294,25 @@ fn a_rejoin_goes_on_without_a_client_that_never_came_back_and_a_late_one_is_ackn
     )
     .unwrap();
     s.expire(soon);
-    assert_eq!(s.next_split(&w, "j", &[], 7, soon).unwrap(), Assignment::Draining { epoch: 7 }, "c-t1-2 may come");
+    assert_eq!(
+        s.next_split(&w, &"j".into(), &[], 7, soon).unwrap(),
+        Assignment::Draining { epoch: 7 },
+        "c-t1-2 may come"
+    );
     let later = t + Duration::from_secs(31);
     s.heartbeat(&w, Progress::default(), later).unwrap();
     s.expire(later);
-    assert_eq!(s.next_split(&w, "j", &[], 7, later).unwrap(), Assignment::Split { epoch: 7, split: 0, skip: vec![4] });
+    assert_eq!(
+        s.next_split(&w, &"j".into(), &[], 7, later).unwrap(),
+        Assignment::Split { epoch: 7, split: 0, skip: vec![4] }
+    );
     assert_eq!(s.jobs(&key())[0].unacknowledged, 1, "counted: rows the missing client had may repeat");
     // It comes back after all, with split 1's rows: they are left out of it.
     s.register_client(rejoining("c-t1-2", vec![], vec![held(7, 1, &[0])]), later).unwrap();
-    assert_eq!(s.next_split(&w, "j", &[], 7, later).unwrap(), Assignment::Split { epoch: 7, split: 1, skip: vec![0] });
+    assert_eq!(
+        s.next_split(&w, &"j".into(), &[], 7, later).unwrap(),
+        Assignment::Split { epoch: 7, split: 1, skip: vec![0] }
+    );
     // A client registering again with the dispatcher it had lost nothing: plain re-registration.
     let same = Rejoin { incarnation: s.incarnation(), open_epoch: 9, ..Rejoin::default() };
     let again = ClientRegistration { client_id: Some(c), rejoin: Some(same), ..client("j", 0, 0) };
@@ -310,11 +332,17 @@ fn a_client_late_for_a_gathering_before_the_plan_is_known_still_counts() {
     s.register_client(rejoining("c-t1-1", vec![], vec![held(7, 0, &[4])]), t).unwrap();
     let later = t + Duration::from_secs(31);
     s.expire(later);
-    assert_eq!(s.listing(&key()).epochs["j"], 7, "gathered, waiting for the plan");
+    assert_eq!(s.listing(&key()).epochs[&JobName::from("j")], 7, "gathered, waiting for the plan");
     s.register_client(rejoining("c-t1-2", vec![], vec![held(7, 1, &[0])]), later).unwrap();
     let w = s.register_worker(registration("a:1", 2), later).unwrap();
-    assert_eq!(s.next_split(&w, "j", &[], 7, later).unwrap(), Assignment::Split { epoch: 7, split: 0, skip: vec![4] });
-    assert_eq!(s.next_split(&w, "j", &[], 7, later).unwrap(), Assignment::Split { epoch: 7, split: 1, skip: vec![0] });
+    assert_eq!(
+        s.next_split(&w, &"j".into(), &[], 7, later).unwrap(),
+        Assignment::Split { epoch: 7, split: 0, skip: vec![4] }
+    );
+    assert_eq!(
+        s.next_split(&w, &"j".into(), &[], 7, later).unwrap(),
+        Assignment::Split { epoch: 7, split: 1, skip: vec![0] }
+    );
 }
 
 #[test]
@@ -346,7 +374,7 @@ fn windows_are_grouped_by_job_and_taken_once() {
     assert_eq!(taken.len(), 1);
     assert_eq!((taken[0].consumers, taken[0].windows.len()), (2, 2));
     assert!(s.take_windows()[0].windows.is_empty());
-    assert_eq!(s.consumers(&key(), "j"), vec![0, 1]);
+    assert_eq!(s.consumers(&key(), &"j".into()), vec![0, 1]);
 }
 
 #[test]
@@ -355,8 +383,8 @@ fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
     let mut s = DispatcherState::new("t", Timeouts { worker: Duration::from_secs(60), client: Duration::from_secs(5) });
     let w = s.register_worker(registration("a:1", 2), t).unwrap();
     let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
-    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
-    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
+    assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), split(0, 1));
     // The worker has sent both; only the client's report makes them done.
     assert_eq!(s.jobs(&key())[0].in_flight, 2);
     s.acknowledge(&c, &[(0, 0)], 0, &[], &[], t).unwrap();
@@ -364,7 +392,7 @@ fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
     // The client goes silent holding split 1's last batch: split 1 is produced again.
     s.expire(t + Duration::from_secs(6));
     assert_eq!(s.jobs(&key())[0].requeued, 1);
-    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
+    assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), split(0, 1));
     let c2 = s.register_client(client("j", 0, 0), t + Duration::from_secs(6)).unwrap().client_id;
     s.acknowledge(&c2, &[(0, 1)], 0, &[], &[], t + Duration::from_secs(6)).unwrap();
     assert_eq!(s.jobs(&key())[0].epoch, 1, "every split reported: the next epoch");
@@ -385,14 +413,14 @@ fn silent_clients_detach() {
 }
 
 /// Workers a (holding split 0 of a 3-split job) and b, one client; a dies at 6 s.
-fn a_dies_holding_split_0(client_timeout: u64) -> (DispatcherState, String, String, Instant) {
+fn a_dies_holding_split_0(client_timeout: u64) -> (DispatcherState, WorkerId, ClientId, Instant) {
     let t = Instant::now();
     let timeouts = Timeouts { worker: Duration::from_secs(5), client: Duration::from_secs(client_timeout) };
     let mut s = DispatcherState::new("t", timeouts);
     let a = s.register_worker(registration("a:1", 3), t).unwrap();
     let b = s.register_worker(registration("b:1", 3), t).unwrap();
     let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
-    assert_eq!(s.next_split(&a, "j", &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&a, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
     let later = t + Duration::from_secs(6);
     s.heartbeat(&b, Progress::default(), later).unwrap();
     s.report_window(
@@ -417,19 +445,22 @@ fn a_dead_workers_split_waits_for_the_clients_rows_and_comes_back_without_them()
     let job = &s.jobs(&key())[0];
     assert_eq!((job.in_flight, job.recovering, job.requeued), (0, 1, 1));
     // Until the client has dropped a (acknowledged version 3), split 0 does not go out.
-    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 1));
+    assert_eq!(s.next_split(&b, &"j".into(), &[], 0, t).unwrap(), split(0, 1));
     let held = Held { epoch: 0, split: 0, positions: vec![3, 1] };
     s.acknowledge(&c, &[], 2, std::slice::from_ref(&held), &[], t).unwrap();
     assert_eq!(s.jobs(&key())[0].recovering, 1, "an acknowledgement of the old list does not count");
     s.acknowledge(&c, &[], 3, &[], &[], t).unwrap();
-    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), Assignment::Split { epoch: 0, split: 0, skip: vec![1, 3] });
+    assert_eq!(
+        s.next_split(&b, &"j".into(), &[], 0, t).unwrap(),
+        Assignment::Split { epoch: 0, split: 0, skip: vec![1, 3] }
+    );
     assert_eq!(s.jobs(&key())[0].skipped, 2);
     // Done: the rows it delivered are forgotten with it.
     let epoch = s.acknowledge(&c, &[(0, 0), (0, 1)], 3, &[], &[], t).unwrap();
     assert_eq!(epoch, 0);
-    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 2));
+    assert_eq!(s.next_split(&b, &"j".into(), &[], 0, t).unwrap(), split(0, 2));
     assert_eq!(s.acknowledge(&c, &[(0, 2)], 3, &[], &[], t).unwrap(), 1, "the epoch closed");
-    assert_eq!(s.listing(&key()).epochs, BTreeMap::from([("j".to_string(), 1)]));
+    assert_eq!(s.listing(&key()).epochs, BTreeMap::from([(JobName::from("j"), 1)]));
 }
 
 #[test]
@@ -441,7 +472,7 @@ fn a_recovery_waits_for_a_silent_client_no_longer_than_its_timeout() {
     s.expire(later);
     let job = &s.jobs(&key())[0];
     assert_eq!(job.recovering, 0, "the silent client expired: nothing to wait for");
-    assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&b, &"j".into(), &[], 0, later).unwrap(), split(0, 0));
 }
 
 #[test]
@@ -455,7 +486,7 @@ fn a_client_that_never_acknowledges_holds_a_recovery_up_for_the_client_timeout()
     s.expire(later);
     let job = &s.jobs(&key())[0];
     assert_eq!((job.recovering, job.unacknowledged), (0, 1));
-    assert_eq!(s.next_split(&b, "j", &[], 0, later).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&b, &"j".into(), &[], 0, later).unwrap(), split(0, 0));
 }
 
 #[test]
@@ -464,7 +495,7 @@ fn a_client_leaving_cleanly_is_forgotten_and_one_that_discarded_batches_has_the_
     // The recovery waits for c; c leaves having read everything: nothing to wait for.
     s.leave(&c, false, t);
     assert!(s.attached().is_empty());
-    assert_eq!(s.next_split(&b, "j", &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&b, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
     assert_eq!(s.jobs(&key())[0].in_flight, 1, "a clean leave redoes nothing");
     let c2 = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     s.leave(&c2, true, t);
@@ -483,16 +514,19 @@ fn a_job_read_by_ranks_agrees_on_their_number_finishes_splits_with_all_and_publi
     let err = s.register_client(client("j", 1, 3), t).unwrap_err();
     assert!(err.to_string().contains("every client of a job must declare the same"), "{err}");
     let r1 = s.register_client(client("j", 1, 2), t).unwrap().client_id;
-    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
 
     let got = |batches, ended| Received { batches, ended, ..Received::default() };
     assert_eq!(s.acknowledge(&r0, &[(0, 0)], 0, &[], &[(0, got(3, true))], t).unwrap(), 0, "rank 1 has not");
-    assert_eq!(s.listing(&key()).quotas["j"], [], "rank 1 has not reported a count");
+    assert_eq!(s.listing(&key()).quotas[&JobName::from("j")], [], "rank 1 has not reported a count");
     s.acknowledge(&r1, &[], 0, &[], &[(0, got(2, false))], t).unwrap();
-    assert_eq!(s.listing(&key()).quotas["j"], [(0, Quota { batches: 2, complete: false, order: None })]);
+    assert_eq!(
+        s.listing(&key()).quotas[&JobName::from("j")],
+        [(0, Quota { batches: 2, complete: false, order: None })]
+    );
     let epoch = s.acknowledge(&r1, &[(0, 0)], 0, &[], &[(0, got(2, true))], t).unwrap();
     assert_eq!(epoch, 1, "both ranks reported the split");
-    assert_eq!(s.listing(&key()).quotas["j"], [(0, Quota { batches: 2, complete: true, order: None })]);
+    assert_eq!(s.listing(&key()).quotas[&JobName::from("j")], [(0, Quota { batches: 2, complete: true, order: None })]);
     let dropped = Received { batches: 3, ended: true, dropped_rows: 7, ..Received::default() };
     s.acknowledge(&r0, &[], 0, &[], &[(0, dropped)], t).unwrap();
     assert_eq!(s.delivery_statuses()[&key()].rows_dropped_for_equal_ranks, 7);
@@ -515,10 +549,10 @@ fn a_coordinated_job_is_declared_by_every_rank_and_its_quotas_carry_the_order() 
     let want = "read by 2 consumer(s), coordinated, but this client declares 2 consumer(s), not coordinated";
     assert!(err.to_string().contains(want), "{err}");
     let r1 = s.register_client(coordinated(1), t).unwrap().client_id;
-    let got = |n| Received { batches: n, rounds: [("w".to_string(), n)].into(), ..Received::default() };
+    let got = |n| Received { batches: n, rounds: [(WorkerId::from("w"), n)].into(), ..Received::default() };
     s.acknowledge(&r0, &[], 0, &[], &[(0, got(2))], t).unwrap();
     s.acknowledge(&r1, &[], 0, &[], &[(0, got(1))], t).unwrap();
-    let quotas = &s.listing(&key()).quotas["j"];
+    let quotas = &s.listing(&key()).quotas[&JobName::from("j")];
     let order = quotas[0].1.order.as_ref().expect("coordinated: an order");
     assert_eq!((order.base, order.rounds.len(), order.rounds[0].worker.as_str()), (0, 1, "w"));
 }
@@ -598,14 +632,14 @@ fn splits_a_stopped_producer_returns_go_back_to_the_queue() {
     let mut s = DispatcherState::new("t", Timeouts::default());
     s.register_client(client("j", 0, 0), t).unwrap();
     let w = s.register_worker(registration("a:1", 3), t).unwrap();
-    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 0));
-    assert_eq!(s.next_split(&w, "j", &[], 0, t).unwrap(), split(0, 1));
+    assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
+    assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), split(0, 1));
     // The worker's producer stopped (nobody read the epoch) and returns what it held, and a
     // split it never had, which stays where it is.
-    s.give_back(&w, "j", 0, &[0, 1, 2], t).unwrap();
+    s.give_back(&w, &"j".into(), 0, &[0, 1, 2], t).unwrap();
     assert_eq!(s.jobs(&key())[0].in_flight, 0);
     let mut again: Vec<u64> = (0..3)
-        .map(|_| match s.next_split(&w, "j", &[], 0, t).unwrap() {
+        .map(|_| match s.next_split(&w, &"j".into(), &[], 0, t).unwrap() {
             Assignment::Split { split, .. } => split,
             other => panic!("{other:?}"),
         })

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use stoker_api::JobName;
 use stoker_api::proto::dispatcher_client::DispatcherClient;
 use stoker_api::proto::{self, next_split_response::Next};
 use stoker_api::token::TokenSource;
@@ -171,7 +172,7 @@ impl Link {
     }
 
     /// The job's next split, what it does with the cache, and the positions to skip.
-    pub(super) fn next_split(&self, job: &str, epoch: u64) -> anyhow::Result<Handed> {
+    pub(super) fn next_split(&self, job: &JobName, epoch: u64) -> anyhow::Result<Handed> {
         let response = self.runtime.block_on(self.call("next split", |mut c, worker_id| {
             // Completions go to the client, behind the batches they follow (see `produce`).
             let request = proto::NextSplitRequest { worker_id, job: job.to_string(), completed: Vec::new(), epoch };
@@ -185,7 +186,7 @@ impl Link {
     }
 
     /// Splits of `epoch` of `job` this worker took and will not deliver (nobody reads them).
-    pub(super) fn return_splits(&self, job: &str, epoch: u64, splits: Vec<u64>) -> anyhow::Result<()> {
+    pub(super) fn return_splits(&self, job: &JobName, epoch: u64, splits: Vec<u64>) -> anyhow::Result<()> {
         self.runtime.block_on(self.call("return splits", |mut c, worker_id| {
             let request = proto::ReturnSplitsRequest { worker_id, job: job.to_string(), epoch, splits: splits.clone() };
             async move { c.return_splits(request).await }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use stoker_api::proto::next_split_response::Next;
-use stoker_api::{Batch, JobShape};
+use stoker_api::{Batch, JobName, JobShape};
 use tonic::Status;
 
 use crate::deal::{Deal, Queued};
@@ -40,19 +40,19 @@ struct Hand {
 }
 
 /// (job, epoch)
-type EpochKey = (String, u64);
+type EpochKey = (JobName, u64);
 
 /// The epochs of each job this worker's producers are busy with: from the first split handed
 /// out until a run has ended and the dispatcher has nothing more of the epoch. A producer waits while an earlier epoch of its job is busy, so the
 /// next epoch is made with what the current one leaves idle (its last splits held elsewhere)
 /// and never takes a core from it.
 #[derive(Default)]
-struct Busy(Mutex<HashMap<String, BTreeSet<u64>>>);
+struct Busy(Mutex<HashMap<JobName, BTreeSet<u64>>>);
 
 impl Busy {
-    fn set(&self, job: &str, epoch: u64, busy: bool) {
+    fn set(&self, job: &JobName, epoch: u64, busy: bool) {
         let mut jobs = self.0.lock().unwrap();
-        let epochs = jobs.entry(job.to_string()).or_default();
+        let epochs = jobs.entry(job.clone()).or_default();
         if busy {
             epochs.insert(epoch);
         } else {
@@ -60,7 +60,7 @@ impl Busy {
         }
     }
 
-    fn earlier(&self, job: &str, epoch: u64) -> bool {
+    fn earlier(&self, job: &JobName, epoch: u64) -> bool {
         self.0.lock().unwrap().get(job).is_some_and(|epochs| epochs.range(..epoch).next().is_some())
     }
 }
@@ -128,7 +128,7 @@ pub struct DispatchedSource {
     epochs: Arc<Mutex<HashMap<EpochKey, Arc<EpochJob>>>>,
     busy: Arc<Busy>,
     /// Per job: when its next batch may go out.
-    next_sends: Mutex<HashMap<String, Arc<tokio::sync::Mutex<tokio::time::Instant>>>>,
+    next_sends: Mutex<HashMap<JobName, Arc<tokio::sync::Mutex<tokio::time::Instant>>>>,
     /// The first fatal engine error, for heartbeats (and so the DataPipeline status).
     pub errors: Arc<Mutex<Option<String>>>,
 }
@@ -192,7 +192,7 @@ impl DispatchedSource {
             return Err(Status::resource_exhausted(format!(
                 "this worker already produces {} epochs (jobs read two at most); job {:?} epoch {} must wait for one to end",
                 epochs.len(),
-                key.0,
+                key.0.as_str(),
                 key.1
             )));
         }
@@ -228,7 +228,8 @@ impl DispatchedSource {
         busy.set(&key.0, key.1, true);
         // A reader names the job: only its plain characters go into the thread's name (a
         // NUL would fail the spawn; Linux shows 15 bytes of it anyway).
-        let plain: String = key.0.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(32).collect();
+        let plain: String =
+            key.0.as_str().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').take(32).collect();
         let thread = format!("stoker-job-{plain}-{}", key.1);
         let key_in_thread = key.clone();
         std::thread::Builder::new()
@@ -366,7 +367,7 @@ fn produce(
     engine: &Engine,
     link: &Link,
     busy: &Busy,
-    job: &str,
+    job: &JobName,
     epoch: u64,
     out: &mut Deal,
     taken: &Mutex<BTreeSet<u64>>,
