@@ -30,9 +30,21 @@ pub(crate) struct Held {
     pub positions: Vec<u32>,
 }
 
+/// What an acknowledgement carries (see `AcknowledgeRequest`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Acknowledgement {
+    pub completed: Vec<SplitId>,
+    /// Completions an acknowledgement carried whose answer never came: the dispatcher may
+    /// have applied them, and must not count them as repeats then.
+    pub completed_again: Vec<SplitId>,
+    pub held: Vec<Held>,
+}
+
 #[derive(Default)]
 struct Inner {
     completed: Vec<SplitId>,
+    /// Completions a failed acknowledgement carried, for the next one.
+    completed_again: Vec<SplitId>,
     /// Positions received of each unfinished split, by worker.
     rows: HashMap<SplitId, HashMap<WorkerKey, Vec<u32>>>,
     /// Positions of unfinished splits already reported as held (their worker left the list).
@@ -268,7 +280,7 @@ impl Delivery {
 
     /// What the next acknowledgement carries: the completions since the last, and the rows
     /// received from workers not in `listed` (forgotten here: a split is reported once).
-    pub(crate) fn take(&self, listed: &BTreeSet<WorkerKey>) -> (Vec<SplitId>, Vec<Held>) {
+    pub(crate) fn take(&self, listed: &BTreeSet<WorkerKey>) -> Acknowledgement {
         let mut guard = self.inner.lock().unwrap();
         let inner = &mut *guard;
         let mut held = std::mem::take(&mut inner.held);
@@ -285,7 +297,11 @@ impl Delivery {
         if !held.is_empty() {
             tracing::debug!(held = ?held.iter().map(|h| (h.split, h.positions.len())).collect::<Vec<_>>(), "rows of workers that left the list");
         }
-        (std::mem::take(&mut inner.completed), held)
+        Acknowledgement {
+            completed: std::mem::take(&mut inner.completed),
+            completed_again: std::mem::take(&mut inner.completed_again),
+            held,
+        }
     }
 
     /// The dispatcher `incarnation` forgot this client: from now on its batches are refused,
@@ -338,13 +354,13 @@ impl Delivery {
     }
 
     /// What a failed acknowledgement carried: it goes with the next (but what a rejoin told
-    /// the dispatcher meanwhile).
-    pub(crate) fn restore(&self, completed: Vec<SplitId>, held: Vec<Held>) {
+    /// the dispatcher meanwhile), its completions as sent again.
+    pub(crate) fn restore(&self, ack: Acknowledgement) {
         let mut inner = self.inner.lock().unwrap();
-        let told: Vec<bool> = completed.iter().map(|s| inner.arrived.get(s) == Some(&true)).collect();
-        let completed = completed.into_iter().zip(told).filter(|(_, told)| !told).map(|(s, _)| s);
-        inner.completed.extend(completed);
-        inner.held.extend(held);
+        let completed = ack.completed_again.into_iter().chain(ack.completed);
+        let untold: Vec<SplitId> = completed.filter(|s| inner.arrived.get(s) != Some(&true)).collect();
+        inner.completed_again.extend(untold);
+        inner.held.extend(ack.held);
     }
 }
 
@@ -368,11 +384,11 @@ mod tests {
         d.record(&"b".into(), &batch(0, &[(1, 1)], &[])).unwrap().keep();
         d.record(&"a".into(), &batch(0, &[(2, 6)], &[2])).unwrap().keep();
         d.taken(&batch(0, &[(2, 6)], &[2]));
-        let (completed, held) = d.take(&listed(&["b"]));
+        let Acknowledgement { completed, held, .. } = d.take(&listed(&["b"]));
         assert_eq!(completed, [(0, 2)]);
         assert_eq!(held, [Held { split: (0, 1), positions: vec![0, 3] }], "split 2 is done; b is still listed");
-        assert_eq!(d.take(&listed(&["b"])), (vec![], vec![]), "reported once");
-        assert_eq!(d.take(&listed(&[])).1, [Held { split: (0, 1), positions: vec![1] }]);
+        assert_eq!(d.take(&listed(&["b"])), Acknowledgement::default(), "reported once");
+        assert_eq!(d.take(&listed(&[])).held, [Held { split: (0, 1), positions: vec![1] }]);
     }
 
     #[test]
@@ -380,17 +396,23 @@ mod tests {
         let d = Delivery::default();
         d.record(&"a".into(), &batch(3, &[(1, 0)], &[])).unwrap().keep();
         drop(d.record(&"a".into(), &batch(3, &[(1, 1), (1, 2)], &[])));
-        assert_eq!(d.take(&listed(&[])).1, [Held { split: (3, 1), positions: vec![0] }]);
+        assert_eq!(d.take(&listed(&[])).held, [Held { split: (3, 1), positions: vec![0] }]);
     }
 
     #[test]
-    fn a_failed_acknowledgement_goes_with_the_next() {
+    fn a_failed_acknowledgement_goes_with_the_next_its_completions_as_sent_again() {
         let d = Delivery::default();
         d.record(&"a".into(), &batch(0, &[(4, 2)], &[])).unwrap().keep();
         d.taken(&batch(0, &[], &[7]));
-        let (completed, held) = d.take(&listed(&[]));
-        d.restore(completed.clone(), held.clone());
-        assert_eq!(d.take(&listed(&[])), (completed, held));
+        let first = d.take(&listed(&[]));
+        assert_eq!((first.completed.as_slice(), first.held.len()), (&[(0, 7)][..], 1));
+        d.restore(first.clone());
+        d.taken(&batch(0, &[], &[8]));
+        let again = Acknowledgement { completed: vec![(0, 8)], completed_again: first.completed, held: first.held };
+        assert_eq!(d.take(&listed(&[])), again, "the dispatcher may have applied the first: it is told");
+        d.restore(again.clone());
+        let third = d.take(&listed(&[]));
+        assert_eq!((third.completed, third.completed_again), (vec![], vec![(0, 7), (0, 8)]), "failed twice");
     }
 
     #[test]
@@ -403,7 +425,7 @@ mod tests {
         d.dropped(0, 5);
         d.ended(0);
         d.received(1, None);
-        let (completed, held) = d.take(&listed(&[]));
+        let Acknowledgement { completed, held, .. } = d.take(&listed(&[]));
         assert_eq!(completed, [(0, 1)]);
         assert_eq!(held, [Held { split: (0, 1), positions: vec![0, 1] }], "other ranks may not have reported it");
         assert_eq!(
@@ -415,7 +437,7 @@ mod tests {
         );
         d.record(&"a".into(), &batch(0, &[(2, 0)], &[])).unwrap().keep();
         d.finished_before(1);
-        assert_eq!(d.take(&listed(&[])).1, [], "epoch 0 is finished");
+        assert_eq!(d.take(&listed(&[])).held, [], "epoch 0 is finished");
         d.finished_before(3);
         assert_eq!(d.progress().len(), 1, "the last epoch's counts stay");
     }
@@ -427,7 +449,7 @@ mod tests {
         d.record(&"b".into(), &batch(4, &[(1, 1), (2, 0)], &[2])).unwrap().keep();
         d.record(&"b".into(), &batch(5, &[(0, 8)], &[])).unwrap().keep();
         d.record(&"b".into(), &batch(3, &[(6, 1)], &[6])).unwrap().keep();
-        assert_eq!(d.take(&listed(&["b"])).1, [Held { split: (4, 1), positions: vec![0, 3] }], "a left");
+        assert_eq!(d.take(&listed(&["b"])).held, [Held { split: (4, 1), positions: vec![0, 3] }], "a left");
         let had = d.rejoin(7, 4);
         assert_eq!(had.completed, [(4, 2)], "arrived, not yet taken; epoch 3 is finished");
         assert_eq!(
@@ -444,9 +466,13 @@ mod tests {
         let new = Batch { incarnation: 8, ..batch(4, &[(3, 0)], &[]) };
         d.record(&"b".into(), &new).unwrap().keep();
         d.taken(&batch(4, &[(2, 0)], &[2]));
-        assert_eq!(d.take(&listed(&["b"])).0, [], "the rejoin told the completion already");
-        d.restore(vec![(4, 2)], vec![]);
-        assert_eq!(d.take(&listed(&["b"])).0, [], "nor does a failed acknowledgement bring it back");
+        assert_eq!(d.take(&listed(&["b"])).completed, [], "the rejoin told the completion already");
+        d.restore(Acknowledgement { completed: vec![(4, 2)], ..Acknowledgement::default() });
+        assert_eq!(
+            d.take(&listed(&["b"])),
+            Acknowledgement::default(),
+            "nor does a failed acknowledgement bring it back"
+        );
         let again = d.rejoin(8, 4);
         assert_eq!(again.completed, [(4, 2)]);
         assert_eq!(again.received[1], Held { split: (4, 3), positions: vec![0] }, "the new dispatcher's rows too");

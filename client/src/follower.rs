@@ -317,16 +317,16 @@ impl Follower {
 
     /// Sends what there is to acknowledge; false when it failed (it is kept for the next try).
     async fn acknowledge(&mut self, state: &State, leaving: Option<bool>) -> bool {
-        let (completed, held) = self.shared.delivery.take(&state.listed);
+        let ack = self.shared.delivery.take(&state.listed);
         let received = self.shared.delivery.progress();
-        match self.link.acknowledge(&completed, state.version, &held, &received, leaving).await {
+        match self.link.acknowledge(&ack, state.version, &received, leaving).await {
             Ok(epoch) => {
                 self.saw_epoch(epoch);
                 true
             }
             Err(s) => {
                 tracing::debug!(dispatcher = %self.link.url(), status = %s, "acknowledging failed; retrying");
-                self.shared.delivery.restore(completed, held);
+                self.shared.delivery.restore(ack);
                 false
             }
         }

@@ -12,7 +12,7 @@ use stoker_api::proto::{self, PipelineRef};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use crate::delivery::{Delivery, Held, SplitId};
+use crate::delivery::{Acknowledgement, Delivery, SplitId};
 use crate::error::Error;
 use crate::options::ClientOptions;
 use crate::stats::WindowStats;
@@ -204,19 +204,21 @@ impl Registration {
     /// `leaving`: the client is closing, having `discarded` batches or not.
     pub(crate) async fn acknowledge(
         &mut self,
-        completed: &[SplitId],
+        ack: &Acknowledgement,
         version: u64,
-        held: &[Held],
         received: &[(u64, Received)],
         leaving: Option<bool>,
     ) -> Result<u64, Status> {
+        let splits = |s: &[SplitId]| s.iter().map(|&(epoch, split)| proto::SplitRef { epoch, split }).collect();
         let ack = proto::AcknowledgeRequest {
             leaving: leaving.is_some(),
             discarded: leaving.unwrap_or(false),
             client_id: self.request.client_id.clone(),
-            completed: completed.iter().map(|&(epoch, split)| proto::SplitRef { epoch, split }).collect(),
+            completed: splits(&ack.completed),
+            completed_again: splits(&ack.completed_again),
             list_version: version,
-            held: held
+            held: ack
+                .held
                 .iter()
                 .map(|h| proto::HeldRows { epoch: h.split.0, split: h.split.1, positions: h.positions.clone() })
                 .collect(),
@@ -230,6 +232,7 @@ impl Registration {
                 let ack = proto::AcknowledgeRequest {
                     client_id: self.request.client_id.clone(),
                     completed: Vec::new(),
+                    completed_again: Vec::new(),
                     held: Vec::new(),
                     ..ack
                 };

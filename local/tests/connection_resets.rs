@@ -12,7 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use stoker_client::ClientOptions;
 use stoker_operator::autoscaling::Scaler;
+use stoker_operator::dispatcher::Dispatcher;
+use stoker_operator::key::PipelineKey;
 
 const FILES: i64 = 4;
 const LINES: i64 = 1000;
@@ -39,25 +42,45 @@ fn reset(ports: &[u16]) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().skip(1).filter(|l| !l.trim().is_empty()).count()
 }
 
+/// The ports of the pipeline's two workers, once both have registered.
+async fn worker_ports(dispatcher: &Dispatcher, key: &PipelineKey) -> Vec<u16> {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let addresses = dispatcher.with_state(|st| st.worker_addresses(key));
+            if addresses.len() == 2 {
+                return addresses.iter().map(|a| port(a)).collect();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("two workers registered within 30 s")
+}
+
 /// Resets connections every [`EVERY`] until `stop`: those to the workers each time, those to
 /// the dispatcher every third time. Returns the sockets closed.
-fn resetting(s: &support::Dispatched, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
-    let dispatcher = s.dispatcher.clone();
-    let (key, dispatcher_port) = (s.key.clone(), port(&s.url));
+fn resetting(workers: Vec<u16>, dispatcher: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
     std::thread::spawn(move || {
         let (mut closed, mut round) = (0, 0);
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(EVERY);
             round += 1;
-            let mut ports: Vec<u16> =
-                dispatcher.with_state(|st| st.worker_addresses(&key)).iter().map(|a| port(a)).collect();
+            let mut ports = workers.clone();
             if round % 3 == 0 {
-                ports.push(dispatcher_port);
+                ports.push(dispatcher);
             }
             closed += reset(&ports);
         }
         closed
     })
+}
+
+/// No split was completed twice, though acknowledgements whose answers the resets lost were
+/// sent again.
+fn no_repeats(jobs: &[stoker_operator::dispatcher::JobSummary]) {
+    for job in jobs {
+        assert_eq!(job.repeats, 0, "{job:?}");
+    }
 }
 
 /// Reads [`EPOCHS`] epochs with `ranks` consumers (0: one client, the job shared) while the
@@ -70,7 +93,8 @@ async fn read(ranks: u32, faults: bool) -> (Vec<Vec<support::Got>>, Duration, us
             .await;
     s.workers.scale(&s.key, 2).await.unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let resetter = faults.then(|| resetting(&s, stop.clone()));
+    let ports = worker_ports(&s.dispatcher, &s.key).await;
+    let resetter = faults.then(|| resetting(ports, port(&s.url), stop.clone()));
     let started = Instant::now();
     let consumers: Vec<_> = (0..ranks.max(1))
         .map(|r| {
@@ -84,7 +108,9 @@ async fn read(ranks: u32, faults: bool) -> (Vec<Vec<support::Got>>, Duration, us
     }
     let took = started.elapsed();
     stop.store(true, Ordering::Relaxed);
-    eprintln!("the dispatcher's view: {:?}", s.dispatcher.with_state(|st| st.jobs(&s.key)));
+    let jobs = s.dispatcher.with_state(|st| st.jobs(&s.key));
+    eprintln!("the dispatcher's view: {jobs:?}");
+    no_repeats(&jobs);
     let closed = resetter.map(|r| r.join().unwrap()).unwrap_or(0);
     (got, took, closed)
 }
@@ -120,5 +146,87 @@ async fn ranks_keep_equal_counts_and_every_record_once_through_resets() {
         assert!(seen.values().all(|&n| n == 1), "epoch {epoch}: a record reached the job twice");
         let dropped = (a.dropped_rows + b.dropped_rows) as usize;
         assert_eq!(seen.len() + dropped, all, "epoch {epoch}: every record reached a rank or was dropped");
+    }
+}
+
+/// Coordinated ranks under the same resets, through an operator restart and then a resume:
+/// an eighth into epoch 1 the dispatcher restarts (the ranks rejoin it while their connections
+/// keep being reset); 60 batches into epoch 2 the ranks stop, saving their states, and two new
+/// ranks resume the job from them and read on to the end of epoch 3. Each epoch reaches the
+/// job exactly once across both runs (yielded, or dropped to keep the ranks equal), each run
+/// gives both ranks the same number of batches, and the epochs one run read whole from one
+/// dispatcher (0, and 3) line up round by round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coordinated_ranks_keep_their_guarantees_through_resets_an_operator_restart_and_a_resume() {
+    const STOP_AT: usize = 60;
+    let support::Restartable { mut dispatcher, url, key, workers: _workers, _dirs } =
+        support::restartable(FILES, LINES).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let resetter = resetting(worker_ports(&dispatcher.dispatcher, &key).await, port(&url), stop.clone());
+    let rank = |r: u32, resume| ClientOptions { coordinated: true, resume, ..support::rank("ddp", 2, r) };
+
+    let read = Arc::new(AtomicUsize::new(0));
+    let first: Vec<_> = (0..2)
+        .map(|r| tokio::spawn(support::read_until(url.clone(), rank(r, None), 2, Some(STOP_AT), LINES, read.clone())))
+        .collect();
+    // Both ranks' batches: 400 an epoch.
+    let per_epoch = (FILES * LINES / 10) as usize;
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while read.load(Ordering::Relaxed) < per_epoch + per_epoch / 8 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("epoch 1 never got an eighth through");
+    dispatcher.restart().await;
+    let mut before = Vec::new();
+    for r in first {
+        before.push(r.await.expect("a rank failed"));
+    }
+    for (got, state) in &before {
+        assert_eq!((state.epoch, state.batches), (2, STOP_AT as u64), "saved mid epoch 2");
+        assert_eq!(got[&2].batches, STOP_AT);
+    }
+
+    let second: Vec<_> = before
+        .iter()
+        .enumerate()
+        .map(|(r, (_, state))| {
+            let options = rank(r as u32, Some(state.clone()));
+            tokio::spawn(support::read_until(url.clone(), options, 3, None, LINES, Arc::default()))
+        })
+        .collect();
+    let mut after = Vec::new();
+    for r in second {
+        after.push(r.await.expect("a resumed rank failed").0);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let closed = resetter.join().unwrap();
+    let jobs = dispatcher.dispatcher.with_state(|st| st.jobs(&key));
+    eprintln!("the dispatcher's view: {jobs:?}");
+    no_repeats(&jobs);
+    assert!(closed >= 6, "the resets closed {closed} sockets: the faults did not happen");
+
+    let runs = [[&before[0].0, &before[1].0], [&after[0], &after[1]]];
+    let all = (FILES * LINES) as usize;
+    for epoch in 0..=3u64 {
+        let mut seen: std::collections::BTreeMap<i64, u32> = std::collections::BTreeMap::new();
+        let mut dropped = 0;
+        for [a, b] in &runs {
+            let (Some(a), Some(b)) = (a.get(&epoch), b.get(&epoch)) else { continue };
+            assert_eq!(a.batches, b.batches, "epoch {epoch}: both ranks the same number of batches in a run");
+            for id in a.ids.iter().chain(&b.ids) {
+                *seen.entry(*id).or_default() += 1;
+            }
+            dropped += (a.dropped_rows + b.dropped_rows) as usize;
+            let aligned = a.rounds.iter().zip(&b.rounds).take_while(|(x, y)| x == y).count();
+            eprintln!("epoch {epoch}: {} batches per rank, {aligned} lined up, {dropped} rows dropped", a.batches);
+            if epoch == 0 || epoch == 3 {
+                assert!(a.batches - aligned <= 4, "epoch {epoch}: only {aligned} of {} lined up", a.batches);
+            }
+        }
+        let twice = seen.values().filter(|&&n| n > 1).count();
+        assert_eq!(twice, 0, "epoch {epoch}: no record twice across the runs");
+        assert_eq!(seen.len() + dropped, all, "epoch {epoch}: every record once, or dropped and counted");
     }
 }

@@ -26,32 +26,10 @@ const EPOCHS: u64 = 3;
 /// The ranks read one more: the first the new dispatcher orders.
 const RANKED_EPOCHS: u64 = EPOCHS + 1;
 
-/// A restartable dispatcher and two worker processes of the 4000-record pipeline, each at 40
-/// batches a second per job: an epoch lasts seconds, so a restart lands where it is aimed.
-struct Running {
-    dispatcher: support::RestartableDispatcher,
-    url: String,
-    key: PipelineKey,
-    workers: stoker_local::workers::LocalWorkers,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
-}
-
-async fn two_workers() -> Running {
-    let (data, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let timeouts = Timeouts { worker: Duration::from_secs(3), client: Duration::from_secs(30) };
-    let dispatcher = support::RestartableDispatcher::start("127.0.0.1:0".parse().unwrap(), timeouts).await;
-    let url = dispatcher.url();
-    let pipeline = support::padded_records(data.path(), FILES, LINES);
-    let key = PipelineKey::new(&pipeline.namespace, &pipeline.name);
-    let workers = support::workers(&url, Some(40.0), &support::kept_logs(logs.path()));
-    workers.add(pipeline, None, None);
-    workers.scale(&key, 2).await.unwrap();
-    Running { dispatcher, url, key, workers, _dirs: (data, logs) }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_dispatcher_repeats_and_loses_nothing_of_the_epochs_its_clients_are_in() {
-    let Running { mut dispatcher, url, key, workers: _workers, _dirs } = two_workers().await;
+    let support::Restartable { mut dispatcher, url, key, workers: _workers, _dirs } =
+        support::restartable(FILES, LINES).await;
 
     let read = Arc::new(AtomicUsize::new(0));
     let shared =
@@ -124,7 +102,7 @@ async fn a_restarted_dispatcher_repeats_and_loses_nothing_of_the_epochs_its_clie
 /// of epoch 2 full, waited for the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_at_an_epochs_end_then_a_worker_killed_costs_no_record_and_no_stall() {
-    let Running { mut dispatcher, url, key, workers, _dirs } = two_workers().await;
+    let support::Restartable { mut dispatcher, url, key, workers, _dirs } = support::restartable(FILES, LINES).await;
 
     let read = Arc::new(AtomicUsize::new(0));
     let epochs = 4;

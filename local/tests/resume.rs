@@ -8,9 +8,10 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use stoker_client::{Client, ClientOptions, ResumeState};
+use stoker_client::{ClientOptions, ResumeState};
 use stoker_operator::autoscaling::Scaler;
 
 const FILES: i64 = 8;
@@ -18,48 +19,17 @@ const LINES: i64 = 503;
 /// Batches of epoch 1 each rank reads before the job stops (of about 200).
 const BEFORE_STOP: usize = 60;
 
-/// Per epoch read: the records each batch held, and the rows dropped.
-type Read = BTreeMap<u64, (Vec<Vec<i64>>, u64)>;
-
-fn options(rank: u32, resume: Option<ResumeState>) -> ClientOptions {
-    let mut options = ClientOptions::new("ns", "records");
-    options.job = "ddp".into();
-    options.consumers = 2;
-    options.consumer_index = rank;
-    options.prefetch = 2;
-    options.resume = resume;
-    options
-}
-
-/// Reads as rank `rank` until epoch `until` has ended, or until `stop_after` batches of epoch 1:
-/// what it read, and its state then.
+/// Reads as rank `r` until epoch `until` has ended, or until `stop_after` batches of it: what
+/// it read of each epoch, and its state then.
 async fn rank(
     url: String,
-    rank: u32,
+    r: u32,
     resume: Option<ResumeState>,
     until: u64,
     stop_after: Option<usize>,
-) -> (Read, ResumeState) {
-    let mut client = Client::from_dispatcher(&url, options(rank, resume)).await.unwrap();
-    let mut read = Read::new();
-    let reading = async {
-        while client.epoch() <= until {
-            let epoch = client.epoch();
-            let dropped_before = client.dropped_rows();
-            let batches = &mut read.entry(epoch).or_default().0;
-            while let Some(batch) = client.next_in_epoch().await {
-                let batch = batch.expect("no error reaches the caller");
-                assert_eq!(batch.epoch, epoch);
-                batches.push(support::ids(&batch));
-                if epoch == 1 && stop_after == Some(batches.len()) {
-                    return;
-                }
-            }
-            read.get_mut(&epoch).unwrap().1 = client.dropped_rows() - dropped_before;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(120), reading).await.expect("reading did not end within 120 s");
-    (read, client.state().expect("dispatcher mode has a state"))
+) -> (BTreeMap<u64, support::Got>, ResumeState) {
+    let options = ClientOptions { resume, ..support::rank("ddp", 2, r) };
+    support::read_until(url, options, until, stop_after, LINES, Arc::default()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,7 +46,7 @@ async fn ranks_resume_mid_epoch_on_a_new_dispatcher_with_another_worker_count_an
     }
     for (read, state) in &before {
         assert_eq!((state.epoch, state.batches), (1, BEFORE_STOP as u64), "saved mid epoch 1");
-        assert_eq!(read[&1].0.len(), BEFORE_STOP);
+        assert_eq!(read[&1].batches, BEFORE_STOP);
     }
     // The whole job stops: the clients, the workers, the dispatcher.
     drop(first);
@@ -102,23 +72,19 @@ async fn ranks_resume_mid_epoch_on_a_new_dispatcher_with_another_worker_count_an
     let runs = [&before, &after];
     for run in runs {
         let (a, b) = (&run[0].0, &run[1].0);
-        for (epoch, (batches, _)) in a {
-            assert_eq!(
-                batches.len(),
-                b[epoch].0.len(),
-                "epoch {epoch}: both ranks the same number of batches in a run"
-            );
+        for (epoch, got) in a {
+            assert_eq!(got.batches, b[epoch].batches, "epoch {epoch}: both ranks the same number of batches in a run");
         }
     }
     for epoch in [1u64, 2] {
         let mut seen: BTreeMap<i64, u32> = BTreeMap::new();
         let mut dropped = 0;
         for (read, _) in runs.iter().flat_map(|run| run.iter()) {
-            let Some((batches, d)) = read.get(&epoch) else { continue };
-            for id in batches.iter().flatten() {
+            let Some(got) = read.get(&epoch) else { continue };
+            for id in &got.ids {
                 *seen.entry(*id).or_default() += 1;
             }
-            dropped += *d as usize;
+            dropped += got.dropped_rows as usize;
         }
         let twice = seen.values().filter(|&&n| n > 1).count();
         eprintln!("epoch {epoch}: {} records yielded, {dropped} dropped, {twice} twice", seen.len());

@@ -119,6 +119,32 @@ impl Drop for RestartableDispatcher {
     }
 }
 
+/// A restartable dispatcher and two worker processes of [`padded_records`], each at 40
+/// batches a second per job: an epoch of a few thousand records lasts seconds, so a fault
+/// lands where it is aimed.
+#[allow(dead_code)] // not every test uses it
+pub struct Restartable {
+    pub dispatcher: RestartableDispatcher,
+    pub url: String,
+    pub key: PipelineKey,
+    pub workers: LocalWorkers,
+    pub _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+#[allow(dead_code)]
+pub async fn restartable(files: i64, lines: i64) -> Restartable {
+    let (data, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let timeouts = Timeouts { worker: Duration::from_secs(3), client: Duration::from_secs(30) };
+    let dispatcher = RestartableDispatcher::start("127.0.0.1:0".parse().unwrap(), timeouts).await;
+    let url = dispatcher.url();
+    let pipeline = padded_records(data.path(), files, lines);
+    let key = PipelineKey::new(&pipeline.namespace, &pipeline.name);
+    let workers = workers(&url, Some(40.0), &kept_logs(logs.path()));
+    workers.add(pipeline, None, None);
+    stoker_operator::autoscaling::Scaler::scale(&workers, &key, 2).await.unwrap();
+    Restartable { dispatcher, url, key, workers, _dirs: (data, logs) }
+}
+
 /// Where a test's logs go: a directory named after the test under `$STOKER_TEST_LOGS` when
 /// set (then the tracing of every test in the process goes to `test.log` there too, filtered
 /// by `RUST_LOG`, and the directory stays after the test, for chasing a failure that comes
@@ -224,15 +250,34 @@ pub fn rank(job: &str, consumers: u32, rank: u32) -> ClientOptions {
     options
 }
 
-/// Reads `epochs` epochs of [`padded_records`] with `lines` records a file, checking each
-/// row's provenance; counts batches in `read`.
+/// Reads `epochs` epochs of [`padded_records`] with `lines` records a file from epoch 0,
+/// checking each row's provenance; counts batches in `read`.
 #[allow(dead_code)] // not every test uses it
 pub async fn consume(url: String, options: ClientOptions, epochs: u64, lines: i64, read: Arc<AtomicUsize>) -> Vec<Got> {
+    let job = options.job.clone();
+    let (got, _) = read_until(url, options, epochs - 1, None, lines, read).await;
+    assert!(got.keys().copied().eq(0..epochs), "{job}: read epochs {:?}", got.keys());
+    got.into_values().collect()
+}
+
+/// Reads [`padded_records`] with `lines` records a file from the epoch the client starts at
+/// (0, or the one its resume state was saved in) until epoch `last` has ended, or, with
+/// `stop_after`, until that many batches of epoch `last`; checks each row's provenance and
+/// counts batches in `read`. What it got of each epoch, and its state at the end.
+#[allow(dead_code)] // not every test uses it
+pub async fn read_until(
+    url: String,
+    options: ClientOptions,
+    last: u64,
+    stop_after: Option<usize>,
+    lines: i64,
+    read: Arc<AtomicUsize>,
+) -> (std::collections::BTreeMap<u64, Got>, stoker_client::ResumeState) {
     let (job, rank) = (options.job.clone(), options.consumer_index);
     let mut client = Client::from_dispatcher(&url, options).await.unwrap();
-    let mut got_epochs = Vec::new();
-    for epoch in 0..epochs {
-        assert_eq!(client.epoch(), epoch, "{job} rank {rank}");
+    let mut got_epochs = std::collections::BTreeMap::new();
+    while client.epoch() <= last {
+        let epoch = client.epoch();
         let dropped_before = client.dropped_rows();
         let mut got = Got::default();
         let reading = async {
@@ -247,13 +292,20 @@ pub async fn consume(url: String, options: ClientOptions, epochs: u64, lines: i6
                 got.rounds.push(batch.round.clone());
                 got.batches += 1;
                 read.fetch_add(1, Ordering::Relaxed);
+                if epoch == last && stop_after == Some(got.batches) {
+                    return true;
+                }
             }
+            false
         };
-        tokio::time::timeout(Duration::from_secs(120), reading)
+        let stopped = tokio::time::timeout(Duration::from_secs(120), reading)
             .await
             .unwrap_or_else(|_| panic!("{job} rank {rank}: epoch {epoch} did not end within 120 s"));
         got.dropped_rows = client.dropped_rows() - dropped_before;
-        got_epochs.push(got);
+        got_epochs.insert(epoch, got);
+        if stopped {
+            break;
+        }
     }
-    got_epochs
+    (got_epochs, client.state().expect("dispatcher mode has a state"))
 }

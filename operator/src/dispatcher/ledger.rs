@@ -336,6 +336,25 @@ impl Job {
         finished.started.map(|t| (finished.action(), now.saturating_duration_since(t).as_secs_f64()))
     }
 
+    /// Of completions `by` sent again after a lost answer, those not applied yet: an open
+    /// epoch's splits not done (for a rank: not reported by it). A finished epoch's were.
+    pub fn unapplied(&self, again: &[(u64, u64)], by: Reporter) -> Vec<(u64, u64)> {
+        let applied = |&(e, split): &(u64, u64)| {
+            let pass = match e.checked_sub(self.epoch) {
+                Some(0) => &self.current,
+                Some(1) => match &self.next {
+                    Some(next) => next,
+                    None => return false,
+                },
+                _ => return true,
+            };
+            pass.done.contains(&split)
+                || matches!(by, Reporter::Client { rank, consumers } if consumers > 1
+                    && pass.completed_by.get(&split).is_some_and(|ranks| ranks.contains(&rank)))
+        };
+        again.iter().copied().filter(|c| !applied(c)).collect()
+    }
+
     /// The in-flight splits of a dead worker: produced again once `clients` (the job's live
     /// ones) have acknowledged the worker list `version`, which no longer has the worker, with
     /// the rows they got from it. With no client to wait for they go back at once.

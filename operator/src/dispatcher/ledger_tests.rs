@@ -197,3 +197,21 @@ fn a_rebuilt_job_is_done_with_what_every_rank_completed_and_goes_on_into_the_nex
     let all = Gathered { epoch: 1, completed: [((1, 0), BTreeSet::from([0]))].into(), ..Gathered::default() };
     assert_eq!(Job::rebuilt(&all, &plan(1), 0).epoch(), 2, "an epoch every split of which is done is over");
 }
+
+#[test]
+fn a_completion_sent_again_is_applied_for_the_rank_that_had_not_reported_it() {
+    let t = Instant::now();
+    let mut job = Job::starting(0, &plan(2));
+    let rank = |rank| Reporter::Client { rank, consumers: 2 };
+    assert_eq!(job.hand_out(0, &"w".into(), &plan(2), &Directive::Compute, t), split(0, 0));
+    job.complete(&[(0, 0)], rank(0), &plan(2), t);
+    assert_eq!(job.unapplied(&[(0, 0)], rank(0)), [], "rank 0 reported it");
+    assert_eq!(job.unapplied(&[(0, 0), (0, 1)], rank(1)), [(0, 0), (0, 1)], "rank 1 reported neither");
+    job.complete(&[(0, 0)], rank(1), &plan(2), t);
+    assert_eq!(job.unapplied(&[(0, 0)], rank(1)), [], "done");
+    job.complete(&[(0, 1)], rank(0), &plan(2), t);
+    job.complete(&[(0, 1)], rank(1), &plan(2), t);
+    assert_eq!(job.epoch(), 1);
+    assert_eq!(job.unapplied(&[(0, 1)], rank(1)), [], "a finished epoch's were applied");
+    assert_eq!(job.summary(&"j".into(), 2).repeats, 0);
+}

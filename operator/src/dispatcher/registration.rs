@@ -6,6 +6,7 @@ use stoker_api::{CacheMode, ClientId, JobName, WorkerId};
 use super::cache::HintSeen;
 use super::ledger::Held;
 use super::members::Unknown;
+use super::ranks::Received;
 use crate::key::PipelineKey;
 
 /// The most splits a pipeline's plan may have: each job keeps a queue of every split of its
@@ -76,6 +77,21 @@ pub struct Rejoin {
     pub completed: Vec<(u64, u64)>,
     /// Rows it received of the other splits.
     pub received: Vec<Held>,
+}
+
+/// A client's acknowledgement: the splits whose last batch it received (which makes them
+/// done), the newest worker list it applied, the rows it got of unfinished splits from
+/// workers that left the list, and for a job read by ranks what this rank received of each
+/// epoch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Acknowledgement {
+    pub completed: Vec<(u64, u64)>,
+    /// Completions an earlier acknowledgement carried whose answer never came: those applied
+    /// already are not repeats.
+    pub completed_again: Vec<(u64, u64)>,
+    pub version: u64,
+    pub held: Vec<Held>,
+    pub received: Vec<(u64, Received)>,
 }
 
 /// A consumer's saved state: the epoch it read, how many batches of it it had yielded (the

@@ -22,7 +22,7 @@ use super::ledger::Assignment;
 use super::ledger::Held;
 use super::members::{Progress, Timeouts};
 use super::ranks::Received;
-use super::registration::{ClientRegistration, DispatchError, Rejoin, Resume, WorkerRegistration};
+use super::registration::{Acknowledgement, ClientRegistration, DispatchError, Rejoin, Resume, WorkerRegistration};
 use super::state::{DispatcherState, Listing};
 use crate::access::{Access, Denials, Identity, Need, Open, Refusal};
 use crate::autocache::plan::Directive;
@@ -461,14 +461,19 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         let client = ClientId::from(request.get_ref().client_id.as_str());
         self.admit_member("Acknowledge", &request, Member::Client(&client)).await?;
         let r = request.into_inner();
-        let completed: Vec<(u64, u64)> = r.completed.iter().map(|c| (c.epoch, c.split)).collect();
-        let held: Vec<Held> = r.held.into_iter().map(held).collect();
-        let received: Vec<(u64, Received)> = r.received.iter().map(Received::from_proto).collect();
+        let splits = |s: &[proto::SplitRef]| s.iter().map(|c| (c.epoch, c.split)).collect();
+        let ack = Acknowledgement {
+            completed: splits(&r.completed),
+            completed_again: splits(&r.completed_again),
+            version: r.list_version,
+            held: r.held.into_iter().map(held).collect(),
+            received: r.received.iter().map(Received::from_proto).collect(),
+        };
         let (epoch, pipeline) = self
             .0
             .with_state(|s| {
                 let pipeline = s.pipeline_of_client(&client);
-                let epoch = s.acknowledge(&client, &completed, r.list_version, &held, &received, Instant::now())?;
+                let epoch = s.acknowledge(&client, ack, Instant::now())?;
                 if r.leaving {
                     s.leave(&client, r.discarded, Instant::now());
                 }

@@ -13,12 +13,13 @@ use stoker_api::{CacheStatus, ClientId, DeliveryStatus, JobName, Reading, Worker
 
 use super::cache::Caches;
 use super::inbox::{Inbox, JobWindows};
-use super::ledger::{Assignment, Held, JobSummary, Reporter};
+use super::ledger::{Assignment, JobSummary, Reporter};
 use super::members::{Client, Members, Progress, Timeouts, Worker};
 use super::pipeline::{JobEntry, Phase, Pipeline};
-use super::ranks::{Quota, Ranks, Received};
+use super::ranks::{Quota, Ranks};
 use super::registration::{
-    ClientRegistration, DispatchError, MAX_ID_BYTES, MAX_SPLITS, Registered, Rejoin, Resume, WorkerRegistration,
+    Acknowledgement, ClientRegistration, DispatchError, MAX_ID_BYTES, MAX_SPLITS, Registered, Rejoin, Resume,
+    WorkerRegistration,
 };
 use crate::autocache::plan::{Directive, Measured};
 use crate::key::PipelineKey;
@@ -307,18 +308,14 @@ impl DispatcherState {
         Ok(())
     }
 
-    /// A client's acknowledgement: the splits whose last batch it received (which makes them
-    /// done), after a worker left the list the rows it got from it, and for a job read by
-    /// ranks what this rank received of each epoch. Returns the job's open epoch.
+    /// A client's acknowledgement (see `Acknowledgement`). Returns the job's open epoch.
     pub fn acknowledge(
         &mut self,
         client_id: &ClientId,
-        completed: &[(u64, u64)],
-        version: u64,
-        held: &[Held],
-        received: &[(u64, Received)],
+        ack: Acknowledgement,
         now: Instant,
     ) -> Result<u64, DispatchError> {
+        let Acknowledgement { completed, completed_again, version, held, received } = ack;
         let client = self.members.seen_client(client_id, now)?;
         let (key, job, rank) = (client.pipeline.clone(), client.job.clone(), client.consumer_index);
         let Some(pipeline) = self.pipelines.get_mut(&key) else { return Ok(0) };
@@ -326,7 +323,7 @@ impl DispatcherState {
         let Some(entry) = pipeline.jobs.get_mut(&job) else { return Ok(0) };
         if let Some(ranks) = entry.ranks.as_mut() {
             for (epoch, r) in received {
-                ranks.report(rank, *epoch, r.clone());
+                ranks.report(rank, epoch, r);
             }
         }
         let by = entry.reporter(rank);
@@ -342,8 +339,10 @@ impl DispatcherState {
                 "acknowledged"
             );
         }
-        state.acknowledge(client_id, version, held, now);
-        if let Some((action, seconds)) = state.complete(completed, by, &plan, now) {
+        state.acknowledge(client_id, version, &held, now);
+        // Sent again after a lost answer: only what this dispatcher has not applied yet.
+        let completed: Vec<(u64, u64)> = completed.into_iter().chain(state.unapplied(&completed_again, by)).collect();
+        if let Some((action, seconds)) = state.complete(&completed, by, &plan, now) {
             self.caches.epoch(&key, action, seconds);
         }
         Ok(state.epoch())

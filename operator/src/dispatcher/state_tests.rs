@@ -6,6 +6,9 @@ use std::time::Duration;
 use super::*;
 use stoker_api::CacheMode;
 
+use crate::dispatcher::ledger::Held;
+use crate::dispatcher::ranks::Received;
+
 fn split(epoch: u64, split: u64) -> Assignment {
     Assignment::Split { epoch, split, skip: Vec::new() }
 }
@@ -38,6 +41,17 @@ fn client(job: &str, consumer_index: u32, consumers: u32) -> ClientRegistration 
         client_id: None,
         rejoin: None,
         resume: None,
+    }
+}
+
+/// An acknowledgement with nothing sent again.
+fn ack(completed: &[(u64, u64)], version: u64, held: &[Held], received: &[(u64, Received)]) -> Acknowledgement {
+    Acknowledgement {
+        completed: completed.to_vec(),
+        version,
+        held: held.to_vec(),
+        received: received.to_vec(),
+        ..Acknowledgement::default()
     }
 }
 
@@ -106,7 +120,7 @@ fn a_dead_workers_splits_of_the_next_epoch_come_back_too() {
     s.heartbeat(&a, Progress::default(), later).unwrap();
     s.expire(later);
     // The client stopped streaming from the dead worker, holding nothing of it.
-    s.acknowledge(&c, &[], s.listing(&key()).version, &[], &[], later).unwrap();
+    s.acknowledge(&c, ack(&[], s.listing(&key()).version, &[], &[]), later).unwrap();
     assert_eq!(s.jobs(&key())[0].requeued, 2);
     assert_eq!(s.next_split(&a, &"j".into(), &[(0, 0)], 0, later).unwrap(), split(0, 1));
     assert_eq!(s.next_split(&a, &"j".into(), &[(0, 1)], 1, later).unwrap(), split(1, 0));
@@ -137,7 +151,7 @@ fn a_dead_workers_unfinished_splits_go_to_the_others() {
     s.heartbeat(&b, Progress::default(), later).unwrap();
     assert_eq!(s.expire(later), BTreeSet::from([key()]));
     // The client stopped streaming from the dead worker, holding nothing of it.
-    s.acknowledge(&c, &[], s.listing(&key()).version, &[], &[], later).unwrap();
+    s.acknowledge(&c, ack(&[], s.listing(&key()).version, &[], &[]), later).unwrap();
     assert_eq!(s.worker_addresses(&key()), vec!["b:1".to_string()]);
     let (mut got, _) = work(&mut s, &b, "j", 0, later);
     got.sort_unstable();
@@ -171,7 +185,7 @@ fn a_new_worker_at_a_live_workers_address_replaces_it_at_once() {
         "the old one is gone"
     );
     // Its split comes back without the rows the client says it got from it.
-    s.acknowledge(&c, &[], after.version, &[held(0, 0, &[0, 1])], &[], t).unwrap();
+    s.acknowledge(&c, ack(&[], after.version, &[held(0, 0, &[0, 1])], &[]), t).unwrap();
     assert_eq!(
         s.next_split(&new, &"j".into(), &[], 0, t).unwrap(),
         Assignment::Split { epoch: 0, split: 0, skip: vec![0, 1] }
@@ -194,7 +208,7 @@ fn a_late_completion_of_a_requeued_split_counts_as_a_repeat() {
     s.heartbeat(&b, Progress::default(), later).unwrap();
     s.expire(later);
     // The client stopped streaming from the dead worker, holding nothing of it.
-    s.acknowledge(&c, &[], s.listing(&key()).version, &[], &[], later).unwrap();
+    s.acknowledge(&c, ack(&[], s.listing(&key()).version, &[], &[]), later).unwrap();
     assert_eq!(s.next_split(&b, &"j".into(), &[], 0, later).unwrap(), split(0, 0));
     // a was only slow: it comes back and reports split 0 as well.
     let a2 =
@@ -274,7 +288,7 @@ fn a_rejoined_job_starts_once_its_clients_are_in_without_a_worker_asking() {
             s.register_worker(registration("a:1", 2), t).unwrap();
         }
         assert_eq!(s.listing(&key()).epochs[&JobName::from("j")], 8, "worker first: {worker_first}: epoch 7 is over");
-        assert_eq!(s.acknowledge(&"c-t1-1".into(), &[], 0, &[], &[], t).unwrap(), 8);
+        assert_eq!(s.acknowledge(&"c-t1-1".into(), ack(&[], 0, &[], &[]), t).unwrap(), 8);
     }
 }
 
@@ -387,14 +401,14 @@ fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
     assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), split(0, 1));
     // The worker has sent both; only the client's report makes them done.
     assert_eq!(s.jobs(&key())[0].in_flight, 2);
-    s.acknowledge(&c, &[(0, 0)], 0, &[], &[], t).unwrap();
+    s.acknowledge(&c, ack(&[(0, 0)], 0, &[], &[]), t).unwrap();
     assert_eq!(s.jobs(&key())[0].done, 1);
     // The client goes silent holding split 1's last batch: split 1 is produced again.
     s.expire(t + Duration::from_secs(6));
     assert_eq!(s.jobs(&key())[0].requeued, 1);
     assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), split(0, 1));
     let c2 = s.register_client(client("j", 0, 0), t + Duration::from_secs(6)).unwrap().client_id;
-    s.acknowledge(&c2, &[(0, 1)], 0, &[], &[], t + Duration::from_secs(6)).unwrap();
+    s.acknowledge(&c2, ack(&[(0, 1)], 0, &[], &[]), t + Duration::from_secs(6)).unwrap();
     assert_eq!(s.jobs(&key())[0].epoch, 1, "every split reported: the next epoch");
 }
 
@@ -447,19 +461,19 @@ fn a_dead_workers_split_waits_for_the_clients_rows_and_comes_back_without_them()
     // Until the client has dropped a (acknowledged version 3), split 0 does not go out.
     assert_eq!(s.next_split(&b, &"j".into(), &[], 0, t).unwrap(), split(0, 1));
     let held = Held { epoch: 0, split: 0, positions: vec![3, 1] };
-    s.acknowledge(&c, &[], 2, std::slice::from_ref(&held), &[], t).unwrap();
+    s.acknowledge(&c, ack(&[], 2, std::slice::from_ref(&held), &[]), t).unwrap();
     assert_eq!(s.jobs(&key())[0].recovering, 1, "an acknowledgement of the old list does not count");
-    s.acknowledge(&c, &[], 3, &[], &[], t).unwrap();
+    s.acknowledge(&c, ack(&[], 3, &[], &[]), t).unwrap();
     assert_eq!(
         s.next_split(&b, &"j".into(), &[], 0, t).unwrap(),
         Assignment::Split { epoch: 0, split: 0, skip: vec![1, 3] }
     );
     assert_eq!(s.jobs(&key())[0].skipped, 2);
     // Done: the rows it delivered are forgotten with it.
-    let epoch = s.acknowledge(&c, &[(0, 0), (0, 1)], 3, &[], &[], t).unwrap();
+    let epoch = s.acknowledge(&c, ack(&[(0, 0), (0, 1)], 3, &[], &[]), t).unwrap();
     assert_eq!(epoch, 0);
     assert_eq!(s.next_split(&b, &"j".into(), &[], 0, t).unwrap(), split(0, 2));
-    assert_eq!(s.acknowledge(&c, &[(0, 2)], 3, &[], &[], t).unwrap(), 1, "the epoch closed");
+    assert_eq!(s.acknowledge(&c, ack(&[(0, 2)], 3, &[], &[]), t).unwrap(), 1, "the epoch closed");
     assert_eq!(s.listing(&key()).epochs, BTreeMap::from([(JobName::from("j"), 1)]));
 }
 
@@ -517,18 +531,18 @@ fn a_job_read_by_ranks_agrees_on_their_number_finishes_splits_with_all_and_publi
     assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
 
     let got = |batches, ended| Received { batches, ended, ..Received::default() };
-    assert_eq!(s.acknowledge(&r0, &[(0, 0)], 0, &[], &[(0, got(3, true))], t).unwrap(), 0, "rank 1 has not");
+    assert_eq!(s.acknowledge(&r0, ack(&[(0, 0)], 0, &[], &[(0, got(3, true))]), t).unwrap(), 0, "rank 1 has not");
     assert_eq!(s.listing(&key()).quotas[&JobName::from("j")], [], "rank 1 has not reported a count");
-    s.acknowledge(&r1, &[], 0, &[], &[(0, got(2, false))], t).unwrap();
+    s.acknowledge(&r1, ack(&[], 0, &[], &[(0, got(2, false))]), t).unwrap();
     assert_eq!(
         s.listing(&key()).quotas[&JobName::from("j")],
         [(0, Quota { batches: 2, complete: false, order: None })]
     );
-    let epoch = s.acknowledge(&r1, &[(0, 0)], 0, &[], &[(0, got(2, true))], t).unwrap();
+    let epoch = s.acknowledge(&r1, ack(&[(0, 0)], 0, &[], &[(0, got(2, true))]), t).unwrap();
     assert_eq!(epoch, 1, "both ranks reported the split");
     assert_eq!(s.listing(&key()).quotas[&JobName::from("j")], [(0, Quota { batches: 2, complete: true, order: None })]);
     let dropped = Received { batches: 3, ended: true, dropped_rows: 7, ..Received::default() };
-    s.acknowledge(&r0, &[], 0, &[], &[(0, dropped)], t).unwrap();
+    s.acknowledge(&r0, ack(&[], 0, &[], &[(0, dropped)]), t).unwrap();
     assert_eq!(s.delivery_statuses()[&key()].rows_dropped_for_equal_ranks, 7);
 
     // Once the job's clients are gone, a new run of it may have another number of ranks.
@@ -550,8 +564,8 @@ fn a_coordinated_job_is_declared_by_every_rank_and_its_quotas_carry_the_order() 
     assert!(err.to_string().contains(want), "{err}");
     let r1 = s.register_client(coordinated(1), t).unwrap().client_id;
     let got = |n| Received { batches: n, rounds: [(WorkerId::from("w"), n)].into(), ..Received::default() };
-    s.acknowledge(&r0, &[], 0, &[], &[(0, got(2))], t).unwrap();
-    s.acknowledge(&r1, &[], 0, &[], &[(0, got(1))], t).unwrap();
+    s.acknowledge(&r0, ack(&[], 0, &[], &[(0, got(2))]), t).unwrap();
+    s.acknowledge(&r1, ack(&[], 0, &[], &[(0, got(1))]), t).unwrap();
     let quotas = &s.listing(&key()).quotas[&JobName::from("j")];
     let order = quotas[0].1.order.as_ref().expect("coordinated: an order");
     assert_eq!((order.base, order.rounds.len(), order.rounds[0].worker.as_str()), (0, 1, "w"));
@@ -668,4 +682,28 @@ fn workers_reports_are_merged_per_pipeline_and_leave_with_them() {
     // The workers go (their spec changed): so does the report.
     s.expire(t + Duration::from_secs(6));
     assert!(s.reports().get(&key()).is_none_or(|r| *r == WorkersReport::default()));
+}
+
+#[test]
+fn completions_sent_again_after_a_lost_answer_are_no_repeats_but_a_second_production_is() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    let c = s.register_client(client("j", 0, 0), t).unwrap().client_id;
+    let w = s.register_worker(registration("a:1", 3), t).unwrap();
+    for split in 0..3 {
+        assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), self::split(0, split));
+    }
+    let again =
+        |splits: &[(u64, u64)]| Acknowledgement { completed_again: splits.to_vec(), ..Acknowledgement::default() };
+    s.acknowledge(&c, ack(&[(0, 0)], 0, &[], &[]), t).unwrap();
+    // Its answer was lost: the client sends it again with the next completion.
+    s.acknowledge(&c, Acknowledgement { completed: vec![(0, 1)], ..again(&[(0, 0)]) }, t).unwrap();
+    assert_eq!(s.jobs(&key())[0].repeats, 0, "applied once, not a repeat");
+    // One that never arrived (the request was lost, not its answer) is applied now.
+    assert_eq!(s.acknowledge(&c, again(&[(0, 2)]), t).unwrap(), 1, "the epoch closed");
+    s.acknowledge(&c, again(&[(0, 2)]), t).unwrap();
+    assert_eq!(s.jobs(&key())[0].repeats, 0, "a finished epoch's, sent again: applied before");
+    // A split's completion arriving fresh a second time: it was produced twice.
+    s.acknowledge(&c, ack(&[(0, 1)], 0, &[], &[]), t).unwrap();
+    assert_eq!(s.jobs(&key())[0].repeats, 1);
 }
