@@ -38,8 +38,13 @@ fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1" || v == "true")
 }
 
-/// Why the kind provider cannot run here, if it cannot.
+/// Why the kind provider cannot run here, if it cannot. `kind` first: no registry these
+/// machines reach ships it (nor its node images), and a missing Docker engine would hide that
+/// reason behind one `make tools` could fix.
 pub async fn unavailable_reason() -> Option<String> {
+    if tools::find_tool("kind").is_none() {
+        return Some(format!("kind provider SKIPPED: no `kind` binary on PATH or in {}", tools::bin_dir().display()));
+    }
     let Some(docker) = tools::find_tool("docker") else {
         return Some("kind provider SKIPPED: no `docker` CLI on PATH".into());
     };
@@ -49,9 +54,6 @@ pub async fn unavailable_reason() -> Option<String> {
         let reason = format!("{e:#}");
         let reason = reason.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
         return Some(format!("kind provider SKIPPED: no Docker engine (docker info failed: {reason})"));
-    }
-    if tools::find_tool("kind").is_none() {
-        return Some(format!("kind provider SKIPPED: no `kind` binary on PATH or in {}", tools::bin_dir().display()));
     }
     None
 }
