@@ -96,6 +96,10 @@ impl Cursor {
     }
 }
 
+/// The largest HTTP/2 frame a worker may send: with the 16 KiB default a 4 MiB batch came in
+/// 256 frames, each a turn of the client's connection task.
+const MAX_FRAME_BYTES: u32 = 1 << 20;
+
 /// Opens a worker's stream: of one `epoch` under the dispatcher, else from `start_epoch` on;
 /// over TLS as `tls` says, with the client's one `token` source; resumable with a `cursor`.
 pub(crate) async fn open(
@@ -112,7 +116,8 @@ pub(crate) async fn open(
         .connect_timeout(options.connect_timeout)
         .tcp_nodelay(true)
         .initial_stream_window_size(options.stream_window_bytes)
-        .initial_connection_window_size(options.stream_window_bytes.saturating_mul(2));
+        .initial_connection_window_size(options.stream_window_bytes.saturating_mul(2))
+        .max_frame_size(MAX_FRAME_BYTES);
     if let Some(tls) = tls {
         endpoint = endpoint.tls_config(tls).map_err(connect)?;
     }

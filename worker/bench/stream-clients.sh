@@ -10,7 +10,8 @@
 #                   workers serving the same 4 MiB batch) with compression off, its fastest
 #                   setting, into one Python consumer (4 MiB batches over gRPC only)
 # on 4 MiB batches (14 float16 224x224x3 images) over gRPC, the same through shared memory, and
-# small batches (1,000 rows of 16 bytes) over gRPC.
+# small batches (1,000 rows of 16 bytes) over gRPC; the clients in turn, in the reverse order
+# every second round.
 #   bash worker/bench/stream-clients.sh [ROUNDS] [SECONDS]
 # Pythons: TORCH_PYTHON (default ~/.cache/stoker/venv/bin/python; the package is reinstalled
 # there, optimised), ~/.cache/stoker/grpcio-venv and ~/.cache/stoker/tf-venv (tensorflow-cpu),
@@ -68,12 +69,24 @@ for setting in messages shared-memory small; do
     shared-memory) serve --shared-memory-dir /dev/shm; flags=(--shared-memory) ;;
     small) serve --small-rows 1000; flags=() ;;
   esac
+  clients=(rust binding grpcio)
+  [ "$setting" = messages ] && clients+=(tf)
   for round in $(seq "$rounds"); do
-    echo "$setting round $round: $("$worker" bench read "${workers[@]}" --seconds "$seconds" "${flags[@]}")"
-    echo "$setting round $round: $("$python" worker/bench/python_read.py "${workers[@]}" --seconds "$seconds" "${flags[@]}" --label "python (binding)")"
-    echo "$setting round $round: $("$grpcio_venv/bin/python" worker/bench/python_read.py "${workers[@]}" --seconds "$seconds" "${flags[@]}" --label "python (grpcio, $grpcio_commit)")"
-    if [ "$setting" = messages ]; then
-      echo "$setting round $round: $("$tf_python" worker/bench/peers/tfdata_service_stream.py --seconds "$seconds" --compression none 2>/dev/null | tail -1)"
+    # Odd rounds in this order, even rounds in the reverse: a machine whose speed drifts
+    # during a round favours neither the first nor the last.
+    order=("${clients[@]}")
+    if [ $((round % 2)) -eq 0 ]; then
+      order=()
+      for ((i = ${#clients[@]} - 1; i >= 0; i--)); do order+=("${clients[$i]}"); done
     fi
+    for client in "${order[@]}"; do
+      case $client in
+        rust) out=$("$worker" bench read "${workers[@]}" --seconds "$seconds" "${flags[@]}") ;;
+        binding) out=$("$python" worker/bench/python_read.py "${workers[@]}" --seconds "$seconds" "${flags[@]}" --label "python (binding)") ;;
+        grpcio) out=$("$grpcio_venv/bin/python" worker/bench/python_read.py "${workers[@]}" --seconds "$seconds" "${flags[@]}" --label "python (grpcio, $grpcio_commit)") ;;
+        tf) out=$("$tf_python" worker/bench/peers/tfdata_service_stream.py --seconds "$seconds" --compression none 2>/dev/null | tail -1) ;;
+      esac
+      echo "$setting round $round: $out"
+    done
   done
 done
