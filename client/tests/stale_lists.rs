@@ -4,15 +4,18 @@
 //! just rejoined, retiring it: from then on every batch of the new dispatcher was refused,
 //! and a rank of the `dispatcher_restart` test waited for good (on a loaded machine, where
 //! lists pile up unread). A hand-played dispatcher on loopback sends exactly that order.
-//! It also refuses a rejoin once: the client sends the same rejoin again (the Rust twin of a
-//! test of the Python client's own protocol code, deleted with it).
+//! It also refuses a rejoin once: the client sends the same rejoin again, the rows it got from
+//! a hand-played worker included (the Rust twin of a test of the Python client's own protocol
+//! code, deleted with it).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::Stream;
+use stoker_api::proto::batch_stream_server::{BatchStream, BatchStreamServer};
 use stoker_api::proto::dispatcher_server::{Dispatcher, DispatcherServer};
 use stoker_api::proto::*;
 use stoker_client::{Client, ClientOptions};
@@ -134,6 +137,35 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     .unwrap_or_else(|_| panic!("{what} within 10 s"));
 }
 
+/// A worker that sends one batch of epoch 0 (rows 0 and 1 of split 3, made under dispatcher
+/// 1, the split not complete), then holds the stream open.
+struct OneBatch;
+
+#[tonic::async_trait]
+impl BatchStream for OneBatch {
+    type StreamStream = Pin<Box<dyn Stream<Item = Result<BatchChunk, Status>> + Send>>;
+
+    async fn stream(&self, _: Request<StreamRequest>) -> Result<Response<Self::StreamStream>, Status> {
+        let meta = TensorMeta { name: "x".into(), dtype: Dtype::Uint8 as i32, shape: vec![2], byte_length: 2 };
+        let header = BatchHeader {
+            tensors: vec![meta],
+            rows: vec![stoker_api::row(3, 0), stoker_api::row(3, 1)],
+            incarnation: 1,
+            ..BatchHeader::default()
+        };
+        let chunk = BatchChunk {
+            header: Some(header),
+            pieces: vec![Bytes::from_static(b"ab")],
+            last: true,
+            ..Default::default()
+        };
+        Ok(Response::new(Box::pin(futures::StreamExt::chain(
+            futures::stream::iter([Ok(chunk)]),
+            futures::stream::pending(),
+        ))))
+    }
+}
+
 /// A client registered with the played dispatcher (incarnation 1), and the sender of the
 /// lists on its first watch.
 async fn registered() -> (Arc<Played>, mpsc::UnboundedSender<WorkerList>, Client) {
@@ -170,7 +202,14 @@ async fn lists_of_a_dispatcher_the_client_left_make_no_second_rejoin() {
 
 #[tokio::test]
 async fn a_rejoin_that_failed_is_sent_again_as_it_was() {
-    let (played, lists, _client) = registered().await;
+    let (played, lists, mut client) = registered().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let worker = listener.local_addr().unwrap().to_string();
+    let svc = BatchStreamServer::new(OneBatch);
+    tokio::spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming(TcpIncoming::from(listener)));
+    lists.send(WorkerList { addresses: vec![worker], workers: vec!["w-1".into()], ..list(1) }).unwrap();
+    let batch = tokio::time::timeout(Duration::from_secs(10), client.next_in_epoch()).await.unwrap().unwrap().unwrap();
+    assert_eq!(batch.rows.len(), 2);
 
     // The restart, heard of from a list; the first rejoin is refused, the acknowledgement
     // after it answered NOT_FOUND by the new dispatcher, which makes the client rejoin again.
@@ -180,8 +219,10 @@ async fn a_rejoin_that_failed_is_sent_again_as_it_was() {
     until("the rejoin sent again", || played.registrations.lock().unwrap().len() == 3).await;
     let registrations = played.registrations.lock().unwrap().clone();
     let (refused, again) = (&registrations[1], &registrations[2]);
-    assert_eq!(refused.as_ref().map(|r| r.incarnation), Some(1), "a rejoin, retiring the old dispatcher");
-    // (Without streams it carries no rows: this checks the retry is the rejoin, retiring the
-    // same dispatcher, not a plain registration or a second retirement.)
-    assert_eq!(again, refused, "the refused rejoin sent again as it was");
+    let refused = refused.as_ref().expect("a rejoin");
+    assert_eq!(refused.incarnation, 1, "retiring the old dispatcher");
+    let received: Vec<(u64, u64, Vec<u32>)> =
+        refused.received.iter().map(|h| (h.epoch, h.split, h.positions.clone())).collect();
+    assert_eq!(received, [(0, 3, vec![0, 1])], "the rows the worker sent");
+    assert_eq!(again.as_ref(), Some(refused), "the refused rejoin sent again as it was, its rows too");
 }
