@@ -13,6 +13,13 @@
 # small batches (1,000 rows of 16 bytes) over gRPC; the clients in turn, in the reverse order
 # every second round.
 #   bash worker/bench/stream-clients.sh [ROUNDS] [SECONDS]
+# SETTINGS (default "messages shared-memory small") and CLIENTS (default every client that
+# reads the setting) narrow a run, e.g. the binding against the Rust client read twice per
+# round, the second Rust reading the machine's own round-to-round spread:
+#   SETTINGS=messages CLIENTS="rust binding rust" bash worker/bench/stream-clients.sh 20 5
+# Each setting ends with the binding's rate over the Rust client's, round by round (median,
+# lowest, highest; against the mean of the Rust client's two readings where it read twice),
+# and the Rust client's second reading over its first.
 # Pythons: TORCH_PYTHON (default ~/.cache/stoker/venv/bin/python; the package is reinstalled
 # there, optimised), ~/.cache/stoker/grpcio-venv and ~/.cache/stoker/tf-venv (tensorflow-cpu),
 # both made here when missing.
@@ -63,7 +70,17 @@ serve() {
   done
 }
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-for setting in messages shared-memory small; do
+# stdin: "<client> <rate>" lines and "end" after each round; prints $1's rate over $2's per
+# round: median, lowest, highest. With a second reading of $2 in the round ("rust#2"), $1 is
+# set against the mean of both, which cancels a drift that is steady through the round.
+ratios() {
+  awk -v a="$1" -v b="$2" '$1 == a { x = $2 } $1 == b { y = $2 } $1 == b "#2" && a != $1 { y2 = $2 }
+    $1 == "end" { if (y2) y = (y + y2) / 2; if (x && y) print x / y; x = y = y2 = 0 }' |
+    sort -n | awk -v what="$1 / $2" '{ v[NR] = $1; if ($1 >= 0.9) n++ }
+      END { if (NR) printf "%s: median %.3f over %d rounds, lowest %.3f, highest %.3f, %d rounds at least 0.9\n",
+        what, (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), NR, v[1], v[NR], n }'
+}
+for setting in ${SETTINGS:-messages shared-memory small}; do
   case $setting in
     messages) serve; flags=() ;;
     shared-memory) serve --shared-memory-dir /dev/shm; flags=(--shared-memory) ;;
@@ -71,6 +88,10 @@ for setting in messages shared-memory small; do
   esac
   clients=(rust binding grpcio)
   [ "$setting" = messages ] && clients+=(tf)
+  [ -n "${CLIENTS:-}" ] && read -r -a clients <<<"$CLIENTS"
+  rates=$logs/rates
+  : >"$rates"
+  : >"$rates.round"
   for round in $(seq "$rounds"); do
     # Odd rounds in this order, even rounds in the reverse: a machine whose speed drifts
     # during a round favours neither the first nor the last.
@@ -87,6 +108,13 @@ for setting in messages shared-memory small; do
         tf) out=$("$tf_python" worker/bench/peers/tfdata_service_stream.py --seconds "$seconds" --compression none 2>/dev/null | tail -1) ;;
       esac
       echo "$setting round $round: $out"
+      rate=$(grep -o '[0-9.]* \(GB\|batches\)/s' <<<"$out" | head -1 | cut -d' ' -f1)
+      grep -q "^$client " "$rates.round" 2>/dev/null && client="$client#2"
+      echo "$client $rate" | tee -a "$rates.round" >>"$rates"
     done
+    echo "end" >>"$rates"
+    : >"$rates.round"
   done
+  echo "$setting: $(ratios binding rust <"$rates")"
+  if grep -q '^rust#2 ' "$rates"; then echo "$setting: $(ratios 'rust#2' rust <"$rates")"; fi
 done
