@@ -144,7 +144,11 @@ pub(crate) fn check(spec: &DataPlaneSpec, err: &mut impl FnMut(&str, String)) {
                 images.clear();
                 None
             }
-            Transform::RandomFlip(_) | Transform::Filter(_) | Transform::Autocache(_) | Transform::Tokenize(_) => None,
+            Transform::RandomFlip(_)
+            | Transform::Filter(_)
+            | Transform::Autocache(_)
+            | Transform::Tokenize(_)
+            | Transform::Echo(_) => None,
             Transform::Pack(_) => {
                 images.clear();
                 None

@@ -37,6 +37,7 @@ pub fn header<T: Payload>(batch: &Batch<T>) -> BatchHeader {
         incarnation: batch.incarnation,
         round: batch.round.clone(),
         stream_seq: batch.stream_seq,
+        echo: batch.echo,
         tensors: batch
             .tensors
             .iter()
@@ -184,6 +185,7 @@ mod tests {
             incarnation: 11,
             round: Some(proto::RoundRef { worker: "w-1".into(), index: 4 }),
             stream_seq: 13,
+            echo: true,
         }
     }
 
@@ -257,6 +259,7 @@ mod tests {
             incarnation: b.incarnation,
             round: b.round.clone(),
             stream_seq: b.stream_seq,
+            echo: b.echo,
         };
         assert_eq!(stacked.join(), b);
         let parts: Vec<&Bytes> = stacked.tensors.values().flat_map(|t| &t.parts).collect();

@@ -25,7 +25,10 @@ pub use ids::{ClientId, JobName, WorkerId};
 pub use reading::{JobShape, Reading};
 pub use spec::*;
 pub use status::*;
-pub use tensor::{Batch, Payload, ShapeMismatch, Stacked, Tensor, row, row_origin};
+pub use tensor::{
+    Batch, ECHO_COPY_SHIFT, MAX_ECHO_SPLIT_ELEMENTS, Payload, ShapeMismatch, Stacked, Tensor, echo_copy, echo_position,
+    row, row_origin,
+};
 pub use transform::*;
 pub use validate::{ValidationError, invalid_message, validate};
 pub use yaml::{ManifestError, from_yaml, from_yaml_checked, parse_manifest, parse_manifest_unvalidated, to_yaml};

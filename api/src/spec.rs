@@ -403,6 +403,14 @@ impl DataPlaneSpec {
     pub fn shuffle_seed(&self) -> Option<u64> {
         self.shuffle.as_ref().map(|s| s.seed.or(self.seed).unwrap_or(0))
     }
+
+    /// The `echo` op's index in `transforms` and its factor, if the pipeline echoes.
+    pub fn echo(&self) -> Option<(usize, u32)> {
+        self.transforms.iter().enumerate().find_map(|(i, t)| match t {
+            crate::Transform::Echo(e) => Some((i, e.factor)),
+            _ => None,
+        })
+    }
 }
 
 /// A pipeline as the operator hands it to workers (env STOKER_PIPELINE, JSON): its identity,

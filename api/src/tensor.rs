@@ -218,6 +218,8 @@ pub struct Batch<T = Tensor> {
     pub round: Option<crate::proto::RoundRef>,
     /// On a resumable stream: the batch's number in it, from 1 (0: not numbered).
     pub stream_seq: u64,
+    /// The pipeline echoes: each row's position carries its echo copy ([`echo_copy`]).
+    pub echo: bool,
 }
 
 /// A row's provenance: its split and its position in the split's source order. Positions are
@@ -232,6 +234,26 @@ pub fn row_origin(row: u64) -> (u64, u32) {
     (row >> 32, row as u32)
 }
 
+/// Where a pipeline echoes, a row's position is its copy number above this bit and the
+/// element's position in its split below it: each copy is a row of its own to the exactly-once
+/// bookkeeping (skips, acknowledgements, resume states), and copy 0 keeps the position the
+/// element has without echo.
+pub const ECHO_COPY_SHIFT: u32 = 24;
+
+/// The most elements a split of an echoing pipeline may hold: their positions fit below
+/// [`ECHO_COPY_SHIFT`].
+pub const MAX_ECHO_SPLIT_ELEMENTS: u64 = 1 << ECHO_COPY_SHIFT;
+
+/// The position of copy `copy` of the element at `position` in its split.
+pub fn echo_position(position: u64, copy: u32) -> u64 {
+    (u64::from(copy) << ECHO_COPY_SHIFT) | position
+}
+
+/// The copy number and the element's position that an echoing pipeline's row position says.
+pub fn echo_copy(position: u32) -> (u32, u32) {
+    (position >> ECHO_COPY_SHIFT, position & ((1 << ECHO_COPY_SHIFT) - 1))
+}
+
 impl<T> Default for Batch<T> {
     fn default() -> Self {
         Batch {
@@ -244,6 +266,7 @@ impl<T> Default for Batch<T> {
             incarnation: 0,
             round: None,
             stream_seq: 0,
+            echo: false,
         }
     }
 }
@@ -253,6 +276,12 @@ impl<T: Payload> Batch<T> {
     /// complete with no batch left to carry them. Clients report it and never yield it.
     pub fn completions(epoch: u64, splits: Vec<u64>) -> Self {
         Batch { epoch, completes: splits, ..Batch::default() }
+    }
+
+    /// Each row's echo copy ([`echo_copy`]) in row order: 0 for an element's first row, and
+    /// for every row of a pipeline that does not echo.
+    pub fn echo_copies(&self) -> impl Iterator<Item = u32> + '_ {
+        self.rows.iter().map(|&r| if self.echo { echo_copy(row_origin(r).1).0 } else { 0 })
     }
 
     /// Whether this is a [`Batch::completions`]: no data, only splits to report.
@@ -279,6 +308,7 @@ impl Batch<Stacked> {
             incarnation: self.incarnation,
             round: self.round.clone(),
             stream_seq: self.stream_seq,
+            echo: self.echo,
         }
     }
 }

@@ -27,6 +27,8 @@ pub enum Transform {
     Pack(Pack),
     /// A place where caching is allowed; the operator decides whether to cache there.
     Autocache(Autocache),
+    /// Data echoing: each element as the ops before it made it, `factor` times.
+    Echo(Echo),
 }
 
 impl Transform {
@@ -47,6 +49,7 @@ impl Transform {
             Transform::Tokenize(_) => "tokenize",
             Transform::Pack(_) => "pack",
             Transform::Autocache(_) => "autocache",
+            Transform::Echo(_) => "echo",
         }
     }
 
@@ -223,6 +226,19 @@ pub enum FilterOp {
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct Autocache {}
+
+/// Data echoing (Choi et al., "Faster Neural Network Training with Data Echoing"): the ops
+/// before it run once per element, the ops after it once per copy, each copy with random draws
+/// of its own, so echoing before augmentation gives differently augmented copies. An epoch
+/// then holds `factor` rows per element. A row's position says which copy it is
+/// ([`crate::echo_copy`]): copy 0 is the element as without echo.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Echo {
+    /// Rows per element, from 1 (no echo) to 255.
+    #[schemars(range(min = 1, max = 255))]
+    pub factor: u32,
+}
 
 /// `module.function(element, rng)`: takes an element (a dict of numpy arrays, and `bytes` for
 /// byte fields) and a `numpy.random.Generator` seeded from (seed, epoch, element, op), and

@@ -152,6 +152,7 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
     }
 
     let mut first_random: Option<(usize, &str)> = None;
+    let mut echo_at: Option<usize> = None;
     let mut hints = 0;
     for (i, t) in spec.data_plane.transforms.iter().enumerate() {
         let field = format!("spec.transforms[{i}].{}", t.name());
@@ -164,6 +165,15 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
                         "cannot be used with spec.source.mix yet: the cache keeps a split's elements \
                          by split, and each epoch of a mix reads other splits of its sources. Remove the hint"
                             .into(),
+                    );
+                }
+                if let Some(j) = echo_at {
+                    err(
+                        &field,
+                        format!(
+                            "comes after echo at spec.transforms[{j}]; a cache there would hold \
+                             every copy. Move the hint before spec.transforms[{j}]"
+                        ),
                     );
                 }
                 if let Some((j, name)) = first_random {
@@ -263,6 +273,20 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
                 }
                 if !(1..=1 << 20).contains(&p.length) {
                     err(&field, format!("length {} is outside 1..=1048576", p.length));
+                }
+            }
+            Transform::Echo(e) => {
+                if let Some(j) = echo_at {
+                    err(
+                        &field,
+                        format!(
+                            "a second echo (the first is spec.transforms[{j}]); use one, with their factors multiplied"
+                        ),
+                    );
+                }
+                echo_at = Some(i);
+                if !(1..=255).contains(&e.factor) {
+                    err(&field, format!("factor {} is outside 1..=255", e.factor));
                 }
             }
             Transform::RenameFields(r) if r.mapping.is_empty() => {
@@ -391,6 +415,18 @@ mod tests {
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].field, "spec.transforms[2].autocache");
         assert!(e[0].message.contains("random op randomFlip at spec.transforms[1]"), "{e:?}");
+    }
+
+    #[test]
+    fn echo_takes_one_place_a_factor_in_range_and_no_hint_after_it() {
+        let ok = "transforms:\n- decodeImage: {}\n- autocache: {}\n- echo: {factor: 3}\n- randomFlip: {}\n";
+        assert_eq!(validate(&spec(&format!("{BASE}{ok}"))), Ok(()));
+        let e = errors("transforms:\n- echo: {factor: 0}\n- autocache: {}\n- echo: {factor: 2}\n");
+        let text = format!("{e:?}");
+        for part in ["factor 0 is outside 1..=255", "comes after echo at spec.transforms[0]", "a second echo"] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        assert_eq!(e.len(), 3, "{e:?}");
     }
 
     #[test]

@@ -29,6 +29,7 @@ struct Partial {
     incarnation: u64,
     round: Option<stoker_api::proto::RoundRef>,
     stream_seq: u64,
+    echo: bool,
     tensors: Vec<PartialTensor>,
     /// First tensor still missing bytes.
     current: usize,
@@ -202,6 +203,7 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
         incarnation: header.incarnation,
         round: header.round,
         stream_seq: header.stream_seq,
+        echo: header.echo,
         tensors,
         current: 0,
         declared,
@@ -248,7 +250,7 @@ impl Partial {
         }
         let (epoch, split, sequence, completes, rows, incarnation) =
             (self.epoch, self.split, self.sequence, self.completes, self.rows, self.incarnation);
-        let (round, stream_seq) = (self.round, self.stream_seq);
-        Ok(Batch { tensors, epoch, split, sequence, completes, rows, incarnation, round, stream_seq })
+        let (round, stream_seq, echo) = (self.round, self.stream_seq, self.echo);
+        Ok(Batch { tensors, epoch, split, sequence, completes, rows, incarnation, round, stream_seq, echo })
     }
 }

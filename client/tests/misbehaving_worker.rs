@@ -55,6 +55,7 @@ fn header(n: u64) -> Option<BatchHeader> {
         incarnation: 0,
         round: None,
         stream_seq: 0,
+        echo: false,
     })
 }
 

@@ -33,6 +33,7 @@ fn sample() -> Batch {
         incarnation: 3,
         round: Some(stoker_api::proto::RoundRef { worker: "w-2".into(), index: 6 }),
         stream_seq: 12,
+        echo: true,
     }
 }
 
@@ -107,6 +108,7 @@ fn one_tensor_header(dtype: i32, shape: Vec<u64>, byte_length: u64) -> BatchHead
         incarnation: 0,
         round: None,
         stream_seq: 0,
+        echo: false,
     }
 }
 

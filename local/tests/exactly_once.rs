@@ -3,7 +3,8 @@
 //! (SIGKILL), or stopped (SIGTERM), mid-split after the client has some of its rows. Every
 //! record reaches the client once per epoch: the dead worker's split is produced again without
 //! the rows the client acknowledged.
-//! (Before, a similar run delivered 4300 elements for 4000, 300 of them twice.)
+//! (Before, a similar run delivered 4300 elements for 4000, 300 of them twice.) The same with
+//! `echo`: every copy of every record once per epoch.
 
 mod support;
 
@@ -16,22 +17,23 @@ use stoker_operator::autoscaling::Scaler;
 const FILES: i64 = 4;
 const LINES: i64 = 1000;
 
-/// Reads one epoch to its end with `next_in_epoch`: how often each record arrived, checking
-/// every batch is of that epoch and its provenance matches its content. `each_batch` sees the
-/// batch count so far.
-async fn read_epoch(client: &mut Client, mut each_batch: impl FnMut(usize)) -> BTreeMap<i64, u32> {
+/// Reads one epoch to its end with `next_in_epoch`: how often each record arrived, and each
+/// echo copy of it (0 without echo), checking every batch is of that epoch and its provenance
+/// matches its content. `each_batch` sees the batch count so far.
+async fn read_epoch(client: &mut Client, mut each_batch: impl FnMut(usize)) -> BTreeMap<(i64, u32), u32> {
     let epoch = client.epoch();
-    let mut seen: BTreeMap<i64, u32> = BTreeMap::new();
+    let mut seen: BTreeMap<(i64, u32), u32> = BTreeMap::new();
     let mut batches = 0;
     let read = async {
         while let Some(batch) = client.next_in_epoch().await {
             let batch = batch.expect("no error reaches the caller");
             assert_eq!(batch.epoch, epoch, "a batch of another epoch inside epoch {epoch}");
             // Record i of file f is position i of split f.
-            for (&row, id) in batch.rows.iter().zip(support::ids(&batch)) {
+            for ((&row, id), copy) in batch.rows.iter().zip(support::ids(&batch)).zip(batch.echo_copies()) {
                 let (split, position) = stoker_api::row_origin(row);
-                assert_eq!(id, split as i64 * LINES + i64::from(position), "provenance of {id}");
-                *seen.entry(id).or_insert(0) += 1;
+                let element = if batch.echo { stoker_api::echo_copy(position).1 } else { position };
+                assert_eq!(id, split as i64 * LINES + i64::from(element), "provenance of {id}");
+                *seen.entry((id, copy)).or_insert(0) += 1;
             }
             batches += 1;
             each_batch(batches);
@@ -45,31 +47,43 @@ async fn read_epoch(client: &mut Client, mut each_batch: impl FnMut(usize)) -> B
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn epochs_end_cleanly_and_a_worker_killed_mid_split_costs_no_record_and_repeats_none() {
-    worker_lost_mid_split(false).await
+    worker_lost_mid_split(false, 1).await
+}
+
+/// With `echo` (factor 2) each row a record's copy: a worker killed mid-split costs no copy
+/// and repeats none, the copies it had sent skipped where the split is produced again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_echo_a_worker_killed_mid_split_costs_no_copy_and_repeats_none() {
+    worker_lost_mid_split(false, 2).await
 }
 
 /// SIGTERM, as a scale-down or a deleted pod gives (the kubelet's SIGKILL follows 2 s later).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_stopped_mid_split_costs_no_record_and_repeats_none() {
-    worker_lost_mid_split(true).await
+    worker_lost_mid_split(true, 1).await
 }
 
-async fn worker_lost_mid_split(graceful: bool) {
+/// `echo`: the pipeline with an `echo` op of this factor at its end (1: none).
+async fn worker_lost_mid_split(graceful: bool, echo: u32) {
     let data = tempfile::tempdir().unwrap();
     // 40 batches a second each: an epoch lasts seconds, so both workers are mid-split when
     // their heartbeats (every second) show they delivered.
-    let s = support::dispatched(support::padded_records(data.path(), FILES, LINES), Duration::from_secs(3), Some(40.0))
-        .await;
+    let mut pipeline = support::padded_records(data.path(), FILES, LINES);
+    if echo > 1 {
+        pipeline.data_plane.transforms.push(stoker_api::Transform::Echo(stoker_api::Echo { factor: echo }));
+    }
+    let s = support::dispatched(pipeline, Duration::from_secs(3), Some(40.0)).await;
     s.workers.scale(&s.key, 2).await.unwrap();
     let mut options = ClientOptions::new("ns", "records");
     options.prefetch = 2;
     options.stream_window_bytes = 64 << 10;
     let mut client = Client::from_dispatcher(&s.url, options).await.unwrap();
-    let all = (FILES * LINES) as usize;
+    let all = (FILES * LINES) as usize * echo as usize;
 
     assert_eq!(client.epoch(), 0);
     let first = read_epoch(&mut client, |_| {}).await;
     assert_eq!(first.len(), all, "epoch 0: every record");
+    assert!(first.keys().all(|&(_, copy)| copy < echo), "copies 0 to {echo} - 1");
     assert!(first.values().all(|&n| n == 1), "epoch 0: none twice");
 
     // Epoch 1: both workers have delivered (heartbeats say so): kill one. Each worker is

@@ -179,7 +179,8 @@ pub fn apply_range(
                 element.insert(t.output.clone(), Field::Tensor(ids));
             }
             // Packing takes the split's rows together: the engine does it after the others.
-            Transform::Pack(_) | Transform::Autocache(_) => {}
+            // The engine does these on whole chunks and splits (stages.rs, transform.rs).
+            Transform::Pack(_) | Transform::Autocache(_) | Transform::Echo(_) => {}
         }
         timings[index] += started.elapsed();
     }

@@ -383,3 +383,113 @@ async fn restart_markers_change_no_batch() {
         assert!(a.tensors["image"] == b.tensors["image"] && a.tensors["label"] == b.tensors["label"]);
     }
 }
+
+/// Runs `assigned` splits of epoch 0 and collects their batches.
+async fn run_assigned(
+    engine: Engine,
+    assigned: impl FnOnce(&Engine) -> Vec<Assigned> + Send + 'static,
+) -> (Vec<Batch>, Engine) {
+    let (tx, rx) = sync_channel(256);
+    let engine = tokio::task::spawn_blocking(move || {
+        let splits = assigned(&engine);
+        engine.run_splits(0, splits, &tx).unwrap();
+        engine
+    })
+    .await
+    .unwrap();
+    (collect(rx), engine)
+}
+
+/// `echo` before a random crop: every image three times in an epoch, each copy a row of its
+/// own (its copy number in the position) with a crop of its own, copy 0 the very crop made
+/// without echo, and no two copies of an image next to each other.
+#[tokio::test(flavor = "multi_thread")]
+async fn echo_repeats_each_element_with_fresh_draws_after_it() {
+    let dir = corpus(16, 2);
+    let manifest = |echo: &str| {
+        format!(
+            "source: {{uri: '{}', format: imageFolder}}\nbatchSize: 5\ntransforms:\n- decodeImage: {{}}\n{echo}\
+             - randomResizedCrop: {{size: [24, 24]}}\n",
+            uri(dir.path())
+        )
+    };
+    let open = |text: String| async move {
+        let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&text).unwrap();
+        Engine::open(WorkerPipeline::new("ns", "echo", &spec), config(2)).await.unwrap()
+    };
+    let rows = |batches: &[Batch]| -> Vec<(u64, u32, Vec<u8>)> {
+        let mut out = Vec::new();
+        for b in batches {
+            let image = &b.tensors["image"];
+            let per_row = image.data.len() / b.rows.len();
+            for (i, &r) in b.rows.iter().enumerate() {
+                let (split, position) = stoker_api::row_origin(r);
+                out.push((split, position, image.data[i * per_row..(i + 1) * per_row].to_vec()));
+            }
+        }
+        out
+    };
+    // Factor 1 as the plain run: an echo between them keeps the decode and the crop apart (not
+    // fused into one decode of the crop's window, whose pixels differ slightly).
+    let (plain, _) =
+        run_assigned(open(manifest("- echo: {factor: 1}\n")).await, |e| e.assigned(0, &Default::default())).await;
+    let (echoed, engine) =
+        run_assigned(open(manifest("- echo: {factor: 3}\n")).await, |e| e.assigned(0, &Default::default())).await;
+    assert!(echoed.iter().all(|b| b.echo), "batches say their rows carry copies");
+    let (plain, echoed) = (rows(&plain), rows(&echoed));
+    assert_eq!((plain.len(), echoed.len()), (16, 48));
+    assert_eq!(engine.stats.echoed.load(std::sync::atomic::Ordering::Relaxed), 32);
+    let mut seen = std::collections::BTreeMap::new();
+    for (split, position, pixels) in &echoed {
+        let (copy, element) = stoker_api::echo_copy(*position);
+        assert!(copy < 3, "copy {copy}");
+        assert!(seen.insert((*split, element, copy), pixels.clone()).is_none(), "each copy once");
+    }
+    for (split, position, pixels) in &plain {
+        let copies: Vec<&Vec<u8>> = (0..3).map(|c| &seen[&(*split, *position, c)]).collect();
+        assert_eq!(copies[0], pixels, "copy 0 draws what the element draws without echo");
+        assert!(copies[0] != copies[1] && copies[1] != copies[2] && copies[0] != copies[2], "fresh draws per copy");
+    }
+    for pair in echoed.windows(2) {
+        let element = |(s, p, _): &(u64, u32, Vec<u8>)| (*s, stoker_api::echo_copy(*p).1);
+        assert_ne!(element(&pair[0]), element(&pair[1]), "copies of one element are never adjacent");
+    }
+}
+
+/// A split of an echoing pipeline produced again leaves out the copies delivered before: an
+/// element whose every copy was delivered is not even read, one with some copies delivered
+/// gives the others.
+#[tokio::test(flavor = "multi_thread")]
+async fn echo_produced_again_leaves_out_the_copies_delivered_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let lines: String = (0..6).map(|i| format!("{{\"x\": {i}}}\n")).collect();
+    std::fs::write(dir.path().join("a.jsonl"), lines).unwrap();
+    let manifest = format!(
+        "source: {{uri: '{}', format: jsonl}}\nbatchSize: 4\ntransforms: [{{echo: {{factor: 3}}}}]\n\
+         shuffle: {{bufferSize: 4, seed: 3}}\n",
+        uri(dir.path())
+    );
+    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
+    let engine = Engine::open(WorkerPipeline::new("ns", "again", &spec), config(1)).await.unwrap();
+    let at = |element, copy| stoker_api::echo_position(element, copy) as u32;
+    let mut delivered = vec![at(1, 0), at(1, 1), at(1, 2), at(4, 1), at(5, 0)];
+    delivered.sort_unstable();
+    let (batches, engine) = run_assigned(engine, move |e| {
+        vec![Assigned { skip: delivered, ..Assigned::whole(e.mix().split(0, 0).unwrap()) }]
+    })
+    .await;
+    let mut produced = Vec::new();
+    for b in &batches {
+        let xs = b.tensors["x"].data.chunks(8).map(|c| u32::from_le_bytes(c[..4].try_into().unwrap()));
+        for (x, &r) in xs.zip(&b.rows) {
+            let (copy, element) = stoker_api::echo_copy(stoker_api::row_origin(r).1);
+            assert_eq!(x, element, "line i is element i of split 0 in every copy");
+            produced.push((element, copy));
+        }
+    }
+    produced.sort_unstable();
+    let mut want: Vec<(u32, u32)> = (0..6).flat_map(|e| (0..3).map(move |c| (e, c))).collect();
+    want.retain(|&(e, c)| e != 1 && (e, c) != (4, 1) && (e, c) != (5, 0));
+    assert_eq!(produced, want);
+    assert_eq!(engine.stats.redelivery_skipped.load(std::sync::atomic::Ordering::Relaxed), 5);
+}

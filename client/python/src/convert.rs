@@ -51,12 +51,18 @@ pub fn options(options: &mut ClientOptions, given: &Bound<'_, PyDict>) -> PyResu
     Ok(())
 }
 
-/// A batch as `(tensors, epoch, split, sequence, completes, rows, incarnation, round)`:
+/// A batch as `(tensors, epoch, split, sequence, completes, rows, incarnation, round, copies)`:
 /// tensors a list of `(name, array source, text shape)`, each source an object numpy turns
 /// into the tensor's array without a copy (`np.asarray`); text comes as its bytes (offsets,
 /// then the strings) with the strings' shape, other tensors with None; rows such a source of
-/// uint64; round `(worker, index)` or None.
+/// uint64; round `(worker, index)` or None; copies, where the pipeline echoes, such a source of
+/// each row's echo copy (uint8), else None.
 pub fn batch(py: Python<'_>, batch: Batch) -> PyResult<Py<PyAny>> {
+    let copies = batch.echo.then(|| {
+        let copies: Vec<u8> = batch.echo_copies().map(|c| c as u8).collect();
+        Array { shape: vec![copies.len()], data: Owner::Copies(copies), typestr: "|u1" }
+    });
+    let copies = copies.map(|c| Py::new(py, c)).transpose()?;
     let tensors = batch
         .tensors
         .into_iter()
@@ -79,6 +85,7 @@ pub fn batch(py: Python<'_>, batch: Batch) -> PyResult<Py<PyAny>> {
         Py::new(py, rows)?,
         batch.incarnation,
         round,
+        copies,
     );
     Ok(parts.into_pyobject(py)?.into_any().unbind())
 }
@@ -107,6 +114,7 @@ pub struct Array {
 enum Owner {
     Bytes(Bytes),
     Rows(Vec<u64>),
+    Copies(Vec<u8>),
 }
 
 #[pymethods]
@@ -116,6 +124,7 @@ impl Array {
         let address = match &self.data {
             Owner::Bytes(b) => b.as_ptr() as usize,
             Owner::Rows(r) => r.as_ptr() as usize,
+            Owner::Copies(c) => c.as_ptr() as usize,
         };
         let interface = PyDict::new(py);
         interface.set_item("version", 3)?;

@@ -41,11 +41,16 @@ class Batch:
     `incarnation`: under the dispatcher, the dispatcher's start that handed out the splits of
     the rows (0 from a standalone worker).
 
+    `echo_copies`: where the pipeline has an `echo` op, each row's copy number (numpy uint8,
+    row order): 0 for the element's first row, 1 to factor - 1 for the rows echoing it; zeros
+    otherwise. Each copy is a row of its own everywhere else: its position in `rows` carries
+    the copy, so exactly-once and resume hold per copy.
+
     `round`: in coordinated mode (`Client.from_dispatcher(coordinated=True)`), the round the
     worker dealt the batch in, `(worker id, index)` with rounds counted from 0 in each epoch;
     None otherwise."""
 
-    __slots__ = ("tensors", "epoch", "split", "sequence", "completes", "rows", "incarnation", "round")
+    __slots__ = ("tensors", "epoch", "split", "sequence", "completes", "rows", "incarnation", "round", "_copies")
 
     def __init__(
         self,
@@ -57,6 +62,7 @@ class Batch:
         rows=(),
         incarnation: int = 0,
         round: Optional[tuple[str, int]] = None,
+        echo_copies=None,
     ):
         self.tensors = tensors
         self.epoch = epoch
@@ -67,16 +73,18 @@ class Batch:
         self.rows = np.asarray(rows, dtype=np.uint64)
         self.incarnation = incarnation
         self.round = round
+        self._copies = None if echo_copies is None else np.asarray(echo_copies, dtype=np.uint8)
 
     @classmethod
     def _from_core(cls, parts) -> "Batch":
         """A batch as the Rust client hands it over (client/python/src/convert.rs `batch`)."""
-        tensors, epoch, split, sequence, completes, rows, incarnation, round = parts
+        tensors, epoch, split, sequence, completes, rows, incarnation, round, copies = parts
         arrays = {
             name: np.asarray(source) if text_shape is None else _strings(text_shape, np.asarray(source))
             for name, source, text_shape in tensors
         }
-        return cls(arrays, epoch, split, sequence, completes, np.asarray(rows), incarnation, round)
+        copies = None if copies is None else np.asarray(copies)
+        return cls(arrays, epoch, split, sequence, completes, np.asarray(rows), incarnation, round, copies)
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.tensors[name]
@@ -92,6 +100,12 @@ class Batch:
 
     def items(self):
         return self.tensors.items()
+
+    @property
+    def echo_copies(self) -> np.ndarray:
+        if self._copies is None:
+            return np.zeros(len(self.rows), dtype=np.uint8)
+        return self._copies
 
     @property
     def nbytes(self) -> int:

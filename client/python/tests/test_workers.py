@@ -9,6 +9,8 @@ import pytest
 
 from stoker_client import Client, StatusCode, WorkerError
 
+from conftest import Worker
+
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "iterate_epochs.py"
 
 
@@ -92,3 +94,39 @@ def test_the_example_iterates_epochs_and_prints_images_per_second(two_workers):
     for line in lines:
         # Two standalone workers each serve the 24 images of every epoch.
         assert "images/s" in line and ": 48 images" in line, out
+
+
+def test_echo_copies_are_numbered_per_row_and_augmented_apart(tmp_path, corpus):
+    pipeline = tmp_path / "echo.yaml"
+    pipeline.write_text(
+        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
+        f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
+        "  transforms:\n"
+        "  - decodeImage: {channels: 3}\n"
+        "  - echo: {factor: 2}\n"
+        "  - randomResizedCrop: {size: [16, 16]}\n"
+        "  batchSize: 8\n"
+    )
+    worker = Worker(pipeline, tmp_path / "worker.log", epochs=1)
+    try:
+        with Client([worker.address], "test", "py") as client:
+            batches = list(client)
+    finally:
+        worker.stop()
+    copies = np.concatenate([b.echo_copies for b in batches])
+    rows = np.concatenate([b.rows for b in batches])
+    images = np.concatenate([b["image"] for b in batches])
+    # 24 images, each twice: copy 0 and copy 1, the copy in the position's bits 24-31.
+    assert sorted(copies.tolist()) == [0] * 24 + [1] * 24
+    assert ((rows & 0xFFFFFFFF) >> 24).tolist() == copies.tolist()
+    element = rows & ~np.uint64(0xFF << 24)
+    by_copy = {int(c): {int(e): images[i] for i, (e, c2) in enumerate(zip(element, copies)) if c2 == c} for c in (0, 1)}
+    assert by_copy[0].keys() == by_copy[1].keys() and len(by_copy[0]) == 24
+    differing = sum(not np.array_equal(by_copy[0][e], by_copy[1][e]) for e in by_copy[0])
+    assert differing == 24, f"each copy cropped on its own draws: {differing} of 24 differ"
+
+
+def test_rows_without_echo_are_all_copy_0(two_workers):
+    with Client(two_workers[:1], "test", "py") as client:
+        batch = next(client)
+    assert batch.echo_copies.tolist() == [0] * len(batch.rows)

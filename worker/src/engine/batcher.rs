@@ -23,6 +23,8 @@ pub(super) struct Batcher<S> {
     size: usize,
     pad: Option<f64>,
     drop_remainder: bool,
+    /// The pipeline echoes: its batches say so (`Batch::echo`).
+    echo: bool,
     epoch: u64,
     /// Rows with their provenance (`stoker_api::row`).
     shuffle: Option<ShuffleBuffer<(u64, Row)>>,
@@ -89,6 +91,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
             size,
             pad: pipeline.data_plane.pad_value,
             drop_remainder: pipeline.data_plane.drop_remainder,
+            echo: pipeline.data_plane.echo().is_some(),
             epoch,
             shuffle: pipeline.data_plane.shuffle.as_ref().map(|s| {
                 let capacity = capped.map_or(s.buffer_size as usize, |c| c.min(s.buffer_size as usize));
@@ -227,6 +230,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         let rows_bytes = self.rows.iter().map(row_bytes).sum();
         let mut batch = stack::make_batch(&mut self.rows, self.pad, self.epoch, split, self.sequence)?;
         batch.rows = self.origins.clone();
+        batch.echo = self.echo;
         self.drop_rows();
         let completes = std::mem::take(&mut self.track.completed);
         self.sequence += 1;

@@ -25,6 +25,9 @@ pub(super) struct SplitPlan {
     pub(super) from: usize,
     pub(super) measure: Vec<u32>,
     pub(super) put: Option<(u32, String)>,
+    /// With `echo`: the copies an earlier attempt at the split delivered (sorted positions,
+    /// `echo_position`), left out where the echo makes them.
+    pub(super) delivered: Vec<u32>,
 }
 
 /// What passed the autocache hints in a chunk: the sizes and, for a put, the encoded records

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stoker_api::{Batch, Stacked, WorkerPipeline};
+use stoker_api::{Batch, MAX_ECHO_SPLIT_ELEMENTS, Stacked, WorkerPipeline, echo_position};
 
 use crate::apply::ElementError;
 use crate::budget::MemoryBudget;
@@ -80,6 +80,11 @@ pub enum EngineError {
     Load(String),
     #[error("{0}")]
     Pack(String),
+    #[error(
+        "split {split} holds {elements} elements; a pipeline with `echo` takes at most \
+         {MAX_ECHO_SPLIT_ELEMENTS} per split (a row's position holds the copy above them): use smaller shards"
+    )]
+    EchoSplit { split: u64, elements: usize },
 }
 
 impl From<BatchError> for EngineError {
@@ -96,6 +101,8 @@ pub struct Stats {
     pub filtered: AtomicU64,
     /// Elements left out of a split produced again because an earlier attempt delivered them.
     pub redelivery_skipped: AtomicU64,
+    /// Rows `echo` made beyond each element's first (copies left out as delivered included).
+    pub echoed: AtomicU64,
     pub batches: AtomicU64,
     pub batch_bytes: AtomicU64,
     /// Skipped records and elements by reason.
@@ -338,10 +345,25 @@ impl Engine {
         let listening = std::thread::scope(|scope| -> Result<bool, EngineError> {
             let mut flow = transform::Flow::new(self, scope, epoch);
             for (Assigned { split, cache, skip }, fetched) in Prefetch::new(self, splits.into_iter()) {
-                let (mut elements, plan) = self.elements(&split, &cache, fetched)?;
+                let (mut elements, mut plan) = self.elements(&split, &cache, fetched)?;
                 let packer = self.packer();
-                // Packed rows, not elements, are what a split's positions number then.
-                self.read_order(epoch, split.id, if packer.is_some() { &[] } else { &skip }, &mut elements);
+                let echo = self.pipeline.data_plane.echo();
+                if echo.is_some() && elements.len() as u64 > MAX_ECHO_SPLIT_ELEMENTS {
+                    return Err(EngineError::EchoSplit { split: split.id, elements: elements.len() });
+                }
+                let at_read = match (&packer, echo) {
+                    // Packed rows, not elements, are what a split's positions number then.
+                    (Some(_), _) => Vec::new(),
+                    // Positions name copies: an element is left out here only when every copy
+                    // of it was delivered, the others where the echo makes them.
+                    (None, Some((_, factor))) => {
+                        plan.delivered = skip.clone();
+                        every_copy_delivered(&skip, factor)
+                    }
+                    (None, None) => skip.clone(),
+                };
+                let rows = echo.map_or(1, |(_, factor)| u64::from(factor));
+                self.read_order(epoch, split.id, &at_read, rows, &mut elements);
                 let packing = packer.map(|packer| transform::Packing { packer, next: 0, skip, stats: &self.stats });
                 if !flow.split(&split, elements, plan, packing, &mut batcher)? {
                     return Ok(false);
@@ -369,4 +391,16 @@ impl Engine {
         self.stats.batch_bytes.fetch_add(ready.batch.payload_bytes() as u64, Ordering::Relaxed);
         out.send(ready).is_ok()
     }
+}
+
+/// The elements (positions below `MAX_ECHO_SPLIT_ELEMENTS`) every one of whose `factor` copies
+/// is at `delivered` (sorted copy positions), sorted.
+fn every_copy_delivered(delivered: &[u32], factor: u32) -> Vec<u32> {
+    let first_copies = delivered.iter().take_while(|&&p| u64::from(p) < MAX_ECHO_SPLIT_ELEMENTS);
+    first_copies
+        .filter(|&&p| {
+            (1..factor).all(|copy| delivered.binary_search(&(echo_position(u64::from(p), copy) as u32)).is_ok())
+        })
+        .copied()
+        .collect()
 }

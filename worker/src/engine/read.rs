@@ -134,7 +134,7 @@ impl Engine {
             SplitCache::Put { at, fingerprint } => Some((*at, fingerprint.clone())),
             _ => None,
         };
-        Ok((elements, SplitPlan { from: 0, measure, put }))
+        Ok((elements, SplitPlan { from: 0, measure, put, delivered: Vec::new() }))
     }
 
     /// With `shuffle`, a split's elements are taken in an order of their own each epoch, before
@@ -144,11 +144,19 @@ impl Engine {
     ///
     /// Elements at `skip` (sorted positions already delivered by an earlier attempt at the
     /// split) are left out first, before any transform spends time on them.
-    pub(super) fn read_order(&self, epoch: u64, split: u64, skip: &[u32], elements: &mut Vec<(u64, Element)>) {
+    /// Each element left out counts `rows` rows (its echo copies).
+    pub(super) fn read_order(
+        &self,
+        epoch: u64,
+        split: u64,
+        skip: &[u32],
+        rows: u64,
+        elements: &mut Vec<(u64, Element)>,
+    ) {
         if !skip.is_empty() {
             let before = elements.len();
             elements.retain(|(position, _)| skip.binary_search(&(*position as u32)).is_err());
-            self.stats.redelivery_skipped.fetch_add((before - elements.len()) as u64, Ordering::Relaxed);
+            self.stats.redelivery_skipped.fetch_add((before - elements.len()) as u64 * rows, Ordering::Relaxed);
         }
         if let Some(seed) = self.pipeline.data_plane.shuffle_seed() {
             order::shuffle(elements, seed, epoch, |(position, _)| (split << 32) | position);

@@ -65,6 +65,7 @@ pub fn make_batch(
         incarnation: 0,
         round: None,
         stream_seq: 0,
+        echo: false,
     })
 }
 

@@ -3,15 +3,26 @@
 //! go to the op n at a time, one call per group, the groups in parallel. A pipeline without
 //! batched ops is one stage.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
-use stoker_api::Transform;
+use stoker_api::{Transform, echo_position, row};
 
 use super::Engine;
 use super::hints::{self, AtHints, SplitPlan, Transformed};
 use crate::apply::{self, ElementError, ElementKey};
 use crate::element::Element;
+
+/// Where a chunk's elements meet between runs of per-element ops.
+enum Stop {
+    /// A batched python op: `n` elements per call.
+    Batched(usize),
+    /// `echo`: each element becomes its copies.
+    Echo(u32),
+    /// The end of the transforms.
+    End,
+}
 
 /// One element of a chunk on its way through the stages.
 pub(super) struct InFlight {
@@ -47,12 +58,15 @@ impl Engine {
                 at_hints: AtHints::default(),
             })
             .collect();
-        let batched = list.iter().enumerate().skip(plan.from).filter_map(|(index, t)| match t {
-            Transform::Python(op) => op.batched().map(|n| (index, Some(n))),
+        // Where the elements of the chunk meet between two runs of per-element ops: at a batched
+        // python op, and at `echo`, where each becomes its copies.
+        let stops = list.iter().enumerate().skip(plan.from).filter_map(|(index, t)| match t {
+            Transform::Python(op) => op.batched().map(|n| (index, Stop::Batched(n))),
+            Transform::Echo(e) => Some((index, Stop::Echo(e.factor))),
             _ => None,
         });
         let mut from = plan.from;
-        for (stop, batch) in batched.chain([(list.len(), None)]) {
+        for (stop, at) in stops.chain([(list.len(), Stop::End)]) {
             self.pool.install(|| {
                 flights.par_iter_mut().for_each(|f| {
                     if let Ok(Some(element)) = &mut f.result {
@@ -70,12 +84,59 @@ impl Engine {
                     }
                 })
             });
-            if let Some(n) = batch {
-                self.call_batched(stop, n, &mut flights);
+            match at {
+                Stop::Batched(n) => self.call_batched(stop, n, &mut flights),
+                Stop::Echo(factor) => flights = self.echo(split, factor, &plan.delivered, flights),
+                Stop::End => {}
             }
             from = stop + 1;
         }
         flights
+    }
+
+    /// Each live element of the chunk as `factor` copies, copy-major (every element's copy 0,
+    /// then every copy 1, ...), so the copies of an element are a chunk apart before the shuffle
+    /// buffer mixes them. A copy's position (`echo_position`) is its provenance and the key of
+    /// its random draws (copy 0 keeps the element's own); copies at `delivered` (an earlier
+    /// attempt at the split sent them) are left out. Failed and filtered elements pass once.
+    fn echo(&self, split: u64, factor: u32, delivered: &[u32], flights: Vec<InFlight>) -> Vec<InFlight> {
+        let ops = self.pipeline.data_plane.transforms.len();
+        let sent = |position: u64| delivered.binary_search(&(position as u32)).is_ok();
+        let mut out = Vec::with_capacity(flights.len() * factor as usize);
+        let mut live = Vec::new();
+        let mut skipped = 0;
+        for f in flights {
+            if let Ok(Some(element)) = &f.result {
+                if factor > 1 {
+                    live.push((f.position, f.key, element.clone()));
+                }
+                if sent(f.position) {
+                    skipped += 1;
+                    continue;
+                }
+            }
+            out.push(f);
+        }
+        for copy in 1..factor {
+            for (position, key, element) in &live {
+                let position = echo_position(*position, copy);
+                if sent(position) {
+                    skipped += 1;
+                    continue;
+                }
+                out.push(InFlight {
+                    position,
+                    key: ElementKey { element: row(split, position), ..*key },
+                    result: Ok(Some(element.clone())),
+                    // The ops before the echo ran once, on copy 0.
+                    timings: vec![Duration::ZERO; ops],
+                    at_hints: AtHints::default(),
+                });
+            }
+        }
+        self.stats.redelivery_skipped.fetch_add(skipped, Ordering::Relaxed);
+        self.stats.echoed.fetch_add(live.len() as u64 * u64::from(factor.saturating_sub(1)), Ordering::Relaxed);
+        out
     }
 
     /// Batched `python` op `index` on the elements of `flights` still alive, `n` per call. A

@@ -66,7 +66,9 @@ impl<'scope, 'env> Flow<'scope, 'env> {
         batcher: &mut Batcher<impl FnMut(Ready) -> bool>,
     ) -> Result<bool, EngineError> {
         let engine = self.engine;
-        let window = (engine.config.threads * 64).max(64);
+        // Elements per chunk; with `echo`, fewer, so a chunk's rows stay as many.
+        let factor = engine.pipeline.data_plane.echo().map_or(1, |(_, f)| f.max(1) as usize);
+        let window = ((engine.config.threads * 64).max(64) / factor).max(1);
         let at_hints = engine.start_hints(split.id, &mut plan);
         let plan = Arc::new(plan);
         self.open.push_back(Open { split: split.id, source: split.source, plan: plan.clone(), at_hints, packing });
@@ -85,7 +87,7 @@ impl<'scope, 'env> Flow<'scope, 'env> {
             // The chunk's output is held from before it exists until it is sent: reserve
             // what the last chunk's rows weighed, wait while batches in flight leave no
             // room, then correct to the actual size.
-            let reserved = engine.budget.reserve_rows(batcher.row_estimate() * chunk.len());
+            let reserved = engine.budget.reserve_rows(batcher.row_estimate() * chunk.len() * factor);
             let (epoch, id, plan) = (self.epoch, split.id, plan.clone());
             let transforming = self.scope.spawn(move || engine.transform(epoch, id, chunk, &plan));
             self.steps.push_back(Step::Chunk { transforming, reserved });

@@ -90,6 +90,7 @@ impl SyntheticSource {
             incarnation: 0,
             round: None,
             stream_seq: 0,
+            echo: false,
         }
     }
 }
