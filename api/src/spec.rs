@@ -404,10 +404,15 @@ impl DataPlaneSpec {
         self.shuffle.as_ref().map(|s| s.seed.or(self.seed).unwrap_or(0))
     }
 
-    /// The `echo` op's index in `transforms` and its factor, if the pipeline echoes.
-    pub fn echo(&self) -> Option<(usize, u32)> {
+    /// The `maxFactor` of an automatic `echo`, whose factor the operator sets.
+    pub fn automatic_echo(&self) -> Option<u32> {
+        self.echo().and_then(|(_, e)| e.max_factor)
+    }
+
+    /// The `echo` op and its index in `transforms`, if the pipeline echoes.
+    pub fn echo(&self) -> Option<(usize, &crate::Echo)> {
         self.transforms.iter().enumerate().find_map(|(i, t)| match t {
-            crate::Transform::Echo(e) => Some((i, e.factor)),
+            crate::Transform::Echo(e) => Some((i, e)),
             _ => None,
         })
     }

@@ -87,9 +87,21 @@ pub struct AutoscalerStatus {
     /// will be tried again, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<String>,
+    /// With an automatic `echo` (`maxFactor`): the factor in force and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub echo: Option<EchoStatus>,
     /// Newest last; bounded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<ScalingStep>,
+}
+
+/// The echo factor the operator set for a pipeline's automatic `echo`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EchoStatus {
+    /// Rows per element for splits handed out from now on (1: no repeats).
+    pub factor: u32,
+    pub reason: String,
 }
 
 /// One scaling decision and the observation behind it.

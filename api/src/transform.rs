@@ -229,15 +229,47 @@ pub struct Autocache {}
 
 /// Data echoing (Choi et al., "Faster Neural Network Training with Data Echoing"): the ops
 /// before it run once per element, the ops after it once per copy, each copy with random draws
-/// of its own, so echoing before augmentation gives differently augmented copies. An epoch
-/// then holds `factor` rows per element. A row's position says which copy it is
-/// ([`crate::echo_copy`]): copy 0 is the element as without echo.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+/// of its own, so echoing before augmentation gives differently augmented copies. Each element
+/// becomes `factor` rows. A row's position says which copy it is ([`crate::echo_copy`]): copy
+/// 0 is the element as without echo. Exactly one of `factor` (fixed) and `maxFactor`
+/// (automatic).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Echo {
-    /// Rows per element, from 1 (no echo) to 255.
+    /// A fixed echo: rows per element, from 1 (no echo) to 255.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 255))]
-    pub factor: u32,
+    pub factor: Option<u32>,
+    /// An automatic echo: the operator sets the factor, from 1 up to this (2 to 255), raising
+    /// it while the autoscaler is held by `workers.max`, the cluster-wide budget or the
+    /// namespace's cap and the clients still wait for data, lowering it when workers can be
+    /// added or the waiting stops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2, max = 255))]
+    pub max_factor: Option<u32>,
+}
+
+impl Echo {
+    /// A fixed echo of `factor`.
+    pub fn fixed(factor: u32) -> Self {
+        Echo { factor: Some(factor), max_factor: None }
+    }
+
+    /// The factor of a split for which the dispatcher names none: the fixed one, or 1 (an
+    /// automatic echo starts without repeats).
+    pub fn initial(&self) -> u32 {
+        self.factor.unwrap_or(1)
+    }
+
+    /// The largest factor any split may get.
+    pub fn most(&self) -> u32 {
+        self.max_factor.or(self.factor).unwrap_or(1)
+    }
+
+    /// Whether the operator sets the factor.
+    pub fn automatic(&self) -> bool {
+        self.max_factor.is_some()
+    }
 }
 
 /// `module.function(element, rng)`: takes an element (a dict of numpy arrays, and `bytes` for

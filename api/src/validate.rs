@@ -285,8 +285,19 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
                     );
                 }
                 echo_at = Some(i);
-                if !(1..=255).contains(&e.factor) {
-                    err(&field, format!("factor {} is outside 1..=255", e.factor));
+                match (e.factor, e.max_factor) {
+                    (Some(f), None) if !(1..=255).contains(&f) => err(&field, format!("factor {f} is outside 1..=255")),
+                    (None, Some(m)) if !(2..=255).contains(&m) => {
+                        err(&field, format!("maxFactor {m} is outside 2..=255"))
+                    }
+                    (Some(_), Some(_)) => err(
+                        &field,
+                        "give factor (a fixed echo) or maxFactor (the operator sets the factor), not both".into(),
+                    ),
+                    (None, None) => {
+                        err(&field, "give factor (a fixed echo) or maxFactor (the operator sets the factor)".into())
+                    }
+                    _ => {}
                 }
             }
             Transform::RenameFields(r) if r.mapping.is_empty() => {
@@ -427,6 +438,16 @@ mod tests {
             assert!(text.contains(part), "{part:?} not in {text}");
         }
         assert_eq!(e.len(), 3, "{e:?}");
+        let auto = "transforms:\n- decodeImage: {}\n- echo: {maxFactor: 4}\n";
+        assert_eq!(validate(&spec(&format!("{BASE}{auto}"))), Ok(()));
+        for (echo, says) in [
+            ("{maxFactor: 1}", "maxFactor 1 is outside 2..=255"),
+            ("{factor: 2, maxFactor: 4}", "not both"),
+            ("{}", "give factor"),
+        ] {
+            let e = errors(&format!("transforms:\n- echo: {echo}\n"));
+            assert!(e.len() == 1 && e[0].message.contains(says), "{echo}: {e:?}");
+        }
     }
 
     #[test]

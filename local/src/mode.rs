@@ -70,6 +70,7 @@ struct Scoped {
     min: u32,
     max: u32,
     policy: AutoscalingPolicy,
+    echo: Option<u32>,
 }
 
 struct Unstarted {
@@ -177,8 +178,8 @@ impl Local {
         self.workers.scale(&key, start).await?;
         self.book.update(&key, |r| r.workers = start);
         if spec.autoscaling.mode == AutoscalingMode::BatchTime {
-            let policy = spec.autoscaling.policy;
-            self.scope.lock().unwrap().push(Scoped { key: key.clone(), min, max, policy });
+            let (policy, echo) = (spec.autoscaling.policy, spec.data_plane.automatic_echo());
+            self.scope.lock().unwrap().push(Scoped { key: key.clone(), min, max, policy, echo });
             self.start_scaling();
         }
         Ok(key)
@@ -202,6 +203,7 @@ impl Local {
                 max: s.max,
                 policy: s.policy.clone(),
                 workers: book.get(&s.key).map_or(s.min, |r: ScalingRecord| r.workers),
+                echo: s.echo,
             };
             scope.lock().unwrap().iter().map(scaled).collect()
         };

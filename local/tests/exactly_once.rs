@@ -70,7 +70,7 @@ async fn worker_lost_mid_split(graceful: bool, echo: u32) {
     // their heartbeats (every second) show they delivered.
     let mut pipeline = support::padded_records(data.path(), FILES, LINES);
     if echo > 1 {
-        pipeline.data_plane.transforms.push(stoker_api::Transform::Echo(stoker_api::Echo { factor: echo }));
+        pipeline.data_plane.transforms.push(stoker_api::Transform::Echo(stoker_api::Echo::fixed(echo)));
     }
     let s = support::dispatched(pipeline, Duration::from_secs(3), Some(40.0)).await;
     s.workers.scale(&s.key, 2).await.unwrap();

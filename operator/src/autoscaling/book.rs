@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use stoker_api::{CacheStatus, DataWaitStatus, DeliveryStatus, ScalingStep, WorkersReport};
+use stoker_api::{CacheStatus, DataWaitStatus, DeliveryStatus, EchoStatus, ScalingStep, WorkersReport};
 
 use super::policy::PolicyState;
 use crate::key::PipelineKey;
@@ -29,6 +29,8 @@ pub struct ScalingRecord {
     pub held_back: u32,
     /// When and why a convergence with clients waiting will be re-tried.
     pub retry: Option<String>,
+    /// With an automatic `echo`: the factor in force and why.
+    pub echo: Option<EchoStatus>,
     pub history: Vec<ScalingStep>,
 }
 

@@ -16,10 +16,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use stoker_api::window::Window;
-use stoker_api::{AutoscalingPolicy, JobName, ScalingStep};
+use stoker_api::{AutoscalingPolicy, EchoStatus, JobName, ScalingStep};
 
 use super::ScalingRecord;
 use super::budget::{self, Caps, Grant, Model};
+use super::echo::{EchoPolicy, Held, Seen};
 use super::policy::{self, Decision, Limits, Policy, PolicyState};
 use crate::dispatcher::JobWindows;
 use crate::key::PipelineKey;
@@ -33,6 +34,8 @@ pub struct Scaled {
     pub policy: AutoscalingPolicy,
     /// Workers it runs now.
     pub workers: u32,
+    /// The `maxFactor` of its automatic `echo`, if it has one.
+    pub echo: Option<u32>,
 }
 
 /// A change to make.
@@ -69,6 +72,8 @@ pub struct Driver {
     serving: BTreeSet<PipelineKey>,
     /// The pipelines idle this round (no client for `idleAfterSeconds`).
     idle: BTreeSet<PipelineKey>,
+    /// The echo policy of each pipeline with an automatic `echo`.
+    echoes: BTreeMap<PipelineKey, EchoPolicy>,
 }
 
 /// Why each pipeline's count changes this round, for Events and status history.
@@ -90,9 +95,10 @@ impl Driver {
         self.forget_all_but(pipelines);
         let attached = self.ingest(windows, pipelines);
         let due = self.due(elapsed, pipelines);
-        let mut reasons = self.judge(&due, pipelines);
+        let (mut reasons, judged) = self.judge(&due, pipelines);
         let wishes = self.wishes(elapsed, pipelines, &attached, &mut reasons);
         let grants = self.grant(pipelines, &wishes, caps);
+        self.echo(pipelines, &judged, &wishes, &grants);
         self.reconsider(pipelines);
         self.records(now, pipelines, &attached, &wishes, &grants, reasons, previous)
     }
@@ -105,6 +111,8 @@ impl Driver {
         self.pending.retain(|(key, _), _| in_scope.contains(key));
         self.since.retain(|key, _| in_scope.contains(key));
         self.idle.retain(|key| in_scope.contains(key));
+        let echoing: BTreeSet<&PipelineKey> = pipelines.iter().filter(|p| p.echo.is_some()).map(|p| &p.key).collect();
+        self.echoes.retain(|key, _| echoing.contains(key));
     }
 
     /// Keeps the windows of pipelines in scope until they are judged; returns the pipelines
@@ -135,14 +143,17 @@ impl Driver {
         due
     }
 
-    /// Feeds each due job's windows, as one observation, to its policy (made on first use).
-    fn judge(&mut self, due: &BTreeSet<PipelineKey>, pipelines: &[Scaled]) -> Reasons {
+    /// Feeds each due job's windows, as one observation, to its policy (made on first use);
+    /// returns the reasons of the decisions and the pipelines a window was judged of.
+    fn judge(&mut self, due: &BTreeSet<PipelineKey>, pipelines: &[Scaled]) -> (Reasons, BTreeSet<PipelineKey>) {
         let mut reasons = Reasons::new();
+        let mut judged_pipelines = BTreeSet::new();
         let judged: Vec<JobKey> = self.pending.keys().filter(|(key, _)| due.contains(key)).cloned().collect();
         for (key, job_name) in judged {
             let p = pipelines.iter().find(|p| p.key == key).expect("pending windows are of pipelines in scope");
             let windows = self.pending.remove(&(key.clone(), job_name.clone())).unwrap_or_default();
             let Some(window) = combine(&windows, p.workers) else { continue };
+            judged_pipelines.insert(key.clone());
             let job = self.jobs.entry((key.clone(), job_name.clone())).or_insert_with(|| JobPolicy {
                 policy: policy::ours(Limits { min: p.min.max(1), max: p.max }, &p.policy, p.workers),
                 wants: p.workers,
@@ -156,7 +167,7 @@ impl Driver {
                 reasons.insert(key, format!("job {job_name}: {reason}"));
             }
         }
-        reasons
+        (reasons, judged_pipelines)
     }
 
     /// What each pipeline would run without a budget: the most any of its jobs wants, or min
@@ -232,6 +243,38 @@ impl Driver {
             .collect()
     }
 
+    /// The echo factor of each pipeline with an automatic `echo`: judged with its window, from
+    /// what holds its workers (granted below its wish by a cap, or at `workers.max` with the
+    /// policy wanting no fewer) and how long its slowest job's clients waited; none while idle.
+    fn echo(
+        &mut self,
+        pipelines: &[Scaled],
+        judged: &BTreeSet<PipelineKey>,
+        wishes: &BTreeMap<PipelineKey, u32>,
+        grants: &BTreeMap<PipelineKey, Grant>,
+    ) {
+        for p in pipelines {
+            let Some(max_factor) = p.echo else { continue };
+            let wait_fraction = self.last_window(&p.key).map(|w| w.wait_fraction);
+            let policy = self.echoes.entry(p.key.clone()).or_insert_with(|| EchoPolicy::new(max_factor));
+            if self.idle.contains(&p.key) {
+                policy.idle();
+                continue;
+            }
+            let Some(wait_fraction) = wait_fraction.filter(|_| judged.contains(&p.key)) else { continue };
+            let Grant { granted, by, .. } = grants[&p.key];
+            let wish = wishes[&p.key];
+            let held = match by {
+                Some(cap) if granted < wish => Some(Held::Cap(cap)),
+                _ if granted >= p.max && wish >= p.max => Some(Held::WorkersMax(p.max)),
+                _ => None,
+            };
+            if policy.observe(Seen { held, wait_fraction }) {
+                tracing::info!(pipeline = %p.key, factor = policy.factor(), reason = policy.reason(), "echo");
+            }
+        }
+    }
+
     /// When a pipeline stopped serving clients since the last round, tells every other's jobs.
     fn reconsider(&mut self, pipelines: &[Scaled]) {
         let serving: BTreeSet<PipelineKey> =
@@ -274,6 +317,8 @@ impl Driver {
             record.converged = !states.is_empty() && states.iter().all(PolicyState::converged);
             record.state = Some(PolicyState::shown(states).unwrap_or(PolicyState::Idle));
             record.retry = self.jobs_of(&p.key).find_map(|j| j.policy.retry_plan());
+            record.echo =
+                self.echoes.get(&p.key).map(|e| EchoStatus { factor: e.factor(), reason: e.reason().to_string() });
             if granted != p.workers {
                 let mut reason = reasons.remove(&p.key).unwrap_or_else(|| "following the policy".into());
                 if let Some(cap) = by.filter(|_| held_back > 0) {
@@ -362,7 +407,7 @@ mod tests {
             warmup_windows: 0,
             ..AutoscalingPolicy::default()
         };
-        Scaled { key: key(name), min, max, policy, workers }
+        Scaled { key: key(name), min, max, policy, workers, echo: None }
     }
 
     fn window(workers: u32, mean_s: f64, wait_fraction: f64) -> Window {
@@ -414,7 +459,7 @@ mod tests {
         let mut judged = 0;
         let reasons = loop {
             d.ingest(vec![job_windows("a", "j", hungry()), job_windows("b", "j", hungry())], &pipelines);
-            let reasons = d.judge(&BTreeSet::from([key("a")]), &pipelines);
+            let (reasons, _) = d.judge(&BTreeSet::from([key("a")]), &pipelines);
             judged += 1;
             if !reasons.is_empty() || judged == 10 {
                 break reasons;
@@ -559,6 +604,47 @@ mod tests {
         assert!(rescales[0].to > 1, "{rescales:?}");
         assert_eq!(rounds % 2, 0, "decisions come only in due rounds");
         assert_eq!(records[&key("a")].history[0].time, format!("t{rounds}"));
+    }
+
+    #[test]
+    fn an_automatic_echo_rises_while_held_at_max_and_falls_once_workers_can_be_added() {
+        let mut d = Driver::default();
+        let mut capped = scaled("a", 1, 1, 1);
+        capped.echo = Some(4);
+        let hungry = || vec![job_windows("a", "j", vec![window(1, 0.1, 0.6)])];
+        let mut factors = Vec::new();
+        for round in 0..8 {
+            let (_, records) =
+                d.round(SECOND, &format!("t{round}"), hungry(), &[capped.clone()], Caps::default(), &BTreeMap::new());
+            factors.push(records[&key("a")].echo.clone().expect("an echo record").factor);
+        }
+        // Due every second round: one step up per judged window, to maxFactor.
+        assert_eq!(factors, [1, 2, 2, 3, 3, 4, 4, 4]);
+        let (_, records) = d.round(SECOND, "t8", hungry(), &[capped.clone()], Caps::default(), &BTreeMap::new());
+        assert!(records[&key("a")].echo.as_ref().unwrap().reason.contains("workers.max (1)"), "{records:?}");
+        // workers.max raised: workers can be added, so the echo steps down.
+        capped.max = 8;
+        let (_, records) = d.round(SECOND, "t9", hungry(), &[capped.clone()], Caps::default(), &BTreeMap::new());
+        let echo = records[&key("a")].echo.clone().unwrap();
+        assert_eq!(echo.factor, 3, "{echo:?}");
+        assert!(echo.reason.contains("workers can be added"), "{echo:?}");
+    }
+
+    #[test]
+    fn a_budget_that_holds_a_pipeline_back_raises_its_echo_too() {
+        let mut d = Driver::default();
+        let mut held = scaled("b", 1, 8, 1);
+        held.echo = Some(3);
+        let hungry = || vec![job_windows("b", "j", vec![window(1, 0.1, 0.6)])];
+        let caps = Caps { cluster: Some(1), namespace: None };
+        let mut record = None;
+        for round in 0..12 {
+            let (_, records) = d.round(SECOND, &format!("t{round}"), hungry(), &[held.clone()], caps, &BTreeMap::new());
+            record = records[&key("b")].echo.clone();
+        }
+        let echo = record.expect("an echo record");
+        assert_eq!(echo.factor, 3, "{echo:?}");
+        assert!(echo.reason.contains("the cluster-wide worker budget"), "{echo:?}");
     }
 
     /// A policy that holds and records what it is told to reconsider.

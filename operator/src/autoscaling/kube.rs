@@ -68,6 +68,7 @@ pub fn in_scope(store: &watch::Receiver<Option<Store<DataPipeline>>>, book: &Sca
                 max: dp.spec.workers.max as u32,
                 policy: dp.spec.autoscaling.policy.clone(),
                 workers,
+                echo: dp.spec.data_plane.automatic_echo(),
             }
         })
         .collect()

@@ -5,7 +5,8 @@
 //! 2. [`run`]: the loop that takes the windows every round and applies the decisions;
 //! 3. [`driver`]: one round, pure, in small steps (ingest, due, judge, wishes, grant, records);
 //! 4. [`policy`]: the pure policies (ours, and Cachew's rule as the baseline);
-//! 5. [`budget`]: sharing the cluster-wide worker budget by marginal gain;
+//! 5. [`budget`]: sharing the cluster-wide worker budget by marginal gain, and [`echo`]: the
+//!    echo factor of a pipeline held at a limit while its clients wait;
 //! 6. [`book`]: each pipeline's record, which status and the local view show;
 //! 7. [`scaler`] and its backends: [`kube`] (the workers Deployment's replicas, through the
 //!    controller; [`replicas`] is the count it applies), local processes in `stoker-local`.
@@ -15,6 +16,7 @@
 mod book;
 pub mod budget;
 mod driver;
+pub mod echo;
 mod kube;
 pub mod policy;
 pub mod replicas;

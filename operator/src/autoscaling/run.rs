@@ -51,6 +51,14 @@ impl<S: Scaler> Loop<S> {
             let (rescales, records) =
                 driver.round(elapsed, &Timestamp::now().to_string(), windows, &scope, self.caps, &self.book.all());
             let mut changed = waited;
+            // Splits handed out from now on carry the factor.
+            self.dispatcher.with_state(|s| {
+                for (key, record) in &records {
+                    if let Some(echo) = &record.echo {
+                        s.set_echo(key, echo.factor);
+                    }
+                }
+            });
             for (key, record) in records {
                 changed |= self.book.update(&key, |r| *r = record);
             }

@@ -112,6 +112,7 @@ pub fn next(
                 state: r.state.map(|s| s.name().to_string()),
                 held_back_by_budget: r.held_back,
                 retry: r.retry.clone(),
+                echo: r.echo.clone(),
                 history: r.history.clone(),
             },
             // A new leader has decided nothing yet: keep what the last one recorded. The very

@@ -38,6 +38,9 @@ pub enum Assignment {
         split: u64,
         /// Positions already delivered by an earlier attempt: not to be produced again.
         skip: Vec<u32>,
+        /// The split's echo factor (0: the pipeline's own), the same at every hand-out of it
+        /// in the epoch, so that an attempt again names the same copies.
+        echo: u32,
     },
     /// Nothing to hand out in `epoch` now: other workers hold its last splits (one may come
     /// back if its worker dies), or it is more than one ahead of the job.
@@ -70,6 +73,8 @@ struct Pass {
     /// When its first split was handed out, and how many were computed, put and got.
     started: Option<Instant>,
     actions: [u64; 3],
+    /// Each split's echo factor, from its first hand-out.
+    echo: HashMap<u64, u32>,
 }
 
 impl Pass {
@@ -237,6 +242,7 @@ impl Job {
         worker: &WorkerId,
         plan: &Plan,
         directive: &Directive,
+        echo: u32,
         now: Instant,
     ) -> Assignment {
         let pass = match epoch.checked_sub(self.epoch) {
@@ -260,7 +266,8 @@ impl Job {
                     Directive::Put(_) => 1,
                     Directive::Get(_) => 2,
                 }] += 1;
-                Assignment::Split { epoch, split, skip }
+                let echo = *pass.echo.entry(split).or_insert(echo);
+                Assignment::Split { epoch, split, skip, echo }
             }
             None => Assignment::Draining { epoch },
         }

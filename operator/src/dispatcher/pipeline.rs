@@ -32,6 +32,9 @@ pub(super) struct Pipeline {
     /// each time was most of what an acknowledgement cost.
     pub listed: Arc<Vec<(String, WorkerId)>>,
     pub version: u64,
+    /// The echo factor the operator set for the pipeline's automatic `echo` (0: none set),
+    /// handed out with each split not handed out before in its epoch.
+    pub echo: u32,
 }
 
 /// A job: how its clients read it, and where it is in its life.

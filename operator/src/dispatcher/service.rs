@@ -319,13 +319,16 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         {
             self.0.publish(&pipeline);
         }
-        let (next, skip) = match next {
-            Assignment::Split { epoch, split, skip } => (Next::Split(proto::SplitRef { epoch, split }), skip),
+        let (next, skip, echo_factor) = match next {
+            Assignment::Split { epoch, split, skip, echo } => {
+                (Next::Split(proto::SplitRef { epoch, split }), skip, echo)
+            }
             Assignment::Draining { epoch } => (
                 Next::Draining(proto::EpochDraining { epoch, retry_ms: DRAINING_RETRY.as_millis() as u32 }),
                 Vec::new(),
+                0,
             ),
-            Assignment::Finished { epoch } => (Next::Finished(proto::EpochFinished { epoch }), Vec::new()),
+            Assignment::Finished { epoch } => (Next::Finished(proto::EpochFinished { epoch }), Vec::new(), 0),
         };
         use proto::cache_directive::Action;
         let cache = match directive {
@@ -337,7 +340,13 @@ impl dispatcher_server::Dispatcher for DispatcherService {
                 proto::CacheDirective { action: Action::Get.into(), at: h.at, fingerprint: h.fingerprint }
             }
         };
-        Ok(Response::new(proto::NextSplitResponse { next: Some(next), cache: Some(cache), skip, incarnation }))
+        Ok(Response::new(proto::NextSplitResponse {
+            next: Some(next),
+            cache: Some(cache),
+            skip,
+            incarnation,
+            echo_factor,
+        }))
     }
 
     async fn return_splits(

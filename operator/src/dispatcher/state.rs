@@ -205,6 +205,15 @@ impl DispatcherState {
         self.members.worker(worker_id).map_or(Directive::Compute, |w| self.caches.directive(&w.pipeline))
     }
 
+    /// The echo factor of the pipeline's automatic `echo` from now on: splits of an epoch not
+    /// handed out before get it (a split handed out again keeps its first). Before the
+    /// pipeline's first worker registered there is nothing to set.
+    pub fn set_echo(&mut self, key: &PipelineKey, factor: u32) {
+        if let Some(pipeline) = self.pipelines.get_mut(key) {
+            pipeline.echo = factor;
+        }
+    }
+
     /// Every pipeline's cache plan.
     pub fn cache_statuses(&self) -> BTreeMap<PipelineKey, CacheStatus> {
         self.pipelines.keys().filter_map(|k| Some((k.clone(), self.cache_status(k)?))).collect()
@@ -250,9 +259,9 @@ impl DispatcherState {
         if let Some((action, seconds)) = state.complete(completed, Reporter::Worker, &plan, now) {
             self.caches.epoch(&key, action, seconds);
         }
-        let assignment = state.hand_out(epoch, worker_id, &plan, &directive, now);
-        if let Assignment::Split { epoch, split, skip } = &assignment {
-            tracing::debug!(pipeline = %key, %job, worker = %worker_id, epoch, split, skip = skip.len(), "handed out a split");
+        let assignment = state.hand_out(epoch, worker_id, &plan, &directive, pipeline.echo, now);
+        if let Assignment::Split { epoch, split, skip, echo } = &assignment {
+            tracing::debug!(pipeline = %key, %job, worker = %worker_id, epoch, split, skip = skip.len(), echo, "handed out a split");
         }
         Ok(assignment)
     }

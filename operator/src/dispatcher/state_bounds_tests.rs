@@ -75,7 +75,7 @@ fn epochs_at_u64_max_do_not_overflow() {
     };
     let run = s.register_client(ClientRegistration { resume: Some(resume), ..client("r") }, t).unwrap().job;
     let first = s.next_split(&w, &run, &[], u64::MAX, t);
-    assert_eq!(first, Ok(Assignment::Split { epoch: u64::MAX, split: 0, skip: vec![] }));
+    assert_eq!(first, Ok(Assignment::Split { epoch: u64::MAX, split: 0, skip: vec![], echo: 0 }));
     s.next_split(&w, &run, &[(u64::MAX, 0)], u64::MAX, t).unwrap();
     // A rank rejoining with u64::MAX as its open epoch (`open + 1` in `Ranks::rejoined`).
     let rejoin = Rejoin { incarnation: 7, open_epoch: u64::MAX, clients: 1, ..Rejoin::default() };

@@ -10,7 +10,7 @@ use crate::dispatcher::ledger::Held;
 use crate::dispatcher::ranks::Received;
 
 fn split(epoch: u64, split: u64) -> Assignment {
-    Assignment::Split { epoch, split, skip: Vec::new() }
+    Assignment::Split { epoch, split, skip: Vec::new(), echo: 0 }
 }
 
 fn key() -> PipelineKey {
@@ -188,7 +188,7 @@ fn a_new_worker_at_a_live_workers_address_replaces_it_at_once() {
     s.acknowledge(&c, ack(&[], after.version, &[held(0, 0, &[0, 1])], &[]), t).unwrap();
     assert_eq!(
         s.next_split(&new, &"j".into(), &[], 0, t).unwrap(),
-        Assignment::Split { epoch: 0, split: 0, skip: vec![0, 1] }
+        Assignment::Split { epoch: 0, split: 0, skip: vec![0, 1], echo: 0 }
     );
     // Re-registering under its own id is not a new worker.
     let again = WorkerRegistration { worker_id: Some(new.clone()), ..registration("a:1", 2) };
@@ -251,13 +251,13 @@ fn a_restarted_dispatcher_hands_out_nothing_of_a_job_until_its_clients_rejoined_
     s.register_client(rejoining("c-t1-2", vec![(7, 3)], vec![held(7, 1, &[1]), held(8, 0, &[5])]), t).unwrap();
     assert_eq!(
         s.next_split(&w, &"j".into(), &[], 7, t).unwrap(),
-        Assignment::Split { epoch: 7, split: 1, skip: vec![0, 1, 2] }
+        Assignment::Split { epoch: 7, split: 1, skip: vec![0, 1, 2], echo: 0 }
     );
     assert_eq!(s.next_split(&w, &"j".into(), &[], 7, t).unwrap(), split(7, 2), "splits 0 and 3 are done");
     assert_eq!(s.next_split(&w, &"j".into(), &[], 7, t).unwrap(), Assignment::Draining { epoch: 7 });
     assert_eq!(
         s.next_split(&w, &"j".into(), &[], 8, t).unwrap(),
-        Assignment::Split { epoch: 8, split: 0, skip: vec![5] }
+        Assignment::Split { epoch: 8, split: 0, skip: vec![5], echo: 0 }
     );
     let job = &s.jobs(&key())[0];
     assert_eq!((job.epoch, job.done, job.repeats, job.unacknowledged), (7, 2, 0, 0));
@@ -318,14 +318,14 @@ fn a_rejoin_goes_on_without_a_client_that_never_came_back_and_a_late_one_is_ackn
     s.expire(later);
     assert_eq!(
         s.next_split(&w, &"j".into(), &[], 7, later).unwrap(),
-        Assignment::Split { epoch: 7, split: 0, skip: vec![4] }
+        Assignment::Split { epoch: 7, split: 0, skip: vec![4], echo: 0 }
     );
     assert_eq!(s.jobs(&key())[0].unacknowledged, 1, "counted: rows the missing client had may repeat");
     // It comes back after all, with split 1's rows: they are left out of it.
     s.register_client(rejoining("c-t1-2", vec![], vec![held(7, 1, &[0])]), later).unwrap();
     assert_eq!(
         s.next_split(&w, &"j".into(), &[], 7, later).unwrap(),
-        Assignment::Split { epoch: 7, split: 1, skip: vec![0] }
+        Assignment::Split { epoch: 7, split: 1, skip: vec![0], echo: 0 }
     );
     // A client registering again with the dispatcher it had lost nothing: plain re-registration.
     let same = Rejoin { incarnation: s.incarnation(), open_epoch: 9, ..Rejoin::default() };
@@ -351,11 +351,11 @@ fn a_client_late_for_a_gathering_before_the_plan_is_known_still_counts() {
     let w = s.register_worker(registration("a:1", 2), later).unwrap();
     assert_eq!(
         s.next_split(&w, &"j".into(), &[], 7, later).unwrap(),
-        Assignment::Split { epoch: 7, split: 0, skip: vec![4] }
+        Assignment::Split { epoch: 7, split: 0, skip: vec![4], echo: 0 }
     );
     assert_eq!(
         s.next_split(&w, &"j".into(), &[], 7, later).unwrap(),
-        Assignment::Split { epoch: 7, split: 1, skip: vec![0] }
+        Assignment::Split { epoch: 7, split: 1, skip: vec![0], echo: 0 }
     );
 }
 
@@ -466,7 +466,7 @@ fn a_dead_workers_split_waits_for_the_clients_rows_and_comes_back_without_them()
     s.acknowledge(&c, ack(&[], 3, &[], &[]), t).unwrap();
     assert_eq!(
         s.next_split(&b, &"j".into(), &[], 0, t).unwrap(),
-        Assignment::Split { epoch: 0, split: 0, skip: vec![1, 3] }
+        Assignment::Split { epoch: 0, split: 0, skip: vec![1, 3], echo: 0 }
     );
     assert_eq!(s.jobs(&key())[0].skipped, 2);
     // Done: the rows it delivered are forgotten with it.
@@ -601,7 +601,7 @@ fn a_job_resumed_by_its_ranks_runs_anew_once_every_ranks_state_is_in_without_wha
     assert_eq!(r1.job, r0.job, "saved at the same step: the same run");
     assert_eq!(s.next_split(&w, &r0.job, &[], 4, t).unwrap(), split(4, 0));
     let second = s.next_split(&w, &r0.job, &[], 4, t).unwrap();
-    assert_eq!(second, Assignment::Split { epoch: 4, split: 1, skip: vec![1, 2, 3] });
+    assert_eq!(second, Assignment::Split { epoch: 4, split: 1, skip: vec![1, 2, 3], echo: 0 });
     assert_eq!(s.listing(&key()).epochs[&r0.job], 4);
 
     // Resumed again from the same step (the first run crashed): a fresh run.
@@ -632,7 +632,7 @@ fn a_merged_state_resumes_the_job_read_by_another_number_of_ranks_once_all_of_th
     assert_eq!(s.register_client(resuming(1), t).unwrap().job, r0.job);
     assert_eq!(s.next_split(&w, &r0.job, &[], 4, t).unwrap(), split(4, 0));
     let second = s.next_split(&w, &r0.job, &[], 4, t).unwrap();
-    assert_eq!(second, Assignment::Split { epoch: 4, split: 1, skip: vec![1, 2, 3] }, "the rows once");
+    assert_eq!(second, Assignment::Split { epoch: 4, split: 1, skip: vec![1, 2, 3], echo: 0 }, "the rows once");
 
     // A rank's own state still resumes only the job read by as many ranks.
     let own = Resume { merged: false, ..merged.clone() };

@@ -34,9 +34,16 @@ pub struct Link {
     runtime: tokio::runtime::Handle,
 }
 
-/// A NextSplit answer: what to do, with the cache directive, the positions to skip and the
-/// dispatcher's incarnation (for the batches made of the split).
-pub(super) type Handed = (Next, SplitCache, Vec<u32>, u64);
+/// A NextSplit answer: what to do, and for a split how (its cache directive, the positions to
+/// skip, its echo factor), with the dispatcher's incarnation (for the batches made of it).
+pub(super) struct Handed {
+    pub(super) next: Next,
+    pub(super) cache: SplitCache,
+    pub(super) skip: Vec<u32>,
+    /// None: the pipeline's own (`Echo::initial`).
+    pub(super) echo: Option<u32>,
+    pub(super) incarnation: u64,
+}
 
 /// How long to wait between attempts when the dispatcher is unreachable or not the leader.
 const RETRY: Duration = Duration::from_millis(250);
@@ -171,7 +178,7 @@ impl Link {
         });
     }
 
-    /// The job's next split, what it does with the cache, and the positions to skip.
+    /// The job's next split and how to produce it.
     pub(super) fn next_split(&self, job: &JobName, epoch: u64) -> anyhow::Result<Handed> {
         let response = self.runtime.block_on(self.call("next split", |mut c, worker_id| {
             // Completions go to the client, behind the batches they follow (see `produce`).
@@ -182,7 +189,8 @@ impl Link {
         let next = response.next.ok_or_else(|| anyhow::anyhow!("the dispatcher answered NextSplit with nothing"))?;
         let mut skip = response.skip;
         skip.sort_unstable();
-        Ok((next, cache, skip, response.incarnation))
+        let echo = (response.echo_factor > 0).then_some(response.echo_factor);
+        Ok(Handed { next, cache, skip, echo, incarnation: response.incarnation })
     }
 
     /// Splits of `epoch` of `job` this worker took and will not deliver (nobody reads them).

@@ -384,7 +384,7 @@ fn produce(
             std::thread::sleep(Duration::from_millis(20));
         }
         let next = link.next_split(job, epoch)?;
-        if let Next::Split(s) = &next.0 {
+        if let Next::Split(s) = &next.next {
             busy.set(job, epoch, true);
             taken.lock().unwrap().insert(s.split);
         }
@@ -393,8 +393,8 @@ fn produce(
     let mut next = ask()?;
     loop {
         let first = match next {
-            (Next::Finished(_), ..) => return Ok(()),
-            (Next::Draining(d), ..) => {
+            Handed { next: Next::Finished(_), .. } => return Ok(()),
+            Handed { next: Next::Draining(d), .. } => {
                 // Idle until the epoch's last splits are done elsewhere: the next epoch may
                 // use this worker meanwhile (busy again when a dead worker's split comes back).
                 busy.set(job, epoch, false);
@@ -405,9 +405,9 @@ fn produce(
                 next = ask()?;
                 continue;
             }
-            (Next::Split(s), cache, skip, incarnation) => {
+            Handed { next: Next::Split(s), cache, skip, echo, incarnation } => {
                 anyhow::ensure!(s.epoch == epoch, "asked for a split of epoch {epoch}, got one of {}", s.epoch);
-                (Assigned { split: split(s.split)?, cache, skip }, incarnation)
+                (Assigned { split: split(s.split)?, cache, skip, echo }, incarnation)
             }
         };
         let (first, incarnation) = first;
@@ -431,8 +431,10 @@ fn produce(
                 // incarnation of their run's first split (a registration again between handing
                 // out the first split and reading the generation would otherwise let one run
                 // mix both, and the client refuse the new one's rows with the old one's).
-                (Next::Split(s), cache, skip, from) if !stale() && from == incarnation => {
-                    split(s.split).map(|split| Some(Assigned { split, cache, skip }))
+                Handed { next: Next::Split(s), cache, skip, echo, incarnation: from }
+                    if !stale() && from == incarnation =>
+                {
+                    split(s.split).map(|split| Some(Assigned { split, cache, skip, echo }))
                 }
                 other => {
                     after = Some(other);

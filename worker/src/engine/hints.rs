@@ -28,6 +28,8 @@ pub(super) struct SplitPlan {
     /// With `echo`: the copies an earlier attempt at the split delivered (sorted positions,
     /// `echo_position`), left out where the echo makes them.
     pub(super) delivered: Vec<u32>,
+    /// With `echo`: the split's echo factor.
+    pub(super) echo: u32,
 }
 
 /// What passed the autocache hints in a chunk: the sizes and, for a put, the encoded records

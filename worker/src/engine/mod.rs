@@ -193,12 +193,15 @@ pub struct Assigned {
     /// Positions already delivered by an earlier attempt (whose worker died), sorted: every
     /// other element is produced, not these.
     pub skip: Vec<u32>,
+    /// With `echo`: the split's factor as the dispatcher set it; None: the pipeline's own
+    /// (`Echo::initial`).
+    pub echo: Option<u32>,
 }
 
 impl Assigned {
     /// The whole split, computed from the source.
     pub fn whole(split: Split) -> Assigned {
-        Assigned { split, cache: SplitCache::Compute, skip: Vec::new() }
+        Assigned { split, cache: SplitCache::Compute, skip: Vec::new(), echo: None }
     }
 }
 
@@ -344,25 +347,30 @@ impl Engine {
         let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.reserve_rows(0), self.stats.clone(), send);
         let listening = std::thread::scope(|scope| -> Result<bool, EngineError> {
             let mut flow = transform::Flow::new(self, scope, epoch);
-            for (Assigned { split, cache, skip }, fetched) in Prefetch::new(self, splits.into_iter()) {
+            for (Assigned { split, cache, skip, echo: assigned_echo }, fetched) in
+                Prefetch::new(self, splits.into_iter())
+            {
                 let (mut elements, mut plan) = self.elements(&split, &cache, fetched)?;
                 let packer = self.packer();
                 let echo = self.pipeline.data_plane.echo();
                 if echo.is_some() && elements.len() as u64 > MAX_ECHO_SPLIT_ELEMENTS {
                     return Err(EngineError::EchoSplit { split: split.id, elements: elements.len() });
                 }
-                let at_read = match (&packer, echo) {
+                // The dispatcher's factor for the split, within what the spec allows.
+                let factor = echo.map(|(_, e)| assigned_echo.unwrap_or(e.initial()).clamp(1, e.most()));
+                plan.echo = factor.unwrap_or(1);
+                let at_read = match (&packer, factor) {
                     // Packed rows, not elements, are what a split's positions number then.
                     (Some(_), _) => Vec::new(),
                     // Positions name copies: an element is left out here only when every copy
                     // of it was delivered, the others where the echo makes them.
-                    (None, Some((_, factor))) => {
+                    (None, Some(factor)) => {
                         plan.delivered = skip.clone();
                         every_copy_delivered(&skip, factor)
                     }
                     (None, None) => skip.clone(),
                 };
-                let rows = echo.map_or(1, |(_, factor)| u64::from(factor));
+                let rows = u64::from(factor.unwrap_or(1));
                 self.read_order(epoch, split.id, &at_read, rows, &mut elements);
                 let packing = packer.map(|packer| transform::Packing { packer, next: 0, skip, stats: &self.stats });
                 if !flow.split(&split, elements, plan, packing, &mut batcher)? {

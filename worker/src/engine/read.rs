@@ -134,7 +134,7 @@ impl Engine {
             SplitCache::Put { at, fingerprint } => Some((*at, fingerprint.clone())),
             _ => None,
         };
-        Ok((elements, SplitPlan { from: 0, measure, put, delivered: Vec::new() }))
+        Ok((elements, SplitPlan { from: 0, measure, put, ..SplitPlan::default() }))
     }
 
     /// With `shuffle`, a split's elements are taken in an order of their own each epoch, before

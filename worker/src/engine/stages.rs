@@ -62,7 +62,7 @@ impl Engine {
         // python op, and at `echo`, where each becomes its copies.
         let stops = list.iter().enumerate().skip(plan.from).filter_map(|(index, t)| match t {
             Transform::Python(op) => op.batched().map(|n| (index, Stop::Batched(n))),
-            Transform::Echo(e) => Some((index, Stop::Echo(e.factor))),
+            Transform::Echo(_) => Some((index, Stop::Echo(plan.echo))),
             _ => None,
         });
         let mut from = plan.from;

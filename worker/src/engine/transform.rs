@@ -67,7 +67,7 @@ impl<'scope, 'env> Flow<'scope, 'env> {
     ) -> Result<bool, EngineError> {
         let engine = self.engine;
         // Elements per chunk; with `echo`, fewer, so a chunk's rows stay as many.
-        let factor = engine.pipeline.data_plane.echo().map_or(1, |(_, f)| f.max(1) as usize);
+        let factor = engine.pipeline.data_plane.echo().map_or(1, |(_, e)| e.most().max(1) as usize);
         let window = ((engine.config.threads * 64).max(64) / factor).max(1);
         let at_hints = engine.start_hints(split.id, &mut plan);
         let plan = Arc::new(plan);
