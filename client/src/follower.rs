@@ -100,6 +100,11 @@ struct State {
     cursors: HashMap<StreamKey, Arc<Cursor>>,
     /// Streams to open again after a pause: their last connection delivered nothing.
     paused: HashSet<StreamKey>,
+    /// Workers whose stream delivered and ended since the last window was reported: they
+    /// count in its worker count too. Counting only the streams open at the report left out a
+    /// worker between two epochs' streams: with epochs shorter than a window (48 images) most
+    /// windows said 0 workers, were dropped, and the autoscaler judged nothing for 20 s.
+    delivered_and_ended: HashSet<WorkerKey>,
     ended: mpsc::UnboundedSender<Ended>,
     /// How to dial the listed workers, as the newest list says.
     tls: WorkerTls,
@@ -114,6 +119,7 @@ impl State {
             finished: HashSet::new(),
             cursors: HashMap::new(),
             paused: HashSet::new(),
+            delivered_and_ended: HashSet::new(),
             ended,
             tls: WorkerTls::Plaintext,
         }
@@ -130,6 +136,9 @@ impl State {
             return None;
         }
         let stream = self.streams.remove(&ended.key)?;
+        if stream.delivered.load(Ordering::Relaxed) {
+            self.delivered_and_ended.insert(ended.key.0.clone());
+        }
         Some(self.cursors.get(&ended.key).is_some_and(|c| c.received() > stream.received_before))
     }
 }
@@ -211,12 +220,16 @@ impl Follower {
                     if let Some(failed) = unreported.take() {
                         times.merge_earlier(failed);
                     }
-                    // Workers, not streams: a worker streams two epochs at once.
+                    // Workers, not streams: a worker streams two epochs at once, and one
+                    // epoch's stream may have ended before the next delivered. Those that left
+                    // the list do not count: the window is of the workers still there.
+                    let ended = std::mem::take(&mut state.delivered_and_ended);
                     let delivering: HashSet<&WorkerKey> = state
                         .streams
                         .iter()
                         .filter(|(_, s)| s.delivered.load(Ordering::Relaxed))
                         .map(|((worker, _), _)| worker)
+                        .chain(ended.iter().filter(|w| state.listed.contains(*w)))
                         .collect();
                     let delivering = delivering.len();
                     if let Err(s) = self.link.report(times.window(), delivering).await {
