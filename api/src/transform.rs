@@ -265,11 +265,6 @@ impl Echo {
     pub fn most(&self) -> u32 {
         self.max_factor.or(self.factor).unwrap_or(1)
     }
-
-    /// Whether the operator sets the factor.
-    pub fn automatic(&self) -> bool {
-        self.max_factor.is_some()
-    }
 }
 
 /// `module.function(element, rng)`: takes an element (a dict of numpy arrays, and `bytes` for
