@@ -76,3 +76,9 @@ name_type!(
     /// (a resumed job gets a new run's name from the dispatcher).
     JobName
 );
+
+name_type!(
+    /// A share group: jobs of one pipeline (a sweep's trials) that take their splits from one
+    /// production, named by their clients.
+    ShareName
+);

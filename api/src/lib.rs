@@ -21,7 +21,7 @@ pub mod verdicts;
 pub mod window;
 mod yaml;
 
-pub use ids::{ClientId, JobName, WorkerId};
+pub use ids::{ClientId, JobName, ShareName, WorkerId};
 pub use reading::{JobShape, Reading};
 pub use spec::*;
 pub use status::*;

@@ -24,6 +24,11 @@ pub struct ClientOptions {
     /// of the same worker (`Batch::round`), so batches a pipeline groups by length line up
     /// across ranks. Every consumer of the job sets the same.
     pub coordinated: bool,
+    /// Under the dispatcher: the share group of the pipeline this job belongs to (for example
+    /// a hyperparameter sweep's name). The jobs of a group take their splits from one
+    /// production, each still getting every element of each of its epochs once, at its own
+    /// pace (docs/reuse.md). Every consumer of the job names the same group.
+    pub share: Option<String>,
     /// Under the dispatcher: go on from a state `Client::state` gave (saved with a checkpoint),
     /// on any dispatcher and with any number of workers. Every consumer of the job resumes from
     /// its own state saved at the same step; the job produces the rest of that epoch without
@@ -89,6 +94,7 @@ impl ClientOptions {
             consumer_index: 0,
             consumers: 0,
             coordinated: false,
+            share: None,
             resume: None,
             start_epoch: None,
             prefetch_next_epoch: true,

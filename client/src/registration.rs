@@ -66,6 +66,7 @@ impl Registration {
                 client_id: String::new(),
                 resume: options.resume.clone(),
                 rejoin: None,
+                share: options.share.clone().unwrap_or_default(),
             },
             token: options.token_source(),
             window: Duration::from_secs(10),

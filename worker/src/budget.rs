@@ -44,6 +44,17 @@ impl MemoryBudget {
         used.total += bytes;
     }
 
+    /// Reserves `bytes` only if they fit under the limit now, however little else is held (for
+    /// what the engine could do without: a share group's copies, see `engine::shared`).
+    pub fn try_reserve(&self, bytes: usize) -> bool {
+        let mut used = self.used.lock().unwrap();
+        if used.total + bytes > self.limit {
+            return false;
+        }
+        used.total += bytes;
+        true
+    }
+
     /// Like `reserve`, giving up after `timeout`; returns whether it reserved.
     pub fn reserve_timeout(&self, bytes: usize, timeout: Duration) -> bool {
         let used = self.used.lock().unwrap();

@@ -18,7 +18,7 @@ pub fn options(options: &mut ClientOptions, given: &Bound<'_, PyDict>) -> PyResu
     for (key, value) in given.iter() {
         let key: String = key.extract()?;
         if value.is_none()
-            && !matches!(key.as_str(), "start_epoch" | "token" | "ca_file" | "tls_server_name" | "resume")
+            && !matches!(key.as_str(), "start_epoch" | "token" | "ca_file" | "tls_server_name" | "resume" | "share")
         {
             continue;
         }
@@ -27,6 +27,7 @@ pub fn options(options: &mut ClientOptions, given: &Bound<'_, PyDict>) -> PyResu
             "consumer_index" => options.consumer_index = value.extract()?,
             "consumers" => options.consumers = value.extract()?,
             "coordinated" => options.coordinated = value.extract()?,
+            "share" => options.share = value.extract()?,
             "start_epoch" => options.start_epoch = value.extract()?,
             "prefetch_next_epoch" => options.prefetch_next_epoch = value.extract()?,
             "prefetch" => options.prefetch = value.extract()?,

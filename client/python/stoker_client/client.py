@@ -123,6 +123,7 @@ class Client:
         consumers: int = 0,
         resume: Optional[dict] = None,
         coordinated: bool = False,
+        share: Optional[str] = None,
         **options,
     ) -> "Client":
         """Registers with the dispatcher at `url` (host:port, or https://host:port with a CA),
@@ -143,6 +144,11 @@ class Client:
         the same number of batches (see the class). 0 or 1: the job's consumers share its
         batches, first come, first served. `coordinated`: coordinated mode (see the class).
 
+        `share`: a share group of the pipeline (e.g. a hyperparameter sweep's name): the jobs
+        naming it take their splits from one production, each still getting every element of
+        each of its epochs once, at its own pace (docs/reuse.md). Every consumer of the job
+        names the same.
+
         `resume`: a state `client.state()` gave (saved with a checkpoint): the rest of its
         epoch, without what any rank had yielded, on any dispatcher and with any number of
         workers. `options` are the constructor's (prefetch, max_message_bytes, token,
@@ -160,6 +166,7 @@ class Client:
             consumers=consumers,
             resume=resume,
             coordinated=coordinated,
+            share=share,
             **options,
         )
         return client

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from stoker_client import Client
+from stoker_client import Client, WorkerError
 
 from conftest import ROOT, images_in, pipeline_file, within, worker_binary
 
@@ -211,3 +211,17 @@ def test_a_wait_for_a_batch_leaves_python_running_and_is_interrupted_by_ctrl_c_a
                 next(client)
         closer.join()
         assert time.monotonic() - started < 2.5, "close() from another thread ends the wait"
+
+
+def test_two_jobs_of_a_share_group_each_get_every_epoch_once(tmp_path, corpus):
+    images = images_in(corpus)
+    with (
+        Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local,
+        Client.from_dispatcher(local.address(), "test", "py", job="trial-a", share="sweep") as a,
+        Client.from_dispatcher(local.address(), "test", "py", job="trial-b", share="sweep") as b,
+    ):
+        for client in (a, b, a, b):
+            epoch, batches = within(60, read_epoch, client)
+            check_epoch(epoch, batches, images)
+        with pytest.raises(WorkerError, match="share group"):
+            Client.from_dispatcher(local.address(), "test", "py", job="trial-a", share="other")

@@ -15,12 +15,13 @@
 //! repeat. A client that goes silent takes the job's in-flight splits back to the queue whole
 //! (its unreported batches are lost with it): then too rows may repeat. Repeats are counted.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use stoker_api::{CacheDecision, ClientId, JobName, WorkerId, order};
 
 use super::gathering::Gathered;
+use super::queue::SplitQueue;
 use crate::autocache::plan::Directive;
 
 /// The splits an epoch has, and the seed of the order they go out in (None: 0, 1, 2, ...).
@@ -49,6 +50,14 @@ pub enum Assignment {
     Finished { epoch: u64 },
 }
 
+/// A split a job waits for: in which epoch, and the echo factor an earlier attempt of it in
+/// that epoch had.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Wanted {
+    pub epoch: u64,
+    pub echo: Option<u32>,
+}
+
 /// A split whose worker died, waiting for the clients that may hold some of its rows.
 struct Recovery {
     /// The worker list without the dead worker: clients acknowledge this version or later.
@@ -61,7 +70,7 @@ struct Recovery {
 /// One pass over the pipeline's splits.
 #[derive(Default)]
 struct Pass {
-    pending: VecDeque<u64>,
+    pending: SplitQueue,
     /// Split -> the worker holding it.
     assigned: HashMap<u64, WorkerId>,
     recovering: BTreeMap<u64, Recovery>,
@@ -85,7 +94,7 @@ impl Pass {
         if let Some(seed) = plan.order {
             order::shuffle(&mut pending, seed, epoch, |&split| split);
         }
-        Pass { pending: pending.into(), ..Pass::default() }
+        Pass { pending: SplitQueue::new(pending), ..Pass::default() }
     }
 
     /// What most of the pass's splits did with the cache.
@@ -168,6 +177,30 @@ pub struct Job {
     skipped: u64,
     /// Recoveries that gave up waiting for a client's acknowledgement.
     unacknowledged: u64,
+    /// How fast the job's consumers take its splits.
+    read: Rate,
+}
+
+/// Splits done per second, averaged over the last [`Rate::SECONDS`] or so.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct Rate {
+    per_second: f64,
+    last: Option<Instant>,
+}
+
+impl Rate {
+    const SECONDS: f64 = 10.0;
+
+    fn add(&mut self, n: usize, now: Instant) {
+        self.per_second = self.at(now) + n as f64 / Self::SECONDS;
+        self.last = Some(now);
+    }
+
+    /// The rate at `now`: it decays while nothing is done.
+    pub fn at(&self, now: Instant) -> f64 {
+        let idle = self.last.map_or(0.0, |last| now.saturating_duration_since(last).as_secs_f64());
+        self.per_second * (-idle / Self::SECONDS).exp()
+    }
 }
 
 /// A job's delivery counters, for status and metrics.
@@ -212,7 +245,7 @@ impl Job {
             let Some(pass) = job.open_pass(e, plan) else { continue };
             if ranks.len() as u32 >= consumers.max(1) {
                 pass.finish(split);
-                pass.pending.retain(|&s| s != split);
+                pass.pending.remove(split);
             } else {
                 pass.completed_by.insert(split, ranks.clone());
             }
@@ -245,32 +278,95 @@ impl Job {
         echo: u32,
         now: Instant,
     ) -> Assignment {
-        let pass = match epoch.checked_sub(self.epoch) {
-            None => return Assignment::Finished { epoch },
-            Some(0) => &mut self.current,
-            // Only once the open epoch has nothing left to hand out: until then its work comes
-            // first (and its epoch time is not stretched by a split taken early).
-            Some(1) if !self.current.pending.is_empty() => return Assignment::Draining { epoch },
-            Some(1) => self.next.get_or_insert_with(|| Pass::full(plan, epoch)),
-            Some(_) => return Assignment::Draining { epoch },
+        let pass = match self.takeable(epoch, plan) {
+            Ok(pass) => pass,
+            Err(answer) => return answer,
         };
         match pass.pending.pop_front() {
-            Some(split) => {
-                let skip: Vec<u32> =
-                    pass.delivered.get(&split).map(|d| d.iter().copied().collect()).unwrap_or_default();
-                self.skipped += skip.len() as u64;
-                pass.assigned.insert(split, worker.clone());
-                pass.started.get_or_insert(now);
-                pass.actions[match directive {
-                    Directive::Compute => 0,
-                    Directive::Put(_) => 1,
-                    Directive::Get(_) => 2,
-                }] += 1;
-                let echo = *pass.echo.entry(split).or_insert(echo);
-                Assignment::Split { epoch, split, skip, echo }
-            }
+            Some(split) => self.give(epoch, split, worker, directive, echo, now),
             None => Assignment::Draining { epoch },
         }
+    }
+
+    /// The pass a worker may take splits of `epoch` from now, or what it is told instead.
+    fn takeable(&mut self, epoch: u64, plan: &Plan) -> Result<&mut Pass, Assignment> {
+        match epoch.checked_sub(self.epoch) {
+            None => Err(Assignment::Finished { epoch }),
+            Some(0) => Ok(&mut self.current),
+            // Only once the open epoch has nothing left to hand out: until then its work comes
+            // first (and its epoch time is not stretched by a split taken early).
+            Some(1) if !self.current.pending.is_empty() => Err(Assignment::Draining { epoch }),
+            Some(1) => Ok(self.next.get_or_insert_with(|| Pass::full(plan, epoch))),
+            Some(_) => Err(Assignment::Draining { epoch }),
+        }
+    }
+
+    /// Records `split` of `epoch` (out of its queue) as held by `worker`.
+    fn give(
+        &mut self,
+        epoch: u64,
+        split: u64,
+        worker: &WorkerId,
+        directive: &Directive,
+        echo: u32,
+        now: Instant,
+    ) -> Assignment {
+        let pass = self.pass_mut(epoch).expect("a takeable pass is open");
+        let skip: Vec<u32> = pass.delivered.get(&split).map(|d| d.iter().copied().collect()).unwrap_or_default();
+        pass.assigned.insert(split, worker.clone());
+        pass.started.get_or_insert(now);
+        pass.actions[match directive {
+            Directive::Compute => 0,
+            Directive::Put(_) => 1,
+            Directive::Get(_) => 2,
+        }] += 1;
+        let echo = *pass.echo.entry(split).or_insert(echo);
+        self.skipped += skip.len() as u64;
+        Assignment::Split { epoch, split, skip, echo }
+    }
+
+    /// What this job would take next (for a share group: see `share`): the epoch, and its
+    /// first `n` waiting splits in order: the open epoch's, or once none waits there, the next
+    /// epoch's.
+    pub fn upcoming(&mut self, plan: &Plan, n: usize) -> (u64, Vec<u64>) {
+        let epoch = if self.current.pending.is_empty() { self.epoch.saturating_add(1) } else { self.epoch };
+        let splits = self.takeable(epoch, plan).map(|pass| pass.pending.iter().take(n).collect()).unwrap_or_default();
+        (epoch, splits)
+    }
+
+    /// Whether this job waits for `split` now, and in which epoch (the open one, or the next
+    /// once the open one has nothing left to hand out), with the echo factor an earlier attempt
+    /// gave it in that epoch (its copies must be the same again).
+    pub fn wants(&self, split: u64, plan: &Plan) -> Option<Wanted> {
+        let wanted = |epoch: u64, pass: &Pass| {
+            pass.pending.contains(split).then(|| Wanted { epoch, echo: pass.echo.get(&split).copied() })
+        };
+        if !self.current.pending.is_empty() {
+            return wanted(self.epoch, &self.current);
+        }
+        let next = self.epoch.saturating_add(1);
+        match &self.next {
+            Some(pass) => wanted(next, pass),
+            // Not made yet: every split of it waits.
+            None => (split < plan.splits).then_some(Wanted { epoch: next, echo: None }),
+        }
+    }
+
+    /// Takes `split` of `epoch` for `worker` out of the job's order (a share group's
+    /// production of it: see `share`); None unless `wants` said so.
+    #[allow(clippy::too_many_arguments)]
+    pub fn take(
+        &mut self,
+        epoch: u64,
+        split: u64,
+        worker: &WorkerId,
+        plan: &Plan,
+        directive: &Directive,
+        echo: u32,
+        now: Instant,
+    ) -> Option<Assignment> {
+        let pass = self.takeable(epoch, plan).ok()?;
+        pass.pending.remove(split).then(|| self.give(epoch, split, worker, directive, echo, now))
     }
 
     /// The pass of epoch `e` if it is the open one or the next (made if need be).
@@ -291,6 +387,31 @@ impl Job {
         }
     }
 
+    /// The positions of `split` of `epoch` already delivered (a take would skip them).
+    pub fn delivered(&self, epoch: u64, split: u64) -> Vec<u32> {
+        let pass = match epoch.checked_sub(self.epoch) {
+            Some(0) => Some(&self.current),
+            Some(1) => self.next.as_ref(),
+            _ => None,
+        };
+        pass.and_then(|p| p.delivered.get(&split)).map(|d| d.iter().copied().collect()).unwrap_or_default()
+    }
+
+    /// Whether `worker` holds `split` of `epoch` for this job.
+    pub fn holds(&self, epoch: u64, split: u64, worker: &WorkerId) -> bool {
+        let pass = match epoch.checked_sub(self.epoch) {
+            Some(0) => Some(&self.current),
+            Some(1) => self.next.as_ref(),
+            _ => None,
+        };
+        pass.is_some_and(|p| p.assigned.get(&split) == Some(worker))
+    }
+
+    /// How fast the job's splits are done (by its consumers).
+    pub fn read_rate(&self, now: Instant) -> f64 {
+        self.read.at(now)
+    }
+
     /// The open epoch: every split of the epochs before it is done.
     pub fn epoch(&self) -> u64 {
         self.epoch
@@ -306,6 +427,7 @@ impl Job {
         now: Instant,
     ) -> Option<(CacheDecision, f64)> {
         let splits = plan.splits;
+        self.read.add(completed.len(), now);
         for &(e, split) in completed {
             let Some(pass) = self.pass_mut(e).filter(|_| split < splits) else {
                 // A finished epoch's split: its epoch already advanced without it.
@@ -322,15 +444,11 @@ impl Job {
                     continue;
                 }
             }
-            // A split held by a worker is in no queue: only another may be (one requeued),
-            // and looking through the queue for every completion made an epoch cost the square
-            // of its splits.
-            let queued = !pass.assigned.contains_key(&split);
             if !pass.finish(split) {
                 self.repeats += 1;
-            } else if queued && let Some(i) = pass.pending.iter().position(|&s| s == split) {
+            } else {
                 // Done by a worker presumed dead whose split was queued again.
-                pass.pending.remove(i);
+                pass.pending.remove(split);
             }
         }
         if self.current.done.len() as u64 != splits {

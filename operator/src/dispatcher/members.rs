@@ -38,6 +38,8 @@ pub struct Progress {
     pub warnings: Vec<String>,
     /// Elements from each source of the mix, in spec order.
     pub source_elements: Vec<u64>,
+    /// Share groups' productions on the worker.
+    pub sharing: stoker_api::proto::SharingProgress,
 }
 
 pub struct Worker {

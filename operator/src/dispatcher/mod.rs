@@ -4,9 +4,10 @@
 //! 1. [`service`]: the gRPC face, mapping requests onto the state, which it brings in as
 //!    [`registration`]'s types;
 //! 2. [`state`]: the bookkeeping that answers each request, made of
-//!    [`members`] (who is alive), [`ledger`] (each job's splits per epoch), [`ranks`] (equal
-//!    batch counts for a job read by ranks), [`inbox`] (the clients' windows until the scaling
-//!    loop takes them) and [`cache`] (each pipeline's cache plan).
+//!    [`members`] (who is alive), [`ledger`] (each job's splits per epoch, kept in a
+//!    [`queue`]), [`share`] (one production of a split for the jobs of a share group),
+//!    [`ranks`] (equal batch counts for a job read by ranks), [`inbox`] (the clients' windows
+//!    until the scaling loop takes them) and [`cache`] (each pipeline's cache plan).
 
 pub mod cache;
 mod gathering;
@@ -14,9 +15,11 @@ mod inbox;
 mod ledger;
 mod members;
 mod pipeline;
+mod queue;
 mod ranks;
 mod registration;
 mod service;
+mod share;
 mod state;
 
 pub use inbox::JobWindows;

@@ -13,11 +13,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use stoker_api::{JobName, WorkerId};
+use stoker_api::{JobName, ShareName, WorkerId};
 
 use super::gathering::{Gathered, Gathering};
 use super::ledger::{Job, Plan, Reporter};
 use super::ranks::Ranks;
+use super::share::Share;
 
 #[derive(Default)]
 pub(super) struct Pipeline {
@@ -35,12 +36,16 @@ pub(super) struct Pipeline {
     /// The echo factor the operator set for the pipeline's automatic `echo` (0: none set),
     /// handed out with each split not handed out before in its epoch.
     pub echo: u32,
+    /// The share groups of its jobs (see `share`).
+    pub shares: BTreeMap<ShareName, Share>,
 }
 
 /// A job: how its clients read it, and where it is in its life.
 pub(super) struct JobEntry {
     /// A job read by ranks: what each received of its recent epochs (None: shared).
     pub ranks: Option<Ranks>,
+    /// The share group its clients named: it takes its splits from the group's productions.
+    pub share: Option<ShareName>,
     pub phase: Phase,
 }
 
@@ -61,7 +66,7 @@ pub(super) enum Phase {
 
 impl JobEntry {
     pub fn declared(start: u64) -> Self {
-        JobEntry { ranks: None, phase: Phase::Declared { start } }
+        JobEntry { ranks: None, share: None, phase: Phase::Declared { start } }
     }
 
     /// The epoch its clients are told is open.
@@ -131,4 +136,19 @@ impl Pipeline {
     pub fn running_jobs(&mut self) -> impl Iterator<Item = &mut Job> {
         self.jobs.values_mut().filter_map(JobEntry::running)
     }
+}
+
+/// The jobs of share group `share` among `jobs` that have clients (`live`), each started
+/// unless it waits for its clients' states: a production is for every one of them. A job
+/// whose clients all left takes no part (a finished or crashed trial frees its share).
+pub(super) fn share_members<'a>(
+    jobs: &'a mut BTreeMap<JobName, JobEntry>,
+    share: &ShareName,
+    live: &std::collections::BTreeSet<JobName>,
+    plan: &Plan,
+) -> Vec<(&'a JobName, &'a mut Job)> {
+    jobs.iter_mut()
+        .filter(|(name, e)| e.share.as_ref() == Some(share) && live.contains(*name))
+        .filter_map(|(name, e)| Some((name, e.start(plan)?)))
+        .collect()
 }

@@ -1,7 +1,7 @@
 //! What the dispatcher's RPCs bring into its state and what a registration gets back, and
 //! the bounds every request is checked against before it may size anything.
 
-use stoker_api::{CacheMode, ClientId, JobName, WorkerId};
+use stoker_api::{CacheMode, ClientId, JobName, ShareName, WorkerId};
 
 use super::cache::HintSeen;
 use super::ledger::Held;
@@ -63,6 +63,8 @@ pub struct ClientRegistration {
     pub rejoin: Option<Rejoin>,
     /// Resume the job from this consumer's saved state.
     pub resume: Option<Resume>,
+    /// The share group the job belongs to (see `share`).
+    pub share: Option<ShareName>,
 }
 
 /// What a client has of its job's unfinished epochs, for a dispatcher that restarted.

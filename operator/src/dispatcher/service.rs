@@ -286,6 +286,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             } else {
                 Vec::new()
             },
+            sharing: p.sharing.unwrap_or_default(),
         };
         self.0.with_state(|s| s.heartbeat(&worker, progress, Instant::now())).map_err(|e| self.status(e))?;
         Ok(Response::new(proto::WorkerHeartbeatResponse {}))
@@ -307,7 +308,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             .0
             .with_state(|s| {
                 Ok((
-                    s.next_split(&worker, &job, &completed, r.epoch, Instant::now())?,
+                    s.next_production(&worker, &job, &completed, r.epoch, Instant::now())?,
                     s.cache_directive(&worker),
                     s.pipeline_of_worker(&worker),
                     s.incarnation(),
@@ -319,6 +320,8 @@ impl dispatcher_server::Dispatcher for DispatcherService {
         {
             self.0.publish(&pipeline);
         }
+        let (next, production) = next;
+        let production = production.map(|p| proto::SharedProduction { id: p.id, takers: p.takers, make: p.make });
         let (next, skip, echo_factor) = match next {
             Assignment::Split { epoch, split, skip, echo } => {
                 (Next::Split(proto::SplitRef { epoch, split }), skip, echo)
@@ -346,6 +349,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             skip,
             incarnation,
             echo_factor,
+            production,
         }))
     }
 
@@ -381,6 +385,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             consumers: r.consumers,
             coordinated: r.coordinated,
             client_id: Some(r.client_id.into()),
+            share: (!r.share.is_empty()).then(|| r.share.into()),
             rejoin: r.rejoin.map(|j| Rejoin {
                 incarnation: j.incarnation,
                 open_epoch: j.open_epoch,

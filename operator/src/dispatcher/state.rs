@@ -9,18 +9,19 @@ use std::time::Instant;
 
 use stoker_api::proto::HintBytes;
 use stoker_api::window::Window;
-use stoker_api::{CacheStatus, ClientId, DeliveryStatus, JobName, Reading, WorkerId, WorkersReport};
+use stoker_api::{CacheStatus, ClientId, DeliveryStatus, JobName, Reading, ShareName, WorkerId, WorkersReport};
 
 use super::cache::Caches;
 use super::inbox::{Inbox, JobWindows};
 use super::ledger::{Assignment, JobSummary, Reporter};
 use super::members::{Client, Members, Progress, Timeouts, Worker};
-use super::pipeline::{JobEntry, Phase, Pipeline};
+use super::pipeline::{JobEntry, Phase, Pipeline, share_members};
 use super::ranks::{Quota, Ranks};
 use super::registration::{
     Acknowledgement, ClientRegistration, DispatchError, MAX_ID_BYTES, MAX_SPLITS, Registered, Rejoin, Resume,
     WorkerRegistration,
 };
+use super::share::{ShareCounts, SharedProduction};
 use crate::autocache::plan::{Directive, Measured};
 use crate::key::PipelineKey;
 
@@ -239,6 +240,18 @@ impl DispatcherState {
         epoch: u64,
         now: Instant,
     ) -> Result<Assignment, DispatchError> {
+        self.next_production(worker_id, job, completed, epoch, now).map(|(a, _)| a)
+    }
+
+    /// `next_split`, and for a job of a share group the production the split is part of.
+    pub fn next_production(
+        &mut self,
+        worker_id: &WorkerId,
+        job: &JobName,
+        completed: &[(u64, u64)],
+        epoch: u64,
+        now: Instant,
+    ) -> Result<(Assignment, Option<SharedProduction>), DispatchError> {
         let key = self.members.seen_worker(worker_id, now)?.pipeline.clone();
         let claimed = self.members.clients_of(&key, job).next().is_some();
         let pipeline = self.pipelines.get_mut(&key).expect("a registered worker's pipeline exists");
@@ -251,19 +264,42 @@ impl DispatcherState {
             // A job starts with its clients: one no client of which registered with this
             // dispatcher is one it restarted in the middle of, whose clients have not rejoined
             // yet (or one they left). Its splits wait for them.
-            _ => return Ok(Assignment::Draining { epoch }),
+            _ => return Ok((Assignment::Draining { epoch }, None)),
         };
+        let live: BTreeSet<JobName> =
+            self.members.clients_of_pipeline(&key).map(|(_, c)| c.job.clone()).chain([job.clone()]).collect();
+        let share = entry.share.clone();
         // Nothing goes out while the job waits for its clients' states.
-        let Some(state) = entry.start(&plan) else { return Ok(Assignment::Draining { epoch }) };
+        let Some(state) = entry.start(&plan) else { return Ok((Assignment::Draining { epoch }, None)) };
         let directive = self.caches.directive(&key);
         if let Some((action, seconds)) = state.complete(completed, Reporter::Worker, &plan, now) {
             self.caches.epoch(&key, action, seconds);
         }
-        let assignment = state.hand_out(epoch, worker_id, &plan, &directive, pipeline.echo, now);
+        let echo = pipeline.echo;
+        let (assignment, production) = match share {
+            Some(share) => {
+                let mut jobs = share_members(&mut pipeline.jobs, &share, &live, &plan);
+                let group = pipeline.shares.entry(share).or_default();
+                match group.next(&mut jobs, job, epoch, worker_id, &plan, &directive, echo, now) {
+                    Some((assignment, production)) => (assignment, Some(production)),
+                    None => {
+                        let (_, state) = jobs.iter_mut().find(|(name, _)| *name == job).expect("the asker runs");
+                        // Nothing of the epoch now that no faster job would miss: ask again.
+                        let (next, upcoming) = state.upcoming(&plan, 1);
+                        if next == epoch && !upcoming.is_empty() {
+                            (Assignment::Draining { epoch }, None)
+                        } else {
+                            (state.hand_out(epoch, worker_id, &plan, &directive, echo, now), None)
+                        }
+                    }
+                }
+            }
+            None => (state.hand_out(epoch, worker_id, &plan, &directive, echo, now), None),
+        };
         if let Assignment::Split { epoch, split, skip, echo } = &assignment {
-            tracing::debug!(pipeline = %key, %job, worker = %worker_id, epoch, split, skip = skip.len(), echo, "handed out a split");
+            tracing::debug!(pipeline = %key, %job, worker = %worker_id, epoch, split, skip = skip.len(), echo, ?production, "handed out a split");
         }
-        Ok(assignment)
+        Ok((assignment, production))
     }
 
     /// Registers a consumer of a job. `consumers` > 1 declares a job read by that many ranks,
@@ -272,7 +308,17 @@ impl DispatcherState {
     /// client joins the job's new run from that step; rejoining, it tells a restarted
     /// dispatcher what it has of the job (see `gathering`).
     pub fn register_client(&mut self, r: ClientRegistration, now: Instant) -> Result<Registered, DispatchError> {
-        let ClientRegistration { pipeline, job, consumer_index, consumers, coordinated, client_id, rejoin, resume } = r;
+        let ClientRegistration {
+            pipeline,
+            job,
+            consumer_index,
+            consumers,
+            coordinated,
+            client_id,
+            rejoin,
+            resume,
+            share,
+        } = r;
         let reading = Reading::from_wire(consumers, consumer_index, coordinated).map_err(DispatchError::Invalid)?;
         check_id(client_id.as_ref().map(ClientId::as_str))?;
         let (job, start) = match resume {
@@ -287,6 +333,16 @@ impl DispatcherState {
         let entry = pipeline_state.jobs.entry(job.clone()).or_insert_with(|| JobEntry::declared(start.unwrap_or(0)));
         if let (JobEntry { phase: Phase::Declared { start: first }, .. }, Some(start)) = (&mut *entry, start) {
             *first = start;
+        }
+        if entry.share != share {
+            if others > 0 {
+                return Err(DispatchError::Invalid(format!(
+                    "job {job} is in share group {:?}, but this client names {:?}: every client of a job must name the same",
+                    entry.share.as_ref().map(ShareName::as_str),
+                    share.as_ref().map(ShareName::as_str)
+                )));
+            }
+            entry.share = share;
         }
         let declared = entry.ranks.as_ref().map_or(Reading::Shared.shape(), Ranks::shape);
         let shape = reading.shape();
@@ -404,6 +460,11 @@ impl DispatcherState {
     fn worker_gone(&mut self, id: &WorkerId, worker: Worker, why: &str, now: Instant) {
         tracing::warn!(worker = %id, address = %worker.address, pipeline = %worker.pipeline, "a worker is gone ({why}): its splits are produced again without what clients got");
         let version = self.relist(&worker.pipeline);
+        if let Some(pipeline) = self.pipelines.get_mut(&worker.pipeline) {
+            for share in pipeline.shares.values_mut() {
+                share.forget_worker(id);
+            }
+        }
         let jobs: Vec<JobName> =
             self.pipelines.get(&worker.pipeline).map(|p| p.jobs.keys().cloned().collect()).unwrap_or_default();
         for job in jobs {
@@ -438,6 +499,12 @@ impl DispatcherState {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The pipeline's share groups' counters.
+    pub fn share_counts(&self, pipeline: &PipelineKey) -> Vec<(ShareName, ShareCounts)> {
+        let Some(p) = self.pipelines.get(pipeline) else { return Vec::new() };
+        p.shares.iter().map(|(name, share)| (name.clone(), share.counts.clone())).collect()
     }
 
     /// Every pipeline's delivery counters, summed over its jobs.
@@ -568,3 +635,7 @@ mod tests;
 #[cfg(test)]
 #[path = "state_bounds_tests.rs"]
 mod bounds_tests;
+
+#[cfg(test)]
+#[path = "state_share_tests.rs"]
+mod share_tests;

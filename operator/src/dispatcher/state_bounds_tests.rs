@@ -31,6 +31,7 @@ fn client(job: &str) -> ClientRegistration {
         client_id: None,
         rejoin: None,
         resume: None,
+        share: None,
     }
 }
 

@@ -56,8 +56,10 @@ impl DispatcherState {
         };
         let p = self.pipelines.entry(pipeline.clone()).or_default();
         let epoch = resume.epoch;
+        // The share group comes with the registration (set by the caller).
         let entry = p.jobs.entry(run.clone()).or_insert_with(|| JobEntry {
             ranks: None,
+            share: None,
             phase: Phase::Gathering { start: epoch, gathering: Gathering::resume(step, consumers) },
         });
         if let Phase::Gathering { gathering, .. } = &mut entry.phase {

@@ -13,11 +13,11 @@ fn split(epoch: u64, split: u64) -> Assignment {
     Assignment::Split { epoch, split, skip: Vec::new(), echo: 0 }
 }
 
-fn key() -> PipelineKey {
+pub(super) fn key() -> PipelineKey {
     PipelineKey::new("ns", "p")
 }
 
-fn registration(address: &str, splits: u64) -> WorkerRegistration {
+pub(super) fn registration(address: &str, splits: u64) -> WorkerRegistration {
     WorkerRegistration {
         pipeline: key(),
         address: address.into(),
@@ -31,7 +31,7 @@ fn registration(address: &str, splits: u64) -> WorkerRegistration {
     }
 }
 
-fn client(job: &str, consumer_index: u32, consumers: u32) -> ClientRegistration {
+pub(super) fn client(job: &str, consumer_index: u32, consumers: u32) -> ClientRegistration {
     ClientRegistration {
         pipeline: key(),
         job: job.into(),
@@ -41,6 +41,7 @@ fn client(job: &str, consumer_index: u32, consumers: u32) -> ClientRegistration 
         client_id: None,
         rejoin: None,
         resume: None,
+        share: None,
     }
 }
 

@@ -16,7 +16,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
 use crate::cached::{EngineCache, SplitCache};
-use crate::engine::{Engine, Mix};
+use crate::engine::{Engine, Mix, Shared};
 
 /// A dispatcher client that sends the worker's token with every call.
 pub(crate) type DispatcherRpc = DispatcherClient<InterceptedService<Channel, TokenSource>>;
@@ -42,6 +42,8 @@ pub(super) struct Handed {
     pub(super) skip: Vec<u32>,
     /// None: the pipeline's own (`Echo::initial`).
     pub(super) echo: Option<u32>,
+    /// A share group's production the split is part of.
+    pub(super) shared: Option<Shared>,
     pub(super) incarnation: u64,
 }
 
@@ -190,7 +192,9 @@ impl Link {
         let mut skip = response.skip;
         skip.sort_unstable();
         let echo = (response.echo_factor > 0).then_some(response.echo_factor);
-        Ok(Handed { next, cache, skip, echo, incarnation: response.incarnation })
+        let shared =
+            response.production.map(|p| Shared { key: (response.incarnation, p.id), takers: p.takers, make: p.make });
+        Ok(Handed { next, cache, skip, echo, shared, incarnation: response.incarnation })
     }
 
     /// Splits of `epoch` of `job` this worker took and will not deliver (nobody reads them).
@@ -230,6 +234,7 @@ fn progress(engine: &Engine, error: Option<String>) -> proto::WorkerProgress {
         cache: engine.cache.as_ref().map(|c| c.progress()),
         warnings: stats.warnings(),
         source_elements: stats.source_rows.lock().unwrap().clone(),
+        sharing: Some(engine.shared.progress()),
     }
 }
 

@@ -405,9 +405,9 @@ fn produce(
                 next = ask()?;
                 continue;
             }
-            Handed { next: Next::Split(s), cache, skip, echo, incarnation } => {
+            Handed { next: Next::Split(s), cache, skip, echo, shared, incarnation } => {
                 anyhow::ensure!(s.epoch == epoch, "asked for a split of epoch {epoch}, got one of {}", s.epoch);
-                (Assigned { split: split(s.split)?, cache, skip, echo }, incarnation)
+                (Assigned { split: split(s.split)?, cache, skip, echo, shared }, incarnation)
             }
         };
         let (first, incarnation) = first;
@@ -431,10 +431,10 @@ fn produce(
                 // incarnation of their run's first split (a registration again between handing
                 // out the first split and reading the generation would otherwise let one run
                 // mix both, and the client refuse the new one's rows with the old one's).
-                Handed { next: Next::Split(s), cache, skip, echo, incarnation: from }
+                Handed { next: Next::Split(s), cache, skip, echo, shared, incarnation: from }
                     if !stale() && from == incarnation =>
                 {
-                    split(s.split).map(|split| Some(Assigned { split, cache, skip, echo }))
+                    split(s.split).map(|split| Some(Assigned { split, cache, skip, echo, shared }))
                 }
                 other => {
                     after = Some(other);

@@ -69,7 +69,7 @@ fn row_bytes(row: &Row) -> usize {
 /// The data bytes alone would let a buffer of millions of tiny rows (jsonl labels) hold
 /// gigabytes of map nodes. A row is a BTreeMap whose first node holds 11 entries (about
 /// 1 KB), and each field adds its name, shape and shared-bytes header (about 128 bytes).
-fn row_cost(row: &Row) -> usize {
+pub(super) fn row_cost(row: &Row) -> usize {
     1024 + row.values().map(|t| t.data.len() + 128).sum::<usize>()
 }
 

@@ -12,6 +12,7 @@ mod mix;
 mod pack;
 mod plan;
 mod read;
+mod shared;
 mod stack;
 mod stages;
 mod transform;
@@ -32,7 +33,9 @@ use crate::source::{DataSource, SourceError};
 use batcher::Batcher;
 pub use mix::Mix;
 pub use plan::Split;
-use read::Prefetch;
+use read::{Fetched, Prefetch};
+use shared::Claim;
+pub use shared::{Shared, SharedSplits};
 pub use stack::BatchError;
 
 #[derive(Clone, Debug)]
@@ -196,12 +199,15 @@ pub struct Assigned {
     /// With `echo`: the split's factor as the dispatcher set it; None: the pipeline's own
     /// (`Echo::initial`).
     pub echo: Option<u32>,
+    /// A job of a share group: the production of the split it is part of. The first of its
+    /// takers here makes the split, the others take its rows (see `shared`).
+    pub shared: Option<Shared>,
 }
 
 impl Assigned {
     /// The whole split, computed from the source.
     pub fn whole(split: Split) -> Assigned {
-        Assigned { split, cache: SplitCache::Compute, skip: Vec::new(), echo: None }
+        Assigned { split, cache: SplitCache::Compute, skip: Vec::new(), echo: None, shared: None }
     }
 }
 
@@ -235,6 +241,8 @@ pub struct Engine {
     runtime: tokio::runtime::Handle,
     pub stats: Arc<Stats>,
     pub cache: Option<Arc<EngineCache>>,
+    /// Splits made here for several jobs of a share group.
+    pub shared: Arc<SharedSplits>,
 }
 
 impl Engine {
@@ -288,8 +296,10 @@ impl Engine {
         let stats = Arc::new(Stats::default());
         *stats.op_time.lock().unwrap() = vec![Duration::ZERO; pipeline.data_plane.transforms.len()];
         *stats.source_rows.lock().unwrap() = vec![0; sources.len()];
+        let budget = Arc::new(MemoryBudget::new(config.memory_budget));
         Ok(Engine {
-            budget: Arc::new(MemoryBudget::new(config.memory_budget)),
+            shared: SharedSplits::new(budget.clone()),
+            budget,
             runtime: tokio::runtime::Handle::current(),
             pipeline,
             sources,
@@ -347,9 +357,30 @@ impl Engine {
         let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.reserve_rows(0), self.stats.clone(), send);
         let listening = std::thread::scope(|scope| -> Result<bool, EngineError> {
             let mut flow = transform::Flow::new(self, scope, epoch);
-            for (Assigned { split, cache, skip, echo: assigned_echo }, fetched) in
+            for (Assigned { split, cache, skip, echo: assigned_echo, .. }, fetched, claim) in
                 Prefetch::new(self, splits.into_iter())
             {
+                let (fetched, maker) = match (fetched, claim) {
+                    // What is still in flight lands first: a split this run makes for another
+                    // job's producer completes only when its end lands, and that producer may
+                    // be waiting for it while this one waits for its production.
+                    (Fetched::Shared, Some(Claim::Take(taker))) if !flow.land_all(&mut batcher)? => {
+                        drop(taker);
+                        return Ok(false);
+                    }
+                    (Fetched::Shared, Some(Claim::Take(taker))) => match taker.take(shared::TAKE_PATIENCE) {
+                        Some(rows) => {
+                            if !flow.taken(&split, rows, &mut batcher)? {
+                                return Ok(false);
+                            }
+                            continue;
+                        }
+                        // Gone or late: made here after all.
+                        None => (self.fetch_now(&split, &cache), None),
+                    },
+                    (fetched, Some(Claim::Make(maker))) => (fetched, Some(maker)),
+                    (fetched, _) => (fetched, None),
+                };
                 let (mut elements, mut plan) = self.elements(&split, &cache, fetched)?;
                 let packer = self.packer();
                 let echo = self.pipeline.data_plane.echo();
@@ -373,7 +404,7 @@ impl Engine {
                 let rows = u64::from(factor.unwrap_or(1));
                 self.read_order(epoch, split.id, &at_read, rows, &mut elements);
                 let packing = packer.map(|packer| transform::Packing { packer, next: 0, skip, stats: &self.stats });
-                if !flow.split(&split, elements, plan, packing, &mut batcher)? {
+                if !flow.split(&split, elements, plan, packing, maker, &mut batcher)? {
                     return Ok(false);
                 }
             }

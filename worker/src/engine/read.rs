@@ -7,6 +7,7 @@ use futures::StreamExt;
 use stoker_api::{OnError, SourceFormat, order};
 
 use super::hints::SplitPlan;
+use super::shared::Claim;
 use super::{Assigned, Engine, EngineError, Split};
 use crate::cache::chunk;
 use crate::cache::store::LeaseKind;
@@ -19,6 +20,8 @@ use crate::source::SourceError;
 pub(super) enum Fetched {
     Source(Vec<Result<bytes::Bytes, SourceError>>),
     Cached(std::io::Result<bytes::Bytes>),
+    /// Nothing read: the split's rows are taken from another job's production (`shared`).
+    Shared,
 }
 
 /// The splits to run, each read while the one before it is transformed: yields a split with
@@ -26,8 +29,12 @@ pub(super) enum Fetched {
 pub(super) struct Prefetch<'e, I> {
     engine: &'e Engine,
     splits: I,
-    next: Option<(tokio::task::JoinHandle<Fetched>, Assigned)>,
+    next: Option<Started>,
 }
+
+/// A split whose read started (none when its rows come from another job's production), with
+/// its claim on a shared production.
+type Started = (Option<tokio::task::JoinHandle<Fetched>>, Assigned, Option<Claim>);
 
 impl<'e, I: Iterator<Item = Assigned>> Prefetch<'e, I> {
     /// Starts reading the first split.
@@ -37,25 +44,39 @@ impl<'e, I: Iterator<Item = Assigned>> Prefetch<'e, I> {
         prefetch
     }
 
-    fn start(&mut self) -> Option<(tokio::task::JoinHandle<Fetched>, Assigned)> {
+    fn start(&mut self) -> Option<Started> {
         let mut assigned = self.splits.next()?;
         assigned.cache = self.engine.usable(assigned.cache);
-        Some((self.engine.fetch(&assigned.split, &assigned.cache), assigned))
+        // Claimed as it is read: the first taker makes it (and its read starts now).
+        let claim = assigned.shared.map(|shared| self.engine.shared.claim(shared));
+        let fetching = match claim {
+            Some(Claim::Take(_)) => None,
+            _ => Some(self.engine.fetch(&assigned.split, &assigned.cache)),
+        };
+        Some((fetching, assigned, claim))
     }
 }
 
 impl<I: Iterator<Item = Assigned>> Iterator for Prefetch<'_, I> {
-    type Item = (Assigned, Fetched);
+    type Item = (Assigned, Fetched, Option<Claim>);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (fetching, assigned) = self.next.take()?;
-        let fetched = self.engine.runtime.block_on(fetching).expect("the fetch task runs to completion");
+        let (fetching, assigned, claim) = self.next.take()?;
+        let fetched = match fetching {
+            Some(fetching) => self.engine.runtime.block_on(fetching).expect("the fetch task runs to completion"),
+            None => Fetched::Shared,
+        };
         self.next = self.start();
-        Some((assigned, fetched))
+        Some((assigned, fetched, claim))
     }
 }
 
 impl Engine {
+    /// A split's read, now (a taker whose production is gone makes the split after all).
+    pub(super) fn fetch_now(&self, split: &Split, cache: &SplitCache) -> Fetched {
+        self.runtime.block_on(self.fetch(split, cache)).expect("the fetch task runs to completion")
+    }
+
     /// Starts reading a split on the runtime: its shards, many at once (image folders are
     /// many small files), or its chunk file in the cache.
     fn fetch(&self, split: &Split, cache: &SplitCache) -> tokio::task::JoinHandle<Fetched> {
@@ -121,12 +142,13 @@ impl Engine {
                         .expect("the fetch task runs to completion")
                     {
                         Fetched::Source(data) => data,
-                        Fetched::Cached(_) => unreachable!("a compute fetch reads the source"),
+                        Fetched::Cached(_) | Fetched::Shared => unreachable!("a compute fetch reads the source"),
                     },
                 }
             }
             (Fetched::Source(data), _, _) => data,
             (Fetched::Cached(_), _, _) => unreachable!("only a Get with a cache reads the cache"),
+            (Fetched::Shared, _, _) => unreachable!("a split taken from another job's production is not read"),
         };
         let elements = self.parse(split, data)?.into_iter().enumerate().map(|(i, e)| (i as u64, e)).collect();
         let measure = self.cache.as_ref().map(|c| c.hints.iter().map(|(at, _)| *at).collect()).unwrap_or_default();

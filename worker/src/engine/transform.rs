@@ -16,6 +16,7 @@ use stoker_api::OnError;
 use super::batcher::Batcher;
 use super::hints::{AtHints, SplitAtHints, SplitPlan};
 use super::pack::{self, Packer};
+use super::shared::Maker;
 use super::stack::Row;
 use super::stages::InFlight;
 use super::{Engine, EngineError, Ready, Split};
@@ -37,7 +38,15 @@ pub(super) struct Flow<'scope, 'env> {
 }
 
 enum Step<'scope> {
-    Chunk { transforming: ScopedJoinHandle<'scope, Transformed>, reserved: Rows },
+    Chunk {
+        transforming: ScopedJoinHandle<'scope, Transformed>,
+        reserved: Rows,
+    },
+    /// Rows made by another job's producer of a share group (see `shared`).
+    Taken {
+        rows: Vec<(u64, Row)>,
+        reserved: Rows,
+    },
     End,
 }
 
@@ -48,6 +57,8 @@ struct Open<'env> {
     plan: Arc<SplitPlan>,
     at_hints: SplitAtHints,
     packing: Option<Packing<'env>>,
+    /// Making a shared production: what lands is kept for its other takers too.
+    maker: Option<Maker>,
 }
 
 impl<'scope, 'env> Flow<'scope, 'env> {
@@ -63,6 +74,7 @@ impl<'scope, 'env> Flow<'scope, 'env> {
         elements: Vec<(u64, Element)>,
         mut plan: SplitPlan,
         packing: Option<Packing<'env>>,
+        maker: Option<Maker>,
         batcher: &mut Batcher<impl FnMut(Ready) -> bool>,
     ) -> Result<bool, EngineError> {
         let engine = self.engine;
@@ -71,7 +83,14 @@ impl<'scope, 'env> Flow<'scope, 'env> {
         let window = ((engine.config.threads * 64).max(64) / factor).max(1);
         let at_hints = engine.start_hints(split.id, &mut plan);
         let plan = Arc::new(plan);
-        self.open.push_back(Open { split: split.id, source: split.source, plan: plan.clone(), at_hints, packing });
+        self.open.push_back(Open {
+            split: split.id,
+            source: split.source,
+            plan: plan.clone(),
+            at_hints,
+            packing,
+            maker,
+        });
         let mut elements = elements.into_iter();
         loop {
             let chunk: Vec<(u64, Element)> = elements.by_ref().take(window).collect();
@@ -98,6 +117,34 @@ impl<'scope, 'env> Flow<'scope, 'env> {
         }
     }
 
+    /// A split whose rows another job's producer made (a share group's production): batched
+    /// as they are, behind what came before. False when nobody listens.
+    pub(super) fn taken(
+        &mut self,
+        split: &Split,
+        rows: Vec<(u64, Row)>,
+        batcher: &mut Batcher<impl FnMut(Ready) -> bool>,
+    ) -> Result<bool, EngineError> {
+        let mut plan = SplitPlan::default();
+        let at_hints = self.engine.start_hints(split.id, &mut plan);
+        let open =
+            Open { split: split.id, source: split.source, plan: Arc::new(plan), at_hints, packing: None, maker: None };
+        self.open.push_back(open);
+        if !batcher.batch_queued()? {
+            return Ok(false);
+        }
+        let bytes: usize = rows.iter().map(|(_, row)| super::batcher::row_cost(row)).sum();
+        let reserved = self.engine.budget.reserve_rows(bytes);
+        self.steps.push_back(Step::Taken { rows, reserved });
+        self.steps.push_back(Step::End);
+        self.land(1, batcher)
+    }
+
+    /// Lands every step still in flight, and goes on. False when nobody listens.
+    pub(super) fn land_all(&mut self, batcher: &mut Batcher<impl FnMut(Ready) -> bool>) -> Result<bool, EngineError> {
+        self.land(0, batcher)
+    }
+
     /// Lands every step still in flight. False when nobody listens.
     pub(super) fn finish(mut self, batcher: &mut Batcher<impl FnMut(Ready) -> bool>) -> Result<bool, EngineError> {
         self.land(0, batcher)
@@ -118,6 +165,17 @@ impl<'scope, 'env> Flow<'scope, 'env> {
                         Some(packing) => packing.pack(rows).map_err(EngineError::Pack)?,
                         None => rows,
                     };
+                    if let Some(maker) = &open.maker {
+                        maker.record(&rows);
+                    }
+                    self.engine.stats.produced(open.source, rows.len());
+                    batcher.queue(open.split, rows, reserved);
+                }
+                Step::Taken { rows, reserved } => {
+                    if !batcher.batch_queued()? {
+                        return Ok(false);
+                    }
+                    let open = self.open.front().expect("a taken split is open");
                     self.engine.stats.produced(open.source, rows.len());
                     batcher.queue(open.split, rows, reserved);
                 }
@@ -129,8 +187,14 @@ impl<'scope, 'env> Flow<'scope, 'env> {
                             return Ok(false);
                         }
                         let reserved = self.engine.budget.reserve_rows(batcher.row_estimate() * last.len());
+                        if let Some(maker) = &open.maker {
+                            maker.record(&last);
+                        }
                         self.engine.stats.produced(open.source, last.len());
                         batcher.queue(open.split, last, reserved);
+                    }
+                    if let Some(maker) = open.maker.take() {
+                        maker.finish();
                     }
                     self.engine.finish_hints(&open.plan, open.at_hints);
                     batcher.split_read(open.split);

@@ -230,5 +230,6 @@ fn progress(beats: u64) -> proto::WorkerProgress {
         cache: None,
         warnings: Vec::new(),
         source_elements: vec![elements],
+        sharing: None,
     }
 }

@@ -1,0 +1,324 @@
+//! Splits made once for several jobs of a share group on this worker. The dispatcher hands one
+//! production of a split to each member job's producer here (`Assigned::shared`): the first to
+//! claim it makes its rows as usual and keeps a copy of them (the tensors' bytes are shared,
+//! not copied), the others take that copy, skipping the read and every transform, and shuffle
+//! and batch it for their own consumers.
+//!
+//! What is kept is held in the worker's memory budget, without waiting: a copy that does not
+//! fit is not kept, and its takers make the split themselves (counted as made again). So is
+//! one whose maker failed, one not complete after [`TAKE_PATIENCE`] (its maker is held up by
+//! its own slow consumer, and must not hold the others), and one no taker came for within
+//! [`KEPT_AT_MOST`] (the dispatcher gave the split back to that job meanwhile).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use super::stack::Row;
+use crate::budget::MemoryBudget;
+
+/// How long a taker waits for a production that is still being made before making the split
+/// itself.
+pub const TAKE_PATIENCE: Duration = Duration::from_secs(5);
+/// How long a copy waits for its takers: longer than the dispatcher's patience with them
+/// (`share::PATIENCE`, 10 s), after which it gives the split back to their queues.
+pub const KEPT_AT_MOST: Duration = Duration::from_secs(20);
+/// Productions remembered as gone (dropped, failed, evicted), so a late taker knows to make
+/// the split rather than to wait for a maker.
+const GONE_REMEMBERED: usize = 4096;
+
+/// A production: the dispatcher's incarnation and the production's id there.
+pub type ProductionKey = (u64, u64);
+
+/// One production of a split for `takers` jobs, as one of them is handed it: whether it
+/// makes it (see the proto's SharedProduction).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shared {
+    pub key: ProductionKey,
+    pub takers: u32,
+    pub make: bool,
+}
+
+#[derive(Default)]
+struct Entry {
+    rows: Vec<(u64, Row)>,
+    complete: bool,
+    /// Takers (the maker aside) that have not taken it (or given up on it) yet.
+    takers_left: u32,
+    /// Its maker claimed it.
+    made: bool,
+    /// Bytes reserved in the budget for `rows`.
+    bytes: usize,
+    since: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: HashMap<ProductionKey, Entry>,
+    gone: VecDeque<ProductionKey>,
+}
+
+impl Inner {
+    fn remove(&mut self, key: ProductionKey, budget: &MemoryBudget) {
+        if let Some(entry) = self.entries.remove(&key) {
+            budget.release(entry.bytes);
+        }
+        if !self.gone.contains(&key) {
+            self.gone.push_back(key);
+            if self.gone.len() > GONE_REMEMBERED {
+                self.gone.pop_front();
+            }
+        }
+    }
+}
+
+/// Counters of the sharing, for heartbeats and logs.
+#[derive(Default, Debug)]
+pub struct SharedStats {
+    /// Productions made here for more than one job.
+    pub made: AtomicU64,
+    /// Rows taken from another job's production instead of made.
+    pub rows_taken: AtomicU64,
+    /// Productions a taker made itself (the copy was gone or late).
+    pub made_again: AtomicU64,
+}
+
+pub struct SharedSplits {
+    inner: Mutex<Inner>,
+    changed: Condvar,
+    budget: Arc<MemoryBudget>,
+    pub stats: SharedStats,
+}
+
+/// What a producer handed a shared production does with it.
+pub enum Claim {
+    /// Make the split, keeping its rows for the other takers.
+    Make(Maker),
+    /// Take the rows another producer makes.
+    Take(Taker),
+    /// Make it for this job alone: the only taker, or the copy is gone.
+    Alone,
+}
+
+impl SharedSplits {
+    pub fn new(budget: Arc<MemoryBudget>) -> Arc<Self> {
+        Arc::new(SharedSplits {
+            inner: Mutex::default(),
+            changed: Condvar::new(),
+            budget,
+            stats: SharedStats::default(),
+        })
+    }
+
+    /// A producer handed `shared`: the maker makes it (whenever it comes, the others wait for
+    /// it), the others take it.
+    pub fn claim(self: &Arc<Self>, shared: Shared) -> Claim {
+        let mut inner = self.inner.lock().unwrap();
+        self.evict_old(&mut inner);
+        if shared.takers <= 1 {
+            return Claim::Alone;
+        }
+        if !inner.entries.contains_key(&shared.key) {
+            if inner.gone.contains(&shared.key) {
+                self.stats.made_again.fetch_add(1, Ordering::Relaxed);
+                return Claim::Alone;
+            }
+            let entry = Entry { takers_left: shared.takers - 1, since: Some(Instant::now()), ..Entry::default() };
+            inner.entries.insert(shared.key, entry);
+        }
+        let entry = inner.entries.get_mut(&shared.key).expect("there now");
+        if shared.make && !entry.made {
+            entry.made = true;
+            self.stats.made.fetch_add(1, Ordering::Relaxed);
+            return Claim::Make(Maker { splits: self.clone(), key: shared.key, finished: false });
+        }
+        Claim::Take(Taker { splits: self.clone(), key: shared.key })
+    }
+
+    fn evict_old(&self, inner: &mut Inner) {
+        let old: Vec<ProductionKey> = inner
+            .entries
+            .iter()
+            .filter(|(_, e)| e.since.is_some_and(|t| t.elapsed() > KEPT_AT_MOST))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in old {
+            inner.remove(key, &self.budget);
+        }
+    }
+
+    /// Bytes the kept copies hold.
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().unwrap().entries.values().map(|e| e.bytes).sum()
+    }
+
+    /// The counters, for heartbeats.
+    pub fn progress(&self) -> stoker_api::proto::SharingProgress {
+        let s = &self.stats;
+        stoker_api::proto::SharingProgress {
+            made: s.made.load(Ordering::Relaxed),
+            rows_taken: s.rows_taken.load(Ordering::Relaxed),
+            made_again: s.made_again.load(Ordering::Relaxed),
+            kept_bytes: self.bytes() as u64,
+        }
+    }
+}
+
+/// The producer making a shared production: what it lands goes to the takers too.
+pub struct Maker {
+    splits: Arc<SharedSplits>,
+    key: ProductionKey,
+    finished: bool,
+}
+
+impl Maker {
+    /// Keeps a copy of `rows` (cheap: the tensors' bytes are shared) if the budget has room now;
+    /// otherwise the copy is dropped and the takers make the split themselves.
+    pub fn record(&self, rows: &[(u64, Row)]) {
+        let bytes: usize = rows.iter().map(|(_, row)| row.values().map(|t| t.data.len()).sum::<usize>()).sum();
+        let mut inner = self.splits.inner.lock().unwrap();
+        let Some(entry) = inner.entries.get_mut(&self.key) else { return };
+        if !self.splits.budget.try_reserve(bytes) {
+            tracing::debug!(production = ?self.key, bytes, "no room in the memory budget for a shared split's copy: its takers make it");
+            inner.remove(self.key, &self.splits.budget);
+            drop(inner);
+            self.splits.changed.notify_all();
+            return;
+        }
+        entry.bytes += bytes;
+        entry.rows.extend(rows.iter().cloned());
+    }
+
+    /// Every row is recorded: the takers may have them.
+    pub fn finish(mut self) {
+        self.finished = true;
+        let mut inner = self.splits.inner.lock().unwrap();
+        if let Some(entry) = inner.entries.get_mut(&self.key) {
+            entry.complete = true;
+        }
+        drop(inner);
+        self.splits.changed.notify_all();
+    }
+}
+
+impl Drop for Maker {
+    /// Not finished (the run failed or stopped): the takers make the split themselves.
+    fn drop(&mut self) {
+        if !self.finished {
+            self.splits.inner.lock().unwrap().remove(self.key, &self.splits.budget);
+            self.splits.changed.notify_all();
+        }
+    }
+}
+
+/// A producer taking another's production.
+pub struct Taker {
+    splits: Arc<SharedSplits>,
+    key: ProductionKey,
+}
+
+impl Taker {
+    /// The production's rows once made, waiting at most `patience`; None if they are gone or
+    /// late (make the split then). The last taker frees the copy.
+    pub fn take(self, patience: Duration) -> Option<Vec<(u64, Row)>> {
+        let splits = &self.splits;
+        let inner = splits.inner.lock().unwrap();
+        let (mut inner, _) = splits
+            .changed
+            .wait_timeout_while(inner, patience, |inner| inner.entries.get(&self.key).is_some_and(|e| !e.complete))
+            .unwrap();
+        let Some(entry) = inner.entries.get_mut(&self.key) else {
+            splits.stats.made_again.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        entry.takers_left = entry.takers_left.saturating_sub(1);
+        let (complete, last) = (entry.complete, entry.takers_left == 0);
+        let rows = match (complete, last) {
+            (true, true) => Some(std::mem::take(&mut entry.rows)),
+            (true, false) => Some(entry.rows.clone()),
+            (false, _) => None,
+        };
+        if last {
+            inner.remove(self.key, &splits.budget);
+        }
+        match &rows {
+            Some(rows) => splits.stats.rows_taken.fetch_add(rows.len() as u64, Ordering::Relaxed),
+            None => splits.stats.made_again.fetch_add(1, Ordering::Relaxed),
+        };
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use stoker_api::{DType, Tensor};
+
+    fn rows(n: u64, bytes: usize) -> Vec<(u64, Row)> {
+        (0..n)
+            .map(|i| {
+                let t = Tensor { dtype: DType::Uint8, shape: vec![bytes], data: Bytes::from(vec![i as u8; bytes]) };
+                (i, Row::from([("x".to_string(), t)]))
+            })
+            .collect()
+    }
+
+    fn maker(id: u64) -> Shared {
+        Shared { key: (1, id), takers: 3, make: true }
+    }
+
+    fn taker(id: u64) -> Shared {
+        Shared { make: false, ..maker(id) }
+    }
+
+    #[test]
+    fn the_first_makes_the_others_take_and_the_last_frees_the_copy() {
+        let budget = Arc::new(MemoryBudget::new(1 << 20));
+        let splits = SharedSplits::new(budget.clone());
+        let Claim::Take(first) = splits.claim(taker(0)) else { panic!("a taker coming first waits") };
+        let Claim::Make(maker) = splits.claim(maker(0)) else { panic!("the maker makes") };
+        let waiting = std::thread::spawn(move || first.take(Duration::from_secs(10)));
+        maker.record(&rows(4, 100));
+        assert_eq!(budget.used(), 400);
+        maker.finish();
+        assert_eq!(waiting.join().unwrap().expect("made in time").len(), 4);
+        let Claim::Take(last) = splits.claim(taker(0)) else { panic!("the third takes") };
+        assert_eq!(last.take(Duration::ZERO).unwrap()[3].0, 3);
+        assert_eq!((budget.used(), splits.bytes()), (0, 0), "the last taker freed it");
+        assert!(matches!(splits.claim(taker(0)), Claim::Alone), "a taker after the copy is freed makes it alone");
+        assert_eq!(splits.stats.rows_taken.load(Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn a_copy_without_room_or_a_failed_maker_leaves_the_takers_to_make_it() {
+        let budget = Arc::new(MemoryBudget::new(100));
+        let splits = SharedSplits::new(budget.clone());
+        let Claim::Make(making) = splits.claim(maker(1)) else { panic!() };
+        let Claim::Take(taking) = splits.claim(taker(1)) else { panic!() };
+        making.record(&rows(4, 100));
+        assert_eq!(budget.used(), 0, "nothing kept beyond the budget");
+        making.finish();
+        assert!(taking.take(Duration::from_secs(1)).is_none());
+        assert!(matches!(splits.claim(taker(1)), Claim::Alone));
+
+        let Claim::Make(making) = splits.claim(maker(2)) else { panic!() };
+        let Claim::Take(taking) = splits.claim(taker(2)) else { panic!() };
+        drop(making);
+        assert!(taking.take(Duration::from_secs(1)).is_none(), "a maker that stopped");
+        assert_eq!(splits.stats.made_again.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn a_taker_waits_no_longer_than_its_patience_for_a_slow_maker() {
+        let splits = SharedSplits::new(Arc::new(MemoryBudget::new(1 << 20)));
+        let Claim::Make(making) = splits.claim(maker(3)) else { panic!() };
+        let Claim::Take(taking) = splits.claim(taker(3)) else { panic!() };
+        making.record(&rows(1, 10));
+        let started = Instant::now();
+        assert!(taking.take(Duration::from_millis(50)).is_none());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        drop(making);
+    }
+}
