@@ -225,3 +225,43 @@ def test_two_jobs_of_a_share_group_each_get_every_epoch_once(tmp_path, corpus):
             check_epoch(epoch, batches, images)
         with pytest.raises(WorkerError, match="share group"):
             Client.from_dispatcher(local.address(), "test", "py", job="trial-a", share="other")
+
+
+def test_the_sweep_example_runs_the_sweep_sample_as_trials_of_one_share_group(tmp_path, corpus):
+    # The sample's spec, its source pointed at the test corpus and its batches made small.
+    sample = (ROOT / "manifests" / "samples" / "sweep.yaml").read_text()
+    spec = sample.replace("file:///data/train/", f"file://{corpus}/").replace("batchSize: 128", "batchSize: 8")
+    spec = spec.replace("[224, 224]", "[32, 32]")
+    spec = re.sub(r"\n  workers:\n(    .*\n|      .*\n)*", "\n", spec)
+    spec = spec.replace("metadata:\n  name: sweep-input\n", "metadata: {name: sweep-input, namespace: test}\n")
+    pipeline = tmp_path / "sweep.yaml"
+    pipeline.write_text(spec)
+    with Local(tmp_path, pipeline) as local:
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "examples" / "sweep.py"),
+                "--dispatcher",
+                local.address(),
+                "--namespace",
+                "test",
+                "--pipeline",
+                "sweep-input",
+                "--trials",
+                "3",
+                "--step-ms",
+                "0,0,5",
+                "--epochs",
+                "2",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        ).stdout
+    print(out)
+    images = images_in(corpus)
+    lines = sorted(line for line in out.splitlines() if line.startswith("trial-"))
+    assert [line.split(" in ")[0] for line in lines] == [
+        f"trial-{i}: epochs of {images}, {images} images" for i in range(3)
+    ], out

@@ -224,13 +224,11 @@ impl Share {
 
     /// Productions that waited longer than `PATIENCE` for their member: its split goes back
     /// to the job's queue (counted as missed), as does any the job's ledger no longer has
-    /// on that worker (requeued meanwhile: taking it would produce it twice).
+    /// on that worker (requeued meanwhile: taking it would produce it twice). Those of a job
+    /// without clients now wait for it to have some again: only its ledger can take them back.
     fn expire(&mut self, jobs: &mut [(&JobName, &mut Job)], now: Instant) {
         for ((job, worker), queue) in self.waiting.iter_mut() {
-            let Some((_, ledger)) = jobs.iter_mut().find(|(name, _)| *name == job) else {
-                queue.clear();
-                continue;
-            };
+            let Some((_, ledger)) = jobs.iter_mut().find(|(name, _)| *name == job) else { continue };
             queue.retain(|m| {
                 let Assignment::Split { epoch, split, .. } = m.assignment else { return false };
                 if !ledger.holds(epoch, split, worker) {

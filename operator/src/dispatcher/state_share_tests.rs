@@ -122,3 +122,28 @@ fn a_dead_workers_productions_are_forgotten_and_each_job_recovers_its_own() {
     }
     assert!(a.contains(&split), "the dead worker's split is produced again: {a:?}");
 }
+
+#[test]
+fn a_job_whose_clients_left_and_came_back_gets_what_waited_for_it() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    s.register_client(client("a", Some("sweep")), t).unwrap();
+    let b = s.register_client(client("b", Some("sweep")), t).unwrap().client_id;
+    let w = s.register_worker(worker("w:1", 4), t).unwrap();
+    let (first, _) = ask(&mut s, &w, "a", &[], 0, t);
+    let Assignment::Split { split, .. } = first else { panic!("{first:?}") };
+    // b's only client leaves cleanly before its producer took the production, and comes back.
+    s.leave(&b, false, t);
+    // a goes on meanwhile.
+    ask(&mut s, &w, "a", &[(0, split)], 0, t);
+    let later = t + crate::dispatcher::share::PATIENCE + Duration::from_secs(1);
+    s.register_client(client("b", Some("sweep")), later).unwrap();
+    let mut got = Vec::new();
+    let mut done = Vec::new();
+    while let (Assignment::Split { split, .. }, _) = ask(&mut s, &w, "b", &done, 0, later) {
+        got.push(split);
+        done = vec![(0, split)];
+    }
+    got.sort();
+    assert_eq!(got, vec![0, 1, 2, 3], "the production that waited for it went back to its queue ({split})");
+}
