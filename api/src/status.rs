@@ -194,6 +194,25 @@ pub struct DeliveryStatus {
     /// (each rank yields the same number of batches; the remainder is not spread).
     #[serde(default)]
     pub rows_dropped_for_equal_ranks: u64,
+    /// Share groups (docs/reuse.md): splits made once for several jobs, summed over groups.
+    #[serde(default)]
+    pub shared_productions: u64,
+    /// The (job, split) deliveries those productions were for: with `sharedProductions`, how
+    /// many jobs a production served on average.
+    #[serde(default)]
+    pub shared_deliveries: u64,
+    /// Productions a job of a group waited for but had no room for on that worker (it read
+    /// more slowly): each a split made again for it later.
+    #[serde(default)]
+    pub shared_missed: u64,
+    /// Productions a taker on a worker made itself: the maker's copy was gone (no room in the
+    /// memory budget, its maker stopped) or late.
+    #[serde(default)]
+    pub shared_made_again: u64,
+    /// Bytes the live workers hold now in copies waiting for their takers (inside their memory
+    /// budgets).
+    #[serde(default)]
+    pub shared_kept_bytes: u64,
 }
 
 /// Seconds per epoch computing everything, writing the cache, and reading it.

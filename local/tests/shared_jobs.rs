@@ -72,6 +72,13 @@ async fn sweep(jobs: &[(&'static str, u64)], share: Option<&str>) -> (u64, Strin
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let progress = s.dispatcher.with_state(|st| st.worker_progress(&s.key));
     let made = progress.iter().map(|(_, _, p)| p.elements).sum();
+    let delivery = s.dispatcher.with_state(|st| st.delivery_statuses()).remove(&s.key).unwrap_or_default();
+    if share.is_some() {
+        // status.delivery says what was shared: more deliveries than productions.
+        assert!(delivery.shared_deliveries > delivery.shared_productions, "{delivery:?}");
+    } else {
+        assert_eq!(delivery.shared_productions, 0);
+    }
     let counts = s.dispatcher.with_state(|st| st.share_counts(&s.key));
     let sharing: Vec<_> = progress.into_iter().map(|(_, _, p)| p.sharing).collect();
     s.workers.stop_all().await;

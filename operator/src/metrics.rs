@@ -80,7 +80,8 @@ impl Default for Metrics {
                 "Delivery counters per pipeline since this leader started: splits_produced_again (their \
                  worker died), redeliveries_skipped (elements a client already had), splits_repeated, \
                  recoveries_unacknowledged, rows_dropped_for_equal_ranks (a job read by ranks: rows \
-                 beyond an epoch's equal count per rank)",
+                 beyond an epoch's equal count per rank), and for share groups shared_productions, \
+                 shared_deliveries, shared_missed, shared_made_again, shared_kept_bytes",
             ),
             &["namespace", "pipeline", "counter"],
         )
@@ -175,6 +176,11 @@ impl Metrics {
                 ("splits_repeated", d.splits_repeated),
                 ("recoveries_unacknowledged", d.recoveries_unacknowledged),
                 ("rows_dropped_for_equal_ranks", d.rows_dropped_for_equal_ranks),
+                ("shared_productions", d.shared_productions),
+                ("shared_deliveries", d.shared_deliveries),
+                ("shared_missed", d.shared_missed),
+                ("shared_made_again", d.shared_made_again),
+                ("shared_kept_bytes", d.shared_kept_bytes),
             ] {
                 let labels = [key.namespace.as_str(), key.name.as_str(), counter];
                 self.delivery.with_label_values(&labels).set(value as i64);

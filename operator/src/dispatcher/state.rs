@@ -520,6 +520,16 @@ impl DispatcherState {
                         .sum(),
                     ..DeliveryStatus::default()
                 };
+                for counts in self.pipelines[key].shares.values().map(|share| &share.counts) {
+                    d.shared_productions += counts.productions;
+                    d.shared_deliveries += counts.deliveries;
+                    d.shared_missed += counts.missed.values().sum::<u64>();
+                }
+                for (_, w) in self.members.workers_of(key) {
+                    // Saturating: the counts are the workers' word.
+                    d.shared_made_again = d.shared_made_again.saturating_add(w.progress.sharing.made_again);
+                    d.shared_kept_bytes = d.shared_kept_bytes.saturating_add(w.progress.sharing.kept_bytes);
+                }
                 for job in self.jobs(key) {
                     d.splits_produced_again += job.requeued;
                     d.redeliveries_skipped += job.skipped;

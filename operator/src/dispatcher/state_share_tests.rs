@@ -50,6 +50,8 @@ fn jobs_of_a_group_take_one_production_and_each_gets_every_split_once() {
     got_a.sort();
     assert_eq!(got_a, (0..6).collect::<Vec<_>>(), "every split once");
     assert_eq!(productions.len(), 6);
+    let delivery = &s.delivery_statuses()[&key()];
+    assert_eq!((delivery.shared_productions, delivery.shared_deliveries, delivery.shared_missed), (6, 12, 0));
     // The job alone is produced for alone, and has its own epoch.
     let (alone, production) = ask(&mut s, &w, "alone", &[], 0, t);
     assert!(matches!(alone, Assignment::Split { epoch: 0, .. }) && production.is_none());
