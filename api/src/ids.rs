@@ -7,7 +7,11 @@ use std::fmt;
 macro_rules! name_type {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[derive(
+            Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash,
+            serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+        )]
+        #[serde(transparent)]
         pub struct $name(String);
 
         impl $name {

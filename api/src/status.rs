@@ -22,6 +22,11 @@ pub struct DataPipelineStatus {
     pub delivery: Option<DeliveryStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_wait: Option<DataWaitStatus>,
+    /// The jobs reading the pipeline now (those with live clients), by name: each one's share
+    /// group, what it waited, what the autoscaler's policy for it wants, and what it took from
+    /// its group's productions. At most `MAX_JOBS_LISTED`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<JobStatus>,
     /// What the workers changed of the spec to stay within their bounds, e.g. a shuffle buffer
     /// capped by the memory budget (see docs/security.md#bounds). Empty when they run it as
     /// written.
@@ -172,6 +177,38 @@ impl DataWaitStatus {
         self.total_seconds += total;
         true
     }
+}
+
+/// Jobs listed in `status.jobs` at most (a status is one object: it must stay small); the
+/// rest are summed in the pipeline's figures as always.
+pub const MAX_JOBS_LISTED: usize = 64;
+
+/// One job reading the pipeline, as the leading operator sees it.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JobStatus {
+    pub name: crate::JobName,
+    /// The share group its clients named (docs/reuse.md), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<crate::ShareName>,
+    /// Its live clients.
+    pub consumers: u32,
+    /// The epoch it reads.
+    pub epoch: u64,
+    /// How long its consumers waited for data, since they first reported to this leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_wait: Option<DataWaitStatus>,
+    /// The workers the autoscaler's policy for this job wants (the pipeline runs the most any
+    /// of its jobs wants, within the caps); none before its first judged window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers_wanted: Option<u32>,
+    /// Splits it got from its group's productions (made once for several jobs).
+    #[serde(default)]
+    pub shared_taken: u64,
+    /// Productions of its group it waited for but had no room for (it read more slowly than
+    /// the others): each a split made again for it.
+    #[serde(default)]
+    pub shared_missed: u64,
 }
 
 /// How the pipeline's elements reached its training jobs, summed over jobs since the leading

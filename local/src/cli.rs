@@ -109,6 +109,7 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
     let mut shown_cache: Option<String> = None;
     let mut shown_warnings = std::collections::BTreeSet::new();
     let mut shown_mix = None;
+    let mut shown_jobs = Vec::new();
     // The run ends after `seconds`, on Ctrl-C, or on SIGTERM from whatever started it (a test,
     // a supervisor): either way the workers are stopped below, not left behind.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -146,6 +147,15 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
                 println!("warning: {warning}");
             }
         }
+        // A job joining or leaving, or its policy wanting another count, is worth a line.
+        let jobs: Vec<_> = local.book.job_list(&local.key).unwrap_or_default();
+        let jobs_now: Vec<_> = jobs.iter().map(|j| (j.name.clone(), j.share.clone(), j.workers_wanted)).collect();
+        if jobs_now != shown_jobs {
+            for job in &jobs {
+                println!("  {}", job_line(job));
+            }
+            shown_jobs = jobs_now;
+        }
         let mix = mix_line(&dp.spec.data_plane.source, &report.source_shares);
         if mix.is_some() && mix != shown_mix {
             println!("{}", mix.as_deref().unwrap_or_default());
@@ -166,6 +176,9 @@ pub async fn local(dp: DataPipeline, settings: LocalSettings) -> anyhow::Result<
     if let Some(wait) = local.book.data_wait(&local.key).filter(|w| w.total_seconds > 0.0) {
         println!("{}", wait_line(&wait));
     }
+    for job in local.book.job_list(&local.key).unwrap_or_default() {
+        println!("  {}", job_line(&job));
+    }
     if let Some(cache) = local.cache() {
         println!("{}", cache_line(&cache));
     }
@@ -182,6 +195,23 @@ pub fn wait_line(w: &stoker_api::DataWaitStatus) -> String {
         100.0 * w.waiting_seconds / w.total_seconds.max(f64::MIN_POSITIVE),
         100.0 * w.fraction
     )
+}
+
+/// One job reading the pipeline: its group, its consumers' wait, what its policy wants, and
+/// what it took from its group's productions.
+pub fn job_line(j: &stoker_api::JobStatus) -> String {
+    let mut line = format!("job {} ({} consumers", j.name, j.consumers);
+    if let Some(share) = &j.share {
+        line.push_str(&format!(", share group {share}: {} splits shared, {} missed", j.shared_taken, j.shared_missed));
+    }
+    line.push(')');
+    if let Some(w) = j.data_wait.as_ref().filter(|w| w.total_seconds > 0.0) {
+        line.push_str(&format!(": waited {:.0}%", 100.0 * w.waiting_seconds / w.total_seconds));
+    }
+    if let Some(n) = j.workers_wanted {
+        line.push_str(&format!(", its policy wants {n} workers"));
+    }
+    line
 }
 
 /// A mix's realised shares beside its weights in one line; None without a mix or before any

@@ -1,5 +1,7 @@
 //! Prometheus metrics of the operator.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus::{
@@ -7,7 +9,9 @@ use prometheus::{
 };
 
 use crate::autoscaling::{Rescale, ScalingRecord};
-use stoker_api::{DataPipeline, DataWaitStatus, DeliveryStatus, Phase};
+use stoker_api::{DataPipeline, DataWaitStatus, DeliveryStatus, JobStatus, Phase};
+
+use crate::key::PipelineKey;
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -25,6 +29,11 @@ pub struct Metrics {
     rescales: IntCounterVec,
     delivery: IntGaugeVec,
     consumer_seconds: GaugeVec,
+    job_seconds: GaugeVec,
+    job_wants: IntGaugeVec,
+    job_shared: IntGaugeVec,
+    /// The job label sets exported last, so a job that left is removed.
+    jobs_exported: Arc<Mutex<BTreeSet<[String; 4]>>>,
 }
 
 impl Default for Metrics {
@@ -95,7 +104,37 @@ impl Default for Metrics {
             &["namespace", "pipeline", "spent"],
         )
         .unwrap();
+        let job_labels = &["namespace", "pipeline", "job", "share"];
+        let job_seconds = GaugeVec::new(
+            Opts::new(
+                "stoker_job_consumer_seconds",
+                "Each job's consumers' time while it has live clients (share: its share group, or \
+                 empty): waiting_for_data and in_all",
+            ),
+            &["namespace", "pipeline", "job", "share", "spent"],
+        )
+        .unwrap();
+        let job_wants = IntGaugeVec::new(
+            Opts::new(
+                "stoker_job_workers_wanted",
+                "Workers the autoscaler's policy for each job wants (the pipeline runs the most of them)",
+            ),
+            job_labels,
+        )
+        .unwrap();
+        let job_shared = IntGaugeVec::new(
+            Opts::new(
+                "stoker_job_shared_splits",
+                "Each job of a share group: splits it took from the group's productions (taken) and \
+                 productions it had no room for, each made again for it (missed)",
+            ),
+            &["namespace", "pipeline", "job", "share", "outcome"],
+        )
+        .unwrap();
         let registry = Registry::new();
+        registry.register(Box::new(job_seconds.clone())).unwrap();
+        registry.register(Box::new(job_wants.clone())).unwrap();
+        registry.register(Box::new(job_shared.clone())).unwrap();
         registry.register(Box::new(delivery.clone())).unwrap();
         registry.register(Box::new(consumer_seconds.clone())).unwrap();
         registry.register(Box::new(workers.clone())).unwrap();
@@ -124,6 +163,10 @@ impl Default for Metrics {
             rescales,
             delivery,
             consumer_seconds,
+            job_seconds,
+            job_wants,
+            job_shared,
+            jobs_exported: Arc::default(),
         }
     }
 }
@@ -198,6 +241,40 @@ impl Metrics {
         }
     }
 
+    /// Each job with live clients: its consumers' time, what its policy wants, what it took
+    /// from its share group. The series of a job that left are removed, so the label sets are
+    /// bounded by the jobs reading now.
+    pub fn jobs(&self, jobs: &BTreeMap<PipelineKey, Vec<JobStatus>>) {
+        let mut now = BTreeSet::new();
+        for (key, list) in jobs {
+            for j in list {
+                let share = j.share.as_ref().map_or("", |s| s.as_str());
+                let labels = [key.namespace.as_str(), key.name.as_str(), j.name.as_str(), share];
+                let wait = j.data_wait.clone().unwrap_or_default();
+                for (spent, seconds) in [("waiting_for_data", wait.waiting_seconds), ("in_all", wait.total_seconds)] {
+                    self.job_seconds.with_label_values(&[&labels[..], &[spent]].concat()).set(seconds);
+                }
+                self.job_wants.with_label_values(&labels).set(j.workers_wanted.map_or(0, i64::from));
+                for (outcome, n) in [("taken", j.shared_taken), ("missed", j.shared_missed)] {
+                    self.job_shared.with_label_values(&[&labels[..], &[outcome]].concat()).set(n as i64);
+                }
+                now.insert(labels.map(str::to_string));
+            }
+        }
+        let mut exported = self.jobs_exported.lock().unwrap();
+        for gone in exported.difference(&now) {
+            let labels: Vec<&str> = gone.iter().map(String::as_str).collect();
+            for extra in ["waiting_for_data", "in_all"] {
+                let _ = self.job_seconds.remove_label_values(&[&labels[..], &[extra]].concat());
+            }
+            let _ = self.job_wants.remove_label_values(&labels);
+            for extra in ["taken", "missed"] {
+                let _ = self.job_shared.remove_label_values(&[&labels[..], &[extra]].concat());
+            }
+        }
+        *exported = now;
+    }
+
     pub fn render(&self) -> String {
         prometheus::TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_default()
     }
@@ -206,7 +283,6 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::PipelineKey;
 
     #[test]
     fn consumers_wait_for_data_is_exported_per_pipeline() {
@@ -221,5 +297,33 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }
+    }
+
+    #[test]
+    fn each_job_is_exported_while_it_reads_and_removed_once_it_left() {
+        let metrics = Metrics::default();
+        let key = PipelineKey { namespace: "ml".into(), name: "sweep".into() };
+        let job = |name: &str| JobStatus {
+            name: name.into(),
+            share: Some("s".into()),
+            consumers: 1,
+            data_wait: Some(DataWaitStatus { fraction: 0.5, waiting_seconds: 2.0, total_seconds: 4.0 }),
+            workers_wanted: Some(3),
+            shared_taken: 7,
+            shared_missed: 1,
+            ..JobStatus::default()
+        };
+        metrics.jobs(&[(key.clone(), vec![job("t0"), job("t1")])].into());
+        let text = metrics.render();
+        for line in [
+            r#"stoker_job_consumer_seconds{job="t1",namespace="ml",pipeline="sweep",share="s",spent="waiting_for_data"} 2"#,
+            r#"stoker_job_workers_wanted{job="t0",namespace="ml",pipeline="sweep",share="s"} 3"#,
+            r#"stoker_job_shared_splits{job="t0",namespace="ml",outcome="missed",pipeline="sweep",share="s"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        metrics.jobs(&[(key, vec![job("t0")])].into());
+        let text = metrics.render();
+        assert!(text.contains(r#"job="t0""#) && !text.contains(r#"job="t1""#), "{text}");
     }
 }

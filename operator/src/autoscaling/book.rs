@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use stoker_api::{CacheStatus, DataWaitStatus, DeliveryStatus, EchoStatus, ScalingStep, WorkersReport};
+use stoker_api::{
+    CacheStatus, DataWaitStatus, DeliveryStatus, EchoStatus, JobName, JobStatus, ScalingStep, WorkersReport,
+};
 
 use super::policy::PolicyState;
 use crate::key::PipelineKey;
@@ -32,6 +34,9 @@ pub struct ScalingRecord {
     /// With an automatic `echo`: the factor in force and why.
     pub echo: Option<EchoStatus>,
     pub history: Vec<ScalingStep>,
+    /// What each job's policy wants (the pipeline wishes for the most of them, so a share
+    /// group is sized for the job that gains from the most workers: its fastest).
+    pub job_wants: BTreeMap<JobName, u32>,
 }
 
 #[derive(Default)]
@@ -47,6 +52,10 @@ pub struct ScalingBook {
     /// How long each pipeline's consumers waited for data, from every window reported (all
     /// pipelines, not only those the autoscaler scales).
     waits: Mutex<BTreeMap<PipelineKey, DataWaitStatus>>,
+    /// The same, per job (kept while the job has live clients).
+    job_waits: Mutex<BTreeMap<(PipelineKey, JobName), DataWaitStatus>>,
+    /// Each pipeline's jobs with live clients, with their waits and wishes.
+    jobs: Mutex<BTreeMap<PipelineKey, Vec<JobStatus>>>,
 }
 
 impl ScalingBook {
@@ -95,11 +104,39 @@ impl ScalingBook {
     /// Adds a round's windows to their pipelines' waits; returns whether anything changed.
     pub fn add_waits(&self, windows: &[crate::dispatcher::JobWindows]) -> bool {
         let mut waits = self.waits.lock().unwrap();
+        let mut job_waits = self.job_waits.lock().unwrap();
         let mut changed = false;
         for jw in windows {
             changed |= waits.entry(jw.pipeline.clone()).or_default().add(&jw.windows);
+            job_waits.entry((jw.pipeline.clone(), jw.job.clone())).or_default().add(&jw.windows);
         }
         changed
+    }
+
+    /// The pipeline's jobs with live clients; None if the dispatcher does not know it.
+    pub fn job_list(&self, pipeline: &PipelineKey) -> Option<Vec<JobStatus>> {
+        self.jobs.lock().unwrap().get(pipeline).cloned()
+    }
+
+    pub fn all_jobs(&self) -> BTreeMap<PipelineKey, Vec<JobStatus>> {
+        self.jobs.lock().unwrap().clone()
+    }
+
+    /// Replaces the jobs (the dispatcher's list) with each one's wait and what its policy
+    /// wants added; forgets the waits of jobs no longer listed. Returns whether anything
+    /// changed.
+    pub fn set_jobs(&self, mut jobs: BTreeMap<PipelineKey, Vec<JobStatus>>) -> bool {
+        let records = self.records.lock().unwrap();
+        let mut job_waits = self.job_waits.lock().unwrap();
+        job_waits.retain(|(key, name), _| jobs.get(key).is_some_and(|js| js.iter().any(|j| j.name == *name)));
+        for (key, list) in &mut jobs {
+            for job in list {
+                job.data_wait = job_waits.get(&(key.clone(), job.name.clone())).cloned();
+                job.workers_wanted = records.get(key).and_then(|r| r.job_wants.get(&job.name).copied());
+            }
+        }
+        drop((records, job_waits));
+        replace(&self.jobs, jobs)
     }
 
     pub fn delivery(&self, pipeline: &PipelineKey) -> Option<DeliveryStatus> {
@@ -126,6 +163,7 @@ impl ScalingBook {
 
     pub fn remove(&self, pipeline: &PipelineKey) {
         self.records.lock().unwrap().remove(pipeline);
+        self.jobs.lock().unwrap().remove(pipeline);
     }
 }
 
@@ -145,7 +183,7 @@ mod tests {
     use crate::dispatcher::JobWindows;
 
     #[test]
-    fn waits_are_summed_per_pipeline_over_jobs_and_rounds() {
+    fn waits_are_summed_per_pipeline_and_per_job_over_rounds() {
         let book = ScalingBook::default();
         let key = |name: &str| PipelineKey { namespace: "ns".into(), name: name.into() };
         let window = |batches, wait_fraction| Window {
@@ -164,5 +202,25 @@ mod tests {
         let a = book.data_wait(&key("a")).unwrap();
         assert_eq!((a.waiting_seconds, a.total_seconds, a.fraction), (2.0, 5.0, 1.0));
         assert_eq!(book.data_wait(&key("b")).map(|b| b.total_seconds), Some(0.0));
+
+        // Per job: each job's own waits and what its policy wants, while it is listed.
+        book.update(&key("a"), |r| r.job_wants = BTreeMap::from([("j".into(), 5), ("k".into(), 2)]));
+        let listed = |names: &[&str]| {
+            let jobs = names.iter().map(|&n| JobStatus { name: n.into(), consumers: 1, ..JobStatus::default() });
+            BTreeMap::from([(key("a"), jobs.collect::<Vec<_>>())])
+        };
+        assert!(book.set_jobs(listed(&["j", "k"])));
+        let jobs = book.job_list(&key("a")).unwrap();
+        let j = jobs[0].data_wait.as_ref().unwrap();
+        assert_eq!((j.waiting_seconds, j.total_seconds, jobs[0].workers_wanted), (2.0, 3.0, Some(5)));
+        let k = jobs[1].data_wait.as_ref().unwrap();
+        assert_eq!((k.waiting_seconds, k.total_seconds, jobs[1].workers_wanted), (0.0, 2.0, Some(2)));
+        assert!(!book.set_jobs(listed(&["j", "k"])), "nothing new");
+        // k's clients left: it is not listed, and its waits are forgotten (a job of that name
+        // later is another trial).
+        assert!(book.set_jobs(listed(&["j"])));
+        assert!(book.set_jobs(listed(&["j", "k"])));
+        assert_eq!(book.job_list(&key("a")).unwrap()[1].data_wait, None);
+        assert_eq!(book.job_list(&key("b")), None, "a pipeline the dispatcher does not know");
     }
 }

@@ -148,6 +148,16 @@ impl Driver {
     fn judge(&mut self, due: &BTreeSet<PipelineKey>, pipelines: &[Scaled]) -> (Reasons, BTreeSet<PipelineKey>) {
         let mut reasons = Reasons::new();
         let mut judged_pipelines = BTreeSet::new();
+        // A job not listed since the last judgement has no clients left (a finished or crashed
+        // trial of a sweep): what its policy wanted no longer counts in the pipeline's wish.
+        let pending = &self.pending;
+        self.jobs.retain(|(key, job_name), _| {
+            let listed = !due.contains(key) || pending.contains_key(&(key.clone(), job_name.clone()));
+            if !listed {
+                reasons.entry(key.clone()).or_insert_with(|| format!("job {job_name} has no clients left"));
+            }
+            listed
+        });
         let judged: Vec<JobKey> = self.pending.keys().filter(|(key, _)| due.contains(key)).cloned().collect();
         for (key, job_name) in judged {
             let p = pipelines.iter().find(|p| p.key == key).expect("pending windows are of pipelines in scope");
@@ -319,6 +329,12 @@ impl Driver {
             record.retry = self.jobs_of(&p.key).find_map(|j| j.policy.retry_plan());
             record.echo =
                 self.echoes.get(&p.key).map(|e| EchoStatus { factor: e.factor(), reason: e.reason().to_string() });
+            record.job_wants = self
+                .jobs
+                .iter()
+                .filter(|((k, _), _)| *k == p.key)
+                .map(|((_, name), j)| (name.clone(), j.wants))
+                .collect();
             if granted != p.workers {
                 let mut reason = reasons.remove(&p.key).unwrap_or_else(|| "following the policy".into());
                 if let Some(cap) = by.filter(|_| held_back > 0) {
@@ -436,6 +452,34 @@ mod tests {
         assert_eq!(d.pending.len(), 2, "a job without new windows is still listed");
         assert_eq!(d.pending[&(key("a"), "j".into())].len(), 1);
         assert!(!d.pending.contains_key(&(key("gone"), "j".into())));
+    }
+
+    #[test]
+    fn a_job_whose_clients_left_stops_counting_in_the_pipelines_wish() {
+        let mut d = Driver::default();
+        for (job, wants) in [("fast", 6), ("slow", 2)] {
+            let policy = Box::new(policy::Fixed);
+            d.jobs.insert((key("a"), job.into()), JobPolicy { policy, wants, last: None, model: Model::default() });
+        }
+        let mut pipelines = [scaled("a", 1, 8, 2)];
+        let round = |d: &mut Driver, jobs: &[&str], pipelines: &mut [Scaled; 1]| {
+            let windows = jobs.iter().map(|j| job_windows("a", j, vec![])).collect();
+            let (rescales, records) = d.round(SECOND, "t", windows, pipelines, Caps::default(), &BTreeMap::new());
+            pipelines[0].workers = records[&key("a")].workers;
+            (rescales, records)
+        };
+        let (rescales, records) = round(&mut d, &["fast", "slow"], &mut pipelines);
+        assert_eq!(rescales[0].to, 6, "the job wanting the most sizes the pipeline");
+        assert_eq!(records[&key("a")].job_wants, BTreeMap::from([("fast".into(), 6), ("slow".into(), 2)]));
+        // The fast trial finishes. Its pipeline is judged every other round; the judgement
+        // after the one that still saw it listed drops it (rounds 2 and 4).
+        for _ in 0..2 {
+            let (rescales, _) = round(&mut d, &["slow"], &mut pipelines);
+            assert!(rescales.is_empty(), "not judged without it yet: {rescales:?}");
+        }
+        let (rescales, records) = round(&mut d, &["slow"], &mut pipelines);
+        assert_eq!((rescales[0].to, rescales[0].reason.as_str()), (2, "job fast has no clients left"));
+        assert_eq!(records[&key("a")].job_wants, BTreeMap::from([("slow".into(), 2)]));
     }
 
     #[test]

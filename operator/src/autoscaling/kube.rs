@@ -96,6 +96,7 @@ pub fn after_round(
         metrics.scaling(&book.all(), rescales);
         metrics.deliveries(&book.deliveries());
         metrics.data_waits(&book.data_waits());
+        metrics.jobs(&book.all_jobs());
         if changed {
             let _ = reconcile.send(());
         }

@@ -65,6 +65,7 @@ impl<S: Scaler> Loop<S> {
             changed |= self.book.set_caches(self.dispatcher.with_state(|s| s.cache_statuses()));
             changed |= self.book.set_deliveries(self.dispatcher.with_state(|s| s.delivery_statuses()));
             changed |= self.book.set_reports(self.dispatcher.with_state(|s| s.reports()));
+            changed |= self.book.set_jobs(self.dispatcher.with_state(|s| s.job_statuses()));
             for r in &rescales {
                 tracing::info!(pipeline = %r.pipeline, from = r.from, to = r.to, reason = %r.reason, "rescaling");
                 if let Err(e) = self.scaler.scale(&r.pipeline, r.to).await {

@@ -197,6 +197,7 @@ async fn update_status(dp: &DataPipeline, ctx: &Context, outcome: &Outcome) -> R
     let delivery = ctx.scaling.delivery(&PipelineKey::of(dp));
     let data_wait = ctx.scaling.data_wait(&PipelineKey::of(dp));
     let workers = ctx.scaling.report(&PipelineKey::of(dp));
+    let jobs = ctx.scaling.job_list(&PipelineKey::of(dp));
     let next = status::next(
         &dp.spec,
         dp.metadata.generation,
@@ -208,6 +209,7 @@ async fn update_status(dp: &DataPipeline, ctx: &Context, outcome: &Outcome) -> R
             delivery: delivery.as_ref(),
             data_wait: data_wait.as_ref(),
             workers: workers.as_ref(),
+            jobs: jobs.as_deref(),
         },
         &now,
     );

@@ -3,8 +3,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use stoker_api::{
     AutoscalerStatus, AutoscalingMode, CacheDecision, CacheMode, CacheStatus, DataPipelineSpec, DataPipelineStatus,
-    DataWaitStatus, DeliveryStatus, MixStatus, Phase, ValidationError, WorkersReport, WorkersStatus, condition,
-    invalid_message,
+    DataWaitStatus, DeliveryStatus, JobStatus, MixStatus, Phase, ValidationError, WorkersReport, WorkersStatus,
+    condition, invalid_message,
 };
 
 use crate::autoscaling::ScalingRecord;
@@ -33,6 +33,8 @@ pub struct Observed<'a> {
     pub data_wait: Option<&'a DataWaitStatus>,
     /// The workers' warnings and mix shares (None: no worker has reported to this leader yet).
     pub workers: Option<&'a WorkersReport>,
+    /// The jobs with live clients (None: this leader's dispatcher does not know the pipeline yet).
+    pub jobs: Option<&'a [JobStatus]>,
 }
 
 pub fn next(
@@ -43,7 +45,7 @@ pub fn next(
     observed: &Observed,
     now: &Time,
 ) -> DataPipelineStatus {
-    let Observed { scaling, cache, delivery, data_wait, workers: report } = *observed;
+    let Observed { scaling, cache, delivery, data_wait, workers: report, jobs } = *observed;
     let previous = previous.cloned().unwrap_or_default();
     let (phase, ready, progressing, degraded) = match outcome {
         Outcome::Invalid(errors) => {
@@ -133,6 +135,7 @@ pub fn next(
         // A new leader's dispatcher has counted nothing yet: keep what the last one showed.
         delivery: delivery.cloned().or(previous.delivery),
         data_wait: data_wait.cloned().or(previous.data_wait),
+        jobs: jobs.map_or(previous.jobs, <[JobStatus]>::to_vec),
         // Likewise: a new leader keeps the last warnings and shares until a worker reports.
         warnings: report.map_or(previous.warnings, |w| w.warnings.clone()),
         mix: mix(spec, report, &previous.mix),
@@ -328,6 +331,31 @@ mod tests {
         // A new leader that has had no window yet keeps the last figures.
         let new_leader = next(&s, Some(1), Some(&shown), &applied, &Observed::default(), &at(2));
         assert_eq!(new_leader.data_wait, Some(wait));
+    }
+
+    #[test]
+    fn the_jobs_reading_are_listed_and_a_job_that_left_is_not() {
+        let s = spec("");
+        let applied = Outcome::Applied { desired: 1, ready: 1 };
+        let job = |name: &str| JobStatus {
+            name: name.into(),
+            share: Some("sweep".into()),
+            consumers: 2,
+            ..JobStatus::default()
+        };
+        let two = [job("trial-0"), job("trial-1")];
+        let shown = next(&s, Some(1), None, &applied, &Observed { jobs: Some(&two), ..Observed::default() }, &at(1));
+        let yaml = serde_json::to_value(&shown).unwrap();
+        assert_eq!(yaml["jobs"][1]["name"], "trial-1", "{yaml}");
+        assert_eq!(yaml["jobs"][1]["share"], "sweep", "{yaml}");
+        // A new leader's dispatcher that does not know the pipeline yet keeps the list...
+        let new_leader = next(&s, Some(1), Some(&shown), &applied, &Observed::default(), &at(2));
+        assert_eq!(new_leader.jobs, two);
+        // ... and one that does shows what reads now.
+        let one = [job("trial-1")];
+        let later =
+            next(&s, Some(1), Some(&shown), &applied, &Observed { jobs: Some(&one), ..Observed::default() }, &at(3));
+        assert_eq!(later.jobs, one);
     }
 
     #[test]

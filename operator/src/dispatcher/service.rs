@@ -321,7 +321,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             self.0.publish(&pipeline);
         }
         let (next, production) = next;
-        let production = production.map(|p| proto::SharedProduction { id: p.id, takers: p.takers, make: p.make });
+        let production = production.map(|p| proto::SharedProduction { id: p.id, takers: p.takers });
         let (next, skip, echo_factor) = match next {
             Assignment::Split { epoch, split, skip, echo } => {
                 (Next::Split(proto::SplitRef { epoch, split }), skip, echo)

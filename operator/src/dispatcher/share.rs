@@ -36,14 +36,13 @@ pub struct Tail {
 }
 
 /// One production of a split, each job it goes to with the job's own assignment (its epoch,
-/// the rows it has of the split already, the echo factor), and the one whose producer makes
-/// it: of the members reading their open epoch the fastest (a producer runs no faster than its
-/// consumers read, and the others wait for it), else the leader.
+/// the rows it has of the split already, the echo factor). Which member's producer makes it is
+/// the worker's choice: the first to come for it (the others may be busy with what waited for
+/// them before, and nobody should wait for a producer that has not started).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Production {
     pub split: u64,
     pub members: Vec<(JobName, Assignment)>,
-    pub maker: JobName,
 }
 
 /// A group's counters, for status and metrics.
@@ -51,11 +50,19 @@ pub struct Production {
 pub struct ShareCounts {
     /// Splits made for the group.
     pub productions: u64,
-    /// (job, split) deliveries those productions were for: productions x members.
-    pub deliveries: u64,
+    /// Per job: the splits it got from the group's productions (summed: the (job, split)
+    /// deliveries the productions were for).
+    pub taken: BTreeMap<JobName, u64>,
     /// Per job: productions of a split it waited for, made while it had no room on the
     /// worker. Each is a split made again for it later.
     pub missed: BTreeMap<JobName, u64>,
+}
+
+impl ShareCounts {
+    /// The (job, split) deliveries the group's productions were for.
+    pub fn deliveries(&self) -> u64 {
+        self.taken.values().sum()
+    }
 }
 
 /// How far into a leading job's order a worker looks for a split no faster job without room
@@ -133,28 +140,17 @@ pub fn hand_out(
         }
     }
     counts.productions += 1;
-    counts.deliveries += members.len() as u64;
-    let reading_open = |(name, a): &(JobName, Assignment)| {
-        let job = jobs.iter().find(|(n, _)| *n == name).map(|(_, j)| &**j)?;
-        let Assignment::Split { epoch, .. } = a else { return None };
-        (*epoch == job.epoch()).then(|| job.read_rate(now))
-    };
-    // Ties go to the leader, whose producer is asking now.
-    let maker = members
-        .iter()
-        .filter_map(|m| Some((reading_open(m)?, m.0 == *leader, &m.0)))
-        .max_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
-        .map_or_else(|| leader.clone(), |(_, _, name)| name.clone());
-    Some(Production { split, members, maker })
+    for (name, _) in &members {
+        *counts.taken.entry(name.clone()).or_default() += 1;
+    }
+    Some(Production { split, members })
 }
 
-/// One making of a split on a worker for `takers` jobs, as one of them sees it: whether it
-/// makes it (see the proto's SharedProduction).
+/// One making of a split on a worker for `takers` jobs (see the proto's SharedProduction).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SharedProduction {
     pub id: u64,
     pub takers: u32,
-    pub make: bool,
 }
 
 /// A production waiting for a member's producer on a worker.
@@ -211,7 +207,7 @@ impl Share {
         self.next_id += 1;
         let mut own = None;
         for (job, assignment) in production.members {
-            let shared = SharedProduction { id, takers, make: job == production.maker };
+            let shared = SharedProduction { id, takers };
             if job == *asker {
                 own = Some((assignment, shared));
             } else {

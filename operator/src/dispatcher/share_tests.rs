@@ -304,8 +304,8 @@ fn a_job_that_leaves_frees_its_place() {
     sim.job("leaves", 1.0, 0, Some(300));
     sim.run(TICKS);
     sim.check_every_finished_epoch_whole();
-    let before = sim.counts.deliveries;
+    let before = sim.counts.deliveries();
     sim.run(100);
-    assert!(sim.counts.deliveries - before <= 100 + (workers * 2) as u64, "only the job that stayed is served");
+    assert!(sim.counts.deliveries() - before <= 100 + (workers * 2) as u64, "only the job that stayed is served");
     assert!(read(sim.job_named("stays")) >= 1290);
 }

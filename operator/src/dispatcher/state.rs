@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use stoker_api::proto::HintBytes;
 use stoker_api::window::Window;
-use stoker_api::{CacheStatus, ClientId, DeliveryStatus, JobName, Reading, ShareName, WorkerId, WorkersReport};
+use stoker_api::{CacheStatus, ClientId, JobName, Reading, ShareName, WorkerId};
 
 use super::cache::Caches;
 use super::inbox::{Inbox, JobWindows};
-use super::ledger::{Assignment, JobSummary, Reporter};
+use super::ledger::{Assignment, Reporter};
 use super::members::{Client, Members, Progress, Timeouts, Worker};
 use super::pipeline::{JobEntry, Phase, Pipeline, share_members};
 use super::ranks::{Quota, Ranks};
@@ -21,7 +21,7 @@ use super::registration::{
     Acknowledgement, ClientRegistration, DispatchError, MAX_ID_BYTES, MAX_SPLITS, Registered, Rejoin, Resume,
     WorkerRegistration,
 };
-use super::share::{ShareCounts, SharedProduction};
+use super::share::SharedProduction;
 use crate::autocache::plan::{Directive, Measured};
 use crate::key::PipelineKey;
 
@@ -489,86 +489,6 @@ impl DispatcherState {
         self.members.workers_of(pipeline).map(|(id, w)| (id.clone(), w.threads, w.progress.clone())).collect()
     }
 
-    pub fn jobs(&self, pipeline: &PipelineKey) -> Vec<JobSummary> {
-        let Some(p) = self.pipelines.get(pipeline) else { return Vec::new() };
-        let splits = p.ledger_plan().splits;
-        p.jobs
-            .iter()
-            .filter_map(|(name, entry)| match &entry.phase {
-                Phase::Running(job) => Some(job.summary(name, splits)),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// The pipeline's share groups' counters.
-    pub fn share_counts(&self, pipeline: &PipelineKey) -> Vec<(ShareName, ShareCounts)> {
-        let Some(p) = self.pipelines.get(pipeline) else { return Vec::new() };
-        p.shares.iter().map(|(name, share)| (name.clone(), share.counts.clone())).collect()
-    }
-
-    /// Every pipeline's delivery counters, summed over its jobs.
-    pub fn delivery_statuses(&self) -> BTreeMap<PipelineKey, DeliveryStatus> {
-        self.pipelines
-            .keys()
-            .map(|key| {
-                let mut d = DeliveryStatus {
-                    rows_dropped_for_equal_ranks: self.pipelines[key]
-                        .jobs
-                        .values()
-                        .filter_map(|entry| Some(entry.ranks.as_ref()?.dropped_rows()))
-                        .sum(),
-                    ..DeliveryStatus::default()
-                };
-                for counts in self.pipelines[key].shares.values().map(|share| &share.counts) {
-                    d.shared_productions += counts.productions;
-                    d.shared_deliveries += counts.deliveries;
-                    d.shared_missed += counts.missed.values().sum::<u64>();
-                }
-                for (_, w) in self.members.workers_of(key) {
-                    // Saturating: the counts are the workers' word.
-                    d.shared_made_again = d.shared_made_again.saturating_add(w.progress.sharing.made_again);
-                    d.shared_kept_bytes = d.shared_kept_bytes.saturating_add(w.progress.sharing.kept_bytes);
-                }
-                for job in self.jobs(key) {
-                    d.splits_produced_again += job.requeued;
-                    d.redeliveries_skipped += job.skipped;
-                    d.splits_repeated += job.repeats;
-                    d.recoveries_unacknowledged += job.unacknowledged;
-                }
-                (key.clone(), d)
-            })
-            .collect()
-    }
-
-    /// Every pipeline's workers' report: their warnings, bounded as a status holds them (a
-    /// pipeline whose workers have none: empty, so a cleared warning leaves the status), and
-    /// the shares of the mix's sources in the elements they produced.
-    pub fn reports(&self) -> BTreeMap<PipelineKey, WorkersReport> {
-        let mut all: BTreeMap<PipelineKey, (Vec<String>, Vec<u64>)> = BTreeMap::new();
-        for (_, w) in self.members.workers() {
-            let (warnings, elements) = all.entry(w.pipeline.clone()).or_default();
-            // A worker that stopped producing (onError: fail) says why here too.
-            warnings.extend(w.progress.error.iter().map(|e| format!("a worker stopped: {e}")));
-            warnings.extend(w.progress.warnings.iter().cloned());
-            if elements.len() < w.progress.source_elements.len() {
-                elements.resize(w.progress.source_elements.len(), 0);
-            }
-            for (sum, n) in elements.iter_mut().zip(&w.progress.source_elements) {
-                *sum += n;
-            }
-        }
-        all.into_iter()
-            .map(|(key, (warnings, elements))| {
-                let report = WorkersReport {
-                    warnings: stoker_api::bounded_warnings(warnings),
-                    source_shares: WorkersReport::shares(&elements),
-                };
-                (key, report)
-            })
-            .collect()
-    }
-
     /// Every (pipeline, job) with live clients, with the windows reported since the last call.
     pub fn take_windows(&mut self) -> Vec<JobWindows> {
         self.inbox.take(self.members.clients())
@@ -637,6 +557,9 @@ fn incarnation(instance: &str) -> u64 {
 
 #[path = "state_gather.rs"]
 mod gather;
+
+#[path = "state_report.rs"]
+mod report;
 
 #[cfg(test)]
 #[path = "state_tests.rs"]

@@ -41,7 +41,7 @@ fn jobs_of_a_group_take_one_production_and_each_gets_every_split_once() {
         };
         let (pa, pb) = (pa.unwrap(), pb.unwrap());
         assert_eq!((sa, pa.id), (sb, pb.id), "b takes the production a makes");
-        assert_eq!((pa.takers, pa.make, pb.make), (2, true, false), "one maker: a, which reads as fast");
+        assert_eq!((pa.takers, pb.takers), (2, 2));
         productions.insert(pa.id);
         (done_a, done_b) = (vec![(0, *sa)], vec![(0, *sb)]);
         got_a.push(*sa);
@@ -52,6 +52,13 @@ fn jobs_of_a_group_take_one_production_and_each_gets_every_split_once() {
     assert_eq!(productions.len(), 6);
     let delivery = &s.delivery_statuses()[&key()];
     assert_eq!((delivery.shared_productions, delivery.shared_deliveries, delivery.shared_missed), (6, 12, 0));
+    // Status lists each job with its group and what it took from the group's productions.
+    let jobs = &s.job_statuses()[&key()];
+    let listed: Vec<_> = jobs
+        .iter()
+        .map(|j| (j.name.as_str(), j.share.as_ref().map(ShareName::as_str), j.consumers, j.shared_taken))
+        .collect();
+    assert_eq!(listed, [("a", Some("sweep"), 1, 6), ("alone", None, 1, 0), ("b", Some("sweep"), 1, 6)]);
     // The job alone is produced for alone, and has its own epoch.
     let (alone, production) = ask(&mut s, &w, "alone", &[], 0, t);
     assert!(matches!(alone, Assignment::Split { epoch: 0, .. }) && production.is_none());
@@ -89,6 +96,8 @@ fn a_production_no_member_takes_goes_back_to_its_queue_and_counts_as_missed() {
     assert_eq!(production.unwrap().takers, 2, "b takes part in the next one");
     let counts = s.share_counts(&key());
     assert_eq!(counts[0].1.missed.get(&JobName::from("b")), Some(&1));
+    let missed: Vec<_> = s.job_statuses()[&key()].iter().map(|j| (j.name.to_string(), j.shared_missed)).collect();
+    assert_eq!(missed, [("a".to_string(), 0), ("b".to_string(), 1)]);
     // b gets both: the missed split is back in its queue.
     let mut b = Vec::new();
     let mut done = Vec::new();
@@ -136,6 +145,8 @@ fn a_job_whose_clients_left_and_came_back_gets_what_waited_for_it() {
     let Assignment::Split { split, .. } = first else { panic!("{first:?}") };
     // b's only client leaves cleanly before its producer took the production, and comes back.
     s.leave(&b, false, t);
+    let listed: Vec<_> = s.job_statuses()[&key()].iter().map(|j| j.name.to_string()).collect();
+    assert_eq!(listed, ["a"], "a job without clients is not listed");
     // a goes on meanwhile.
     ask(&mut s, &w, "a", &[(0, split)], 0, t);
     let later = t + crate::dispatcher::share::PATIENCE + Duration::from_secs(1);

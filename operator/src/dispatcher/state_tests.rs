@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::*;
-use stoker_api::CacheMode;
+use stoker_api::{CacheMode, WorkersReport};
 
 use crate::dispatcher::ledger::Held;
 use crate::dispatcher::ranks::Received;

@@ -192,8 +192,7 @@ impl Link {
         let mut skip = response.skip;
         skip.sort_unstable();
         let echo = (response.echo_factor > 0).then_some(response.echo_factor);
-        let shared =
-            response.production.map(|p| Shared { key: (response.incarnation, p.id), takers: p.takers, make: p.make });
+        let shared = response.production.map(|p| Shared { key: (response.incarnation, p.id), takers: p.takers });
         Ok(Handed { next, cache, skip, echo, shared, incarnation: response.incarnation })
     }
 

@@ -31,13 +31,12 @@ const GONE_REMEMBERED: usize = 4096;
 /// A production: the dispatcher's incarnation and the production's id there.
 pub type ProductionKey = (u64, u64);
 
-/// One production of a split for `takers` jobs, as one of them is handed it: whether it
-/// makes it (see the proto's SharedProduction).
+/// One production of a split for `takers` jobs, as one of them is handed it (see the proto's
+/// SharedProduction).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shared {
     pub key: ProductionKey,
     pub takers: u32,
-    pub make: bool,
 }
 
 #[derive(Default)]
@@ -111,8 +110,9 @@ impl SharedSplits {
         })
     }
 
-    /// A producer handed `shared`: the maker makes it (whenever it comes, the others wait for
-    /// it), the others take it.
+    /// A producer handed `shared`: the first to come makes it, the others take it. (A maker
+    /// named in advance may be busy with what waited for it before; nobody should wait for a
+    /// producer that has not started.)
     pub fn claim(self: &Arc<Self>, shared: Shared) -> Claim {
         let mut inner = self.inner.lock().unwrap();
         self.evict_old(&mut inner);
@@ -128,7 +128,7 @@ impl SharedSplits {
             inner.entries.insert(shared.key, entry);
         }
         let entry = inner.entries.get_mut(&shared.key).expect("there now");
-        if shared.make && !entry.made {
+        if !entry.made {
             entry.made = true;
             self.stats.made.fetch_add(1, Ordering::Relaxed);
             return Claim::Make(Maker { splits: self.clone(), key: shared.key, finished: false });
@@ -265,29 +265,26 @@ mod tests {
             .collect()
     }
 
-    fn maker(id: u64) -> Shared {
-        Shared { key: (1, id), takers: 3, make: true }
-    }
-
-    fn taker(id: u64) -> Shared {
-        Shared { make: false, ..maker(id) }
+    /// Production `id` for three jobs.
+    fn production(id: u64) -> Shared {
+        Shared { key: (1, id), takers: 3 }
     }
 
     #[test]
     fn the_first_makes_the_others_take_and_the_last_frees_the_copy() {
         let budget = Arc::new(MemoryBudget::new(1 << 20));
         let splits = SharedSplits::new(budget.clone());
-        let Claim::Take(first) = splits.claim(taker(0)) else { panic!("a taker coming first waits") };
-        let Claim::Make(maker) = splits.claim(maker(0)) else { panic!("the maker makes") };
-        let waiting = std::thread::spawn(move || first.take(Duration::from_secs(10)));
+        let Claim::Make(maker) = splits.claim(production(0)) else { panic!("the first to come makes it") };
+        let Claim::Take(second) = splits.claim(production(0)) else { panic!("the second takes it") };
+        let waiting = std::thread::spawn(move || second.take(Duration::from_secs(10)));
         maker.record(&rows(4, 100));
         assert_eq!(budget.used(), 400);
         maker.finish();
         assert_eq!(waiting.join().unwrap().expect("made in time").len(), 4);
-        let Claim::Take(last) = splits.claim(taker(0)) else { panic!("the third takes") };
+        let Claim::Take(last) = splits.claim(production(0)) else { panic!("the third takes") };
         assert_eq!(last.take(Duration::ZERO).unwrap()[3].0, 3);
         assert_eq!((budget.used(), splits.bytes()), (0, 0), "the last taker freed it");
-        assert!(matches!(splits.claim(taker(0)), Claim::Alone), "a taker after the copy is freed makes it alone");
+        assert!(matches!(splits.claim(production(0)), Claim::Alone), "a taker after the copy is freed makes it alone");
         assert_eq!(splits.stats.rows_taken.load(Ordering::Relaxed), 8);
     }
 
@@ -295,16 +292,16 @@ mod tests {
     fn a_copy_without_room_or_a_failed_maker_leaves_the_takers_to_make_it() {
         let budget = Arc::new(MemoryBudget::new(100));
         let splits = SharedSplits::new(budget.clone());
-        let Claim::Make(making) = splits.claim(maker(1)) else { panic!() };
-        let Claim::Take(taking) = splits.claim(taker(1)) else { panic!() };
+        let Claim::Make(making) = splits.claim(production(1)) else { panic!() };
+        let Claim::Take(taking) = splits.claim(production(1)) else { panic!() };
         making.record(&rows(4, 100));
         assert_eq!(budget.used(), 0, "nothing kept beyond the budget");
         making.finish();
         assert!(taking.take(Duration::from_secs(1)).is_none());
-        assert!(matches!(splits.claim(taker(1)), Claim::Alone));
+        assert!(matches!(splits.claim(production(1)), Claim::Alone));
 
-        let Claim::Make(making) = splits.claim(maker(2)) else { panic!() };
-        let Claim::Take(taking) = splits.claim(taker(2)) else { panic!() };
+        let Claim::Make(making) = splits.claim(production(2)) else { panic!() };
+        let Claim::Take(taking) = splits.claim(production(2)) else { panic!() };
         drop(making);
         assert!(taking.take(Duration::from_secs(1)).is_none(), "a maker that stopped");
         assert_eq!(splits.stats.made_again.load(Ordering::Relaxed), 3);
@@ -313,8 +310,8 @@ mod tests {
     #[test]
     fn a_taker_waits_no_longer_than_its_patience_for_a_slow_maker() {
         let splits = SharedSplits::new(Arc::new(MemoryBudget::new(1 << 20)));
-        let Claim::Make(making) = splits.claim(maker(3)) else { panic!() };
-        let Claim::Take(taking) = splits.claim(taker(3)) else { panic!() };
+        let Claim::Make(making) = splits.claim(production(3)) else { panic!() };
+        let Claim::Take(taking) = splits.claim(production(3)) else { panic!() };
         making.record(&rows(1, 10));
         let started = Instant::now();
         assert!(taking.take(Duration::from_millis(50)).is_none());

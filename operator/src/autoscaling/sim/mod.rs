@@ -17,11 +17,13 @@
 //! 5. [`compare`]: training time, cost and waiting per policy and scenario, the goals, the
 //!    tables;
 //! 6. [`tenants`]: several jobs over one worker budget;
-//! 7. [`plot`]: the figures.
+//! 7. [`group`]: the jobs of a share group, each seeing all the group's workers;
+//! 8. [`plot`]: the figures.
 
 pub mod compare;
 pub mod contenders;
 pub mod drive;
+pub mod group;
 pub mod plot;
 pub mod scenarios;
 pub mod tenants;
