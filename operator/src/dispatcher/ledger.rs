@@ -50,6 +50,16 @@ pub enum Assignment {
     Finished { epoch: u64 },
 }
 
+/// What a split is handed out with: the worker it goes to, what it does with the cache, the
+/// echo factor in force (0: the pipeline's own), and when.
+#[derive(Clone, Copy, Debug)]
+pub struct HandOut<'a> {
+    pub worker: &'a WorkerId,
+    pub directive: &'a Directive,
+    pub echo: u32,
+    pub now: Instant,
+}
+
 /// A split a job waits for: in which epoch, and the echo factor an earlier attempt of it in
 /// that epoch had.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -269,21 +279,13 @@ impl Job {
     /// stream each on its own), the open one and the next: a worker with nothing left in the
     /// open epoch starts the next instead of idling until the open one's last split reaches a
     /// client, and no further, so nothing runs more than an epoch ahead.
-    pub fn hand_out(
-        &mut self,
-        epoch: u64,
-        worker: &WorkerId,
-        plan: &Plan,
-        directive: &Directive,
-        echo: u32,
-        now: Instant,
-    ) -> Assignment {
+    pub fn hand_out(&mut self, epoch: u64, plan: &Plan, to: HandOut) -> Assignment {
         let pass = match self.takeable(epoch, plan) {
             Ok(pass) => pass,
             Err(answer) => return answer,
         };
         match pass.pending.pop_front() {
-            Some(split) => self.give(epoch, split, worker, directive, echo, now),
+            Some(split) => self.give(epoch, split, to),
             None => Assignment::Draining { epoch },
         }
     }
@@ -301,16 +303,9 @@ impl Job {
         }
     }
 
-    /// Records `split` of `epoch` (out of its queue) as held by `worker`.
-    fn give(
-        &mut self,
-        epoch: u64,
-        split: u64,
-        worker: &WorkerId,
-        directive: &Directive,
-        echo: u32,
-        now: Instant,
-    ) -> Assignment {
+    /// Records `split` of `epoch` (out of its queue) as held by the worker it goes to.
+    fn give(&mut self, epoch: u64, split: u64, to: HandOut) -> Assignment {
+        let HandOut { worker, directive, echo, now } = to;
         let pass = self.pass_mut(epoch).expect("a takeable pass is open");
         let skip: Vec<u32> = pass.delivered.get(&split).map(|d| d.iter().copied().collect()).unwrap_or_default();
         pass.assigned.insert(split, worker.clone());
@@ -352,21 +347,11 @@ impl Job {
         }
     }
 
-    /// Takes `split` of `epoch` for `worker` out of the job's order (a share group's
-    /// production of it: see `share`); None unless `wants` said so.
-    #[allow(clippy::too_many_arguments)]
-    pub fn take(
-        &mut self,
-        epoch: u64,
-        split: u64,
-        worker: &WorkerId,
-        plan: &Plan,
-        directive: &Directive,
-        echo: u32,
-        now: Instant,
-    ) -> Option<Assignment> {
+    /// Takes `split` of `epoch` out of the job's order for the worker it goes to (a share
+    /// group's production of it: see `share`); None unless `wants` said so.
+    pub fn take(&mut self, epoch: u64, split: u64, plan: &Plan, to: HandOut) -> Option<Assignment> {
         let pass = self.takeable(epoch, plan).ok()?;
-        pass.pending.remove(split).then(|| self.give(epoch, split, worker, directive, echo, now))
+        pass.pending.remove(split).then(|| self.give(epoch, split, to))
     }
 
     /// The pass of epoch `e` if it is the open one or the next (made if need be).

@@ -20,8 +20,7 @@ use std::time::{Duration, Instant};
 
 use stoker_api::{JobName, WorkerId};
 
-use super::ledger::{Assignment, Job, Plan};
-use crate::autocache::plan::Directive;
+use super::ledger::{Assignment, HandOut, Job, Plan};
 
 /// A job's place on one worker of the group: the epochs its consumers read there, and what
 /// the worker made for it and has not sent yet.
@@ -88,18 +87,15 @@ pub const PATIENCE: Duration = Duration::from_secs(10);
 /// nothing left here (backlog 0) takes its first split regardless: its trainer waits now. The
 /// members are every job with room here that waits for the split, with the leader's rows
 /// of it already delivered (none, unless a worker died) and echo factor.
-#[allow(clippy::too_many_arguments)]
 pub fn hand_out(
     jobs: &mut [(&JobName, &mut Job)],
     tails: &[Tail],
     leader: &JobName,
-    worker: &WorkerId,
     plan: &Plan,
-    directive: &Directive,
-    echo: u32,
-    now: Instant,
+    to: HandOut,
     counts: &mut ShareCounts,
 ) -> Option<Production> {
+    let now = to.now;
     let tail = |job: &JobName| tails.iter().find(|t| t.job == *job);
     // Whether a job waits for `split` in an epoch it reads here.
     let waits = |job: &Job, t: &Tail, split: u64| job.wants(split, plan).filter(|w| t.epochs.contains(&w.epoch));
@@ -120,7 +116,7 @@ pub fn hand_out(
         .copied()
         .find(|&s| !faster_without_room(s))
         .or_else(|| upcoming.first().copied().filter(|_| lead_tail.backlog == 0))?;
-    let first = jobs[lead].1.take(epoch, split, worker, plan, directive, echo, now)?;
+    let first = jobs[lead].1.take(epoch, split, plan, to)?;
     let Assignment::Split { skip: ref lead_skip, echo: lead_echo, .. } = first else { return None };
     let mut members = vec![(leader.clone(), first.clone())];
     for (name, job) in jobs.iter_mut().filter(|(name, _)| *name != leader) {
@@ -135,7 +131,7 @@ pub fn hand_out(
             *counts.missed.entry((*name).clone()).or_default() += 1;
             continue;
         }
-        if let Some(a) = job.take(wanted.epoch, split, worker, plan, directive, lead_echo, now) {
+        if let Some(a) = job.take(wanted.epoch, split, plan, HandOut { echo: lead_echo, ..to }) {
             members.push(((*name).clone(), a));
         }
     }
@@ -172,18 +168,15 @@ impl Share {
     /// What `asker`'s producer of `epoch` on `worker` makes next: a production waiting for it
     /// there, or a new one it leads (with the group's `jobs`, `asker` among them). None: the
     /// ledger's own answer holds (draining, finished).
-    #[allow(clippy::too_many_arguments)]
     pub fn next(
         &mut self,
         jobs: &mut [(&JobName, &mut Job)],
         asker: &JobName,
         epoch: u64,
-        worker: &WorkerId,
         plan: &Plan,
-        directive: &Directive,
-        echo: u32,
-        now: Instant,
+        to: HandOut,
     ) -> Option<(Assignment, SharedProduction)> {
+        let HandOut { worker, now, .. } = to;
         self.expire(jobs, now);
         let key = (asker.clone(), worker.clone());
         if let Some(queue) = self.waiting.get_mut(&key)
@@ -202,7 +195,7 @@ impl Share {
                 Tail { job: (*name).clone(), epochs, backlog: backlog as u64, room: backlog < WINDOW }
             })
             .collect();
-        let production = hand_out(jobs, &tails, asker, worker, plan, directive, echo, now, &mut self.counts)?;
+        let production = hand_out(jobs, &tails, asker, plan, to, &mut self.counts)?;
         let (id, takers) = (self.next_id, production.members.len() as u32);
         self.next_id += 1;
         let mut own = None;

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::*;
+use crate::autocache::plan::Directive;
 use crate::dispatcher::ledger::Reporter;
 
 const ONE: Reporter = Reporter::Client { rank: 0, consumers: 1 };
@@ -119,17 +120,8 @@ impl Sim {
                 let mut jobs: Vec<(&JobName, &mut Job)> = self.jobs.iter_mut().map(|j| (&j.name, &mut j.job)).collect();
                 let worker: WorkerId = format!("w{w}").into();
                 let made = askers.iter().find_map(|(_, _, leader)| {
-                    hand_out(
-                        &mut jobs,
-                        &tails,
-                        leader,
-                        &worker,
-                        &self.plan,
-                        &Directive::Compute,
-                        0,
-                        t,
-                        &mut self.counts,
-                    )
+                    let to = HandOut { worker: &worker, directive: &Directive::Compute, echo: 0, now: t };
+                    hand_out(&mut jobs, &tails, leader, &self.plan, to, &mut self.counts)
                 });
                 self.workers[w] = made.map(|p| (tick + self.cost, p));
             }

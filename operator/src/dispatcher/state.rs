@@ -13,7 +13,7 @@ use stoker_api::{CacheStatus, ClientId, JobName, Reading, ShareName, WorkerId};
 
 use super::cache::Caches;
 use super::inbox::{Inbox, JobWindows};
-use super::ledger::{Assignment, Reporter};
+use super::ledger::{Assignment, HandOut, Reporter};
 use super::members::{Client, Members, Progress, Timeouts, Worker};
 use super::pipeline::{JobEntry, Phase, Pipeline, share_members};
 use super::ranks::{Quota, Ranks};
@@ -275,12 +275,18 @@ impl DispatcherState {
         if let Some((action, seconds)) = state.complete(completed, Reporter::Worker, &plan, now) {
             self.caches.epoch(&key, action, seconds);
         }
-        let echo = pipeline.echo;
+        // A job whose clients all left (a finished or crashed trial, a loader between the
+        // clients of two epochs) gets nothing until one is back: made for nobody, its splits
+        // would only fill the workers' queues, and be made again for whoever comes.
+        if !claimed {
+            return Ok((Assignment::Draining { epoch }, None));
+        }
+        let to = HandOut { worker: worker_id, directive: &directive, echo: pipeline.echo, now };
         let (assignment, production) = match share {
             Some(share) => {
                 let mut jobs = share_members(&mut pipeline.jobs, &share, &live, &plan);
                 let group = pipeline.shares.entry(share).or_default();
-                match group.next(&mut jobs, job, epoch, worker_id, &plan, &directive, echo, now) {
+                match group.next(&mut jobs, job, epoch, &plan, to) {
                     Some((assignment, production)) => (assignment, Some(production)),
                     None => {
                         let (_, state) = jobs.iter_mut().find(|(name, _)| *name == job).expect("the asker runs");
@@ -289,12 +295,12 @@ impl DispatcherState {
                         if next == epoch && !upcoming.is_empty() {
                             (Assignment::Draining { epoch }, None)
                         } else {
-                            (state.hand_out(epoch, worker_id, &plan, &directive, echo, now), None)
+                            (state.hand_out(epoch, &plan, to), None)
                         }
                     }
                 }
             }
-            None => (state.hand_out(epoch, worker_id, &plan, &directive, echo, now), None),
+            None => (state.hand_out(epoch, &plan, to), None),
         };
         if let Assignment::Split { epoch, split, skip, echo } = &assignment {
             tracing::debug!(pipeline = %key, %job, worker = %worker_id, epoch, split, skip = skip.len(), echo, ?production, "handed out a split");

@@ -407,8 +407,10 @@ fn clients_complete_splits_and_a_silent_one_gets_its_splits_redone() {
     // The client goes silent holding split 1's last batch: split 1 is produced again.
     s.expire(t + Duration::from_secs(6));
     assert_eq!(s.jobs(&key())[0].requeued, 1);
-    assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), split(0, 1));
+    // Without a client nothing goes out; with one, split 1 again.
+    assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
     let c2 = s.register_client(client("j", 0, 0), t + Duration::from_secs(6)).unwrap().client_id;
+    assert_eq!(s.next_split(&w, &"j".into(), &[], 0, t).unwrap(), split(0, 1));
     s.acknowledge(&c2, ack(&[(0, 1)], 0, &[], &[]), t + Duration::from_secs(6)).unwrap();
     assert_eq!(s.jobs(&key())[0].epoch, 1, "every split reported: the next epoch");
 }
@@ -487,6 +489,7 @@ fn a_recovery_waits_for_a_silent_client_no_longer_than_its_timeout() {
     s.expire(later);
     let job = &s.jobs(&key())[0];
     assert_eq!(job.recovering, 0, "the silent client expired: nothing to wait for");
+    s.register_client(client("j", 0, 0), later).unwrap();
     assert_eq!(s.next_split(&b, &"j".into(), &[], 0, later).unwrap(), split(0, 0));
 }
 
@@ -510,9 +513,9 @@ fn a_client_leaving_cleanly_is_forgotten_and_one_that_discarded_batches_has_the_
     // The recovery waits for c; c leaves having read everything: nothing to wait for.
     s.leave(&c, false, t);
     assert!(s.attached().is_empty());
+    let c2 = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     assert_eq!(s.next_split(&b, &"j".into(), &[], 0, t).unwrap(), split(0, 0));
     assert_eq!(s.jobs(&key())[0].in_flight, 1, "a clean leave redoes nothing");
-    let c2 = s.register_client(client("j", 0, 0), t).unwrap().client_id;
     s.leave(&c2, true, t);
     let job = &s.jobs(&key())[0];
     assert_eq!((job.in_flight, job.requeued), (0, 2), "what it discarded may hold a split's last batch");
@@ -707,4 +710,25 @@ fn completions_sent_again_after_a_lost_answer_are_no_repeats_but_a_second_produc
     // A split's completion arriving fresh a second time: it was produced twice.
     s.acknowledge(&c, ack(&[(0, 1)], 0, &[], &[]), t).unwrap();
     assert_eq!(s.jobs(&key())[0].repeats, 1);
+}
+
+#[test]
+fn a_job_whose_clients_all_left_gets_nothing_until_one_is_back() {
+    let t = Instant::now();
+    let mut s = DispatcherState::new("t", Timeouts::default());
+    let leaving = s.register_client(client("j", 0, 0), t).unwrap().client_id;
+    let w = s.register_worker(registration("w:1", 4), t).unwrap();
+    let job = JobName::from("j");
+    let Assignment::Split { split, .. } = s.next_split(&w, &job, &[], 0, t).unwrap() else { panic!() };
+    s.leave(&leaving, false, t);
+    // What the worker reports still counts; nothing new goes out, for nobody to read.
+    assert_eq!(s.next_split(&w, &job, &[(0, split)], 0, t).unwrap(), Assignment::Draining { epoch: 0 });
+    s.register_client(client("j", 0, 0), t).unwrap();
+    let (mut got, mut done) = (vec![split], Vec::new());
+    while let Assignment::Split { split, .. } = s.next_split(&w, &job, &done, 0, t).unwrap() {
+        got.push(split);
+        done = vec![(0, split)];
+    }
+    got.sort_unstable();
+    assert_eq!(got, [0, 1, 2, 3], "the rest of the epoch, once a client is back");
 }
