@@ -68,6 +68,16 @@ fn missing(ids: &BTreeMap<i64, u32>) -> String {
     out.join("; ")
 }
 
+/// A scaling history in one line, the decisions' reasons last: "2 (51.7 ms) -> 4 (26.0 ms); reasons: ...".
+fn path(history: &[stoker_api::ScalingStep]) -> String {
+    let steps: Vec<String> = history
+        .iter()
+        .map(|h| format!("{} ({})", h.workers, h.batch_time_ms.map_or("-".into(), |ms| format!("{ms:.1} ms"))))
+        .collect();
+    let reasons: Vec<&str> = history.iter().map(|h| h.reason.as_str()).collect();
+    format!("{}; reasons: {}", steps.join(" -> "), reasons.join(" | "))
+}
+
 async fn replicas(api: &Api<Deployment>) -> anyhow::Result<i32> {
     Ok(api.get_opt(&format!("{NAME}-workers")).await?.and_then(|d| d.spec.replicas).unwrap_or(0))
 }
@@ -179,7 +189,9 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
             Ok(if converged && (desired - OPTIMUM).abs() <= 1 {
                 Check::Done(dp)
             } else {
-                Check::not_yet(format!("converged {converged}, desired {desired}, status {:?}", status.autoscaler))
+                let state = status.autoscaler.as_ref().and_then(|a| a.state.clone());
+                let history = status.autoscaler.as_ref().map(|a| path(&a.history)).unwrap_or_default();
+                Check::not_yet(format!("converged {converged} ({state:?}), desired {desired}, path {history}"))
             })
         },
     )
@@ -200,6 +212,7 @@ pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()>
         status.data_wait
     );
     let history = status.autoscaler.map(|a| a.history).unwrap_or_default();
+    eprintln!("  converged at {desired} workers: {}", path(&history));
     ensure!(
         !history.is_empty() && history.iter().all(|h| !h.reason.is_empty()),
         "every decision has a reason: {history:?}"

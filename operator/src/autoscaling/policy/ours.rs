@@ -8,9 +8,10 @@
 //! only if the check fails. That is about log2(optimum) + 1 decisions where adding one worker
 //! at a time needs about the optimum.
 //!
-//! Robustness: every judgement uses window medians (a window's median ignores the odd 1 s
-//! stall among 30 ms batches), averaged over two windows, after skipping the warm-up windows
-//! that follow each rescale. Once converged, only a change that lasts three windows re-opens
+//! Robustness: every judgement takes two windows' mean batch times and wait fractions (the
+//! client's exact throughput), after skipping the warm-up windows that follow each rescale:
+//! averaged when they agree, the quicker window's when the other stalled (a leader change, a
+//! worker replaced), since a stall taken in would make the next step overshoot. Once converged, only a change that lasts three windows re-opens
 //! the search: batch time off by `reopenFactor` either way, or clients waiting for data again.
 //!
 //! A convergence while the clients still wait for data is never final: a step that did not
@@ -29,6 +30,9 @@ use super::{Decision, Limits, Policy, PolicyState, ms};
 
 /// Windows averaged per judgement.
 const SAMPLES: usize = 2;
+/// A window whose mean batch time is over this many times another's of the same judgement
+/// was stalled: window means of hundreds of batches differ by a few percent with noise.
+const STALLED: f64 = 1.2;
 /// Below this wait fraction, clients are not waiting for data: more workers cannot help.
 const WAIT_LOW: f64 = 0.05;
 /// Above it after convergence, clients clearly wait for data again.
@@ -41,6 +45,23 @@ const PROPORTIONAL: f64 = 0.8;
 /// each re-try that does not help, up to `RETRY_MOST_S`.
 const RETRY_FIRST_S: f64 = 60.0;
 const RETRY_MOST_S: f64 = 240.0;
+
+/// The batch time and wait fraction a judgement uses, of windows measured at one count: their
+/// mean when they agree (noise), the quicker one's when one took over `STALLED` times the
+/// other's. A stall (a leader change, a worker replaced mid-split) only ever adds time and
+/// waiting, and in the mean it would make the count look further from keeping up than it is:
+/// the next step would overshoot, and a count that is too high is never noticed afterwards
+/// (the clients stop waiting), where one judged too low is grown again by the next window in
+/// which they still wait.
+fn judged(samples: &[(f64, f64)]) -> (f64, f64) {
+    let quickest = samples.iter().copied().min_by(|a, b| a.0.total_cmp(&b.0)).unwrap_or((0.0, 0.0));
+    let slowest = samples.iter().map(|s| s.0).fold(0.0, f64::max);
+    if slowest > quickest.0 * STALLED {
+        return quickest;
+    }
+    let k = samples.len() as f64;
+    (samples.iter().map(|s| s.0).sum::<f64>() / k, samples.iter().map(|s| s.1).sum::<f64>() / k)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Phase {
@@ -342,9 +363,7 @@ impl Policy for Ours {
         if self.samples.len() < SAMPLES {
             return Decision::Hold;
         }
-        let k = self.samples.len() as f64;
-        let t = self.samples.iter().map(|s| s.0).sum::<f64>() / k;
-        let wait = self.samples.iter().map(|s| s.1).sum::<f64>() / k;
+        let (t, wait) = judged(&self.samples);
         self.samples.clear();
         self.judge(t, wait)
     }

@@ -57,6 +57,10 @@ pub struct Trainer {
     pub speed_change_at_batch: Option<(u64, f64)>,
     /// A stretch of the run during which something else slows the job's workers.
     pub contention: Option<Contention>,
+    /// Once, at this simulated second, the trainer waits this many seconds more for its next
+    /// batch: a leader change (workers out of splits until the new dispatcher serves them) or
+    /// a worker replaced mid-split.
+    pub outage: Option<(f64, f64)>,
     pub seed: u64,
 }
 
@@ -91,6 +95,7 @@ impl Trainer {
             speed_change: None,
             speed_change_at_batch: None,
             contention: None,
+            outage: None,
             seed: 1,
         }
     }
@@ -109,9 +114,16 @@ impl Trainer {
         }
     }
 
-    /// The same trainer without noise, speed changes or contention: its steady state.
+    /// The same trainer without noise, speed changes, contention or outage: its steady state.
     pub fn steady(&self) -> Trainer {
-        Trainer { noise: 0.0, speed_change: None, speed_change_at_batch: None, contention: None, ..self.clone() }
+        Trainer {
+            noise: 0.0,
+            speed_change: None,
+            speed_change_at_batch: None,
+            contention: None,
+            outage: None,
+            ..self.clone()
+        }
     }
 }
 

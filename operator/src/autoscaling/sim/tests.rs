@@ -222,3 +222,35 @@ fn ours_finish_within_5_percent_of_the_soonest(
     assert!(ours.last_seconds <= FAST_ENOUGH * best_last, "{outcomes:#?}");
     (ours, best_mean)
 }
+
+#[test]
+fn an_outage_during_the_search_does_not_leave_workers_idle() {
+    // The e2e scenario's case: 2 s windows, an operator restart or a leader change while the
+    // search runs, the trainer waiting a second or so for the new dispatcher (and the default
+    // 10 s windows with a lease's worth of waiting). Whatever window it falls in, the search
+    // ends within one of the optimum, as without it. Judging the mean of a stalled window and
+    // a normal one, the next step overshot: 104 of these 5400 runs ended 2 or 3 above
+    // (optimum 5: 2 -> 4 -> 7; the e2e scenario ended at 7 once in CI), and a count too high is
+    // never noticed afterwards, since the clients no longer wait.
+    let mut failures = Vec::new();
+    for (window, outages) in [(2u32, [0.5, 1.0, 1.5]), (10, [2.5, 5.0, 14.0])] {
+        let c = SimConfig { window_seconds: f64::from(window), windows: 60, ..config() };
+        let policy = stoker_api::AutoscalingPolicy { window_seconds: window, ..Default::default() };
+        for opt in [3, 5, 8] {
+            for seconds in outages {
+                for step in 0..200 {
+                    let at = f64::from(step) * f64::from(window) / 20.0;
+                    let trainer = Trainer { outage: Some((at, seconds)), ..Trainer::with_optimum(opt, 0.010) };
+                    let run = run(crate::autoscaling::policy::ours(c.limits, &policy, 1).as_mut(), &trainer, &c, 1);
+                    if run.final_workers > opt + 1 || run.final_workers + 1 < opt {
+                        failures.push(format!(
+                            "{window} s windows, optimum {opt}, {seconds} s outage at {at:.1} s: ended at {} {:?}",
+                            run.final_workers, run.decisions
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} runs failed:\n{}", failures.len(), failures.join("\n"));
+}

@@ -32,12 +32,14 @@ pub struct World {
     batch: u64,
     window: u32,
     rng: u64,
+    /// The trainer's outage is over.
+    outage_done: bool,
 }
 
 impl World {
     pub fn new(trainer: Trainer, workers: u32) -> Self {
         let rng = trainer.seed;
-        World { trainer, workers, share: 1.0, queue: 0.0, clock: 0.0, batch: 0, window: 0, rng }
+        World { trainer, workers, share: 1.0, queue: 0.0, clock: 0.0, batch: 0, window: 0, rng, outage_done: false }
     }
 
     /// Batches trained so far.
@@ -98,7 +100,7 @@ impl World {
         let (mut total, mut waited, mut ready_area) = (0.0, 0.0, 0.0);
         while times.is_empty() || (total < seconds && (times.len() as u64) < most) {
             // Nothing is ready while the trainer waits.
-            let wait = if self.queue >= 1.0 {
+            let mut wait = if self.queue >= 1.0 {
                 self.queue -= 1.0;
                 0.0
             } else {
@@ -106,6 +108,15 @@ impl World {
                 self.queue = 0.0;
                 w
             };
+            if let Some((at, seconds)) = self.trainer.outage
+                && !self.outage_done
+                && self.clock + total >= at
+            {
+                // The workers make nothing for `seconds`; the trainer trains what was queued
+                // meanwhile and waits for the rest.
+                self.outage_done = true;
+                wait += (seconds - self.queue * self.trainer.compute).max(0.0);
+            }
             let c = self.compute();
             // While it computes the queue fills at `produce` until it is full; the whole
             // batches in it are ready.
