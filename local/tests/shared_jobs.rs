@@ -243,7 +243,7 @@ struct Run {
 }
 
 /// One sweep at a time: each measures CPU-seconds and waits, and two at once on a 2-core
-/// machine measure each other (and starve makers: see docs/reuse.md, "Not built yet").
+/// machine measure each other.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The sweep: trial-a alone (`all` false) or all four trials, in `share` or unshared, on two

@@ -493,3 +493,65 @@ async fn echo_produced_again_leaves_out_the_copies_delivered_before() {
     assert_eq!(produced, want);
     assert_eq!(engine.stats.redelivery_skipped.load(std::sync::atomic::Ordering::Relaxed), 5);
 }
+
+/// Two jobs of a share group on one worker, one production of a split for both: the first
+/// producer makes it for a consumer that stops reading after a batch, the second takes the
+/// rows made so far once the copy stops growing and makes only the rest. It gets every line
+/// once, without waiting out its patience for the held-up maker.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_taker_takes_what_a_held_up_maker_made_and_makes_the_rest() {
+    use std::sync::atomic::Ordering::Relaxed;
+    use stoker_worker::engine::Shared;
+    let dir = tempfile::tempdir().unwrap();
+    let lines: String = (0..1000).map(|i| format!("{{\"x\": {i}}}\n")).collect();
+    std::fs::write(dir.path().join("a.jsonl"), lines).unwrap();
+    let manifest = format!("source: {{uri: '{}', format: jsonl}}\nbatchSize: 4\n", uri(dir.path()));
+    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
+    let engine =
+        std::sync::Arc::new(Engine::open(WorkerPipeline::new("ns", "shared", &spec), config(1)).await.unwrap());
+    let production = Shared { key: (1, 7), takers: 2 };
+    let assigned = move |engine: &Engine| Assigned {
+        shared: Some(production),
+        ..Assigned::whole(engine.mix().split(0, 0).unwrap())
+    };
+
+    // The maker's consumer takes nothing: its producer stops at a full channel.
+    let (maker_tx, maker_rx) = sync_channel(1);
+    let maker = {
+        let engine = engine.clone();
+        std::thread::spawn(move || engine.run_splits(0, [assigned(&engine)], &maker_tx).map(drop))
+    };
+    let made = std::time::Instant::now();
+    while engine.shared.stats.made.load(Relaxed) == 0 {
+        assert!(made.elapsed() < Duration::from_secs(30), "the first producer claims the production");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let (tx, rx) = sync_channel(1024);
+    let started = std::time::Instant::now();
+    let taker = {
+        let engine = engine.clone();
+        tokio::task::spawn_blocking(move || engine.run_splits(0, [assigned(&engine)], &tx).map(drop))
+    };
+    taker.await.unwrap().unwrap();
+    let took = started.elapsed();
+    let mut xs: Vec<i64> = collect(rx)
+        .iter()
+        .flat_map(|b| {
+            b.tensors["x"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>()
+        })
+        .collect();
+    xs.sort_unstable();
+    assert_eq!(xs, (0..1000).collect::<Vec<i64>>(), "every line once");
+    let stats = &engine.shared.stats;
+    let taken = stats.rows_taken.load(Relaxed);
+    assert!(taken > 0 && taken < 1000, "part taken: {taken} rows");
+    assert_eq!(stats.made_again.load(Relaxed), 1, "the rest made");
+    assert!(
+        took < stoker_worker::engine::TAKE_PATIENCE - Duration::from_secs(1),
+        "the taker waited {took:?}: its patience, not the copy's stillness"
+    );
+    assert!(engine.stats.redelivery_skipped.load(Relaxed) >= taken, "the taken positions were not made again");
+    drop(maker_rx);
+    maker.join().unwrap().unwrap();
+}

@@ -34,8 +34,8 @@ use batcher::Batcher;
 pub use mix::Mix;
 pub use plan::Split;
 use read::{Fetched, Prefetch};
-use shared::Claim;
-pub use shared::{Shared, SharedSplits};
+use shared::{Claim, Taken};
+pub use shared::{STILL_FOR, Shared, SharedSplits, TAKE_PATIENCE};
 pub use stack::BatchError;
 
 #[derive(Clone, Debug)]
@@ -102,7 +102,8 @@ pub struct Stats {
     pub records: AtomicU64,
     pub elements: AtomicU64,
     pub filtered: AtomicU64,
-    /// Elements left out of a split produced again because an earlier attempt delivered them.
+    /// Elements left out of a split produced again because an earlier attempt delivered them
+    /// or they were taken from a shared production's copy.
     pub redelivery_skipped: AtomicU64,
     /// Rows `echo` made beyond each element's first (copies left out as delivered included).
     pub echoed: AtomicU64,
@@ -360,7 +361,7 @@ impl Engine {
             for (Assigned { split, cache, skip, echo: assigned_echo, .. }, fetched, claim) in
                 Prefetch::new(self, splits.into_iter())
             {
-                let (fetched, maker) = match (fetched, claim) {
+                let (fetched, maker, taken) = match (fetched, claim) {
                     // What is still in flight lands first: a split this run makes for another
                     // job's producer completes only when its end lands, and that producer may
                     // be waiting for it while this one waits for its production.
@@ -368,19 +369,25 @@ impl Engine {
                         drop(taker);
                         return Ok(false);
                     }
-                    (Fetched::Shared, Some(Claim::Take(taker))) => match taker.take(shared::TAKE_PATIENCE) {
-                        Some(rows) => {
-                            if !flow.taken(&split, rows, &mut batcher)? {
-                                return Ok(false);
+                    (Fetched::Shared, Some(Claim::Take(taker))) => {
+                        match taker.take(shared::TAKE_PATIENCE, shared::STILL_FOR) {
+                            Taken::All(rows) => {
+                                let input = transform::SplitInput { taken: rows, elements: Vec::new() };
+                                let plan = hints::SplitPlan::default();
+                                if !flow.split(&split, input, plan, None, None, &mut batcher)? {
+                                    return Ok(false);
+                                }
+                                continue;
                             }
-                            continue;
+                            // Gone, or its maker held up: the rest is made here.
+                            Taken::Part(rows) => (self.fetch_now(&split, &cache), None, rows),
                         }
-                        // Gone or late: made here after all.
-                        None => (self.fetch_now(&split, &cache), None),
-                    },
-                    (fetched, Some(Claim::Make(maker))) => (fetched, Some(maker)),
-                    (fetched, _) => (fetched, None),
+                    }
+                    (fetched, Some(Claim::Make(maker))) => (fetched, Some(maker), Vec::new()),
+                    (fetched, _) => (fetched, None, Vec::new()),
                 };
+                // Positions taken from the copy are left out as if delivered before.
+                let skip = with_taken(skip, &taken);
                 let (mut elements, mut plan) = self.elements(&split, &cache, fetched)?;
                 let packer = self.packer();
                 let echo = self.pipeline.data_plane.echo();
@@ -404,7 +411,8 @@ impl Engine {
                 let rows = u64::from(factor.unwrap_or(1));
                 self.read_order(epoch, split.id, &at_read, rows, &mut elements);
                 let packing = packer.map(|packer| transform::Packing { packer, next: 0, skip, stats: &self.stats });
-                if !flow.split(&split, elements, plan, packing, maker, &mut batcher)? {
+                let input = transform::SplitInput { taken, elements };
+                if !flow.split(&split, input, plan, packing, maker, &mut batcher)? {
                     return Ok(false);
                 }
             }
@@ -430,6 +438,17 @@ impl Engine {
         self.stats.batch_bytes.fetch_add(ready.batch.payload_bytes() as u64, Ordering::Relaxed);
         out.send(ready).is_ok()
     }
+}
+
+/// `skip` (sorted positions) and the positions of `taken`, sorted.
+fn with_taken(mut skip: Vec<u32>, taken: &[(u64, stack::Row)]) -> Vec<u32> {
+    if taken.is_empty() {
+        return skip;
+    }
+    skip.extend(taken.iter().map(|(position, _)| *position as u32));
+    skip.sort_unstable();
+    skip.dedup();
+    skip
 }
 
 /// The elements (positions below `MAX_ECHO_SPLIT_ELEMENTS`) every one of whose `factor` copies

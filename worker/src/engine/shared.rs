@@ -6,9 +6,13 @@
 //!
 //! What is kept is held in the worker's memory budget, without waiting: a copy that does not
 //! fit is not kept, and its takers make the split themselves (counted as made again). So is
-//! one whose maker failed, one not complete after [`TAKE_PATIENCE`] (its maker is held up by
-//! its own slow consumer, and must not hold the others), and one no taker came for within
-//! [`KEPT_AT_MOST`] (the dispatcher gave the split back to that job meanwhile).
+//! one whose maker failed, and one no taker came for within [`KEPT_AT_MOST`] (the dispatcher
+//! gave the split back to that job meanwhile).
+//!
+//! A copy grows at the pace of its maker's own consumer (the maker's rows land as its batches
+//! go out), and a slow, stopped or CPU-starved job must not hold the others: a taker whose
+//! copy has not grown for [`STILL_FOR`] (or is not complete after [`TAKE_PATIENCE`]) takes the
+//! rows made so far and makes only the rest.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,9 +22,13 @@ use std::time::{Duration, Instant};
 use super::stack::Row;
 use crate::budget::MemoryBudget;
 
-/// How long a taker waits for a production that is still being made before making the split
-/// itself.
+/// How long a taker waits for a production that is still being made before taking what there
+/// is and making the rest.
 pub const TAKE_PATIENCE: Duration = Duration::from_secs(5);
+/// How long a copy may go without growing before its takers stop waiting for it: a maker
+/// lands a chunk (its threads' 64 elements each) every fraction of a second while its
+/// consumer keeps up.
+pub const STILL_FOR: Duration = Duration::from_millis(750);
 /// How long a copy waits for its takers: longer than the dispatcher's patience with them
 /// (`share::PATIENCE`, 10 s), after which it gives the split back to their queues.
 pub const KEPT_AT_MOST: Duration = Duration::from_secs(20);
@@ -79,7 +87,8 @@ pub struct SharedStats {
     pub made: AtomicU64,
     /// Rows taken from another job's production instead of made.
     pub rows_taken: AtomicU64,
-    /// Productions a taker made itself (the copy was gone or late).
+    /// Productions a taker made itself, whole or the rest of what it took (the copy was gone,
+    /// or its maker was held up).
     pub made_again: AtomicU64,
 }
 
@@ -88,6 +97,16 @@ pub struct SharedSplits {
     changed: Condvar,
     budget: Arc<MemoryBudget>,
     pub stats: SharedStats,
+}
+
+/// What a taker got of a production.
+#[derive(Debug)]
+pub enum Taken {
+    /// Every row.
+    All(Vec<(u64, Row)>),
+    /// The rows made so far (maybe none): the maker is held up, or the copy is gone. Make the
+    /// split's other positions.
+    Part(Vec<(u64, Row)>),
 }
 
 /// What a producer handed a shared production does with it.
@@ -188,6 +207,9 @@ impl Maker {
         }
         entry.bytes += bytes;
         entry.rows.extend(rows.iter().cloned());
+        drop(inner);
+        // A taker waits as long as the copy grows.
+        self.splits.changed.notify_all();
     }
 
     /// Every row is recorded: the takers may have them.
@@ -219,34 +241,43 @@ pub struct Taker {
 }
 
 impl Taker {
-    /// The production's rows once made, waiting at most `patience`; None if they are gone or
-    /// late (make the split then). The last taker frees the copy.
-    pub fn take(self, patience: Duration) -> Option<Vec<(u64, Row)>> {
+    /// The production's rows once made, waiting while the copy grows, at most `patience` in
+    /// all; what was made so far when it stops growing for `still` or the patience runs out,
+    /// or none if it is gone. The last taker frees the copy.
+    pub fn take(self, patience: Duration, still: Duration) -> Taken {
         let splits = &self.splits;
-        let inner = splits.inner.lock().unwrap();
-        let (mut inner, _) = splits
-            .changed
-            .wait_timeout_while(inner, patience, |inner| inner.entries.get(&self.key).is_some_and(|e| !e.complete))
-            .unwrap();
+        let started = Instant::now();
+        let mut inner = splits.inner.lock().unwrap();
+        let mut seen = 0;
+        let mut grew = started;
+        while let Some(entry) = inner.entries.get(&self.key) {
+            if entry.complete {
+                break;
+            }
+            if entry.rows.len() != seen {
+                (seen, grew) = (entry.rows.len(), Instant::now());
+            }
+            let until = (grew + still).min(started + patience);
+            let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else { break };
+            inner = splits.changed.wait_timeout(inner, left).unwrap().0;
+        }
         let Some(entry) = inner.entries.get_mut(&self.key) else {
             splits.stats.made_again.fetch_add(1, Ordering::Relaxed);
-            return None;
+            return Taken::Part(Vec::new());
         };
         entry.takers_left = entry.takers_left.saturating_sub(1);
         let (complete, last) = (entry.complete, entry.takers_left == 0);
-        let rows = match (complete, last) {
-            (true, true) => Some(std::mem::take(&mut entry.rows)),
-            (true, false) => Some(entry.rows.clone()),
-            (false, _) => None,
-        };
+        let rows = if last { std::mem::take(&mut entry.rows) } else { entry.rows.clone() };
         if last {
             inner.remove(self.key, &splits.budget);
         }
-        match &rows {
-            Some(rows) => splits.stats.rows_taken.fetch_add(rows.len() as u64, Ordering::Relaxed),
-            None => splits.stats.made_again.fetch_add(1, Ordering::Relaxed),
-        };
-        rows
+        splits.stats.rows_taken.fetch_add(rows.len() as u64, Ordering::Relaxed);
+        if complete {
+            Taken::All(rows)
+        } else {
+            splits.stats.made_again.fetch_add(1, Ordering::Relaxed);
+            Taken::Part(rows)
+        }
     }
 }
 
@@ -276,13 +307,13 @@ mod tests {
         let splits = SharedSplits::new(budget.clone());
         let Claim::Make(maker) = splits.claim(production(0)) else { panic!("the first to come makes it") };
         let Claim::Take(second) = splits.claim(production(0)) else { panic!("the second takes it") };
-        let waiting = std::thread::spawn(move || second.take(Duration::from_secs(10)));
+        let waiting = std::thread::spawn(move || second.take(Duration::from_secs(10), Duration::from_secs(10)));
         maker.record(&rows(4, 100));
         assert_eq!(budget.used(), 400);
         maker.finish();
-        assert_eq!(waiting.join().unwrap().expect("made in time").len(), 4);
+        assert_eq!(all(waiting.join().unwrap()).len(), 4);
         let Claim::Take(last) = splits.claim(production(0)) else { panic!("the third takes") };
-        assert_eq!(last.take(Duration::ZERO).unwrap()[3].0, 3);
+        assert_eq!(all(last.take(Duration::ZERO, Duration::ZERO))[3].0, 3);
         assert_eq!((budget.used(), splits.bytes()), (0, 0), "the last taker freed it");
         assert!(matches!(splits.claim(production(0)), Claim::Alone), "a taker after the copy is freed makes it alone");
         assert_eq!(splits.stats.rows_taken.load(Ordering::Relaxed), 8);
@@ -297,25 +328,74 @@ mod tests {
         making.record(&rows(4, 100));
         assert_eq!(budget.used(), 0, "nothing kept beyond the budget");
         making.finish();
-        assert!(taking.take(Duration::from_secs(1)).is_none());
+        assert!(part(taking.take(Duration::from_secs(1), Duration::from_secs(1))).is_empty());
         assert!(matches!(splits.claim(production(1)), Claim::Alone));
 
         let Claim::Make(making) = splits.claim(production(2)) else { panic!() };
         let Claim::Take(taking) = splits.claim(production(2)) else { panic!() };
         drop(making);
-        assert!(taking.take(Duration::from_secs(1)).is_none(), "a maker that stopped");
+        let waited = Instant::now();
+        assert!(part(taking.take(Duration::from_secs(10), Duration::from_secs(10))).is_empty(), "a maker that stopped");
+        assert!(waited.elapsed() < Duration::from_secs(1), "its takers hear of it at once");
         assert_eq!(splits.stats.made_again.load(Ordering::Relaxed), 3);
     }
 
     #[test]
-    fn a_taker_waits_no_longer_than_its_patience_for_a_slow_maker() {
+    fn a_taker_takes_what_a_held_up_maker_made_and_waits_while_it_grows() {
         let splits = SharedSplits::new(Arc::new(MemoryBudget::new(1 << 20)));
         let Claim::Make(making) = splits.claim(production(3)) else { panic!() };
         let Claim::Take(taking) = splits.claim(production(3)) else { panic!() };
         making.record(&rows(1, 10));
+        // The copy stops growing: the taker takes the row there is after `still`, not after
+        // its patience.
         let started = Instant::now();
-        assert!(taking.take(Duration::from_millis(50)).is_none());
+        let taken = part(taking.take(Duration::from_secs(30), Duration::from_millis(200)));
+        let waited = started.elapsed();
+        assert_eq!(taken.len(), 1);
+        assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(5), "{waited:?}");
+
+        // A copy that keeps growing is waited for, past `still`, until it is complete.
+        let Claim::Take(taking) = splits.claim(production(3)) else { panic!() };
+        let grows = std::thread::spawn(move || {
+            for _ in 0..5 {
+                std::thread::sleep(Duration::from_millis(100));
+                making.record(&rows(1, 10));
+            }
+            making.finish();
+        });
+        assert_eq!(all(taking.take(Duration::from_secs(30), Duration::from_millis(300))).len(), 6);
+        grows.join().unwrap();
+        // Patience bounds the wait even while the copy grows.
+        let Claim::Make(making) = splits.claim(production(4)) else { panic!() };
+        let Claim::Take(taking) = splits.claim(production(4)) else { panic!() };
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let grows = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    making.record(&rows(1, 10));
+                }
+            })
+        };
+        let started = Instant::now();
+        assert!(!part(taking.take(Duration::from_millis(300), Duration::from_secs(10))).is_empty());
         assert!(started.elapsed() < Duration::from_secs(5));
-        drop(making);
+        stop.store(true, Ordering::Relaxed);
+        grows.join().unwrap();
+    }
+
+    fn all(taken: Taken) -> Vec<(u64, Row)> {
+        match taken {
+            Taken::All(rows) => rows,
+            Taken::Part(rows) => panic!("{} rows of an incomplete copy", rows.len()),
+        }
+    }
+
+    fn part(taken: Taken) -> Vec<(u64, Row)> {
+        match taken {
+            Taken::Part(rows) => rows,
+            Taken::All(rows) => panic!("all {} rows, where part was expected", rows.len()),
+        }
     }
 }

@@ -37,6 +37,14 @@ pub(super) struct Flow<'scope, 'env> {
     open: VecDeque<Open<'env>>,
 }
 
+/// What a split is made of here.
+pub(super) struct SplitInput {
+    /// Rows of it another job's producer of a share group made (see `shared`).
+    pub(super) taken: Vec<(u64, Row)>,
+    /// Its elements to transform.
+    pub(super) elements: Vec<(u64, Element)>,
+}
+
 enum Step<'scope> {
     Chunk {
         transforming: ScopedJoinHandle<'scope, Transformed>,
@@ -66,12 +74,13 @@ impl<'scope, 'env> Flow<'scope, 'env> {
         Flow { engine, scope, epoch, steps: VecDeque::new(), open: VecDeque::new() }
     }
 
-    /// Hands a split's elements to the pool chunk by chunk under `plan`, landing what came
-    /// before each chunk meanwhile. False when nobody listens.
+    /// Batches the rows of `input` taken from a copy as they are, then hands its elements to
+    /// the pool chunk by chunk under `plan`, landing what came before each chunk meanwhile.
+    /// False when nobody listens.
     pub(super) fn split(
         &mut self,
         split: &Split,
-        elements: Vec<(u64, Element)>,
+        SplitInput { taken, elements }: SplitInput,
         mut plan: SplitPlan,
         packing: Option<Packing<'env>>,
         maker: Option<Maker>,
@@ -91,6 +100,14 @@ impl<'scope, 'env> Flow<'scope, 'env> {
             packing,
             maker,
         });
+        if !taken.is_empty() {
+            if !batcher.batch_queued()? {
+                return Ok(false);
+            }
+            let bytes: usize = taken.iter().map(|(_, row)| super::batcher::row_cost(row)).sum();
+            let reserved = engine.budget.reserve_rows(bytes);
+            self.steps.push_back(Step::Taken { rows: taken, reserved });
+        }
         let mut elements = elements.into_iter();
         loop {
             let chunk: Vec<(u64, Element)> = elements.by_ref().take(window).collect();
@@ -115,29 +132,6 @@ impl<'scope, 'env> Flow<'scope, 'env> {
                 return Ok(false);
             }
         }
-    }
-
-    /// A split whose rows another job's producer made (a share group's production): batched
-    /// as they are, behind what came before. False when nobody listens.
-    pub(super) fn taken(
-        &mut self,
-        split: &Split,
-        rows: Vec<(u64, Row)>,
-        batcher: &mut Batcher<impl FnMut(Ready) -> bool>,
-    ) -> Result<bool, EngineError> {
-        let mut plan = SplitPlan::default();
-        let at_hints = self.engine.start_hints(split.id, &mut plan);
-        let open =
-            Open { split: split.id, source: split.source, plan: Arc::new(plan), at_hints, packing: None, maker: None };
-        self.open.push_back(open);
-        if !batcher.batch_queued()? {
-            return Ok(false);
-        }
-        let bytes: usize = rows.iter().map(|(_, row)| super::batcher::row_cost(row)).sum();
-        let reserved = self.engine.budget.reserve_rows(bytes);
-        self.steps.push_back(Step::Taken { rows, reserved });
-        self.steps.push_back(Step::End);
-        self.land(1, batcher)
     }
 
     /// Lands every step still in flight, and goes on. False when nobody listens.
