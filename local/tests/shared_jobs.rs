@@ -400,3 +400,48 @@ async fn a_trial_that_stops_reading_gets_the_rest_of_its_epoch_and_holds_nobody_
         run.delivery
     );
 }
+
+/// A worker killed with SIGKILL while a group of two trials reads (the 1x one half-way through
+/// its second epoch): what it held, its own splits and the group's productions it was making,
+/// is made again on the other worker, and both trials get every element of every epoch once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_while_a_group_reads_loses_and_repeats_nothing() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let data = tempfile::tempdir().unwrap();
+    let s = support::dispatched(pipeline(data.path()), Duration::from_secs(3), None).await;
+    s.workers.scale(&s.key, 2).await.unwrap();
+    let step = |speed: f64| Duration::from_secs_f64(step_ms() / speed / 1e3);
+    let killed = std::cell::Cell::new(None);
+    let kill = |event: Event| {
+        if matches!(event, Event::Half) && killed.get().is_none() {
+            killed.set(Some(s.workers.kill_one(&s.key).expect("a worker to kill")));
+        }
+    };
+    let share = Some("sweep");
+    let (a_epochs, b_epochs) = (watch::channel(0).0, watch::channel(0).0);
+    let (a, b) = tokio::join!(
+        train(&s.url, "trial-a", share, Trainer { step: step(1.0), stop: None }, &a_epochs, kill),
+        train(&s.url, "trial-b", share, Trainer { step: step(0.7), stop: None }, &b_epochs, |_| {}),
+    );
+    let pid = killed.get().expect("a worker was killed half-way through trial-a's second epoch");
+    for (job, epochs) in [("trial-a", &a), ("trial-b", &b)] {
+        assert_eq!(epochs.len() as u64, EPOCHS);
+        for (epoch, e) in epochs.iter().enumerate() {
+            e.check(job, epoch);
+        }
+    }
+    // The kill was real: the dispatcher drops the dead worker (its timeout is 3 s here).
+    let since = Instant::now();
+    while s.dispatcher.with_state(|st| st.worker_progress(&s.key)).len() != 1 {
+        assert!(since.elapsed() < Duration::from_secs(15), "the dispatcher still lists the killed worker {pid}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let delivery = s.dispatcher.with_state(|st| st.delivery_statuses()).remove(&s.key).unwrap_or_default();
+    assert!(delivery.shared_deliveries > delivery.shared_productions, "still shared: {delivery:?}");
+    // Not asserted: `splits_repeated` is 0 after a kill with one job (exactly_once.rs), but
+    // with this group it was 1 and 3 in 2 of 21 runs, both trials still getting every element
+    // once: an open bug in the accounting, docs/reuse.md "Not built yet".
+    let jobs = s.dispatcher.with_state(|st| st.jobs(&s.key));
+    eprintln!("worker {pid} killed: {delivery:?}; jobs {jobs:?}");
+    s.workers.stop_all().await;
+}
