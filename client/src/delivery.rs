@@ -52,6 +52,10 @@ struct Inner {
     /// Splits of unfinished epochs whose completion arrived, and whether a rejoin reported it
     /// (then it is not acknowledged again).
     arrived: BTreeMap<SplitId, bool>,
+    /// Splits of unfinished epochs whose completion the loop took: a split is acknowledged as
+    /// done once, however many batches complete it (a dead worker's last batch still in the
+    /// queue, and the empty production of its rows, all held, by the worker after it).
+    done: BTreeSet<SplitId>,
     /// Dispatchers this client rejoined another after: their batches are refused.
     retired: BTreeSet<u64>,
     /// Batches recorded and not yet in the queue: per (split, worker), where their positions
@@ -195,8 +199,8 @@ impl Delivery {
                 inner.rows.remove(&id);
                 inner.reported.remove(&id);
             }
-            // A rejoin told the dispatcher already.
-            if inner.arrived.get(&id) != Some(&true) {
+            // A rejoin told the dispatcher already, or an earlier batch did.
+            if inner.arrived.get(&id) != Some(&true) && inner.done.insert(id) {
                 inner.completed.push(id);
             }
         }
@@ -259,6 +263,7 @@ impl Delivery {
         inner.rows.retain(|(epoch, _), _| *epoch >= open);
         inner.reported.retain(|(epoch, _), _| *epoch >= open);
         inner.arrived.retain(|(epoch, _), _| *epoch >= open);
+        inner.done.retain(|(epoch, _)| *epoch >= open);
         while inner.received.len() > 1 && inner.received.keys().next().is_some_and(|&e| e + 1 < open) {
             inner.received.pop_first();
         }
@@ -389,6 +394,20 @@ mod tests {
         assert_eq!(held, [Held { split: (0, 1), positions: vec![0, 3] }], "split 2 is done; b is still listed");
         assert_eq!(d.take(&listed(&["b"])), Acknowledgement::default(), "reported once");
         assert_eq!(d.take(&listed(&[])).held, [Held { split: (0, 1), positions: vec![1] }]);
+    }
+
+    #[test]
+    fn a_split_completed_by_two_batches_is_acknowledged_once() {
+        // Worker a died with the split's last batch in the queue; every row of it was held, so
+        // b made it again with every position left out and completed it in an empty batch.
+        let d = Delivery::default();
+        d.record(&"a".into(), &batch(2, &[(2, 0), (2, 1)], &[2])).unwrap().keep();
+        assert_eq!(d.take(&listed(&["b"])).held, [Held { split: (2, 2), positions: vec![0, 1] }]);
+        d.record(&"b".into(), &batch(2, &[], &[2])).unwrap().keep();
+        d.taken(&batch(2, &[(2, 0), (2, 1)], &[2]));
+        assert_eq!(d.take(&listed(&["b"])).completed, [(2, 2)]);
+        d.taken(&batch(2, &[], &[2]));
+        assert_eq!(d.take(&listed(&["b"])), Acknowledgement::default(), "done once");
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub async fn dispatched(pipeline: WorkerPipeline, worker_timeout: Duration, max_
     tokio::spawn(dispatcher::serve(listener, dispatcher.clone(), None, std::future::pending()));
     // Not in the data directory: the logs would become shards of the source.
     let logs = tempfile::tempdir().unwrap();
-    let workers = workers(&url, max_batch_rate, logs.path());
+    let workers = workers(&url, max_batch_rate, &kept_logs(logs.path()));
     let key = PipelineKey::new(&pipeline.namespace, &pipeline.name);
     workers.add(pipeline, None, None);
     Dispatched { dispatcher, workers, key, url, _logs: logs }

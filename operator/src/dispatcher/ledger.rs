@@ -416,6 +416,7 @@ impl Job {
         for &(e, split) in completed {
             let Some(pass) = self.pass_mut(e).filter(|_| split < splits) else {
                 // A finished epoch's split: its epoch already advanced without it.
+                tracing::warn!(epoch = e, split, ?by, "a split of a finished epoch reported done again");
                 self.repeats += 1;
                 continue;
             };
@@ -430,6 +431,12 @@ impl Job {
                 }
             }
             if !pass.finish(split) {
+                tracing::warn!(
+                    epoch = e,
+                    split,
+                    ?by,
+                    "a split reported done again: its elements may have reached the job twice"
+                );
                 self.repeats += 1;
             } else {
                 // Done by a worker presumed dead whose split was queued again.
