@@ -35,7 +35,7 @@ pub use mix::Mix;
 pub use plan::Split;
 use read::{Fetched, Prefetch};
 use shared::{Claim, Taken};
-pub use shared::{STILL_FOR, Shared, SharedSplits, TAKE_PATIENCE};
+pub use shared::{Shared, SharedSplits, TAKE_PATIENCE};
 pub use stack::BatchError;
 
 #[derive(Clone, Debug)]
