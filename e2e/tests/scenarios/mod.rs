@@ -9,6 +9,7 @@ pub mod control_plane;
 pub mod operator;
 pub mod pipelines;
 pub mod sample_pods;
+pub mod sweep;
 pub mod tenancy;
 pub mod tls;
 
@@ -42,6 +43,7 @@ pub static ALL: &[Scenario] = scenarios![
     pipelines::restart_writes_nothing,
     autoscaling::batch_time_autoscaling,
     caching::cache_decision_in_status,
+    sweep::sweep_shares_one_production,
     tenancy::tenancy_tokens_and_permissions,
     tls::tls_end_to_end,
     // Last: it reinstalls the chart, and the dispatcher Service's address changes.

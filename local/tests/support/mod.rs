@@ -223,12 +223,12 @@ pub struct Got {
 /// How often each record reached a job in each epoch, over its consumers (what [`consume`]
 /// returned for each).
 #[allow(dead_code)]
-pub fn counts(consumers: &[&Vec<Got>]) -> Vec<std::collections::BTreeMap<i64, u32>> {
-    (0..consumers[0].len())
+pub fn counts<Consumer: AsRef<[Got]>>(consumers: &[Consumer]) -> Vec<std::collections::BTreeMap<i64, u32>> {
+    (0..consumers[0].as_ref().len())
         .map(|epoch| {
             let mut seen = std::collections::BTreeMap::new();
             for got in consumers {
-                for id in &got[epoch].ids {
+                for id in &got.as_ref()[epoch].ids {
                     *seen.entry(*id).or_default() += 1;
                 }
             }
