@@ -47,15 +47,7 @@ def main():
         return image, label
 
     def augment(image, label):
-        begin, size, _ = tf.image.sample_distorted_bounding_box(
-            tf.shape(image),
-            bounding_boxes=tf.zeros([1, 0, 4]),
-            min_object_covered=0.0,
-            aspect_ratio_range=(3 / 4, 4 / 3),
-            area_range=(0.08, 1.0),
-            max_attempts=10,
-            use_image_if_no_bounding_boxes=True,
-        )
+        begin, size = tfdata_common.crop_window(tf, tf.shape(image))
         image = tf.image.resize(tf.slice(image, begin, size), [224, 224], method="bilinear")
         image = tf.image.random_flip_left_right(image)
         return (image - mean) / std, label

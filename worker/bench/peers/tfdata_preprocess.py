@@ -34,15 +34,7 @@ def main():
     def load(path, label):
         data = tf.io.read_file(path)
         shape = tf.image.extract_jpeg_shape(data)
-        begin, size, _ = tf.image.sample_distorted_bounding_box(
-            shape,
-            bounding_boxes=tf.zeros([1, 0, 4]),
-            min_object_covered=0.0,
-            aspect_ratio_range=(3 / 4, 4 / 3),
-            area_range=(0.08, 1.0),
-            max_attempts=10,
-            use_image_if_no_bounding_boxes=True,
-        )
+        begin, size = tfdata_common.crop_window(tf, shape)
         if args.decode_and_crop:
             window = tf.stack([begin[0], begin[1], size[0], size[1]])
             image = tf.image.decode_and_crop_jpeg(data, window, channels=3)

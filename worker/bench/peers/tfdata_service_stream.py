@@ -17,19 +17,14 @@ import multiprocessing
 import os
 import time
 
+import tfdata_common
+
 
 def tensorflow():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
     return tf
-
-
-def dispatcher(port, ready):
-    tf = tensorflow()
-    server = tf.data.experimental.service.DispatchServer(tf.data.experimental.service.DispatcherConfig(port=port))
-    ready.set()
-    server.join()
 
 
 def worker(dispatcher_port, ready):
@@ -41,14 +36,6 @@ def worker(dispatcher_port, ready):
     server.join()
 
 
-def free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=5.0)
@@ -57,17 +44,7 @@ def main():
     args = ap.parse_args()
 
     context = multiprocessing.get_context("spawn")
-    port = free_port()
-    servers = []
-    ready = context.Event()
-    servers.append(context.Process(target=dispatcher, args=(port, ready), daemon=True))
-    servers[-1].start()
-    ready.wait(60)
-    for _ in range(2):
-        ready = context.Event()
-        servers.append(context.Process(target=worker, args=(port, ready), daemon=True))
-        servers[-1].start()
-        ready.wait(60)
+    port, servers = tfdata_common.start_service(context, worker)
     try:
         tf = tensorflow()
         import numpy as np
