@@ -216,7 +216,9 @@ pub struct JobStatus {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeliveryStatus {
-    /// Splits produced again because the worker holding them died.
+    /// Splits handed out again: those in flight on a worker that died, and a job's in-flight
+    /// splits when a client of it left holding batches it had not read (a trial closing with
+    /// the next epoch on its way).
     pub splits_produced_again: u64,
     /// Elements those splits left out because a client already had them: re-deliveries
     /// avoided.

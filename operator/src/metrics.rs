@@ -87,7 +87,7 @@ impl Default for Metrics {
             Opts::new(
                 "stoker_dispatcher_delivery",
                 "Delivery counters per pipeline since this leader started: splits_produced_again (their \
-                 worker died), redeliveries_skipped (elements a client already had), splits_repeated, \
+                 worker died, or a client left holding unread batches), redeliveries_skipped (elements a client already had), splits_repeated, \
                  recoveries_unacknowledged, rows_dropped_for_equal_ranks (a job read by ranks: rows \
                  beyond an epoch's equal count per rank), and for share groups shared_productions, \
                  shared_deliveries, shared_missed, shared_made_again, shared_kept_bytes",
