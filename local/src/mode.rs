@@ -222,6 +222,14 @@ impl Local {
         self.workers.scale(key, 0).await
     }
 
+    /// A new `workers.max` for a pipeline the scaling loop scales, as editing the spec would
+    /// (at least its `workers.min`): the next round scales within it.
+    pub fn set_max(&self, key: &PipelineKey, max: u32) {
+        for scoped in self.scope.lock().unwrap().iter_mut().filter(|s| &s.key == key) {
+            scoped.max = max.max(scoped.min);
+        }
+    }
+
     /// Autoscaling mode Fixed: no scaling loop, so no client windows are judged.
     fn fixed(&self) -> bool {
         !self.scope.lock().unwrap().iter().any(|s| s.key == self.key)

@@ -219,17 +219,6 @@ fn killed_trainer(url: &str, job: &str, share: Option<&str>, step: Duration) -> 
     lines
 }
 
-/// The CPU-seconds (user and system) process `pid` has used.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // The fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    // SAFETY: sysconf only reads a system constant.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    ticks / per_second as f64
-}
-
 /// What one run of the scenario cost and what its first trial waited.
 struct Run {
     cpu_seconds: f64,
@@ -325,7 +314,7 @@ async fn sweep(all: bool, share: Option<&'static str>, stop: Option<Duration>) -
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let progress = s.dispatcher.with_state(|st| st.worker_progress(&s.key));
     let elements = progress.iter().map(|(_, _, p)| p.elements).sum();
-    let cpu_seconds = s.workers.pids(&s.key).into_iter().map(cpu_seconds).sum();
+    let cpu_seconds = s.workers.pids(&s.key).into_iter().map(support::cpu_seconds).sum();
     let delivery = s.dispatcher.with_state(|st| st.delivery_statuses()).remove(&s.key).unwrap_or_default();
     if share.is_some() {
         assert!(delivery.shared_deliveries > delivery.shared_productions, "{delivery:?}");

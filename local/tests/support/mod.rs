@@ -309,3 +309,15 @@ pub async fn read_until(
     }
     (got_epochs, client.state().expect("dispatcher mode has a state"))
 }
+
+/// The CPU-seconds (user and system) process `pid` has used.
+#[allow(dead_code)] // not every test uses it
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf only reads a system constant.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    ticks / per_second as f64
+}

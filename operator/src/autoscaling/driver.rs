@@ -52,6 +52,8 @@ type JobKey = (PipelineKey, JobName);
 
 struct JobPolicy {
     policy: Box<dyn Policy + Send>,
+    /// The bounds the policy was made with: a spec edit of `workers.min`/`max` makes it again.
+    limits: Limits,
     /// The policy's last wish.
     wants: u32,
     last: Option<Window>,
@@ -164,12 +166,25 @@ impl Driver {
             let windows = self.pending.remove(&(key.clone(), job_name.clone())).unwrap_or_default();
             let Some(window) = combine(&windows, p.workers) else { continue };
             judged_pipelines.insert(key.clone());
+            let limits = Limits { min: p.min.max(1), max: p.max };
             let job = self.jobs.entry((key.clone(), job_name.clone())).or_insert_with(|| JobPolicy {
-                policy: policy::ours(Limits { min: p.min.max(1), max: p.max }, &p.policy, p.workers),
+                policy: policy::ours(limits, &p.policy, p.workers),
+                limits,
                 wants: p.workers,
                 last: None,
                 model: Model::default(),
             });
+            // Bounds changed under a policy (a user raised `workers.max` while it sat converged
+            // at the old one with its clients waiting): it would keep judging against the old
+            // ones, and never grow. It measures afresh from the count it runs.
+            if job.limits != limits {
+                job.policy = policy::ours(limits, &p.policy, p.workers);
+                job.limits = limits;
+                reasons.insert(
+                    key.clone(),
+                    format!("job {job_name}: workers bounds now {}-{}: measuring afresh", limits.min, limits.max),
+                );
+            }
             job.model.update(&window);
             job.last = Some(window.clone());
             if let Decision::Scale { to, reason } = job.policy.observe(&window) {
@@ -455,11 +470,33 @@ mod tests {
     }
 
     #[test]
+    fn a_raised_max_lets_a_policy_settled_at_the_old_one_grow() {
+        let mut d = Driver::default();
+        // Each round judges a window (2 s) of clients waiting 60% of their time.
+        let round = |d: &mut Driver, max: u32| {
+            let windows = vec![job_windows("a", "j", vec![window(1, 0.06, 0.6)])];
+            let pipelines = [scaled("a", 1, max, 1)];
+            d.round(2 * SECOND, "t", windows, &pipelines, Caps::default(), &BTreeMap::new()).0
+        };
+        // Held at max 1: nothing to do but settle there.
+        for _ in 0..10 {
+            assert!(round(&mut d, 1).is_empty());
+        }
+        // max 3 (a spec edit): it grows within a few windows, not after minutes of re-try.
+        let grew = (0..6).find_map(|_| round(&mut d, 3).into_iter().next());
+        let grew = grew.expect("a policy settled at max 1 grows once max is 3");
+        assert!(grew.to > 1 && grew.to <= 3, "{grew:?}");
+    }
+
+    #[test]
     fn a_job_whose_clients_left_stops_counting_in_the_pipelines_wish() {
         let mut d = Driver::default();
         for (job, wants) in [("fast", 6), ("slow", 2)] {
             let policy = Box::new(policy::Fixed);
-            d.jobs.insert((key("a"), job.into()), JobPolicy { policy, wants, last: None, model: Model::default() });
+            d.jobs.insert(
+                (key("a"), job.into()),
+                JobPolicy { policy, limits: Limits { min: 1, max: 8 }, wants, last: None, model: Model::default() },
+            );
         }
         let mut pipelines = [scaled("a", 1, 8, 2)];
         let round = |d: &mut Driver, jobs: &[&str], pipelines: &mut [Scaled; 1]| {
@@ -526,6 +563,7 @@ mod tests {
                 (key("a"), job.into()),
                 JobPolicy {
                     policy: policy::ours(Limits { min: 1, max: 6 }, &pipelines[0].policy, 2),
+                    limits: Limits { min: 1, max: 6 },
                     wants,
                     last: None,
                     model: Model::default(),
@@ -570,6 +608,7 @@ mod tests {
                 (key(name), "j".into()),
                 JobPolicy {
                     policy: policy::ours(Limits { min: 1, max: 8 }, &pipelines[0].policy, 1),
+                    limits: Limits { min: 1, max: 8 },
                     wants: 6,
                     last: Some(w.clone()),
                     model: Model::from_window(&w),
@@ -590,6 +629,7 @@ mod tests {
             (key("a"), "j".into()),
             JobPolicy {
                 policy: policy::ours(Limits { min: 1, max: 8 }, &pipelines[0].policy, 2),
+                limits: Limits { min: 1, max: 8 },
                 wants: 6,
                 last: Some(window(2, 0.05, 0.8)),
                 model: Model::default(),
@@ -715,7 +755,13 @@ mod tests {
         let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         d.jobs.insert(
             (key("a"), "j".into()),
-            JobPolicy { policy: Box::new(Recorder(heard.clone())), wants: 1, last: None, model: Model::default() },
+            JobPolicy {
+                policy: Box::new(Recorder(heard.clone())),
+                limits: Limits { min: 1, max: 8 },
+                wants: 1,
+                last: None,
+                model: Model::default(),
+            },
         );
         let both = [scaled("a", 1, 8, 1), scaled("b", 1, 8, 3)];
         let caps = Caps { cluster: Some(4), namespace: None };
