@@ -39,15 +39,6 @@ struct Seen {
     error: Mutex<Option<String>>,
 }
 
-fn write_corpus(dir: &std::path::Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    for shard in 0..SHARDS {
-        let lines: String = (0..LINES).map(|i| format!("{{\"id\": {}}}\n", shard * 1000 + i)).collect();
-        std::fs::write(dir.join(format!("{shard:02}.jsonl")), lines)?;
-    }
-    Ok(())
-}
-
 /// The ids an epoch lacks, as ranges per shard ("shard 3: 120-139"), to tell a lost split
 /// from lost batches.
 fn missing(ids: &BTreeMap<i64, u32>) -> String {
@@ -83,20 +74,14 @@ async fn replicas(api: &Api<Deployment>) -> anyhow::Result<i32> {
 }
 
 pub async fn batch_time_autoscaling(cluster: &dyn Cluster) -> anyhow::Result<()> {
-    let url = match cluster.dispatcher_url() {
-        Ok(url) => url,
-        Err(e) => {
-            println!("batch_time_autoscaling SKIPPED on the {} provider: {e:#}", cluster.provider());
-            return Ok(());
-        }
-    };
+    let Some(url) = super::dispatcher_or_skip(cluster, "batch_time_autoscaling") else { return Ok(()) };
     // Two replicas: a standby to take over when the leader crashes.
     cluster.operator_start(OperatorOptions::default().replicas(2)).await?;
     let client = cluster.client();
     let ns = fresh_namespace(&client, "e2e-autoscale").await?;
     let kubelet = cluster.run_workers(&ns)?;
     let data = cluster.workdir().join(format!("{ns}-data"));
-    write_corpus(&data)?;
+    super::write_id_corpus(&data, SHARDS, LINES)?;
     let seen_as = cluster.worker_data(&data);
     let manifest = format!(
         "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {NAME}}}\nspec:\n  \

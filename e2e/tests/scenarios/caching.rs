@@ -135,13 +135,7 @@ async fn events_of(events: &Api<Event>, name: &str, reason: &str) -> anyhow::Res
 }
 
 pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<()> {
-    let url = match cluster.dispatcher_url() {
-        Ok(url) => url,
-        Err(e) => {
-            println!("cache_decision_in_status SKIPPED on the {} provider: {e:#}", cluster.provider());
-            return Ok(());
-        }
-    };
+    let Some(url) = super::dispatcher_or_skip(cluster, "cache_decision_in_status") else { return Ok(()) };
     cluster.operator_start(OperatorOptions::default()).await?;
     let client = cluster.client();
     let ns = fresh_namespace(&client, "e2e-cache").await?;

@@ -16,6 +16,28 @@ pub mod tls;
 use futures::future::BoxFuture;
 use stoker_e2e::Cluster;
 
+/// The dispatcher's URL from outside the cluster, or None (said, with why) where a provider
+/// cannot reach it (kind): `scenario` is then skipped.
+pub fn dispatcher_or_skip(cluster: &dyn Cluster, scenario: &str) -> Option<String> {
+    match cluster.dispatcher_url() {
+        Ok(url) => Some(url),
+        Err(e) => {
+            println!("{scenario} SKIPPED on the {} provider: {e:#}", cluster.provider());
+            None
+        }
+    }
+}
+
+/// `shards` JSONL files of `lines` records `{"id": shard * 1000 + line}` in `dir`.
+pub fn write_id_corpus(dir: &std::path::Path, shards: i64, lines: i64) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for shard in 0..shards {
+        let records: String = (0..lines).map(|i| format!("{{\"id\": {}}}\n", shard * 1000 + i)).collect();
+        std::fs::write(dir.join(format!("{shard:02}.jsonl")), records)?;
+    }
+    Ok(())
+}
+
 pub type ScenarioFn = for<'a> fn(&'a dyn Cluster) -> BoxFuture<'a, anyhow::Result<()>>;
 
 pub struct Scenario {

@@ -96,6 +96,8 @@ async fn train(url: String, options: ClientOptions, speed: f64, trial: Arc<Trial
     Ok(())
 }
 
+/// Waits for a trial's progress `flag`, checked every 20 ms: the faults are aimed at it
+/// (`wait_for` backs off between checks, which would land them late).
 async fn until(what: &str, flag: impl Fn() -> bool) -> anyhow::Result<()> {
     let waiting = async {
         while !flag() {
@@ -106,23 +108,13 @@ async fn until(what: &str, flag: impl Fn() -> bool) -> anyhow::Result<()> {
 }
 
 pub async fn sweep_shares_one_production(cluster: &dyn Cluster) -> anyhow::Result<()> {
-    let url = match cluster.dispatcher_url() {
-        Ok(url) => url,
-        Err(e) => {
-            println!("sweep_shares_one_production SKIPPED on the {} provider: {e:#}", cluster.provider());
-            return Ok(());
-        }
-    };
+    let Some(url) = super::dispatcher_or_skip(cluster, "sweep_shares_one_production") else { return Ok(()) };
     cluster.operator_start(OperatorOptions::default()).await?;
     let client = cluster.client();
     let ns = fresh_namespace(&client, "e2e-sweep").await?;
     let kubelet = cluster.run_workers(&ns)?;
     let data = cluster.workdir().join(format!("{ns}-data"));
-    std::fs::create_dir_all(&data)?;
-    for shard in 0..SHARDS {
-        let lines: String = (0..LINES).map(|i| format!("{{\"id\": {}}}\n", shard * 1000 + i)).collect();
-        std::fs::write(data.join(format!("{shard:02}.jsonl")), lines)?;
-    }
+    super::write_id_corpus(&data, SHARDS, LINES)?;
     let seen_as = cluster.worker_data(&data);
     let manifest = format!(
         "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {{name: {NAME}}}\nspec:\n  \

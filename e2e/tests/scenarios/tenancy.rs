@@ -51,13 +51,7 @@ fn expect_code<T: std::fmt::Debug>(
 }
 
 pub async fn tenancy_tokens_and_permissions(cluster: &dyn Cluster) -> anyhow::Result<()> {
-    let url = match cluster.dispatcher_url() {
-        Ok(url) => url,
-        Err(e) => {
-            println!("tenancy_tokens_and_permissions SKIPPED on the {} provider: {e:#}", cluster.provider());
-            return Ok(());
-        }
-    };
+    let Some(url) = super::dispatcher_or_skip(cluster, "tenancy_tokens_and_permissions") else { return Ok(()) };
     // The harness runs the operator with a NetworkPolicy per pipeline (chart:
     // networkPolicy.enabled) on both providers.
     cluster.operator_start(OperatorOptions::default()).await?;
