@@ -23,8 +23,9 @@ from stoker_client.torch import StokerIterableDataset
 
 
 def trial(args, index, step_seconds, results):
+    # `epochs`: the trial's last epoch is its last, so no worker makes one more for it.
     dataset = StokerIterableDataset(
-        args.dispatcher, args.namespace, args.pipeline, job=f"trial-{index}", share=args.share
+        args.dispatcher, args.namespace, args.pipeline, job=f"trial-{index}", share=args.share, epochs=args.epochs
     )
     start, epochs = time.perf_counter(), []
     for _ in range(args.epochs):

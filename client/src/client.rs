@@ -45,6 +45,8 @@ struct Progress {
     consumers: u32,
     consumer_index: u32,
     yielded: Yielded,
+    /// The epoch the job stops before (`ClientOptions::epochs`).
+    end: Option<u64>,
 }
 
 enum Source {
@@ -139,6 +141,7 @@ impl Client {
             job,
             consumers: options.consumers,
             consumer_index: options.consumer_index,
+            end: options.epochs,
             yielded: resume.as_ref().map_or_else(|| Yielded::new(start), Yielded::resumed),
         };
         let (leave, leaving) = oneshot::channel();
@@ -173,13 +176,13 @@ impl Client {
     }
 
     /// The next batch from any worker, across epochs; None once every worker's stream has ended
-    /// (fixed workers). An error ends that worker's stream only: the others keep delivering.
+    /// (fixed workers), or after the last of `ClientOptions::epochs` (under the dispatcher). An error ends that worker's stream only: the others keep delivering.
     pub async fn next(&mut self) -> Option<Result<Batch, Error>> {
         std::future::poll_fn(|cx| self.poll_batch(cx, false)).await
     }
 
     /// Under the dispatcher, the next batch of the epoch being read; None at its end, after
-    /// which the next call reads the next epoch. Every element of the epoch this consumer gets
+    /// which the next call reads the next epoch (None at once past `ClientOptions::epochs`). Every element of the epoch this consumer gets
     /// has come before the None. With fixed workers, like `next`.
     pub async fn next_in_epoch(&mut self) -> Option<Result<Batch, Error>> {
         std::future::poll_fn(|cx| self.poll_batch(cx, true)).await
@@ -250,6 +253,13 @@ impl Client {
             }
         };
         loop {
+            if let Source::Dispatched { shared, progress, .. } = &self.source
+                && progress.end.is_some_and(|end| shared.reading.load(Ordering::Relaxed) >= end)
+            {
+                // Past the job's last epoch: nothing streams, nothing more comes.
+                self.call_start = None;
+                return Poll::Ready(None);
+            }
             let item = match &mut self.source {
                 Source::Fixed(rx) => std::task::ready!(rx.poll_recv(cx)),
                 Source::Dispatched { queue, shared, ration: None, progress, .. } => {

@@ -299,11 +299,13 @@ impl Follower {
     }
 
     /// Opens the streams missing: every listed worker, for the epoch the caller reads and the
-    /// next (when reading ahead), unless that stream ended normally or the epoch is finished.
+    /// next (when reading ahead), unless that stream ended normally, the epoch is finished or
+    /// it is past the job's last.
     fn stream_all(&self, state: &mut State) {
         let reading = self.shared.reading.load(Ordering::Relaxed);
-        let epochs = if self.options.prefetch_next_epoch { reading..=reading + 1 } else { reading..=reading };
-        for epoch in epochs {
+        let ahead = if self.options.prefetch_next_epoch { reading + 1 } else { reading };
+        let last = self.options.epochs.map_or(ahead, |end| ahead.min(end.saturating_sub(1)));
+        for epoch in reading..=last {
             for worker in &state.listed {
                 let key = (worker.clone(), epoch);
                 if state.streams.contains_key(&key) || state.finished.contains(&key) {

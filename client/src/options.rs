@@ -40,6 +40,12 @@ pub struct ClientOptions {
     /// starts at the job's open epoch, or at this one if it is later (the epochs between are
     /// left to the job's other consumers); resuming, the state's epoch.
     pub start_epoch: Option<u64>,
+    /// Under the dispatcher: the epoch the job stops before (a training script's `num_epochs`:
+    /// `Some(3)` reads epochs 0, 1 and 2). The client opens no stream for an epoch at or past
+    /// it, so no worker makes an epoch nobody will read (in a share group, what the others
+    /// would have paid for), and `next()` ends after the last. None: epochs go on as long as
+    /// the loop reads.
+    pub epochs: Option<u64>,
     /// Under the dispatcher: stream the next epoch while the training loop reads this one
     /// (queued apart, at most `prefetch` batches), so an epoch's end costs no wait. Turn it off
     /// for a client dropped at the end of each epoch, or what it read ahead is lost until
@@ -97,6 +103,7 @@ impl ClientOptions {
             share: None,
             resume: None,
             start_epoch: None,
+            epochs: None,
             prefetch_next_epoch: true,
             prefetch: 8,
             max_message_bytes: proto::DEFAULT_MAX_MESSAGE_BYTES,
@@ -147,6 +154,12 @@ impl ClientOptions {
                 ));
             }
         }
+        if let Some(end) = self.epochs {
+            let start = self.start_epoch.or(self.resume.as_ref().map(|r| r.epoch)).unwrap_or(0);
+            if end <= start {
+                return bad(format!("epochs {end} leaves nothing to read from epoch {start}"));
+            }
+        }
         if self.prefetch == 0 {
             return bad("prefetch must be at least 1".into());
         }
@@ -155,5 +168,23 @@ impl ClientOptions {
             return bad(format!("max_message_bytes {} is outside {range:?}", self.max_message_bytes));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_must_leave_an_epoch_to_read() {
+        let mut options = ClientOptions::new("ns", "p");
+        options.epochs = Some(3);
+        assert!(options.check().is_ok());
+        options.start_epoch = Some(3);
+        let Err(Error::InvalidOptions(message)) = options.check() else { panic!("start 3 of 3 accepted") };
+        assert_eq!(message, "epochs 3 leaves nothing to read from epoch 3");
+        options.start_epoch = None;
+        options.epochs = Some(0);
+        assert!(options.check().is_err());
     }
 }

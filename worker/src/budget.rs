@@ -5,7 +5,9 @@
 //!
 //! Two kinds of holders share the budget. *Rows* are elements the engine itself holds: they
 //! only become free by becoming a batch, so the engine waits for room only while batches are
-//! in flight (waiting on its own rows would deadlock). *Batches* are released by whoever
+//! in flight (waiting on its own rows would deadlock). A share group's *kept copies* count
+//! with rows: they become free when other producers of this worker take them, and a taker
+//! waiting for room its own take would free never takes. *Batches* are released by whoever
 //! drops them: the reservation travels inside the tensors' bytes ([`attach`]), so every queue
 //! between the engine and the socket (channels, the stream, the chunker) is counted.
 
@@ -25,7 +27,7 @@ pub struct MemoryBudget {
 struct Used {
     /// Everything reserved: rows and batches.
     total: usize,
-    /// The engines' own rows, part of `total`.
+    /// What the engines hold themselves (rows, kept copies), part of `total`.
     rows: usize,
 }
 
@@ -44,15 +46,25 @@ impl MemoryBudget {
         used.total += bytes;
     }
 
-    /// Reserves `bytes` only if they fit under the limit now, however little else is held (for
-    /// what the engine could do without: a share group's copies, see `engine::shared`).
-    pub fn try_reserve(&self, bytes: usize) -> bool {
+    /// Reserves `bytes` of a copy kept for other producers (a share group's, see
+    /// `engine::shared`) only if they fit under the limit now, however little else is held:
+    /// the engine can do without it. Counted with rows, which never wait for it.
+    pub fn try_reserve_kept(&self, bytes: usize) -> bool {
         let mut used = self.used.lock().unwrap();
         if used.total + bytes > self.limit {
             return false;
         }
         used.total += bytes;
+        used.rows += bytes;
         true
+    }
+
+    /// Releases what `try_reserve_kept` reserved.
+    pub fn release_kept(&self, bytes: usize) {
+        let mut used = self.used.lock().unwrap();
+        used.rows = used.rows.saturating_sub(bytes);
+        used.total = used.total.saturating_sub(bytes);
+        self.freed.notify_all();
     }
 
     /// Like `reserve`, giving up after `timeout`; returns whether it reserved.
@@ -79,6 +91,15 @@ impl MemoryBudget {
     /// flight leave no room for them, never for the engines' own rows alone.
     pub fn reserve_rows(self: &Arc<Self>, bytes: usize) -> Rows {
         let mut used = self.used.lock().unwrap();
+        if used.total > used.rows && used.total + bytes > self.limit {
+            tracing::debug!(
+                bytes,
+                used = used.total,
+                rows = used.rows,
+                limit = self.limit,
+                "rows wait for batches in flight"
+            );
+        }
         while used.total > used.rows && used.total + bytes > self.limit {
             used = self.freed.wait(used).unwrap();
         }
@@ -238,6 +259,31 @@ mod tests {
         drop(batch);
         assert_eq!(waiter.join().unwrap(), 10);
         assert_eq!(budget.used(), 0, "the waiter's rows were dropped with its thread");
+    }
+
+    #[test]
+    fn rows_never_wait_for_copies_kept_for_other_producers() {
+        let budget = Arc::new(MemoryBudget::new(100));
+        assert!(budget.try_reserve_kept(90));
+        assert!(!budget.try_reserve_kept(20), "a copy is kept only if it fits");
+        // The copies' takers are producers of this worker: rows they need to finish their
+        // splits (and come to take the copies) must not wait for the copies to go.
+        let rows = {
+            let budget = budget.clone();
+            std::thread::spawn(move || budget.reserve_rows(30))
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !rows.is_finished() {
+            assert!(std::time::Instant::now() < deadline, "rows waited for a kept copy");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let rows = rows.join().unwrap();
+        assert_eq!(budget.used(), 120);
+        // Batches still wait for room, the kept copies' too.
+        assert!(!budget.reserve_timeout(1, Duration::from_millis(10)), "over the limit");
+        budget.release_kept(90);
+        drop(rows);
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]

@@ -18,7 +18,10 @@ pub fn options(options: &mut ClientOptions, given: &Bound<'_, PyDict>) -> PyResu
     for (key, value) in given.iter() {
         let key: String = key.extract()?;
         if value.is_none()
-            && !matches!(key.as_str(), "start_epoch" | "token" | "ca_file" | "tls_server_name" | "resume" | "share")
+            && !matches!(
+                key.as_str(),
+                "start_epoch" | "epochs" | "token" | "ca_file" | "tls_server_name" | "resume" | "share"
+            )
         {
             continue;
         }
@@ -29,6 +32,7 @@ pub fn options(options: &mut ClientOptions, given: &Bound<'_, PyDict>) -> PyResu
             "coordinated" => options.coordinated = value.extract()?,
             "share" => options.share = value.extract()?,
             "start_epoch" => options.start_epoch = value.extract()?,
+            "epochs" => options.epochs = value.extract()?,
             "prefetch_next_epoch" => options.prefetch_next_epoch = value.extract()?,
             "prefetch" => options.prefetch = value.extract()?,
             "max_message_bytes" => options.max_message_bytes = value.extract()?,

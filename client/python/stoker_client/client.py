@@ -102,7 +102,13 @@ class Client:
 
     def _start(self, namespace: str, pipeline: str, **options) -> None:
         _malloc.tune()
-        for name, least in (("prefetch", 1), ("start_epoch", 0), ("consumer_index", 0), ("consumers", 0)):
+        for name, least in (
+            ("prefetch", 1),
+            ("start_epoch", 0),
+            ("epochs", 1),
+            ("consumer_index", 0),
+            ("consumers", 0),
+        ):
             if options.get(name) is not None and options[name] < least:
                 raise ValueError(f"{name} must be at least {least}, not {options[name]}")
         self._core = _core.Client(namespace, pipeline, **options)
@@ -120,6 +126,7 @@ class Client:
         connect_timeout: float = 10.0,
         prefetch_next_epoch: bool = True,
         start_epoch: Optional[int] = None,
+        epochs: Optional[int] = None,
         consumers: int = 0,
         resume: Optional[dict] = None,
         coordinated: bool = False,
@@ -138,6 +145,9 @@ class Client:
         each worker's next epoch streams alongside the current one (up to `prefetch` batches
         of it wait in the client); without, the next epoch's streams open once the caller
         asks for its first batch. `client.open_epoch` follows the job's open epoch.
+        `epochs`: the epoch the job stops before (the training script's number of epochs):
+        no stream opens for an epoch past its last, so no worker makes one nobody reads, and
+        iterating the client ends after it (`iter_epoch()` past it yields nothing).
 
         `consumers` > 1: the job is read by that many ranks (e.g. a DDP job's processes, every
         one saying the same), `consumer_index` being this one's; each epoch every rank gets
@@ -163,6 +173,7 @@ class Client:
             connect_timeout=connect_timeout,
             prefetch_next_epoch=prefetch_next_epoch,
             start_epoch=start_epoch,
+            epochs=epochs,
             consumers=consumers,
             resume=resume,
             coordinated=coordinated,

@@ -136,6 +136,21 @@ def test_next_goes_on_across_epochs_without_prefetching(tmp_path, corpus):
             check_epoch(epoch, [b for b in batches if b.epoch == epoch], images)
 
 
+def test_iterating_ends_after_the_epochs_declared(tmp_path, corpus):
+    images = images_in(corpus)
+    with (
+        Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local,
+        Client.from_dispatcher(local.address(), "test", "py", epochs=2) as client,
+    ):
+        batches = within(60, lambda: list(client))
+        assert sorted({b.epoch for b in batches}) == [0, 1]
+        for epoch in (0, 1):
+            check_epoch(epoch, [b for b in batches if b.epoch == epoch], images)
+        assert client.epoch == 2 and list(client.iter_epoch()) == [], "nothing past the last"
+    with pytest.raises(ValueError, match="epochs must be at least 1"):
+        Client.from_dispatcher("127.0.0.1:1", "test", "py", epochs=0)
+
+
 def test_the_example_reads_epochs_through_the_dispatcher(tmp_path, corpus):
     example = ROOT / "examples" / "iterate_epochs.py"
     with Local(tmp_path, pipeline_file(tmp_path, corpus, batch_size=4)) as local:

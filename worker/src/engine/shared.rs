@@ -5,7 +5,9 @@
 //! and batch it for their own consumers.
 //!
 //! What is kept is held in the worker's memory budget, without waiting: a copy that does not
-//! fit is not kept, and its takers make the split themselves (counted as made again). So is
+//! fit is not kept, and its takers make the split themselves (counted as made again). It
+//! counts with the engines' rows, which never wait for it: its takers are producers here, and
+//! one stopped mid-split for room would never come to take what frees it. So is
 //! one whose maker failed, and one no taker came for within [`KEPT_AT_MOST`] (the dispatcher
 //! gave the split back to that job meanwhile).
 //!
@@ -69,7 +71,7 @@ struct Inner {
 impl Inner {
     fn remove(&mut self, key: ProductionKey, budget: &MemoryBudget) {
         if let Some(entry) = self.entries.remove(&key) {
-            budget.release(entry.bytes);
+            budget.release_kept(entry.bytes);
         }
         if !self.gone.contains(&key) {
             self.gone.push_back(key);
@@ -198,7 +200,7 @@ impl Maker {
         let bytes: usize = rows.iter().map(|(_, row)| row.values().map(|t| t.data.len()).sum::<usize>()).sum();
         let mut inner = self.splits.inner.lock().unwrap();
         let Some(entry) = inner.entries.get_mut(&self.key) else { return };
-        if !self.splits.budget.try_reserve(bytes) {
+        if !self.splits.budget.try_reserve_kept(bytes) {
             tracing::debug!(production = ?self.key, bytes, "no room in the memory budget for a shared split's copy: its takers make it");
             inner.remove(self.key, &self.splits.budget);
             drop(inner);
