@@ -107,6 +107,7 @@ impl Client {
         options.check()?;
         let deadline = tokio::time::Instant::now() + options.connect_timeout;
         let mut link = Registration::register(url, &options).await?;
+        let asked_start = options.asked_start();
         let (job, resume) = (options.job.clone(), options.resume.take());
         // Streams go to the run a resumed job goes on as.
         options.job = link.job().to_string();
@@ -116,7 +117,7 @@ impl Client {
             .map_err(|status| Error::Dispatcher { url: url.to_string(), status: Box::new(status) })?;
         // Reading starts at the job's open epoch, or at a later start epoch (the epochs between
         // are left to the job's other consumers).
-        let start = first.epoch.max(options.start_epoch.or(resume.as_ref().map(|r| r.epoch)).unwrap_or(0));
+        let start = first.epoch.max(asked_start);
         let epochs = Arc::new(Epochs::new(options.prefetch));
         let ranked = options.reading()?.is_ranked();
         let shared = Shared {
@@ -176,14 +177,16 @@ impl Client {
     }
 
     /// The next batch from any worker, across epochs; None once every worker's stream has ended
-    /// (fixed workers), or after the last of `ClientOptions::epochs` (under the dispatcher). An error ends that worker's stream only: the others keep delivering.
+    /// (fixed workers), or after the last of `ClientOptions::epochs` (under the dispatcher). An
+    /// error ends that worker's stream only: the others keep delivering.
     pub async fn next(&mut self) -> Option<Result<Batch, Error>> {
         std::future::poll_fn(|cx| self.poll_batch(cx, false)).await
     }
 
     /// Under the dispatcher, the next batch of the epoch being read; None at its end, after
-    /// which the next call reads the next epoch (None at once past `ClientOptions::epochs`). Every element of the epoch this consumer gets
-    /// has come before the None. With fixed workers, like `next`.
+    /// which the next call reads the next epoch (None at once past `ClientOptions::epochs`).
+    /// Every element of the epoch this consumer gets has come before the None. With fixed
+    /// workers, like `next`.
     pub async fn next_in_epoch(&mut self) -> Option<Result<Batch, Error>> {
         std::future::poll_fn(|cx| self.poll_batch(cx, true)).await
     }

@@ -130,6 +130,12 @@ impl ClientOptions {
         crate::reassemble::Reassembler::new(self.max_batch_bytes).with_shared_memory(self.shared_memory.clone())
     }
 
+    /// The epoch this client asks to start at: `start_epoch`, else the resume state's, else 0
+    /// (under the dispatcher, the job's open epoch if that is later).
+    pub(crate) fn asked_start(&self) -> u64 {
+        self.start_epoch.or(self.resume.as_ref().map(|r| r.epoch)).unwrap_or(0)
+    }
+
     pub(crate) fn check(&self) -> Result<(), Error> {
         let bad = |m: String| Err(Error::InvalidOptions(m));
         self.reading()?;
@@ -155,7 +161,7 @@ impl ClientOptions {
             }
         }
         if let Some(end) = self.epochs {
-            let start = self.start_epoch.or(self.resume.as_ref().map(|r| r.epoch)).unwrap_or(0);
+            let start = self.asked_start();
             if end <= start {
                 return bad(format!("epochs {end} leaves nothing to read from epoch {start}"));
             }
