@@ -25,8 +25,13 @@ use tokio::sync::watch;
 
 const FILES: i64 = 40;
 const LINES: i64 = 50;
-/// With `STOKER_SWEEP_DATA=images`: JPEGs of 200-260 px, in 40 splits.
-const IMAGES: i64 = 480;
+/// With `STOKER_SWEEP_DATA=images`: JPEGs of 200-260 px, in 40 splits, cropped to 64 px
+/// (`STOKER_SWEEP_IMAGES` and `STOKER_SWEEP_CROP` change both: the benchmark of
+/// docs/reuse.md reads epochs many times what the workers hold in flight).
+fn images_and_crop() -> (i64, u32) {
+    let var = |name: &str, default| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    (var("STOKER_SWEEP_IMAGES", 480) as i64, var("STOKER_SWEEP_CROP", 64) as u32)
+}
 const EPOCHS: u64 = 3;
 /// The fastest trainer's step per batch (of 10 records, or 8 images).
 fn step_ms() -> f64 {
@@ -46,7 +51,7 @@ fn images() -> bool {
 
 /// Elements in an epoch.
 fn elements() -> i64 {
-    if images() { IMAGES } else { FILES * LINES }
+    if images() { images_and_crop().0 } else { FILES * LINES }
 }
 
 /// The sweep's pipeline over data written to `dir`.
@@ -54,11 +59,12 @@ fn pipeline(dir: &std::path::Path) -> stoker_api::WorkerPipeline {
     if !images() {
         return support::padded_records(dir, FILES, LINES);
     }
-    let corpus = CorpusSpec { images: IMAGES as usize, classes: 4, min_side: 200, max_side: 260, ..Default::default() };
+    let (images, crop) = images_and_crop();
+    let corpus = CorpusSpec { images: images as usize, classes: 4, min_side: 200, max_side: 260, ..Default::default() };
     generate(dir, &corpus).unwrap();
     let manifest = format!(
         "source: {{uri: 'file://{}/', format: imageFolder}}\ntransforms:\n- decodeImage: {{channels: 3}}\n\
-         - randomResizedCrop: {{size: [64, 64]}}\n- randomFlip: {{horizontal: true}}\nbatchSize: 8\n\
+         - randomResizedCrop: {{size: [{crop}, {crop}]}}\n- randomFlip: {{horizontal: true}}\nbatchSize: 8\n\
          shuffle: {{bufferSize: 64, seed: 1}}\n",
         dir.display()
     );
@@ -231,6 +237,8 @@ struct Run {
     delivery: stoker_api::DeliveryStatus,
     /// The most the workers held in copies for slower jobs, at one heartbeat.
     kept_most: u64,
+    /// The most resident memory of the fuller worker.
+    peak_rss: u64,
 }
 
 /// One sweep at a time: each measures CPU-seconds and waits, and two at once on a 2-core
@@ -284,7 +292,7 @@ async fn sweep(all: bool, share: Option<&'static str>, stop: Option<Duration>) -
     for (job, trainer) in trainers {
         let mut finishing = std::pin::pin!(trainer);
         // While the trainers run, the copies kept for slower jobs stay within the workers'
-        // budgets (64 MiB each here).
+        // budgets.
         let epochs = loop {
             tokio::select! {
                 done = &mut finishing => break done.unwrap(),
@@ -292,7 +300,7 @@ async fn sweep(all: bool, share: Option<&'static str>, stop: Option<Duration>) -
                     let progress = s.dispatcher.with_state(|st| st.worker_progress(&s.key));
                     for (_, _, p) in progress {
                         kept_most = kept_most.max(p.sharing.kept_bytes);
-                        assert!(p.sharing.kept_bytes <= 64 << 20, "{}", p.sharing.kept_bytes);
+                        assert!(p.sharing.kept_bytes <= support::worker_budget() as u64, "{}", p.sharing.kept_bytes);
                     }
                 }
             }
@@ -317,6 +325,7 @@ async fn sweep(all: bool, share: Option<&'static str>, stop: Option<Duration>) -
     let progress = s.dispatcher.with_state(|st| st.worker_progress(&s.key));
     let elements = progress.iter().map(|(_, _, p)| p.elements).sum();
     let cpu_seconds = s.workers.pids(&s.key).into_iter().map(support::cpu_seconds).sum();
+    let peak_rss = s.workers.pids(&s.key).into_iter().map(support::peak_rss).max().unwrap_or(0);
     let delivery = s.dispatcher.with_state(|st| st.delivery_statuses()).remove(&s.key).unwrap_or_default();
     if share.is_some() {
         assert!(delivery.shared_deliveries > delivery.shared_productions, "{delivery:?}");
@@ -325,18 +334,20 @@ async fn sweep(all: bool, share: Option<&'static str>, stop: Option<Duration>) -
     }
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(
-        "{}: {elements} elements, {cpu_seconds:.1} CPU-s in {seconds:.1} s; most kept {kept_most} B; {delivery:?}",
+        "{}: {elements} elements, {cpu_seconds:.1} CPU-s in {seconds:.1} s; most kept {kept_most} B; \
+         worker peak RSS {} MiB; {delivery:?}",
         match (all, share, stop) {
             (false, _, _) => "trial-a alone",
             (true, Some(_), None) => "four trials shared",
             (true, Some(_), Some(_)) => "four trials shared, trial-c stopping",
             (true, None, _) => "four trials unshared",
-        }
+        },
+        peak_rss >> 20
     );
     s.workers.stop_all().await;
     let a = first.unwrap();
     let (waited, took) = a.iter().fold((0.0, 0.0), |(w, t), e| (w + e.waited.as_secs_f64(), t + e.took.as_secs_f64()));
-    Run { cpu_seconds, elements, wait: waited / took, seconds, delivery, kept_most }
+    Run { cpu_seconds, elements, wait: waited / took, seconds, delivery, kept_most, peak_rss }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -350,7 +361,7 @@ async fn a_sweeps_trials_each_get_every_epoch_once_from_about_one_jobs_productio
     eprintln!(
         "{EPOCHS} epochs of {} {}, trainers 1x 1x 0.7x 0.4x: worker CPU-seconds alone {:.1}, shared {:.1} \
          ({:.2}x), unshared {:.1} ({:.2}x); elements {} / {} / {}; trial-a waited {:.1}% alone, {:.1}% shared, \
-         {:.1}% unshared; runs of {:.0} / {:.0} / {:.0} s",
+         {:.1}% unshared; runs of {:.0} / {:.0} / {:.0} s; worker peak RSS {} / {} / {} MiB",
         elements(),
         if images() { "images" } else { "records" },
         alone.cpu_seconds,
@@ -367,6 +378,9 @@ async fn a_sweeps_trials_each_get_every_epoch_once_from_about_one_jobs_productio
         alone.seconds,
         shared.seconds,
         unshared.seconds,
+        alone.peak_rss >> 20,
+        shared.peak_rss >> 20,
+        unshared.peak_rss >> 20,
     );
     assert!(unshared.elements as f64 >= 2.5 * alone.elements as f64, "unshared, each job is made for");
     assert!(

@@ -3,14 +3,28 @@
 //! has been handed to the transport, so a slow client stops production instead of growing
 //! memory.
 //!
-//! Two kinds of holders share the budget. *Rows* are elements the engine itself holds: they
-//! only become free by becoming a batch, so the engine waits for room only while batches are
-//! in flight (waiting on its own rows would deadlock). A share group's *kept copies* count
-//! with rows: they become free when other producers of this worker take them, and a taker
-//! waiting for room its own take would free never takes. *Batches* are released by whoever
-//! drops them: the reservation travels inside the tensors' bytes ([`attach`]), so every queue
-//! between the engine and the socket (channels, the stream, the chunker) is counted.
+//! Two kinds of holders share the budget. *Rows* are elements a producer (one job's epoch on
+//! this worker) holds itself: they only become free by becoming a batch. *Batches* are
+//! released by whoever drops them: the reservation travels inside the tensors' bytes
+//! ([`attach`]), so every queue between the engine and the socket (channels, the stream, the
+//! chunker, the batches a stream keeps to send again after a broken connection) is counted.
+//!
+//! Over the limit, a producer's rows wait only for its own batches that no stream has taken
+//! yet ([`Unsent`]): those drain as its own clients read, whatever the rows of this or any
+//! other producer. Waiting on anything else can be circular: on its own rows (they free only
+//! by becoming batches); on batches its stream keeps to resume a broken connection (they go
+//! only as the stream sends more, which needs rows: six streams' kept windows held a worker's
+//! 64 MiB for good); on another epoch's batches read ahead (they drain only once the client
+//! has read this epoch to its end); on another job's (a sweep trial that stops reading would
+//! stop every other). A share group's *kept copies* count with rows and never make a
+//! producer wait: they become free when other producers of this worker take them.
+//!
+//! So the limit is where producers stop running ahead of their clients, not a hard cap:
+//! over it, each producer still holds its own rows (its shuffle buffer and the batch being
+//! filled, bounded by the spec and `shuffle_share`) and one batch its client has not taken,
+//! and each stream what its connection may have in flight (`stream::resume`).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -87,25 +101,33 @@ impl MemoryBudget {
         self.freed.notify_all();
     }
 
-    /// Reserves `bytes` of rows the engine has just transformed: blocks while batches in
-    /// flight leave no room for them, never for the engines' own rows alone.
-    pub fn reserve_rows(self: &Arc<Self>, bytes: usize) -> Rows {
+    /// A new producer's reservation, empty: its rows and batches are reserved through it
+    /// ([`Rows::reserve_more`], [`Rows::into_batch`]).
+    pub fn producer(self: &Arc<Self>) -> Rows {
+        Rows { budget: self.clone(), bytes: 0, output: Arc::default() }
+    }
+
+    /// Reserves `bytes` of rows for the producer whose untaken batches `output` counts:
+    /// blocks while those leave no room under the limit, never for anything else.
+    fn reserve_rows(self: &Arc<Self>, bytes: usize, output: &Arc<Output>) -> Rows {
         let mut used = self.used.lock().unwrap();
-        if used.total > used.rows && used.total + bytes > self.limit {
+        let waits = |used: &Used| bytes > 0 && output.unsent() > 0 && used.total + bytes > self.limit;
+        if waits(&used) {
             tracing::debug!(
                 bytes,
                 used = used.total,
                 rows = used.rows,
+                unsent = output.unsent(),
                 limit = self.limit,
-                "rows wait for batches in flight"
+                "rows wait for the producer's batches no stream has taken"
             );
         }
-        while used.total > used.rows && used.total + bytes > self.limit {
+        while waits(&used) {
             used = self.freed.wait(used).unwrap();
         }
         used.total += bytes;
         used.rows += bytes;
-        Rows { budget: self.clone(), bytes }
+        Rows { budget: self.clone(), bytes, output: output.clone() }
     }
 
     pub fn used(&self) -> usize {
@@ -117,15 +139,33 @@ impl MemoryBudget {
     }
 }
 
-/// Rows' share of the budget, released when dropped.
+/// A producer's batches that no stream has taken yet, in bytes; changed under the budget's
+/// lock, so a waiter sees every change.
+#[derive(Default)]
+struct Output(AtomicUsize);
+
+impl Output {
+    fn unsent(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Rows' share of the budget, released when dropped, and whose producer they are.
 pub struct Rows {
     budget: Arc<MemoryBudget>,
     bytes: usize,
+    output: Arc<Output>,
 }
 
 impl Rows {
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Reserves `bytes` more rows for the same producer: waits while its batches that no
+    /// stream has taken leave no room.
+    pub fn reserve_more(&self, bytes: usize) -> Rows {
+        self.budget.reserve_rows(bytes, &self.output)
     }
 
     /// The whole budget's limit.
@@ -151,17 +191,20 @@ impl Rows {
     }
 
     /// Turns `rows` bytes of this share into a batch's share of `bytes` (more with padding),
-    /// without waiting: the batch replaces the rows it was made of.
-    pub fn into_batch(&mut self, rows: usize, bytes: usize) -> BatchShare {
+    /// without waiting: the batch replaces the rows it was made of. The batch is the
+    /// producer's to wait for until the [`Unsent`] is dropped (a stream took it).
+    pub fn into_batch(&mut self, rows: usize, bytes: usize) -> (BatchShare, Unsent) {
         let rows = rows.min(self.bytes);
         self.bytes -= rows;
         let mut used = self.budget.used.lock().unwrap();
         used.rows -= rows;
         used.total = used.total - rows + bytes;
+        self.output.0.fetch_add(bytes, Ordering::Relaxed);
         if bytes < rows {
             self.budget.freed.notify_all();
         }
-        BatchShare { budget: self.budget.clone(), bytes }
+        let unsent = Unsent { budget: self.budget.clone(), output: self.output.clone(), bytes };
+        (BatchShare { budget: self.budget.clone(), bytes }, unsent)
     }
 }
 
@@ -173,6 +216,28 @@ impl Drop for Rows {
             used.total = used.total.saturating_sub(self.bytes);
             self.budget.freed.notify_all();
         }
+    }
+}
+
+/// A batch its producer made and no stream has taken yet: the producer's rows wait for it over
+/// the limit. Dropped when a stream takes the batch (or nobody will).
+pub struct Unsent {
+    budget: Arc<MemoryBudget>,
+    output: Arc<Output>,
+    bytes: usize,
+}
+
+impl std::fmt::Debug for Unsent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Unsent").field("bytes", &self.bytes).finish()
+    }
+}
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        let _used = self.budget.used.lock().unwrap();
+        self.output.0.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.budget.freed.notify_all();
     }
 }
 
@@ -239,25 +304,46 @@ mod tests {
         assert_eq!(budget.used(), 0);
     }
 
+    /// Whether `reserve` finishes within a second (it may wait for good).
+    fn passes(reserve: impl FnOnce() -> Rows + Send + 'static) -> (bool, std::thread::JoinHandle<Rows>) {
+        let waiter = std::thread::spawn(reserve);
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while !waiter.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (waiter.is_finished(), waiter)
+    }
+
     #[test]
-    fn rows_wait_only_for_batches_in_flight() {
+    fn rows_wait_only_for_their_producers_batches_no_stream_took() {
         let budget = Arc::new(MemoryBudget::new(100));
-        let mut rows = budget.reserve_rows(80);
-        // Only rows are held: more rows pass even over the limit, or the engine would wait
+        let producer = budget.producer();
+        let mut rows = producer.reserve_more(80);
+        // Only rows are held: more rows pass even over the limit, or the producer would wait
         // on itself.
-        rows.merge(budget.reserve_rows(40));
+        rows.merge(producer.reserve_more(40));
         assert_eq!((budget.used(), rows.bytes()), (120, 120));
-        let batch = rows.into_batch(120, 120);
+        let (share, unsent) = rows.into_batch(120, 120);
         assert_eq!(rows.bytes(), 0);
-        // Now a batch is in flight and the budget is full: new rows wait for it.
-        let waiter = {
+        // Its batch waits for a stream and the budget is full: its new rows wait for it.
+        let (passed, waiter) = passes({
+            let producer = producer.reserve_more(0);
+            move || producer.reserve_more(10)
+        });
+        assert!(!passed, "rows went over the limit with their producer's batch untaken");
+        // Another producer's rows do not: that batch drains as another client reads.
+        let (passed, other) = passes({
             let budget = budget.clone();
-            std::thread::spawn(move || budget.reserve_rows(10).bytes())
-        };
-        std::thread::sleep(Duration::from_millis(30));
-        assert!(!waiter.is_finished());
-        drop(batch);
-        assert_eq!(waiter.join().unwrap(), 10);
+            move || budget.producer().reserve_more(30)
+        });
+        assert!(passed, "rows waited for another producer's batch");
+        drop(other.join().unwrap());
+        // A stream took the batch: the rows go on, though it is still held (sent, or kept to
+        // send again after a broken connection) and the budget still full.
+        drop(unsent);
+        assert_eq!(waiter.join().unwrap().bytes(), 10);
+        assert_eq!(budget.used(), 120, "the taken batch is still counted");
+        drop(share);
         assert_eq!(budget.used(), 0, "the waiter's rows were dropped with its thread");
     }
 
@@ -268,15 +354,9 @@ mod tests {
         assert!(!budget.try_reserve_kept(20), "a copy is kept only if it fits");
         // The copies' takers are producers of this worker: rows they need to finish their
         // splits (and come to take the copies) must not wait for the copies to go.
-        let rows = {
-            let budget = budget.clone();
-            std::thread::spawn(move || budget.reserve_rows(30))
-        };
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !rows.is_finished() {
-            assert!(std::time::Instant::now() < deadline, "rows waited for a kept copy");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let producer = budget.producer();
+        let (passed, rows) = passes(move || producer.reserve_more(30));
+        assert!(passed, "rows waited for a kept copy");
         let rows = rows.join().unwrap();
         assert_eq!(budget.used(), 120);
         // Batches still wait for room, the kept copies' too.
@@ -290,11 +370,11 @@ mod tests {
     fn a_batch_share_lives_as_long_as_any_slice_of_its_tensors() {
         use stoker_api::{DType, Tensor};
         let budget = Arc::new(MemoryBudget::new(1000));
-        let mut rows = budget.reserve_rows(8);
+        let mut rows = budget.producer().reserve_more(8);
         let mut batch = Batch::default();
         let x = Tensor::new(DType::Uint8, vec![8], Bytes::from(vec![7u8; 8])).unwrap();
         batch.tensors.insert("x".into(), Stacked::from(x));
-        let batch = attach(batch, rows.into_batch(8, 8));
+        let batch = attach(batch, rows.into_batch(8, 8).0);
         drop(rows);
         assert_eq!(budget.used(), 8);
         let slice = batch.tensors["x"].parts[0].slice(2..4);

@@ -10,6 +10,7 @@
 //! one batch, tagged with the round, so the ranks can yield a worker's round at the same step
 //! (the dispatcher orders the rounds of all workers).
 
+use crate::budget::Unsent;
 use stoker_api::proto::RoundRef;
 use stoker_api::{Batch, Stacked};
 use tokio::sync::mpsc;
@@ -24,6 +25,8 @@ pub type JobItem = Result<Batch<Stacked>, Status>;
 pub struct Queued {
     pub generation: u64,
     pub item: JobItem,
+    /// A batch's place in its producer's budget until a stream takes it (`budget::Unsent`).
+    pub unsent: Option<Unsent>,
 }
 
 pub struct Deal {
@@ -65,15 +68,16 @@ impl Deal {
     }
 
     fn queued(&self, item: JobItem) -> Queued {
-        Queued { generation: self.generation, item }
+        Queued { generation: self.generation, item, unsent: None }
     }
 
-    /// Sends `batch` to its rank, waiting while that rank's queue is full, and its completions
-    /// to the others. Err once every queue is closed.
-    pub fn send(&mut self, batch: Batch<Stacked>) -> Result<(), Closed> {
+    /// Sends `batch` (with its place in the budget, `unsent`, if its producer waits for it) to
+    /// its rank, waiting while that rank's queue is full, and its completions to the others.
+    /// Err once every queue is closed.
+    pub fn send(&mut self, batch: Batch<Stacked>, unsent: Option<Unsent>) -> Result<(), Closed> {
         let ranks = self.queues.len();
         if ranks == 1 {
-            return self.queues[0].blocking_send(self.queued(Ok(batch))).map_err(|_| Closed);
+            return self.queues[0].blocking_send(Queued { unsent, ..self.queued(Ok(batch)) }).map_err(|_| Closed);
         }
         if batch.is_completions() {
             self.to_ranks(|_| true, &batch);
@@ -89,7 +93,7 @@ impl Deal {
             }
             let completions =
                 (!batch.completes.is_empty()).then(|| Batch::completions(batch.epoch, batch.completes.clone()));
-            let _ = self.queues[rank].blocking_send(self.queued(Ok(batch)));
+            let _ = self.queues[rank].blocking_send(Queued { unsent, ..self.queued(Ok(batch)) });
             if let Some(c) = completions {
                 self.to_ranks(|r| r != rank, &c);
             }
@@ -139,9 +143,9 @@ mod tests {
     fn batches_are_dealt_round_robin_and_every_rank_sees_each_completion_behind_its_batches() {
         let (mut deal, mut hands) = Deal::new(3, 8, 4);
         for completes in [&[][..], &[], &[7], &[], &[]] {
-            deal.send(data(completes)).unwrap();
+            deal.send(data(completes), None).unwrap();
         }
-        deal.send(Batch::completions(0, vec![9])).unwrap();
+        deal.send(Batch::completions(0, vec![9]), None).unwrap();
         let data = |c: &[u64]| (false, c.to_vec());
         let only = |c: &[u64]| (true, c.to_vec());
         assert_eq!(
@@ -159,7 +163,7 @@ mod tests {
     fn in_rounds_every_round_starts_at_rank_0_and_names_itself() {
         let (mut deal, mut hands) = Deal::in_rounds(2, 8, "w-1".into());
         for completes in [&[][..], &[3], &[]] {
-            deal.send(data(completes)).unwrap();
+            deal.send(data(completes), None).unwrap();
         }
         let rounds: Vec<Vec<(Option<u64>, Vec<u64>)>> = hands
             .iter_mut()
@@ -179,10 +183,10 @@ mod tests {
     #[test]
     fn one_consumer_or_none_declared_shares_one_queue() {
         let (mut deal, mut hands) = Deal::new(0, 8, 5);
-        deal.send(data(&[1])).unwrap();
-        deal.send(data(&[])).unwrap();
+        deal.send(data(&[1]), None).unwrap();
+        deal.send(data(&[]), None).unwrap();
         assert_eq!(drain(&mut hands), [vec![(false, vec![1]), (false, vec![])]]);
         drop(hands);
-        assert!(deal.send(data(&[])).is_err(), "no one left to send to");
+        assert!(deal.send(data(&[]), None).is_err(), "no one left to send to");
     }
 }

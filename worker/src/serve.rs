@@ -11,7 +11,7 @@ use crate::engine::{Engine, EngineError};
 use crate::stream::{BatchSource, Batches, Subscription};
 
 pub struct EngineSource {
-    ready: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<stoker_api::Batch<stoker_api::Stacked>>>>,
+    ready: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<crate::engine::Ready>>>,
 }
 
 impl EngineSource {
@@ -27,7 +27,7 @@ impl EngineSource {
                 // budget share until the stream has sent it (see budget::attach).
                 let bridge = std::thread::spawn(move || {
                     for ready in ready_rx {
-                        if tx.blocking_send(ready.into_batch()).is_err() {
+                        if tx.blocking_send(ready).is_err() {
                             break;
                         }
                     }
@@ -65,7 +65,8 @@ impl BatchSource for EngineSource {
         let ready = self.ready.clone();
         Ok(futures::stream::unfold(ready, |ready| async move {
             let next = ready.lock().await.recv().await;
-            next.map(|batch| (Ok(batch), ready))
+            // Taken: the producer no longer waits for it (`budget::Unsent`).
+            next.map(|next| (Ok(next.into_batch()), ready))
         })
         .boxed())
     }

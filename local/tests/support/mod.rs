@@ -167,6 +167,13 @@ pub fn kept_logs(default: &std::path::Path) -> std::path::PathBuf {
     dir
 }
 
+/// The workers' memory budget: 64 MiB, or `STOKER_TEST_WORKER_BUDGET_MIB` (benchmarks run
+/// them at a deployment's size).
+#[allow(dead_code)]
+pub fn worker_budget() -> usize {
+    std::env::var("STOKER_TEST_WORKER_BUDGET_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(64) << 20
+}
+
 /// `pipeline`'s workers (none started yet) attached to the dispatcher at `url`.
 #[allow(dead_code)]
 pub fn workers(url: &str, max_batch_rate: Option<f64>, logs: &std::path::Path) -> LocalWorkers {
@@ -176,7 +183,7 @@ pub fn workers(url: &str, max_batch_rate: Option<f64>, logs: &std::path::Path) -
         binary,
         dispatcher_url: url.to_string(),
         threads: 1,
-        memory_budget: 64 << 20,
+        memory_budget: worker_budget(),
         max_batch_rate,
         log_dir: Some(logs.to_path_buf()),
         cache_dir: None,
@@ -308,6 +315,14 @@ pub async fn read_until(
         }
     }
     (got_epochs, client.state().expect("dispatcher mode has a state"))
+}
+
+/// The most resident memory process `pid` has had, in bytes (`VmHWM`).
+#[allow(dead_code)] // not every test uses it
+pub fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).unwrap().trim().trim_end_matches(" kB");
+    kib.trim().parse::<u64>().unwrap() << 10
 }
 
 /// The CPU-seconds (user and system) process `pid` has used.

@@ -345,11 +345,13 @@ impl BatchSource for DispatchedSource {
                         let mut next_send = epoch_job.0.next_send.lock().await;
                         tokio::time::sleep_until(*next_send).await;
                         *next_send = tokio::time::Instant::now().max(*next_send) + interval;
-                        hand.pending.take().expect("held under the hand's lock").item
+                        hand.pending.take().expect("held under the hand's lock")
                     }
-                    None => next.item,
+                    None => next,
                 };
                 drop(hand);
+                // Taken: its producer no longer waits for it (`budget::Unsent`).
+                let Queued { item: next, .. } = next;
                 // The batch names the splits it completes; the client that receives it reports them.
                 Some((next, (epoch_job, false)))
             }
@@ -457,13 +459,12 @@ fn produce(
                         tracing::debug!(%job, epoch, rows = ready.batch.rows.len(), completes = ?ready.completes, "dropped a batch of a stale run");
                         continue;
                     }
-                    let mut batch = ready.batch;
-                    let completes = ready.completes.clone();
-                    batch.completes = ready.completes;
+                    let Ready { mut batch, completes, unsent } = ready;
+                    batch.completes = completes.clone();
                     // Every split of a run comes from one dispatcher: a new one (it restarted)
                     // means a new generation, which ends the run.
                     batch.incarnation = incarnation;
-                    if out.send(batch).is_err() {
+                    if out.send(batch, Some(unsent)).is_err() {
                         break;
                     }
                     let mut taken = taken.lock().unwrap();
@@ -485,7 +486,7 @@ fn produce(
         // those batches was still on its way, and lost with it if the worker died.
         if !leftover.is_empty() && !stale() {
             let completions = Batch { incarnation, ..Batch::completions(epoch, leftover.clone()) };
-            if out.send(completions).is_err() {
+            if out.send(completions, None).is_err() {
                 return Ok(());
             }
             let mut taken = taken.lock().unwrap();

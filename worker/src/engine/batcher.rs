@@ -119,6 +119,12 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         self.row_estimate
     }
 
+    /// Reserves `bytes` for rows about to be made: waits, over the budget, while a batch this
+    /// batcher made waits for a stream to take it.
+    pub(super) fn reserve(&self, bytes: usize) -> Rows {
+        self.held.reserve_more(bytes)
+    }
+
     /// Queues a split's transformed chunk with its budget reservation, corrected to what its
     /// rows weigh. The chunk queued before must have been batched.
     pub(super) fn queue(&mut self, split: u64, rows: Vec<(u64, Row)>, mut reserved: Rows) {
@@ -236,8 +242,9 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         self.sequence += 1;
         let bytes = batch.payload_bytes();
         // The rows' reservation passes to the batch, and leaves with it.
-        let batch = budget::attach(batch, self.held.into_batch(rows_bytes, bytes));
-        Ok((self.send)(Ready { batch, completes }))
+        let (share, unsent) = self.held.into_batch(rows_bytes, bytes);
+        let batch = budget::attach(batch, share);
+        Ok((self.send)(Ready { batch, completes, unsent }))
     }
 
     /// The pending rows are gone (batched or dropped): their splits may be complete now.
@@ -312,7 +319,7 @@ mod tests {
         let budget = Arc::new(MemoryBudget::new(1 << 30));
         let (tx, rx) = channel();
         let send: Box<dyn FnMut(Ready) -> bool> = Box::new(move |ready| tx.send(ready).is_ok());
-        (Batcher::new(pipeline, 3, budget.reserve_rows(0), Arc::default(), send), rx, budget)
+        (Batcher::new(pipeline, 3, budget.producer(), Arc::default(), send), rx, budget)
     }
 
     /// A row with one int32 field `x` of `values` (shape `[values.len()]`).
@@ -334,7 +341,7 @@ mod tests {
                 return false;
             }
             let rows = (next..next + n).map(|i| (i as u64, element(split, i))).collect();
-            batcher.queue(split, rows, budget.reserve_rows(0));
+            batcher.queue(split, rows, budget.producer());
             next += n;
         }
         batcher.split_read(split);
@@ -436,7 +443,7 @@ mod tests {
     fn rows_of_different_shapes_pad_with_the_pipelines_pad_value_or_fail() {
         let p = pipeline("batchSize: 2\npadValue: -1\n");
         let (mut b, rx, budget) = batcher(&p);
-        b.queue(0, vec![(0, row(&[1])), (1, row(&[2, 3]))], budget.reserve_rows(0));
+        b.queue(0, vec![(0, row(&[1])), (1, row(&[2, 3]))], budget.producer());
         b.split_read(0);
         b.finish().unwrap();
         let ready = rx.try_recv().unwrap();
@@ -445,7 +452,7 @@ mod tests {
 
         let p = pipeline("batchSize: 2\n");
         let (mut b, _rx, budget) = batcher(&p);
-        b.queue(0, vec![(0, row(&[1])), (1, row(&[2, 3]))], budget.reserve_rows(0));
+        b.queue(0, vec![(0, row(&[1])), (1, row(&[2, 3]))], budget.producer());
         b.split_read(0);
         assert!(matches!(b.finish(), Err(BatchError::ShapeMismatch { .. })));
     }
@@ -476,7 +483,7 @@ mod tests {
         let run = |epoch: u64| {
             let (tx, rx) = channel();
             let send: Box<dyn FnMut(Ready) -> bool> = Box::new(move |ready| tx.send(ready).is_ok());
-            let mut b = Batcher::new(&p, epoch, budget.reserve_rows(0), stats.clone(), send);
+            let mut b = Batcher::new(&p, epoch, budget.producer(), stats.clone(), send);
             for split in 0..10 {
                 read_split(&mut b, &budget, split, &[50]);
             }

@@ -25,7 +25,7 @@ use std::time::Duration;
 use stoker_api::{Batch, MAX_ECHO_SPLIT_ELEMENTS, Stacked, WorkerPipeline, echo_position};
 
 use crate::apply::ElementError;
-use crate::budget::MemoryBudget;
+use crate::budget::{MemoryBudget, Unsent};
 use crate::cached::{CacheConfig, EngineCache, SplitCache};
 use crate::formats::Corrupt;
 use crate::loaded::Loaded;
@@ -219,9 +219,13 @@ pub struct Ready {
     pub batch: Batch<Stacked>,
     /// Splits (of the batch's epoch) whose last element is in this batch or was dropped.
     pub completes: Vec<u64>,
+    /// Until a stream takes the batch, its producer's rows wait for it over the budget: keep it
+    /// with the batch in every queue on the way, drop it when a stream takes the batch.
+    pub unsent: Unsent,
 }
 
 impl Ready {
+    /// The batch, taken by a stream.
     pub fn into_batch(self) -> Batch<Stacked> {
         self.batch
     }
@@ -355,7 +359,7 @@ impl Engine {
         out: &std::sync::mpsc::SyncSender<Ready>,
     ) -> Result<Vec<u64>, EngineError> {
         let send = |ready: Ready| self.send(ready, out);
-        let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.reserve_rows(0), self.stats.clone(), send);
+        let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.producer(), self.stats.clone(), send);
         let listening = std::thread::scope(|scope| -> Result<bool, EngineError> {
             let mut flow = transform::Flow::new(self, scope, epoch);
             for (Assigned { split, cache, skip, echo: assigned_echo, .. }, fetched, claim) in
@@ -363,14 +367,13 @@ impl Engine {
             {
                 let (fetched, maker, taken) = match (fetched, claim) {
                     // What is still in flight lands first: a split this run makes for another
-                    // job's producer completes only when its end lands, and that producer may
-                    // be waiting for it while this one waits for its production.
-                    (Fetched::Shared, Some(Claim::Take(taker))) if !flow.land_all(&mut batcher)? => {
-                        drop(taker);
-                        return Ok(false);
-                    }
-                    (Fetched::Shared, Some(Claim::Take(taker))) => {
-                        match taker.take(shared::TAKE_PATIENCE, shared::STILL_FOR) {
+                    // job's producer may complete only when its end lands (packing records the
+                    // rows as they land), and that producer may be waiting for it while this
+                    // one waits for its production. (Dropped, the take still ends, and frees
+                    // the copy if it is the last.)
+                    (Fetched::Taking(_), _) if !flow.land_all(&mut batcher)? => return Ok(false),
+                    (Fetched::Taking(taking), _) => {
+                        match self.runtime.block_on(taking).expect("the take runs to completion") {
                             Taken::All(rows) => {
                                 let input = transform::SplitInput { taken: rows, elements: Vec::new() };
                                 let plan = hints::SplitPlan::default();

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use stoker_api::{OnError, SourceFormat, order};
 
 use super::hints::SplitPlan;
-use super::shared::Claim;
+use super::shared::{self, Claim, Taken};
 use super::{Assigned, Engine, EngineError, Split};
 use crate::cache::chunk;
 use crate::cache::store::LeaseKind;
@@ -20,8 +20,9 @@ use crate::source::SourceError;
 pub(super) enum Fetched {
     Source(Vec<Result<bytes::Bytes, SourceError>>),
     Cached(std::io::Result<bytes::Bytes>),
-    /// Nothing read: the split's rows are taken from another job's production (`shared`).
-    Shared,
+    /// The split's rows are taken from another job's production (`shared`): the take,
+    /// under way.
+    Taking(tokio::task::JoinHandle<Taken>),
 }
 
 /// The splits to run, each read while the one before it is transformed: yields a split with
@@ -32,9 +33,8 @@ pub(super) struct Prefetch<'e, I> {
     next: Option<Started>,
 }
 
-/// A split whose read started (none when its rows come from another job's production), with
-/// its claim on a shared production.
-type Started = (Option<tokio::task::JoinHandle<Fetched>>, Assigned, Option<Claim>);
+/// A split whose read started.
+type Started = (tokio::task::JoinHandle<Fetched>, Assigned);
 
 impl<'e, I: Iterator<Item = Assigned>> Prefetch<'e, I> {
     /// Starts reading the first split.
@@ -47,13 +47,8 @@ impl<'e, I: Iterator<Item = Assigned>> Prefetch<'e, I> {
     fn start(&mut self) -> Option<Started> {
         let mut assigned = self.splits.next()?;
         assigned.cache = self.engine.usable(assigned.cache);
-        // Claimed as it is read: the first taker makes it (and its read starts now).
-        let claim = assigned.shared.map(|shared| self.engine.shared.claim(shared));
-        let fetching = match claim {
-            Some(Claim::Take(_)) => None,
-            _ => Some(self.engine.fetch(&assigned.split, &assigned.cache)),
-        };
-        Some((fetching, assigned, claim))
+        let fetching = self.engine.fetch(&assigned.split, &assigned.cache);
+        Some((fetching, assigned))
     }
 }
 
@@ -61,10 +56,18 @@ impl<I: Iterator<Item = Assigned>> Iterator for Prefetch<'_, I> {
     type Item = (Assigned, Fetched, Option<Claim>);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (fetching, assigned, claim) = self.next.take()?;
-        let fetched = match fetching {
-            Some(fetching) => self.engine.runtime.block_on(fetching).expect("the fetch task runs to completion"),
-            None => Fetched::Shared,
+        let (fetching, assigned) = self.next.take()?;
+        let fetched = self.engine.runtime.block_on(fetching).expect("the fetch task runs to completion");
+        // A shared production is claimed when the producer comes to it, not when its read
+        // starts a split ahead: the first to come makes it at once. (Claimed a split ahead, a
+        // slow job's producer, held by its own consumer, made the fast ones wait for what it
+        // had claimed and not begun.) Taken, its read is dropped.
+        let (fetched, claim) = match assigned.shared.map(|shared| self.engine.shared.claim(shared)) {
+            Some(Claim::Take(taker)) => {
+                let taking = move || taker.take(shared::TAKE_PATIENCE, shared::STILL_FOR);
+                (Fetched::Taking(self.engine.runtime.spawn_blocking(taking)), None)
+            }
+            claim => (fetched, claim),
         };
         self.next = self.start();
         Some((assigned, fetched, claim))
@@ -142,13 +145,13 @@ impl Engine {
                         .expect("the fetch task runs to completion")
                     {
                         Fetched::Source(data) => data,
-                        Fetched::Cached(_) | Fetched::Shared => unreachable!("a compute fetch reads the source"),
+                        Fetched::Cached(_) | Fetched::Taking(_) => unreachable!("a compute fetch reads the source"),
                     },
                 }
             }
             (Fetched::Source(data), _, _) => data,
             (Fetched::Cached(_), _, _) => unreachable!("only a Get with a cache reads the cache"),
-            (Fetched::Shared, _, _) => unreachable!("a split taken from another job's production is not read"),
+            (Fetched::Taking(_), _, _) => unreachable!("a split taken from another job's production is not read"),
         };
         let elements = self.parse(split, data)?.into_iter().enumerate().map(|(i, e)| (i as u64, e)).collect();
         let measure = self.cache.as_ref().map(|c| c.hints.iter().map(|(at, _)| *at).collect()).unwrap_or_default();

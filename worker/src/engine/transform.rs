@@ -37,6 +37,12 @@ pub(super) struct Flow<'scope, 'env> {
     open: VecDeque<Open<'env>>,
 }
 
+/// The maker of the split opened last, if it records its chunks where they are transformed
+/// (unless packing makes the rows at landing).
+fn recording<'a>(open: &'a VecDeque<Open<'_>>) -> Option<&'a Maker> {
+    open.back().and_then(|o| o.maker.as_ref().filter(|_| o.packing.is_none()))
+}
+
 /// What a split is made of here.
 pub(super) struct SplitInput {
     /// Rows of it another job's producer of a share group made (see `shared`).
@@ -105,13 +111,19 @@ impl<'scope, 'env> Flow<'scope, 'env> {
                 return Ok(false);
             }
             let bytes: usize = taken.iter().map(|(_, row)| super::batcher::row_cost(row)).sum();
-            let reserved = engine.budget.reserve_rows(bytes);
+            let reserved = batcher.reserve(bytes);
             self.steps.push_back(Step::Taken { rows: taken, reserved });
         }
         let mut elements = elements.into_iter();
+        // A production's chunks are kept for its takers where they are transformed, unless
+        // packing makes the rows at landing.
+        let mut chunks = 0;
         loop {
             let chunk: Vec<(u64, Element)> = elements.by_ref().take(window).collect();
             if chunk.is_empty() {
+                if let Some(maker) = recording(&self.open) {
+                    maker.chunks(chunks);
+                }
                 self.steps.push_back(Step::End);
                 return Ok(true);
             }
@@ -123,9 +135,17 @@ impl<'scope, 'env> Flow<'scope, 'env> {
             // The chunk's output is held from before it exists until it is sent: reserve
             // what the last chunk's rows weighed, wait while batches in flight leave no
             // room, then correct to the actual size.
-            let reserved = engine.budget.reserve_rows(batcher.row_estimate() * chunk.len() * factor);
+            let reserved = batcher.reserve(batcher.row_estimate() * chunk.len() * factor);
             let (epoch, id, plan) = (self.epoch, split.id, plan.clone());
-            let transforming = self.scope.spawn(move || engine.transform(epoch, id, chunk, &plan));
+            let recorder = recording(&self.open).map(Maker::chunk);
+            chunks += 1;
+            let transforming = self.scope.spawn(move || {
+                let transformed = engine.transform(epoch, id, chunk, &plan);
+                if let (Ok((rows, _)), Some(recorder)) = (&transformed, recorder) {
+                    recorder.record(rows);
+                }
+                transformed
+            });
             self.steps.push_back(Step::Chunk { transforming, reserved });
             // Everything before this chunk lands while it is transformed.
             if !self.land(1, batcher)? {
@@ -159,7 +179,8 @@ impl<'scope, 'env> Flow<'scope, 'env> {
                         Some(packing) => packing.pack(rows).map_err(EngineError::Pack)?,
                         None => rows,
                     };
-                    if let Some(maker) = &open.maker {
+                    // Without packing, recorded where it was transformed.
+                    if let Some(maker) = open.maker.as_ref().filter(|_| open.packing.is_some()) {
                         maker.record(&rows);
                     }
                     self.engine.stats.produced(open.source, rows.len());
@@ -180,7 +201,7 @@ impl<'scope, 'env> Flow<'scope, 'env> {
                         if !batcher.batch_queued()? {
                             return Ok(false);
                         }
-                        let reserved = self.engine.budget.reserve_rows(batcher.row_estimate() * last.len());
+                        let reserved = batcher.reserve(batcher.row_estimate() * last.len());
                         if let Some(maker) = &open.maker {
                             maker.record(&last);
                         }

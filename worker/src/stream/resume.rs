@@ -77,8 +77,11 @@ struct Kept {
     unsent: VecDeque<(u64, Batch<Stacked>)>,
     /// The number the next new batch gets.
     next_seq: u64,
-    /// What may be in flight beyond what the client read: its window and two messages.
-    bound: u64,
+    /// The client's window (within `MAX_WINDOW_BYTES`) and its largest message.
+    window: u64,
+    max_message: u64,
+    /// The largest message sent so far: a batch in one, or a chunk of one.
+    largest_message: u64,
     /// Since when no connection serves it.
     idle_since: Option<Instant>,
     /// Its source ended: every batch of it was sent.
@@ -95,10 +98,13 @@ impl Kept {
             self.next_seq += 1;
         }
         self.bytes += size(&batch);
+        self.largest_message = self.largest_message.max(size(&batch).min(self.max_message));
+        // What may be in flight beyond what the client read: its window and two messages.
+        let bound = self.window + 2 * self.largest_message;
         self.sent.push_back((generation, batch.clone()));
         while self.sent.len() > 2 {
             let (front, newest) = (size(&self.sent[0].1), size(&self.sent.back().expect("three or more").1));
-            if self.bytes - front - newest <= self.bound {
+            if self.bytes - front - newest <= bound {
                 break;
             }
             self.sent.pop_front();
@@ -229,7 +235,6 @@ impl Resumes {
                         "this worker keeps {MAX_STREAMS} resumable streams already"
                     )));
                 }
-                let bound = resume.window_bytes.min(MAX_WINDOW_BYTES) + 2 * max_message_bytes as u64;
                 let kept = Arc::new(Mutex::new(Kept {
                     of,
                     owner: 1,
@@ -237,7 +242,9 @@ impl Resumes {
                     bytes: 0,
                     unsent: VecDeque::new(),
                     next_seq: 1,
-                    bound,
+                    window: resume.window_bytes.min(MAX_WINDOW_BYTES),
+                    max_message: max_message_bytes as u64,
+                    largest_message: 0,
                     idle_since: None,
                     finished: false,
                     gave_up: false,
@@ -409,6 +416,16 @@ mod tests {
         drop(kept);
         let err = resumes.stream(&subscription(), &resume(9, 60), 100, source(0..1, 1)).err().unwrap();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "more received than sent");
+        // Batches smaller than the largest message the client takes are each one message: two
+        // of them bound what is in flight beyond the window, not two of the largest (a
+        // worker's budget held by six streams' kept batches was mostly that difference).
+        let mut stream = resumes.stream(&subscription(), &resume(10, 0), 1 << 20, source(0..100, 420)).unwrap();
+        take(&mut stream, 50);
+        let kept = resumes.streams.lock().unwrap()[&(None, 10)].clone();
+        let seqs: Vec<u64> = kept.lock().unwrap().sent.iter().map(|(_, b)| b.stream_seq).collect();
+        // A batch goes once five (2420 bytes, over 1000 + 2 * 484) came after it besides the
+        // newest.
+        assert_eq!(seqs, [45, 46, 47, 48, 49, 50]);
     }
 
     #[test]
