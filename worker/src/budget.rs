@@ -26,7 +26,6 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use stoker_api::{Batch, Stacked};
@@ -50,55 +49,18 @@ impl MemoryBudget {
         MemoryBudget { limit: limit.max(1), used: Mutex::new(Used::default()), freed: Condvar::new() }
     }
 
-    /// Blocks until `bytes` fit under the limit. A single reservation larger than the whole
-    /// budget is let through when nothing else is held, so one huge batch cannot deadlock.
-    pub fn reserve(&self, bytes: usize) {
-        let mut used = self.used.lock().unwrap();
-        while used.total > 0 && used.total + bytes > self.limit {
-            used = self.freed.wait(used).unwrap();
-        }
-        used.total += bytes;
-    }
-
     /// Reserves `bytes` of a copy kept for other producers (a share group's, see
     /// `engine::shared`) only if they fit under the limit now, however little else is held:
-    /// the engine can do without it. Counted with rows, which never wait for it.
-    pub fn try_reserve_kept(&self, bytes: usize) -> bool {
+    /// the engine can do without it. Counted with rows, which never wait for it; released when
+    /// the share returned is dropped.
+    pub fn try_reserve_kept(self: &Arc<Self>, bytes: usize) -> Option<Rows> {
         let mut used = self.used.lock().unwrap();
         if used.total + bytes > self.limit {
-            return false;
+            return None;
         }
         used.total += bytes;
         used.rows += bytes;
-        true
-    }
-
-    /// Releases what `try_reserve_kept` reserved.
-    pub fn release_kept(&self, bytes: usize) {
-        let mut used = self.used.lock().unwrap();
-        used.rows = used.rows.saturating_sub(bytes);
-        used.total = used.total.saturating_sub(bytes);
-        self.freed.notify_all();
-    }
-
-    /// Like `reserve`, giving up after `timeout`; returns whether it reserved.
-    pub fn reserve_timeout(&self, bytes: usize, timeout: Duration) -> bool {
-        let used = self.used.lock().unwrap();
-        let (mut used, result) = self
-            .freed
-            .wait_timeout_while(used, timeout, |used| used.total > 0 && used.total + bytes > self.limit)
-            .unwrap();
-        if result.timed_out() {
-            return false;
-        }
-        used.total += bytes;
-        true
-    }
-
-    pub fn release(&self, bytes: usize) {
-        let mut used = self.used.lock().unwrap();
-        used.total = used.total.saturating_sub(bytes);
-        self.freed.notify_all();
+        Some(Rows { budget: self.clone(), bytes, output: Arc::default() })
     }
 
     /// A new producer's reservation, empty: its rows and batches are reserved through it
@@ -249,7 +211,9 @@ pub struct BatchShare {
 
 impl Drop for BatchShare {
     fn drop(&mut self) {
-        self.budget.release(self.bytes);
+        let mut used = self.budget.used.lock().unwrap();
+        used.total = used.total.saturating_sub(self.bytes);
+        self.budget.freed.notify_all();
     }
 }
 
@@ -280,29 +244,7 @@ pub fn attach(mut batch: Batch<Stacked>, share: BatchShare) -> Batch<Stacked> {
 mod tests {
     use super::*;
     use std::sync::Arc;
-
-    #[test]
-    fn reservations_block_at_the_limit_until_released() {
-        let budget = Arc::new(MemoryBudget::new(100));
-        budget.reserve(60);
-        assert!(!budget.reserve_timeout(50, Duration::from_millis(20)), "60 + 50 exceeds 100");
-        let waiter = {
-            let budget = budget.clone();
-            std::thread::spawn(move || budget.reserve(50))
-        };
-        budget.release(60);
-        waiter.join().unwrap();
-        assert_eq!(budget.used(), 50);
-    }
-
-    #[test]
-    fn an_oversized_reservation_passes_only_alone() {
-        let budget = MemoryBudget::new(10);
-        assert!(budget.reserve_timeout(1000, Duration::from_millis(10)), "nothing held: let it through");
-        assert!(!budget.reserve_timeout(1, Duration::from_millis(10)), "now the budget is exhausted");
-        budget.release(1000);
-        assert_eq!(budget.used(), 0);
-    }
+    use std::time::Duration;
 
     /// Whether `reserve` finishes within a second (it may wait for good).
     fn passes(reserve: impl FnOnce() -> Rows + Send + 'static) -> (bool, std::thread::JoinHandle<Rows>) {
@@ -350,19 +292,26 @@ mod tests {
     #[test]
     fn rows_never_wait_for_copies_kept_for_other_producers() {
         let budget = Arc::new(MemoryBudget::new(100));
-        assert!(budget.try_reserve_kept(90));
-        assert!(!budget.try_reserve_kept(20), "a copy is kept only if it fits");
+        let kept = budget.try_reserve_kept(90).expect("it fits");
+        assert!(budget.try_reserve_kept(20).is_none(), "a copy is kept only if it fits");
         // The copies' takers are producers of this worker: rows they need to finish their
         // splits (and come to take the copies) must not wait for the copies to go.
         let producer = budget.producer();
-        let (passed, rows) = passes(move || producer.reserve_more(30));
+        let (passed, rows) = passes({
+            let producer = producer.reserve_more(0);
+            move || producer.reserve_more(30)
+        });
         assert!(passed, "rows waited for a kept copy");
-        let rows = rows.join().unwrap();
+        let mut rows = rows.join().unwrap();
         assert_eq!(budget.used(), 120);
-        // Batches still wait for room, the kept copies' too.
-        assert!(!budget.reserve_timeout(1, Duration::from_millis(10)), "over the limit");
-        budget.release_kept(90);
-        drop(rows);
+        // The copies still count: a producer whose batch no stream took waits while they fill
+        // the budget, and goes on once they are freed.
+        let (share, _unsent) = rows.into_batch(30, 30);
+        let (passed, waiter) = passes(move || producer.reserve_more(1));
+        assert!(!passed, "over the limit with its own batch untaken");
+        drop(kept);
+        assert_eq!(waiter.join().unwrap().bytes(), 1);
+        drop(share);
         assert_eq!(budget.used(), 0);
     }
 

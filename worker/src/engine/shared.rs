@@ -26,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::stack::Row;
-use crate::budget::MemoryBudget;
+use crate::budget::{MemoryBudget, Rows};
 
 /// How long a taker waits for a production that is still being made before taking what there
 /// is and making the rest.
@@ -61,8 +61,8 @@ struct Entry {
     takers_left: u32,
     /// Its maker claimed it.
     made: bool,
-    /// Bytes reserved in the budget for `rows`.
-    bytes: usize,
+    /// What `rows` hold of the budget, released with the entry.
+    kept: Option<Rows>,
     since: Option<Instant>,
     /// Chunks recorded, and how many the split has once its maker knows.
     chunks_recorded: usize,
@@ -85,10 +85,9 @@ struct Inner {
 }
 
 impl Inner {
-    fn remove(&mut self, key: ProductionKey, budget: &MemoryBudget) {
-        if let Some(entry) = self.entries.remove(&key) {
-            budget.release_kept(entry.bytes);
-        }
+    /// Forgets production `key` (and frees its copy).
+    fn remove(&mut self, key: ProductionKey) {
+        self.entries.remove(&key);
         if !self.gone.contains(&key) {
             self.gone.push_back(key);
             if self.gone.len() > GONE_REMEMBERED {
@@ -181,7 +180,7 @@ impl SharedSplits {
             .map(|(k, _)| *k)
             .collect();
         for key in old {
-            inner.remove(key, &self.budget);
+            inner.remove(key);
         }
     }
 
@@ -192,14 +191,17 @@ impl SharedSplits {
         let bytes: usize = rows.iter().map(|(_, row)| row.values().map(|t| t.data.len()).sum::<usize>()).sum();
         let mut inner = self.inner.lock().unwrap();
         let Some(entry) = inner.entries.get_mut(&key) else { return };
-        if !self.budget.try_reserve_kept(bytes) {
+        let Some(share) = self.budget.try_reserve_kept(bytes) else {
             tracing::debug!(production = ?key, bytes, "no room in the memory budget for a shared split's copy: its takers make it");
-            inner.remove(key, &self.budget);
+            inner.remove(key);
             drop(inner);
             self.changed.notify_all();
             return;
+        };
+        match &mut entry.kept {
+            Some(kept) => kept.merge(share),
+            None => entry.kept = Some(share),
         }
-        entry.bytes += bytes;
         entry.rows.extend(rows.iter().cloned());
         if chunk {
             entry.chunks_recorded += 1;
@@ -212,7 +214,7 @@ impl SharedSplits {
 
     /// Bytes the kept copies hold.
     pub fn bytes(&self) -> usize {
-        self.inner.lock().unwrap().entries.values().map(|e| e.bytes).sum()
+        self.inner.lock().unwrap().entries.values().map(|e| e.kept.as_ref().map_or(0, Rows::bytes)).sum()
     }
 
     /// The counters, for heartbeats.
@@ -279,7 +281,7 @@ impl Drop for Maker {
         }
         let mut inner = self.splits.inner.lock().unwrap();
         if inner.entries.get(&self.key).is_some_and(|e| !e.complete) {
-            inner.remove(self.key, &self.splits.budget);
+            inner.remove(self.key);
         }
         drop(inner);
         self.splits.changed.notify_all();
@@ -333,7 +335,7 @@ impl Taker {
         let (complete, last) = (entry.complete, entry.takers_left == 0);
         let rows = if last { std::mem::take(&mut entry.rows) } else { entry.rows.clone() };
         if last {
-            inner.remove(self.key, &splits.budget);
+            inner.remove(self.key);
         }
         splits.stats.rows_taken.fetch_add(rows.len() as u64, Ordering::Relaxed);
         tracing::debug!(production = ?self.key, rows = rows.len(), complete, waited = ?started.elapsed(), "taken");
