@@ -33,7 +33,7 @@ use crate::source::{DataSource, SourceError};
 use batcher::Batcher;
 pub use mix::Mix;
 pub use plan::Split;
-use read::{Fetched, Prefetch};
+use read::Prefetch;
 use shared::{Claim, Taken};
 pub use shared::{Shared, SharedSplits, TAKE_PATIENCE};
 pub use stack::BatchError;
@@ -369,11 +369,10 @@ impl Engine {
                     // What is still in flight lands first: a split this run makes for another
                     // job's producer may complete only when its end lands (packing records the
                     // rows as they land), and that producer may be waiting for it while this
-                    // one waits for its production. (Dropped, the take still ends, and frees
-                    // the copy if it is the last.)
-                    (Fetched::Taking(_), _) if !flow.land_all(&mut batcher)? => return Ok(false),
-                    (Fetched::Taking(taking), _) => {
-                        match self.runtime.block_on(taking).expect("the take runs to completion") {
+                    // one waits for its production.
+                    (_, Some(Claim::Take(_))) if !flow.land_all(&mut batcher)? => return Ok(false),
+                    (fetched, Some(Claim::Take(taker))) => {
+                        match taker.take(shared::TAKE_PATIENCE, shared::STILL_FOR) {
                             Taken::All(rows) => {
                                 let input = transform::SplitInput { taken: rows, elements: Vec::new() };
                                 let plan = hints::SplitPlan::default();
@@ -382,8 +381,9 @@ impl Engine {
                                 }
                                 continue;
                             }
-                            // Gone, or its maker held up: the rest is made here.
-                            Taken::Part(rows) => (self.fetch_now(&split, &cache), None, rows),
+                            // Gone, or its maker held up: the rest is made here, from the
+                            // split's read.
+                            Taken::Part(rows) => (fetched, None, rows),
                         }
                     }
                     (fetched, Some(Claim::Make(maker))) => (fetched, Some(maker), Vec::new()),

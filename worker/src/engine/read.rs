@@ -7,7 +7,7 @@ use futures::StreamExt;
 use stoker_api::{OnError, SourceFormat, order};
 
 use super::hints::SplitPlan;
-use super::shared::{self, Claim, Taken};
+use super::shared::Claim;
 use super::{Assigned, Engine, EngineError, Split};
 use crate::cache::chunk;
 use crate::cache::store::LeaseKind;
@@ -20,9 +20,6 @@ use crate::source::SourceError;
 pub(super) enum Fetched {
     Source(Vec<Result<bytes::Bytes, SourceError>>),
     Cached(std::io::Result<bytes::Bytes>),
-    /// The split's rows are taken from another job's production (`shared`): the take,
-    /// under way.
-    Taking(tokio::task::JoinHandle<Taken>),
 }
 
 /// The splits to run, each read while the one before it is transformed: yields a split with
@@ -61,25 +58,14 @@ impl<I: Iterator<Item = Assigned>> Iterator for Prefetch<'_, I> {
         // A shared production is claimed when the producer comes to it, not when its read
         // starts a split ahead: the first to come makes it at once. (Claimed a split ahead, a
         // slow job's producer, held by its own consumer, made the fast ones wait for what it
-        // had claimed and not begun.) Taken, its read is dropped.
-        let (fetched, claim) = match assigned.shared.map(|shared| self.engine.shared.claim(shared)) {
-            Some(Claim::Take(taker)) => {
-                let taking = move || taker.take(shared::TAKE_PATIENCE, shared::STILL_FOR);
-                (Fetched::Taking(self.engine.runtime.spawn_blocking(taking)), None)
-            }
-            claim => (fetched, claim),
-        };
+        // had claimed and not begun.) A taker keeps the read for what the copy lacks.
+        let claim = assigned.shared.map(|shared| self.engine.shared.claim(shared));
         self.next = self.start();
         Some((assigned, fetched, claim))
     }
 }
 
 impl Engine {
-    /// A split's read, now (a taker whose production is gone makes the split after all).
-    pub(super) fn fetch_now(&self, split: &Split, cache: &SplitCache) -> Fetched {
-        self.runtime.block_on(self.fetch(split, cache)).expect("the fetch task runs to completion")
-    }
-
     /// Starts reading a split on the runtime: its shards, many at once (image folders are
     /// many small files), or its chunk file in the cache.
     fn fetch(&self, split: &Split, cache: &SplitCache) -> tokio::task::JoinHandle<Fetched> {
@@ -145,13 +131,12 @@ impl Engine {
                         .expect("the fetch task runs to completion")
                     {
                         Fetched::Source(data) => data,
-                        Fetched::Cached(_) | Fetched::Taking(_) => unreachable!("a compute fetch reads the source"),
+                        Fetched::Cached(_) => unreachable!("a compute fetch reads the source"),
                     },
                 }
             }
             (Fetched::Source(data), _, _) => data,
             (Fetched::Cached(_), _, _) => unreachable!("only a Get with a cache reads the cache"),
-            (Fetched::Taking(_), _, _) => unreachable!("a split taken from another job's production is not read"),
         };
         let elements = self.parse(split, data)?.into_iter().enumerate().map(|(i, e)| (i as u64, e)).collect();
         let measure = self.cache.as_ref().map(|c| c.hints.iter().map(|(at, _)| *at).collect()).unwrap_or_default();
