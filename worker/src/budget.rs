@@ -9,20 +9,25 @@
 //! ([`attach`]), so every queue between the engine and the socket (channels, the stream, the
 //! chunker, the batches a stream keeps to send again after a broken connection) is counted.
 //!
-//! Over the limit, a producer's rows wait only for its own batches that no stream has taken
+//! Over the limit, a producer's rows wait only for its own batches that no stream has let go
 //! yet ([`Unsent`]): those drain as its own clients read, whatever the rows of this or any
-//! other producer. Waiting on anything else can be circular: on its own rows (they free only
-//! by becoming batches); on batches its stream keeps to resume a broken connection (they go
-//! only as the stream sends more, which needs rows: six streams' kept windows held a worker's
-//! 64 MiB for good); on another epoch's batches read ahead (they drain only once the client
-//! has read this epoch to its end); on another job's (a sweep trial that stops reading would
-//! stop every other). A share group's *kept copies* count with rows and never make a
-//! producer wait: they become free when other producers of this worker take them.
+//! other producer. A stream lets a batch go when it takes it, or, resumable, once the batch
+//! it keeps from before is released by this one's bytes (`stream::resume`), which needs no
+//! more rows. A producer is one job's epoch on this worker, over all its runs, or in a
+//! standalone worker every epoch in turn (one stream reads them in order). Waiting on
+//! anything else can be circular: on its own rows (they free only by becoming batches); on
+//! batches its stream keeps to resume a broken connection beyond that (they go only as the
+//! stream sends more, which needs rows: six streams' kept windows held a worker's 64 MiB for
+//! good); on another epoch's batches read ahead under the dispatcher (they drain only once
+//! the client has read this epoch to its end); on another job's (a sweep trial that stops
+//! reading would stop every other). A share group's *kept copies* count with rows and never
+//! make a producer wait: they become free when other producers of this worker take them.
 //!
 //! So the limit is where producers stop running ahead of their clients, not a hard cap:
 //! over it, each producer still holds its own rows (its shuffle buffer and the batch being
-//! filled, bounded by the spec and `shuffle_share`) and one batch its client has not taken,
-//! and each stream what its connection may have in flight (`stream::resume`).
+//! filled, bounded by the spec and `shuffle_share`, and a chunk of at most a sixteenth of
+//! the budget in flight), one batch its client has not taken, and each stream the batch it
+//! sends and what its connection may have in flight.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -133,6 +138,12 @@ impl Rows {
     /// The whole budget's limit.
     pub fn limit(&self) -> usize {
         self.budget.limit
+    }
+
+    /// Bytes of the producer's batches that it waits for over the limit.
+    #[cfg(test)]
+    pub fn unsent(&self) -> usize {
+        self.output.unsent()
     }
 
     /// Corrects the reservation to `bytes` without waiting (an estimate made before the rows

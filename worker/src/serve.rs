@@ -32,13 +32,16 @@ impl EngineSource {
                         }
                     }
                 });
+                // One producer for every epoch: the stream reads them in order, so an
+                // epoch's rows wait for the batches of the one before that it did not take.
+                let producer = engine.producer();
                 let mut epoch = 0;
                 let result = loop {
                     if epochs.is_some_and(|n| epoch >= n) {
                         break Ok(());
                     }
                     tracing::info!(epoch, splits = engine.mix().slots(), "epoch starts");
-                    if let Err(e) = engine.run_epoch(epoch, &ready_tx) {
+                    if let Err(e) = engine.run_epoch_as(&producer, epoch, &ready_tx) {
                         break Err(e);
                     }
                     let stats = &engine.stats;
@@ -65,8 +68,7 @@ impl BatchSource for EngineSource {
         let ready = self.ready.clone();
         Ok(futures::stream::unfold(ready, |ready| async move {
             let next = ready.lock().await.recv().await;
-            // Taken: the producer no longer waits for it (`budget::Unsent`).
-            next.map(|next| (Ok(next.into_batch()), ready))
+            next.map(|next| (Ok(next.into_outgoing()), ready))
         })
         .boxed())
     }

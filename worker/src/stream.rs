@@ -23,6 +23,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt, stream};
+use prost::Message;
 use stoker_api::chunk::chunk_batch;
 use stoker_api::proto::batch_stream_server::BatchStream;
 use stoker_api::proto::{self, BatchChunk, StreamRequest};
@@ -32,8 +33,10 @@ use tonic::codec::CompressionEncoding;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
+use crate::budget::Unsent;
+
 pub use auth::{AllowAll, Authenticator, Caller};
-pub use resume::Resumes;
+pub use resume::{Pulled, Resumes};
 pub use server::StreamServer;
 pub use shared::SharedMemory;
 pub use synthetic::SyntheticSource;
@@ -53,8 +56,23 @@ pub struct Subscription {
     pub caller: Caller,
 }
 
+/// A batch on its way to a consumer, with its place in its producer's budget: over the limit
+/// the producer's rows wait until the stream lets it go (`budget::Unsent`). A plain stream
+/// lets go when it takes the batch; a resumable one may hold on while it still keeps the
+/// batches before (`resume`).
+pub struct Outgoing {
+    pub batch: Batch<Stacked>,
+    pub unsent: Option<Unsent>,
+}
+
+impl From<Batch<Stacked>> for Outgoing {
+    fn from(batch: Batch<Stacked>) -> Self {
+        Outgoing { batch, unsent: None }
+    }
+}
+
 /// Batches for one consumer, in the order they should be sent.
-pub type Batches = Pin<Box<dyn Stream<Item = Result<Batch<Stacked>, Status>> + Send>>;
+pub type Batches = Pin<Box<dyn Stream<Item = Result<Outgoing, Status>> + Send>>;
 
 /// Where the service gets batches: the pipeline engine, or a synthetic source in tests.
 pub trait BatchSource: Send + Sync + 'static {
@@ -190,12 +208,24 @@ fn chunk_limit(max_message_bytes: usize, compressed: bool) -> usize {
     if compressed { max_message_bytes - max_message_bytes / 100 - 1024 } else { max_message_bytes }
 }
 
-/// The chunks of a batch stream, pulled one batch at a time.
-fn chunks(batches: Batches, limit: usize) -> impl Stream<Item = Result<BatchChunk, Status>> + Send {
-    batches.flat_map(move |batch| {
-        let chunks: Box<dyn Iterator<Item = Result<BatchChunk, Status>> + Send> = match batch {
-            Ok(batch) => match chunk_batch(&batch, limit) {
-                Ok(chunks) => Box::new(chunks.map(Ok)),
+/// The chunks of a batch stream, pulled one batch at a time; each chunk's size goes to a
+/// resumable stream's `pulled` as the body takes it.
+fn chunks(
+    batches: Batches,
+    limit: usize,
+    pulled: Option<Pulled>,
+) -> impl Stream<Item = Result<BatchChunk, Status>> + Send {
+    batches.flat_map(move |outgoing| {
+        let pulled = pulled.clone();
+        let chunks: Box<dyn Iterator<Item = Result<BatchChunk, Status>> + Send> = match outgoing {
+            // A resumable stream holds the batch's place in the budget itself (`Resumed`).
+            Ok(Outgoing { batch, unsent: _ }) => match chunk_batch(&batch, limit) {
+                Ok(chunks) => Box::new(chunks.map(move |chunk| {
+                    if let Some(pulled) = &pulled {
+                        pulled.pulled(chunk.encoded_len() as u64);
+                    }
+                    Ok(chunk)
+                })),
                 Err(e) => Box::new(std::iter::once(Err(Status::resource_exhausted(e.to_string())))),
             },
             Err(status) => Box::new(std::iter::once(Err(status))),
@@ -227,13 +257,15 @@ impl<S: BatchSource, A: Authenticator> BatchStream for StreamService<S, A> {
             "consumer subscribed"
         );
         let mut batches = self.source.subscribe(&subscription)?;
+        let mut pulled = None;
         if let Some(resume) = &resume {
-            batches = self.resumes.stream(&subscription, resume, limit, batches)?;
+            let resumed = self.resumes.stream(&subscription, resume, limit, batches)?;
+            (batches, pulled) = (resumed.0, Some(resumed.1));
         }
         let limit = chunk_limit(limit, self.compression.is_some());
         Ok(Response::new(match shared {
-            Some(shared) => Box::pin(shared::shared_chunks(batches, shared, limit)),
-            None => Box::pin(chunks(batches, limit)),
+            Some(shared) => Box::pin(shared::shared_chunks(batches, shared, limit, pulled)),
+            None => Box::pin(chunks(batches, limit, pulled)),
         }))
     }
 }

@@ -23,7 +23,7 @@ use tonic::Status;
 
 use crate::deal::{Deal, Queued};
 use crate::engine::{Assigned, Engine, Ready};
-use crate::stream::{BatchSource, Batches, Subscription};
+use crate::stream::{BatchSource, Batches, Outgoing, Subscription};
 use link::{Handed, fnv1a};
 pub use link::{Link, plan_digest};
 pub use readers::DispatcherReaders;
@@ -350,10 +350,9 @@ impl BatchSource for DispatchedSource {
                     None => next,
                 };
                 drop(hand);
-                // Taken: its producer no longer waits for it (`budget::Unsent`).
-                let Queued { item: next, .. } = next;
                 // The batch names the splits it completes; the client that receives it reports them.
-                Some((next, (epoch_job, false)))
+                let Queued { item, unsent, .. } = next;
+                Some((item.map(|batch| Outgoing { batch, unsent }), (epoch_job, false)))
             }
         })
         .boxed())
@@ -392,6 +391,9 @@ fn produce(
         }
         Ok(next)
     };
+    // The epoch's runs are one producer: a run's rows wait for the batches the runs before
+    // it made that no stream took yet.
+    let producer = engine.producer();
     let mut next = ask()?;
     loop {
         let first = match next {
@@ -473,7 +475,7 @@ fn produce(
                     }
                 }
             });
-            let result = engine.run_splits(epoch, pulled, &ready_tx);
+            let result = engine.run_splits_as(&producer, epoch, pulled, &ready_tx);
             drop(ready_tx);
             result
         })?;

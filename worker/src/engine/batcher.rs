@@ -119,6 +119,21 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         self.row_estimate
     }
 
+    /// How many elements of `most` the next chunk takes, making `factor` rows each: fewer when
+    /// their rows would weigh more than a sixteenth of the budget. A chunk's rows are reserved
+    /// while the chunk before lands, before the batch that one completes is queued, so over
+    /// the limit a producer still holds a chunk beyond its batches: with 128 rows of 602 KB
+    /// (224-px float32 images) that was 77 MB a chunk, and a worker with a 256 MiB budget held
+    /// two 154 MB batches and half a third. The first chunk, whose rows are reserved before
+    /// anything tells their weight, takes a sixteenth of `most`.
+    pub(super) fn chunk_len(&self, most: usize, factor: usize) -> usize {
+        match self.row_estimate * factor {
+            0 => most / 16,
+            row => most.min(self.held.limit() / 16 / row),
+        }
+        .max(1)
+    }
+
     /// Reserves `bytes` for rows about to be made: waits, over the budget, while a batch this
     /// batcher made waits for a stream to take it.
     pub(super) fn reserve(&self, bytes: usize) -> Rows {
@@ -320,6 +335,21 @@ mod tests {
         let (tx, rx) = channel();
         let send: Box<dyn FnMut(Ready) -> bool> = Box::new(move |ready| tx.send(ready).is_ok());
         (Batcher::new(pipeline, 3, budget.producer(), Arc::default(), send), rx, budget)
+    }
+
+    /// A chunk's rows, reserved before they exist, are at most a sixteenth of the budget; the
+    /// first chunk's, whose weight nothing tells yet, are a sixteenth of the most.
+    #[test]
+    fn a_chunk_holds_at_most_a_sixteenth_of_the_budget() {
+        let p = pipeline("batchSize: 4\n");
+        let budget = Arc::new(MemoryBudget::new(1 << 20));
+        let (tx, _rx) = channel();
+        let send: Box<dyn FnMut(Ready) -> bool> = Box::new(move |ready| tx.send(ready).is_ok());
+        let mut b = Batcher::new(&p, 0, budget.producer(), Arc::default(), send);
+        assert_eq!(b.chunk_len(128, 1), 8, "nothing weighed yet");
+        // 4 KiB rows: 16 make a sixteenth of 1 MiB; with an echo factor of 2, 8 elements.
+        b.queue(0, vec![(0, row(&[0; 1024]))], budget.producer());
+        assert_eq!((b.chunk_len(128, 1), b.chunk_len(128, 2), b.chunk_len(8, 1)), (16, 8, 8));
     }
 
     /// A row with one int32 field `x` of `values` (shape `[values.len()]`).

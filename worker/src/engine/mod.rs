@@ -25,7 +25,7 @@ use std::time::Duration;
 use stoker_api::{Batch, MAX_ECHO_SPLIT_ELEMENTS, Stacked, WorkerPipeline, echo_position};
 
 use crate::apply::ElementError;
-use crate::budget::{MemoryBudget, Unsent};
+use crate::budget::{MemoryBudget, Rows, Unsent};
 use crate::cached::{CacheConfig, EngineCache, SplitCache};
 use crate::formats::Corrupt;
 use crate::loaded::Loaded;
@@ -219,15 +219,15 @@ pub struct Ready {
     pub batch: Batch<Stacked>,
     /// Splits (of the batch's epoch) whose last element is in this batch or was dropped.
     pub completes: Vec<u64>,
-    /// Until a stream takes the batch, its producer's rows wait for it over the budget: keep it
-    /// with the batch in every queue on the way, drop it when a stream takes the batch.
+    /// Until a stream lets the batch go, its producer's rows wait for it over the budget: keep
+    /// it with the batch in every queue on the way to the stream.
     pub unsent: Unsent,
 }
 
 impl Ready {
-    /// The batch, taken by a stream.
-    pub fn into_batch(self) -> Batch<Stacked> {
-        self.batch
+    /// The batch as a stream takes it.
+    pub fn into_outgoing(self) -> crate::stream::Outgoing {
+        crate::stream::Outgoing { batch: self.batch, unsent: Some(self.unsent) }
     }
 }
 
@@ -341,11 +341,28 @@ impl Engine {
     /// `shuffle`, in the epoch's seeded order of the splits, as the dispatcher hands them out.
     /// Returns early, without error, when the receiver is gone.
     pub fn run_epoch(&self, epoch: u64, out: &std::sync::mpsc::SyncSender<Ready>) -> Result<(), EngineError> {
+        self.run_epoch_as(&self.producer(), epoch, out)
+    }
+
+    /// Like `run_epoch`, as `producer`: its rows wait for the batches it made before too (a
+    /// stream that reads the epochs in order).
+    pub fn run_epoch_as(
+        &self,
+        producer: &Rows,
+        epoch: u64,
+        out: &std::sync::mpsc::SyncSender<Ready>,
+    ) -> Result<(), EngineError> {
         let mut splits = self.mix.epoch(epoch);
         if let Some(seed) = self.pipeline.data_plane.shuffle_seed() {
             stoker_api::order::shuffle(&mut splits, seed, epoch, |s| s.id);
         }
-        self.run_splits(epoch, splits.into_iter().map(Assigned::whole), out).map(drop)
+        self.run_splits_as(producer, epoch, splits.into_iter().map(Assigned::whole), out).map(drop)
+    }
+
+    /// A new producer in this engine's budget, for runs that follow one another
+    /// (`run_epoch_as`, `run_splits_as`).
+    pub fn producer(&self) -> Rows {
+        self.budget.producer()
     }
 
     /// Like `run_epoch`, pulling splits one at a time (from the dispatcher) until `splits` ends,
@@ -358,8 +375,20 @@ impl Engine {
         splits: impl IntoIterator<Item = Assigned>,
         out: &std::sync::mpsc::SyncSender<Ready>,
     ) -> Result<Vec<u64>, EngineError> {
+        self.run_splits_as(&self.producer(), epoch, splits, out)
+    }
+
+    /// Like `run_splits`, as `producer` (`run_epoch_as`).
+    pub fn run_splits_as(
+        &self,
+        producer: &Rows,
+        epoch: u64,
+        splits: impl IntoIterator<Item = Assigned>,
+        out: &std::sync::mpsc::SyncSender<Ready>,
+    ) -> Result<Vec<u64>, EngineError> {
         let send = |ready: Ready| self.send(ready, out);
-        let mut batcher = Batcher::new(&self.pipeline, epoch, self.budget.producer(), self.stats.clone(), send);
+        // An empty reservation (it never waits) of the same producer.
+        let mut batcher = Batcher::new(&self.pipeline, epoch, producer.reserve_more(0), self.stats.clone(), send);
         let listening = std::thread::scope(|scope| -> Result<bool, EngineError> {
             let mut flow = transform::Flow::new(self, scope, epoch);
             for (Assigned { split, cache, skip, echo: assigned_echo, .. }, fetched, claim) in

@@ -119,7 +119,7 @@ impl<'scope, 'env> Flow<'scope, 'env> {
         // packing makes the rows at landing.
         let mut chunks = 0;
         loop {
-            let chunk: Vec<(u64, Element)> = elements.by_ref().take(window).collect();
+            let chunk: Vec<(u64, Element)> = elements.by_ref().take(batcher.chunk_len(window, factor)).collect();
             if chunk.is_empty() {
                 if let Some(maker) = recording(&self.open) {
                     maker.chunks(chunks);

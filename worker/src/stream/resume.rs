@@ -9,8 +9,16 @@
 //! beyond what the client has read, the worker buffers at most one message beyond what flow
 //! control allows (`body.rs` pulls the next chunk only once the last one is taken), and the
 //! client holds at most one message in its decoder and one batch in reassembly. So a batch
-//! is kept until more than the window and two messages of later batches were sent after it,
-//! not counting the newest (which may be the one half sent).
+//! is kept until the body has taken more than the window and two messages after it (`Pulled`
+//! counts what it takes, message by message).
+//!
+//! A kept batch is memory its producer's budget does not wait for (`budget`: that wait could be
+//! circular). With batches as large as the window, keeping one whole while the next goes out,
+//! and the producer making a third meanwhile, held three (154 MB batches: 715 MB in the
+//! slow-client benchmark against its 468 MB target). So while the batches kept before the
+//! newest are ones the newest's own bytes will release, the stream holds the newest's place in
+//! its producer's budget (`Kept::hold`), and lets it go once they are released, once the body
+//! asks for the next batch, or when the connection ends: never waiting on a batch not made.
 //!
 //! A new connection under a stream's id takes the stream over, even while the old one still
 //! looks open (the worker's end of a broken connection can take a while to notice): the old
@@ -26,7 +34,8 @@ use stoker_api::proto::StreamResume;
 use stoker_api::{Batch, Stacked};
 use tonic::Status;
 
-use super::{Batches, Subscription};
+use super::{Batches, Outgoing, Subscription};
+use crate::budget::Unsent;
 
 /// How long a stream with no connection is kept for its client to come back.
 pub const KEEP_FOR: Duration = Duration::from_secs(300);
@@ -69,10 +78,11 @@ struct Kept {
     of: Subscription,
     /// The connection serving the stream now (the count of connections it had).
     owner: u64,
-    /// Sent and perhaps not received, oldest first, each numbered and with the generation it
-    /// was sent in; `bytes` is their size.
-    sent: VecDeque<(u64, Batch<Stacked>)>,
+    /// Sent and perhaps not received, oldest first; `bytes` is their size and `pulled` what
+    /// the body took of them.
+    sent: VecDeque<Sent>,
     bytes: u64,
+    pulled: u64,
     /// Taken from the source or lost with a connection, and not sent (again) yet.
     unsent: VecDeque<(u64, Batch<Stacked>)>,
     /// The number the next new batch gets.
@@ -82,6 +92,10 @@ struct Kept {
     max_message: u64,
     /// The largest message sent so far: a batch in one, or a chunk of one.
     largest_message: u64,
+    /// The newest batch's place in its producer's budget, held until `sent` is down to
+    /// `hold_until` batches (the module's doc says why).
+    hold: Option<Unsent>,
+    hold_until: usize,
     /// Since when no connection serves it.
     idle_since: Option<Instant>,
     /// Its source ended: every batch of it was sent.
@@ -90,32 +104,70 @@ struct Kept {
     gave_up: bool,
 }
 
+/// A batch sent: the generation it was sent in, and how much of it the body took.
+struct Sent {
+    generation: u64,
+    batch: Batch<Stacked>,
+    pulled: u64,
+}
+
 impl Kept {
-    /// A batch goes out: numbered if new, kept until enough came after it.
-    fn sent(&mut self, generation: u64, mut batch: Batch<Stacked>) -> Batch<Stacked> {
+    /// What may be in flight beyond what the client read: its window and two messages.
+    fn bound(&self) -> u64 {
+        self.window + 2 * self.largest_message
+    }
+
+    /// A batch goes out: numbered if new, kept until enough was taken after it.
+    fn sent(&mut self, generation: u64, mut batch: Batch<Stacked>, unsent: Option<Unsent>) -> Batch<Stacked> {
         if batch.stream_seq == 0 {
             batch.stream_seq = self.next_seq;
             self.next_seq += 1;
         }
-        self.bytes += size(&batch);
-        self.largest_message = self.largest_message.max(size(&batch).min(self.max_message));
-        // What may be in flight beyond what the client read: its window and two messages.
-        let bound = self.window + 2 * self.largest_message;
-        self.sent.push_back((generation, batch.clone()));
-        while self.sent.len() > 2 {
-            let (front, newest) = (size(&self.sent[0].1), size(&self.sent.back().expect("three or more").1));
-            if self.bytes - front - newest <= bound {
-                break;
-            }
-            self.sent.pop_front();
-            self.bytes -= front;
-        }
+        let size = size(&batch);
+        // How many kept batches this one's bytes will release: from the front, each with more
+        // than the bound taken after it once this one is.
+        let mut after = self.pulled + size;
+        let releases = self
+            .sent
+            .iter()
+            .take_while(|s| {
+                after -= s.pulled;
+                after > self.bound()
+            })
+            .count();
+        self.hold = unsent.filter(|_| releases > 0);
+        self.hold_until = self.sent.len() - releases + 1;
+        self.bytes += size;
+        self.sent.push_back(Sent { generation, batch: batch.clone(), pulled: 0 });
         batch
+    }
+
+    /// The body took `bytes` of the newest batch: the batches before it that the client has
+    /// certainly read go.
+    fn pulled(&mut self, bytes: u64) {
+        let Some(newest) = self.sent.back_mut() else { return };
+        newest.pulled += bytes;
+        self.pulled += bytes;
+        self.largest_message = self.largest_message.max(bytes.min(self.max_message));
+        while self.sent.len() > 1 && self.pulled - self.sent[0].pulled > self.bound() {
+            let front = self.sent.pop_front().expect("two or more");
+            self.pulled -= front.pulled;
+            self.bytes -= size(&front.batch);
+        }
+        if self.sent.len() <= self.hold_until {
+            self.hold = None;
+        }
+    }
+
+    /// Forgets what was sent (handed back to send again, or given up).
+    fn clear_sent(&mut self) -> VecDeque<Sent> {
+        (self.bytes, self.pulled, self.hold) = (0, 0, None);
+        std::mem::take(&mut self.sent)
     }
 }
 
 /// A batch's bytes on the wire, near enough: its payload and its header's row and split ids.
-fn size(batch: &Batch<Stacked>) -> u64 {
+pub(super) fn size(batch: &Batch<Stacked>) -> u64 {
     batch.payload_bytes() as u64 + 8 * (batch.rows.len() + batch.completes.len()) as u64 + 64
 }
 
@@ -159,21 +211,20 @@ impl Resumes {
             let mut k = kept.lock().unwrap();
             tracing::warn!(of = ?k.of, bytes = k.bytes, "too much kept for broken streams: the oldest gives up its batches");
             bytes -= k.bytes;
-            k.sent.clear();
-            k.bytes = 0;
+            k.clear_sent();
             k.gave_up = true;
         }
     }
 
     /// `batches` as the resumable stream `resume` names: a new one, or one whose connection
-    /// broke, its batches after `resume.received` first.
+    /// broke, its batches after `resume.received` first; and where its body tells what it took.
     pub fn stream(
         self: &Arc<Self>,
         subscription: &Subscription,
         resume: &StreamResume,
         max_message_bytes: usize,
         batches: Batches,
-    ) -> Result<Batches, Status> {
+    ) -> Result<(Batches, Pulled), Status> {
         if resume.stream == 0 {
             return Err(Status::invalid_argument("StreamResume.stream: 0 is not a stream id"));
         }
@@ -198,7 +249,12 @@ impl Resumes {
                         k.next_seq - 1
                     )));
                 }
-                let lost: Vec<_> = k.sent.drain(..).filter(|(_, b)| b.stream_seq > resume.received).collect();
+                let lost: Vec<_> = k
+                    .clear_sent()
+                    .into_iter()
+                    .map(|s| (s.generation, s.batch))
+                    .filter(|(_, b)| b.stream_seq > resume.received)
+                    .collect();
                 if lost.first().is_some_and(|(_, b)| b.stream_seq != resume.received + 1) && !k.gave_up {
                     // Cannot happen within the bound; said loudly if it ever does.
                     tracing::error!(
@@ -208,7 +264,6 @@ impl Resumes {
                         "a resumed stream lost batches beyond what was kept"
                     );
                 }
-                k.bytes = 0;
                 k.gave_up = false;
                 for batch in lost.into_iter().rev() {
                     k.unsent.push_front(batch);
@@ -240,11 +295,14 @@ impl Resumes {
                     owner: 1,
                     sent: VecDeque::new(),
                     bytes: 0,
+                    pulled: 0,
                     unsent: VecDeque::new(),
                     next_seq: 1,
                     window: resume.window_bytes.min(MAX_WINDOW_BYTES),
                     max_message: max_message_bytes as u64,
                     largest_message: 0,
+                    hold: None,
+                    hold_until: 0,
                     idle_since: None,
                     finished: false,
                     gave_up: false,
@@ -254,7 +312,25 @@ impl Resumes {
             }
         };
         drop(streams);
-        Ok(Resumed { resumes: self.clone(), kept, owner, batches: Some(batches) }.boxed())
+        let pulled = Pulled { kept: kept.clone(), owner };
+        Ok((Resumed { resumes: self.clone(), kept, owner, batches: Some(batches) }.boxed(), pulled))
+    }
+}
+
+/// Where a resumable stream's connection tells what its body took: each message's bytes, as
+/// it takes them.
+#[derive(Clone)]
+pub struct Pulled {
+    kept: Arc<Mutex<Kept>>,
+    owner: u64,
+}
+
+impl Pulled {
+    pub fn pulled(&self, bytes: u64) {
+        let mut kept = self.kept.lock().unwrap();
+        if kept.owner == self.owner {
+            kept.pulled(bytes);
+        }
     }
 }
 
@@ -268,7 +344,7 @@ struct Resumed {
 }
 
 impl Stream for Resumed {
-    type Item = Result<Batch<Stacked>, Status>;
+    type Item = Result<Outgoing, Status>;
 
     fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Option<Self::Item>> {
         let generation = self.resumes.generation();
@@ -277,9 +353,11 @@ impl Stream for Resumed {
             if kept.owner != self.owner {
                 return Poll::Ready(None);
             }
+            // The body asks for the next batch: it took the newest whole.
+            kept.hold = None;
             while let Some((sent_in, batch)) = kept.unsent.pop_front() {
                 if sent_in == generation {
-                    return Poll::Ready(Some(Ok(kept.sent(generation, batch))));
+                    return Poll::Ready(Some(Ok(kept.sent(generation, batch, None).into())));
                 }
                 tracing::debug!(
                     seq = batch.stream_seq,
@@ -291,12 +369,12 @@ impl Stream for Resumed {
         let next = std::task::ready!(batches.poll_next_unpin(cx));
         let mut kept = self.kept.lock().unwrap();
         match next {
-            Some(Ok(batch)) if kept.owner != self.owner => {
+            Some(Ok(outgoing)) if kept.owner != self.owner => {
                 // Taken over meanwhile: the batch is the new connection's to send.
-                kept.unsent.push_back((generation, batch));
+                kept.unsent.push_back((generation, outgoing.batch));
                 Poll::Ready(None)
             }
-            Some(Ok(batch)) => Poll::Ready(Some(Ok(kept.sent(generation, batch)))),
+            Some(Ok(Outgoing { batch, unsent })) => Poll::Ready(Some(Ok(kept.sent(generation, batch, unsent).into()))),
             Some(Err(status)) => Poll::Ready(Some(Err(status))),
             None => {
                 kept.finished = true;
@@ -315,6 +393,7 @@ impl Drop for Resumed {
             return;
         }
         kept.idle_since = Some(Instant::now());
+        kept.hold = None;
         drop(kept);
         let mut streams = self.resumes.streams.lock().unwrap();
         self.resumes.tidy(&mut streams, Instant::now());
@@ -349,7 +428,11 @@ mod tests {
     }
 
     fn source(range: std::ops::Range<u64>, bytes: usize) -> Batches {
-        futures::stream::iter(range.map(move |n| Ok(batch(n, bytes)))).boxed()
+        futures::stream::iter(range.map(move |n| Ok(batch(n, bytes).into()))).boxed()
+    }
+
+    fn open(resumes: &Arc<Resumes>, resume: StreamResume, max_message: usize, batches: Batches) -> Batches {
+        resumes.stream(&subscription(), &resume, max_message, batches).unwrap().0
     }
 
     fn resume(stream: u64, received: u64) -> StreamResume {
@@ -362,22 +445,38 @@ mod tests {
             let mut got = Vec::new();
             for _ in 0..n {
                 match stream.next().await {
-                    Some(Ok(b)) => got.push((b.stream_seq, b.sequence)),
-                    other => panic!("{other:?}"),
+                    Some(Ok(Outgoing { batch: b, .. })) => got.push((b.stream_seq, b.sequence)),
+                    Some(Err(status)) => panic!("{status}"),
+                    None => panic!("the stream ended"),
                 }
             }
             got
         })
     }
 
+    /// Sends `n` batches whole, each in one message, as the body would take them.
+    fn send(stream: &mut (Batches, Pulled), n: usize) {
+        for _ in 0..n {
+            match block_on(stream.0.next()) {
+                Some(Ok(Outgoing { batch, .. })) => stream.1.pulled(size(&batch)),
+                _ => panic!("no batch"),
+            }
+        }
+    }
+
+    fn kept(resumes: &Resumes, stream: u64) -> Vec<u64> {
+        let kept = resumes.streams.lock().unwrap()[&(None, stream)].clone();
+        kept.lock().unwrap().sent.iter().map(|s| s.batch.stream_seq).collect()
+    }
+
     #[test]
     fn a_resumed_stream_sends_what_the_client_did_not_get_then_goes_on() {
         let resumes = Arc::new(Resumes::default());
-        let mut first = resumes.stream(&subscription(), &resume(7, 0), 100, source(0..10, 100)).unwrap();
+        let mut first = open(&resumes, resume(7, 0), 100, source(0..10, 100));
         assert_eq!(take(&mut first, 4), [(1, 0), (2, 1), (3, 2), (4, 3)]);
         drop(first);
         // The client got two whole: batches 3 and 4 come again, then the source's next.
-        let mut second = resumes.stream(&subscription(), &resume(7, 2), 100, source(10..20, 100)).unwrap();
+        let mut second = open(&resumes, resume(7, 2), 100, source(10..20, 100));
         assert_eq!(take(&mut second, 4), [(3, 2), (4, 3), (5, 10), (6, 11)]);
     }
 
@@ -385,16 +484,16 @@ mod tests {
     fn a_new_connection_takes_over_one_still_open_and_loses_nothing_it_took() {
         let resumes = Arc::new(Resumes::default());
         let (tx, rx) = futures::channel::mpsc::unbounded();
-        let mut old = resumes.stream(&subscription(), &resume(7, 0), 100, rx.boxed()).unwrap();
-        tx.unbounded_send(Ok(batch(0, 100))).unwrap();
+        let mut old = open(&resumes, resume(7, 0), 100, rx.boxed());
+        tx.unbounded_send(Ok(batch(0, 100).into())).unwrap();
         assert_eq!(take(&mut old, 1), [(1, 0)]);
         // The old connection waits on its source when the new one takes over; woken, it
         // stops without taking the source's next batch (the next stream of the hand gets it).
         let waker = futures::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
         assert!(old.poll_next_unpin(&mut cx).is_pending());
-        let mut new = resumes.stream(&subscription(), &resume(7, 0), 100, source(10..20, 100)).unwrap();
-        tx.unbounded_send(Ok(batch(1, 100))).unwrap();
+        let mut new = open(&resumes, resume(7, 0), 100, source(10..20, 100));
+        tx.unbounded_send(Ok(batch(1, 100).into())).unwrap();
         assert!(block_on(old.next()).is_none(), "the old connection stops");
         assert_eq!(tx.len(), 1, "and left the batch where it was");
         assert_eq!(take(&mut new, 2), [(1, 0), (2, 10)], "what it sent is sent again, then the new source's");
@@ -404,28 +503,65 @@ mod tests {
     fn what_is_kept_is_bounded_by_the_window_and_two_messages() {
         let resumes = Arc::new(Resumes::default());
         let mut stream = resumes.stream(&subscription(), &resume(9, 0), 100, source(0..100, 420)).unwrap();
-        take(&mut stream, 50);
+        send(&mut stream, 50);
         drop(stream);
-        let key = (None, 9);
-        let kept = resumes.streams.lock().unwrap()[&key].clone();
-        let kept = kept.lock().unwrap();
-        let seqs: Vec<u64> = kept.sent.iter().map(|(_, b)| b.stream_seq).collect();
-        // 484 bytes each: a batch goes once three (1452 bytes, over 1000 + 2 * 100) came after
-        // it besides the newest.
-        assert_eq!(seqs, [47, 48, 49, 50]);
-        drop(kept);
+        // 484 bytes each, in messages of at most 100: a batch goes once three (1452 bytes,
+        // over 1000 + 2 * 100) were taken after it.
+        assert_eq!(kept(&resumes, 9), [48, 49, 50]);
         let err = resumes.stream(&subscription(), &resume(9, 60), 100, source(0..1, 1)).err().unwrap();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "more received than sent");
         // Batches smaller than the largest message the client takes are each one message: two
         // of them bound what is in flight beyond the window, not two of the largest (a
         // worker's budget held by six streams' kept batches was mostly that difference).
         let mut stream = resumes.stream(&subscription(), &resume(10, 0), 1 << 20, source(0..100, 420)).unwrap();
-        take(&mut stream, 50);
-        let kept = resumes.streams.lock().unwrap()[&(None, 10)].clone();
-        let seqs: Vec<u64> = kept.lock().unwrap().sent.iter().map(|(_, b)| b.stream_seq).collect();
-        // A batch goes once five (2420 bytes, over 1000 + 2 * 484) came after it besides the
-        // newest.
-        assert_eq!(seqs, [45, 46, 47, 48, 49, 50]);
+        send(&mut stream, 50);
+        // A batch goes once five (2420 bytes, over 1000 + 2 * 484) were taken after it.
+        assert_eq!(kept(&resumes, 10), [46, 47, 48, 49, 50]);
+        // Half a batch taken counts: a batch goes as soon as enough of the next went.
+        let mut stream = resumes.stream(&subscription(), &resume(11, 0), 100, source(0..100, 1200)).unwrap();
+        send(&mut stream, 1);
+        take(&mut stream.0, 1);
+        assert_eq!(kept(&resumes, 11), [1, 2]);
+        stream.1.pulled(1200);
+        assert_eq!(kept(&resumes, 11), [1, 2], "1200 taken after batch 1: not over 1000 + 2 * 100");
+        stream.1.pulled(1);
+        assert_eq!(kept(&resumes, 11), [2]);
+    }
+
+    /// A producer whose batches are as large as the client's window waits, over its budget,
+    /// while the stream keeps the batch before the one going out, and no longer: the stream
+    /// lets go once that one is released, when the body asks for the next, or when the
+    /// connection ends.
+    #[test]
+    fn a_stream_holds_its_producers_budget_while_it_keeps_a_batch_the_newest_will_release() {
+        let budget = Arc::new(crate::budget::MemoryBudget::new(100));
+        let mut producer = budget.producer();
+        let batches: Vec<_> = (0..4)
+            .map(|n| {
+                let (_, unsent) = producer.into_batch(0, 10);
+                Ok(Outgoing { batch: batch(n, 1500), unsent: Some(unsent) })
+            })
+            .collect();
+        // Over the limit, the producer's rows wait while it has batches a stream holds (or
+        // none took yet): 10 bytes each here.
+        let waiting = |_: &Arc<crate::budget::MemoryBudget>| producer.unsent();
+        let resumes = Arc::new(Resumes::default());
+        let mut stream =
+            resumes.stream(&subscription(), &resume(3, 0), 100, futures::stream::iter(batches).boxed()).unwrap();
+        send(&mut stream, 1);
+        // Batch 2 goes out while batch 1 is kept: its bytes will release batch 1.
+        take(&mut stream.0, 1);
+        assert_eq!((kept(&resumes, 3), waiting(&budget)), (vec![1, 2], 30), "2 held; 3 and 4 not taken yet");
+        stream.1.pulled(1201);
+        assert_eq!((kept(&resumes, 3), waiting(&budget)), (vec![2], 20), "batch 1 released, and 2 let go");
+        // Batch 3 takes its predecessor's release with it; the body asking for batch 4 lets
+        // 3 go whatever was counted.
+        take(&mut stream.0, 1);
+        assert_eq!(waiting(&budget), 20);
+        take(&mut stream.0, 1);
+        assert_eq!(waiting(&budget), 10, "3 let go, 4 held");
+        drop(stream);
+        assert_eq!(waiting(&budget), 0, "the connection ended: 4 let go");
     }
 
     #[test]

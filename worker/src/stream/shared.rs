@@ -28,7 +28,7 @@ use stoker_api::proto::{self, BatchChunk};
 use stoker_api::{Batch, Stacked};
 use tonic::Status;
 
-use super::Batches;
+use super::{Batches, Outgoing, Pulled};
 
 /// Files of one stream waiting for its consumer at most: one being taken while the next is
 /// written. They are outside the worker's memory budget, as the socket buffers of a gRPC
@@ -243,60 +243,69 @@ impl Drop for Files {
 /// The chunks of a batch stream for a consumer on the same host: a batch in a file of
 /// `shared` and a chunk naming it; a batch that cannot be written there (the directory is
 /// full) goes out in chunks of `limit` bytes instead. A header too large for one message fails
-/// the stream as it would over gRPC.
+/// the stream as it would over gRPC. A resumable stream's `pulled` counts each batch whole as
+/// its message goes.
 pub fn shared_chunks(
     batches: Batches,
     shared: Arc<SharedMemory>,
     limit: usize,
+    pulled: Option<Pulled>,
 ) -> impl Stream<Item = Result<BatchChunk, Status>> + Send {
     let files = Files { shared, waiting: VecDeque::new(), held: VecDeque::new() };
-    stream::unfold((batches, files), move |(mut batches, mut files)| async move {
-        files.below(WAITING).await;
-        let batch = match batches.next().await {
-            Some(Ok(batch)) => batch,
-            Some(Err(status)) => return Some((vec![Err(status)], (batches, files))),
-            None => {
-                // The consumer still has to take the last files: ending the stream now would
-                // remove them.
-                files.below(1).await;
-                return None;
+    stream::unfold((batches, files), move |(mut batches, mut files)| {
+        let pulled = pulled.clone();
+        async move {
+            files.below(WAITING).await;
+            let batch = match batches.next().await {
+                // A resumable stream holds the batch's place in the budget itself (`Resumed`).
+                Some(Ok(Outgoing { batch, unsent: _ })) => batch,
+                Some(Err(status)) => return Some((vec![Err(status)], (batches, files))),
+                None => {
+                    // The consumer still has to take the last files: ending the stream now would
+                    // remove them.
+                    files.below(1).await;
+                    return None;
+                }
+            };
+            // The header goes in one message either way: one too large for it fails here.
+            let chunked = match chunk_batch(&batch, limit) {
+                Ok(chunked) => chunked,
+                Err(e) => return Some((vec![Err(Status::resource_exhausted(e.to_string()))], (batches, files))),
+            };
+            let (name, reused) = match files.reuse() {
+                Some(name) => (name, true),
+                None => (files.shared.next_name(), false),
+            };
+            let shared = files.shared.clone();
+            if let Some(pulled) = &pulled {
+                pulled.pulled(super::resume::size(&batch));
             }
-        };
-        // The header goes in one message either way: one too large for it fails here.
-        let chunked = match chunk_batch(&batch, limit) {
-            Ok(chunked) => chunked,
-            Err(e) => return Some((vec![Err(Status::resource_exhausted(e.to_string()))], (batches, files))),
-        };
-        let (name, reused) = match files.reuse() {
-            Some(name) => (name, true),
-            None => (files.shared.next_name(), false),
-        };
-        let shared = files.shared.clone();
-        // The batch goes with the write: its bytes (and budget share) are the file's now, or
-        // the chunks' if the write failed.
-        let (name, written) = tokio::task::spawn_blocking(move || {
-            let written = shared.write(&batch, &name, reused);
-            (name, written)
-        })
-        .await
-        .expect("writing a batch does not panic");
-        let chunks = match written {
-            Ok(()) => {
-                files.waiting.push_back(name.clone());
-                vec![Ok(BatchChunk {
-                    header: chunked.into_header(),
-                    pieces: Vec::new(),
-                    last: true,
-                    shared_file: name,
-                    reuse_shared_file: true,
-                })]
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "a batch could not go through shared memory; sending it in messages");
-                chunked.map(Ok).collect()
-            }
-        };
-        Some((chunks, (batches, files)))
+            // The batch goes with the write: its bytes (and budget share) are the file's now, or
+            // the chunks' if the write failed.
+            let (name, written) = tokio::task::spawn_blocking(move || {
+                let written = shared.write(&batch, &name, reused);
+                (name, written)
+            })
+            .await
+            .expect("writing a batch does not panic");
+            let chunks = match written {
+                Ok(()) => {
+                    files.waiting.push_back(name.clone());
+                    vec![Ok(BatchChunk {
+                        header: chunked.into_header(),
+                        pieces: Vec::new(),
+                        last: true,
+                        shared_file: name,
+                        reuse_shared_file: true,
+                    })]
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "a batch could not go through shared memory; sending it in messages");
+                    chunked.map(Ok).collect()
+                }
+            };
+            Some((chunks, (batches, files)))
+        }
     })
     .flat_map(stream::iter)
 }
@@ -320,14 +329,14 @@ mod tests {
     }
 
     fn batches(n: u8) -> Batches {
-        stream::iter((0..n).map(|i| Ok(batch(i)))).boxed()
+        stream::iter((0..n).map(|i| Ok(batch(i).into()))).boxed()
     }
 
     #[tokio::test]
     async fn a_batch_is_its_payload_in_a_file_only_its_user_reads() {
         let dir = tempfile::tempdir().unwrap();
         let shared = Arc::new(SharedMemory::open(dir.path()).unwrap());
-        let mut chunks = Box::pin(shared_chunks(batches(1), shared.clone(), 1 << 20));
+        let mut chunks = Box::pin(shared_chunks(batches(1), shared.clone(), 1 << 20, None));
         let chunk = chunks.next().await.unwrap().unwrap();
         assert!(chunk.last && chunk.pieces.is_empty());
         assert_eq!(chunk.header.unwrap().sequence, 0);
@@ -343,7 +352,7 @@ mod tests {
     async fn a_stream_waits_while_two_files_wait_and_removes_what_was_not_taken() {
         let dir = tempfile::tempdir().unwrap();
         let shared = Arc::new(SharedMemory::open(dir.path()).unwrap());
-        let mut chunks = Box::pin(shared_chunks(batches(5), shared, 1 << 20));
+        let mut chunks = Box::pin(shared_chunks(batches(5), shared, 1 << 20, None));
         let first = chunks.next().await.unwrap().unwrap().shared_file;
         let second = chunks.next().await.unwrap().unwrap().shared_file;
         let third = tokio::time::timeout(Duration::from_millis(200), chunks.next()).await;
@@ -370,7 +379,7 @@ mod tests {
     async fn a_file_given_back_holds_a_later_batch_and_one_held_is_never_written() {
         let dir = tempfile::tempdir().unwrap();
         let shared = Arc::new(SharedMemory::open(dir.path()).unwrap());
-        let mut chunks = Box::pin(shared_chunks(batches(4), shared, 1 << 20));
+        let mut chunks = Box::pin(shared_chunks(batches(4), shared, 1 << 20, None));
         let first = chunks.next().await.unwrap().unwrap();
         assert!(first.reuse_shared_file);
         let first = first.shared_file;
@@ -402,8 +411,8 @@ mod tests {
                 .into(),
             ..Batch::default()
         };
-        let batches = stream::iter([Ok(big), Ok(batch(5)), Ok(batch(6))]).boxed();
-        let mut chunks = Box::pin(shared_chunks(batches, shared, 1 << 20));
+        let batches = stream::iter([Ok(big.into()), Ok(batch(5).into()), Ok(batch(6).into())]).boxed();
+        let mut chunks = Box::pin(shared_chunks(batches, shared, 1 << 20, None));
         let first = chunks.next().await.unwrap().unwrap().shared_file;
         take(dir.path(), &first);
         give_back(dir.path(), &first);
@@ -426,7 +435,7 @@ mod tests {
         let shared = Arc::new(SharedMemory::open(dir.path()).unwrap());
         // The directory is gone: every write fails.
         drop(dir);
-        let chunks: Vec<_> = shared_chunks(batches(2), shared, 1 << 20).collect().await;
+        let chunks: Vec<_> = shared_chunks(batches(2), shared, 1 << 20, None).collect().await;
         assert_eq!(chunks.len(), 2);
         for chunk in chunks {
             let chunk = chunk.unwrap();

@@ -122,7 +122,7 @@ impl BatchSource for SyntheticSource {
         // `map` runs when the stream is polled: a batch is made only when the server can send.
         Ok(Box::pin(stream::iter(indices).map(move |i| {
             this.produced.fetch_add(1, Ordering::Relaxed);
-            Ok(this.batch(epoch, i))
+            Ok(this.batch(epoch, i).into())
         })))
     }
 }
