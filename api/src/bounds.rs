@@ -34,6 +34,10 @@ pub const MAX_SHUFFLE_BUFFER: u32 = 1 << 24;
 /// is a number in every heartbeat.
 pub const MAX_MIXED_SOURCES: usize = 64;
 
+/// Columns a Parquet source may name (spec.source.columns): wide tables have thousands, and a
+/// model that reads more than this reads nearly all of them (leave the list out).
+pub const MAX_COLUMNS: usize = 1024;
+
 /// Most elements of one call of a batched `python` op (its `batch`): the elements of a call are
 /// in the worker's and the Python process's memory at once.
 pub const MAX_PYTHON_BATCH: u32 = 4096;

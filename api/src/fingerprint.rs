@@ -1,7 +1,7 @@
 //! Cache fingerprints: which materialised data a pipeline prefix may reuse.
 //!
-//! SHA-256 over a canonical encoding of the source (URI, format, and every shard's name, size
-//! and version: ETag or mtime), how the listing was ordered before it was cut into splits (an
+//! SHA-256 over a canonical encoding of the source (URI, format, the columns a Parquet source
+//! reads, and every shard's name, size and version: ETag or mtime), how the listing was ordered before it was cut into splits (an
 //! entry holds its data per split), and the transforms up to an `autocache` hint with all
 //! their parameters, plus the cache format version. Nothing after the hint and nothing about the
 //! pipeline's name enters it, so two pipelines with the same prefix share a cache.
@@ -28,6 +28,7 @@ pub struct ShardVersion {
 pub fn fingerprint(
     uri: &str,
     format: SourceFormat,
+    columns: &[String],
     shards: &[ShardVersion],
     split_order: Option<u64>,
     transforms: &[Transform],
@@ -42,6 +43,14 @@ pub fn fingerprint(
     field(&CACHE_FORMAT_VERSION.to_le_bytes());
     field(uri.trim_end_matches('/').as_bytes());
     field(serde_json::to_string(&format).expect("a format serializes").as_bytes());
+    // Only when named, so entries of every other source keep their fingerprints.
+    if !columns.is_empty() {
+        field(b"columns");
+        field(&(columns.len() as u64).to_le_bytes());
+        for c in columns {
+            field(c.as_bytes());
+        }
+    }
     let mut sorted: Vec<&ShardVersion> = shards.iter().collect();
     sorted.sort_by(|a, b| a.name.cmp(&b.name));
     field(&(sorted.len() as u64).to_le_bytes());
@@ -88,14 +97,14 @@ mod tests {
             transforms("- decodeImage: {channels: 3}\n- autocache: {}\n- randomResizedCrop: {size: [224, 224]}\n");
         let uri = "s3://b/train/";
         assert_eq!(
-            fingerprint(uri, SourceFormat::Tfrecord, &shards(), None, &one, 1),
-            fingerprint(uri, SourceFormat::Tfrecord, &shards(), None, &two, 1)
+            fingerprint(uri, SourceFormat::Tfrecord, &[], &shards(), None, &one, 1),
+            fingerprint(uri, SourceFormat::Tfrecord, &[], &shards(), None, &two, 1)
         );
         let mut reversed = shards();
         reversed.reverse();
         assert_eq!(
-            fingerprint(uri, SourceFormat::Tfrecord, &shards(), None, &one, 1),
-            fingerprint("s3://b/train", SourceFormat::Tfrecord, &reversed, None, &one, 1),
+            fingerprint(uri, SourceFormat::Tfrecord, &[], &shards(), None, &one, 1),
+            fingerprint("s3://b/train", SourceFormat::Tfrecord, &[], &reversed, None, &one, 1),
             "listing order and a trailing slash do not matter"
         );
     }
@@ -103,20 +112,21 @@ mod tests {
     #[test]
     fn anything_that_changes_the_data_changes_it() {
         let t = transforms("- decodeImage: {channels: 3}\n- autocache: {}\n");
-        let base = fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), None, &t, 1);
+        let base = fingerprint("s3://b/x", SourceFormat::Tfrecord, &[], &shards(), None, &t, 1);
         let other_params = transforms("- decodeImage: {channels: 1}\n- autocache: {}\n");
         let mut changed_file = shards();
         changed_file[1].version = "e3".into();
         for other in [
-            fingerprint("s3://b/y", SourceFormat::Tfrecord, &shards(), None, &t, 1),
-            fingerprint("s3://b/x", SourceFormat::Webdataset, &shards(), None, &t, 1),
-            fingerprint("s3://b/x", SourceFormat::Tfrecord, &changed_file, None, &t, 1),
-            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards()[..1], None, &t, 1),
-            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), None, &other_params, 1),
-            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), None, &t, 0),
+            fingerprint("s3://b/y", SourceFormat::Tfrecord, &[], &shards(), None, &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Webdataset, &[], &shards(), None, &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &["a".to_string()], &shards(), None, &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &[], &changed_file, None, &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &[], &shards()[..1], None, &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &[], &shards(), None, &other_params, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &[], &shards(), None, &t, 0),
             // Splits cut from the listing in another order hold other data per split.
-            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), Some(0), &t, 1),
-            fingerprint("s3://b/x", SourceFormat::Tfrecord, &shards(), Some(1), &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &[], &shards(), Some(0), &t, 1),
+            fingerprint("s3://b/x", SourceFormat::Tfrecord, &[], &shards(), Some(1), &t, 1),
         ] {
             assert_ne!(base, other);
         }

@@ -93,6 +93,11 @@ pub struct Source {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = crate::bounds::MAX_MIXED_SOURCES))]
     pub mix: Vec<MixedSource>,
+    /// Parquet only: the columns to read; the others are never fetched. Every column when
+    /// left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::bounds::MAX_COLUMNS))]
+    pub columns: Vec<String>,
 }
 
 /// One source of a mix.
@@ -109,7 +114,7 @@ pub struct MixedSource {
 impl Source {
     /// One source read whole.
     pub fn single(uri: impl Into<String>, format: SourceFormat) -> Source {
-        Source { uri: uri.into(), format, credentials_secret: None, mix: Vec::new() }
+        Source { uri: uri.into(), format, credentials_secret: None, mix: Vec::new(), columns: Vec::new() }
     }
 
     /// Every source with its weight: the mix, or `uri` alone with weight 1.
@@ -140,6 +145,8 @@ pub enum SourceFormat {
     Tfrecord,
     /// One JSON object per line.
     Jsonl,
+    /// Parquet files, read by row groups: each column a field, only the `columns` named.
+    Parquet,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -108,6 +108,16 @@ fn validate_sources(source: &Source, err: &mut impl FnMut(&str, String)) {
             }
         }
     }
+    if !source.columns.is_empty() && source.format != crate::SourceFormat::Parquet {
+        err("spec.source.columns", format!("only a parquet source has columns; this one is {:?}", source.format));
+    }
+    for (i, column) in source.columns.iter().enumerate() {
+        if column.is_empty() {
+            err(&format!("spec.source.columns[{i}]"), "is empty; name a column of the files".into());
+        } else if source.columns[..i].contains(column) {
+            err(&format!("spec.source.columns[{i}]"), format!("{column:?} is named twice; list it once"));
+        }
+    }
 }
 
 /// All problems of a spec at once, so a user fixes them in one round.
@@ -400,6 +410,21 @@ mod tests {
         let e = validate(&cached).unwrap_err();
         assert!(e[0].field == "spec.transforms[0].autocache" && e[0].message.contains("spec.source.mix"), "{e:?}");
         assert_eq!(good.data_plane.source.describe(), "s3://c/web/, s3://c/code/");
+    }
+
+    #[test]
+    fn columns_belong_to_parquet_sources_each_named_once() {
+        let good = spec("source: {uri: 's3://c/t/', format: parquet, columns: [a, b]}\nbatchSize: 1\n");
+        assert!(validate(&good).is_ok());
+        let jsonl = spec("source: {uri: 's3://c/t/', format: jsonl, columns: [a]}\nbatchSize: 1\n");
+        let e = validate(&jsonl).unwrap_err();
+        assert!(e[0].field == "spec.source.columns" && e[0].message.contains("only a parquet source"), "{e:?}");
+        let twice = spec("source: {uri: 's3://c/t/', format: parquet, columns: [a, '', a]}\nbatchSize: 1\n");
+        let e = validate(&twice).unwrap_err();
+        assert_eq!(
+            e.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
+            ["spec.source.columns[1]", "spec.source.columns[2]"]
+        );
     }
 
     #[test]

@@ -46,7 +46,7 @@ fn ranges_enums_and_required_fields_are_in_the_schema() {
     );
     assert_eq!(
         spec["properties"]["source"]["properties"]["format"]["enum"],
-        serde_json::json!(["imageFolder", "webdataset", "tfrecord", "jsonl"])
+        serde_json::json!(["imageFolder", "webdataset", "tfrecord", "jsonl", "parquet"])
     );
 }
 

@@ -94,6 +94,7 @@ impl EngineCache {
                     fingerprint(
                         &pipeline.data_plane.source.describe(),
                         pipeline.data_plane.source.format,
+                        &pipeline.data_plane.source.columns,
                         &versions,
                         listing_order,
                         &pipeline.data_plane.transforms,

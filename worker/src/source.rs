@@ -90,6 +90,11 @@ impl DataSource {
         object.bytes().await.map_err(|e| self.error(e))
     }
 
+    /// A Parquet file of the source, read by ranges.
+    pub fn parquet(&self, shard: &Shard) -> crate::formats::parquet::ParquetFile {
+        crate::formats::parquet::ParquetFile::new(self.store.clone(), Path::from(shard.path.as_str()), shard.size)
+    }
+
     /// One whole object named by its URI (a tokenizer in a bucket), refused when larger than
     /// `most` bytes.
     pub async fn object(uri: &str, most: u64) -> Result<Bytes, SourceError> {

@@ -49,9 +49,12 @@ pub struct Mix {
 /// Tables kept: the epoch being produced and the next (workers read ahead), with room.
 const TABLES: usize = 4;
 
-/// A split's weight in bytes: an empty file still costs a read.
+/// A split's weight in bytes, its files' or its row groups': an empty file still costs a read.
 fn bytes(split: &Split) -> f64 {
-    split.shards.iter().map(|s| s.size.max(1) as f64).sum()
+    match &split.row_groups {
+        Some(groups) => groups.bytes.max(1) as f64,
+        None => split.shards.iter().map(|s| s.size.max(1) as f64).sum(),
+    }
 }
 
 impl Mix {
@@ -112,7 +115,7 @@ impl Mix {
         let &(source, nth) = table.get(usize::try_from(slot).ok()?)?;
         let s = &self.sources[source];
         let at = s.cycle[(nth % s.cycle.len() as u64) as usize];
-        Some(Split { id: slot, source, shards: s.splits[at].shards.clone() })
+        Some(Split { id: slot, source, ..s.splits[at].clone() })
     }
 
     /// Every slot of `epoch`, in slot order.
@@ -184,6 +187,7 @@ mod tests {
                 id: i as u64,
                 source: 0,
                 shards: vec![Shard { path: format!("{source}/{i:04}"), size, version: "v".into() }],
+                row_groups: None,
             })
             .collect()
     }

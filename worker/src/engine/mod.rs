@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stoker_api::{Batch, MAX_ECHO_SPLIT_ELEMENTS, Stacked, WorkerPipeline, echo_position};
+use stoker_api::{Batch, MAX_ECHO_SPLIT_ELEMENTS, SourceFormat, Stacked, WorkerPipeline, echo_position};
 
 use crate::apply::ElementError;
 use crate::budget::{MemoryBudget, Rows, Unsent};
@@ -69,6 +69,8 @@ pub enum EngineError {
     Source(#[from] SourceError),
     #[error("corrupt record (onError: fail): {0}")]
     Corrupt(Corrupt),
+    #[error(transparent)]
+    Parquet(#[from] crate::formats::parquet::ParquetReadError),
     // The inner errors are part of the message, not `source`s: a `{:#}` chain would say them
     // twice.
     #[error("element {element} of split {split} (onError: fail): {error}")]
@@ -264,7 +266,10 @@ impl Engine {
             let source = DataSource::open(&mixed.uri)?;
             let listed = source.list().await?;
             shards.extend(listed.iter().cloned());
-            let (mut splits, labels) = plan::plan(&source, format, listed, config.files_per_split, listing_order);
+            let (mut splits, labels) = match format {
+                SourceFormat::Parquet => (plan::parquet(&source, listed).await?, BTreeMap::new()),
+                _ => plan::plan(&source, format, listed, config.files_per_split, listing_order),
+            };
             if splits.is_empty() {
                 return Err(SourceError::NotFound { uri: mixed.uri.clone() }.into());
             }

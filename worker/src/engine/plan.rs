@@ -1,13 +1,16 @@
 //! Planning: a source's listing cut into the splits the dispatcher hands out.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use stoker_api::{SourceFormat, order};
 
 use crate::formats::image_folder;
+use crate::formats::parquet::ParquetReadError;
 use crate::source::{DataSource, Shard};
 
-/// A unit of work: whole shard files of one format, handed out by the dispatcher later.
+/// A unit of work: whole shard files of one format, or row groups of one Parquet file,
+/// handed out by the dispatcher later.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Split {
     /// As planned, the index in its source's splits; in an epoch, the slot the dispatcher
@@ -16,6 +19,68 @@ pub struct Split {
     /// Which source of the mix it is read from (0 for a single source).
     pub source: usize,
     pub shards: Vec<Shard>,
+    /// A Parquet split: the row groups of its one shard it reads.
+    pub row_groups: Option<RowGroups>,
+}
+
+/// Consecutive row groups of a Parquet file, and their compressed bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowGroups {
+    pub range: Range<usize>,
+    pub bytes: u64,
+}
+
+/// Rows a Parquet split gathers from a file's consecutive row groups before it is cut: small
+/// row groups (a writer flushing often) would otherwise make splits too small for their
+/// dispatcher round trip, and large ones (the usual 64K-1M rows) make a split each.
+pub const PARQUET_SPLIT_ROWS: u64 = 16_384;
+
+/// Parquet splits: each file's row groups in order, gathered into runs of at least
+/// `PARQUET_SPLIT_ROWS` rows (a file's last run may be shorter); empty row groups are left out.
+pub(super) fn plan_row_groups(files: Vec<(Shard, Vec<(u64, u64)>)>) -> Vec<Split> {
+    let mut splits = Vec::new();
+    for (shard, groups) in files {
+        let mut start: Option<(usize, u64, u64)> = None;
+        for (i, &(rows, bytes)) in groups.iter().enumerate() {
+            if rows == 0 {
+                continue;
+            }
+            let (first, total_rows, total_bytes) = start.unwrap_or((i, 0, 0));
+            let run = (first, total_rows + rows, total_bytes + bytes);
+            if run.1 >= PARQUET_SPLIT_ROWS {
+                let row_groups = Some(RowGroups { range: run.0..i + 1, bytes: run.2 });
+                splits.push(Split { id: splits.len() as u64, source: 0, shards: vec![shard.clone()], row_groups });
+                start = None;
+            } else {
+                start = Some(run);
+            }
+        }
+        if let Some((first, _, bytes)) = start {
+            let row_groups = Some(RowGroups { range: first..groups.len(), bytes });
+            splits.push(Split { id: splits.len() as u64, source: 0, shards: vec![shard], row_groups });
+        }
+    }
+    splits
+}
+
+/// A Parquet source's splits: each file's footer read (16 at once) for its row groups.
+pub(super) async fn parquet(source: &DataSource, listed: Vec<Shard>) -> Result<Vec<Split>, ParquetReadError> {
+    use futures::{StreamExt, TryStreamExt};
+    let files = listed.into_iter().filter(|s| is_parquet_file(source.relative(s)));
+    let footers = futures::stream::iter(files.map(|shard| async move {
+        let footer = source.parquet(&shard).metadata().await?;
+        let groups = footer.row_groups().iter().map(|g| (g.num_rows() as u64, g.compressed_size() as u64)).collect();
+        Ok::<_, ParquetReadError>((shard, groups))
+    }));
+    Ok(plan_row_groups(footers.buffered(16).try_collect().await?))
+}
+
+/// Whether a listed object is one of a Parquet source's files: Spark, Hive and Hadoop leave
+/// markers and metadata beside them (`_SUCCESS`, `_committed_*`, `.crc` files), whose names
+/// start with `_` or `.`.
+pub(super) fn is_parquet_file(relative: &str) -> bool {
+    let name = relative.rsplit('/').next().unwrap_or(relative);
+    !(name.is_empty() || name.starts_with('_') || name.starts_with('.'))
 }
 
 /// Files per image-folder split: aim at 64 splits or more, so dynamic sharding has enough to
@@ -57,7 +122,7 @@ pub(super) fn plan(
             let splits = images
                 .chunks(split_size(images.len(), files_per_split))
                 .enumerate()
-                .map(|(i, c)| Split { id: i as u64, source: 0, shards: c.to_vec() })
+                .map(|(i, c)| Split { id: i as u64, source: 0, shards: c.to_vec(), row_groups: None })
                 .collect();
             (splits, labels)
         }
@@ -65,7 +130,7 @@ pub(super) fn plan(
             let splits = shards
                 .into_iter()
                 .enumerate()
-                .map(|(i, s)| Split { id: i as u64, source: 0, shards: vec![s] })
+                .map(|(i, s)| Split { id: i as u64, source: 0, shards: vec![s], row_groups: None })
                 .collect();
             (splits, BTreeMap::new())
         }
@@ -124,6 +189,35 @@ mod tests {
         let (splits, _) = plan(&source(), SourceFormat::ImageFolder, shards(&names), 4, None);
         assert_eq!(splits.iter().map(|s| s.shards.len()).collect::<Vec<_>>(), [4, 4, 2]);
         assert_eq!(flattened(&splits), (shards(&images(10)), true));
+    }
+
+    #[test]
+    fn parquet_splits_are_runs_of_a_files_row_groups_of_enough_rows() {
+        let files = vec![
+            // Large row groups: one split each.
+            (shards(&["a.parquet".into()]).remove(0), vec![(100_000, 10), (0, 0), (20_000, 2)]),
+            // Small ones gather, the file's tail shorter.
+            (shards(&["b.parquet".into()]).remove(0), vec![(10_000, 1), (10_000, 1), (5_000, 1), (1, 1)]),
+        ];
+        let splits = plan_row_groups(files);
+        let planned: Vec<(u64, &str, Range<usize>, u64)> = splits
+            .iter()
+            .map(|s| {
+                let groups = s.row_groups.clone().unwrap();
+                (s.id, s.shards[0].path.as_str(), groups.range, groups.bytes)
+            })
+            .collect();
+        assert_eq!(
+            planned,
+            [
+                (0, "data/a.parquet", 0..1, 10),
+                (1, "data/a.parquet", 1..3, 2),
+                (2, "data/b.parquet", 0..2, 2),
+                (3, "data/b.parquet", 2..4, 2),
+            ]
+        );
+        assert!(is_parquet_file("x/part-0.snappy.parquet") && is_parquet_file("y"));
+        assert!(!is_parquet_file("x/_SUCCESS") && !is_parquet_file(".part-0.parquet.crc"));
     }
 
     #[test]

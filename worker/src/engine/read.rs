@@ -13,13 +13,21 @@ use crate::cache::chunk;
 use crate::cache::store::LeaseKind;
 use crate::cached::SplitCache;
 use crate::element::Element;
-use crate::formats::{self, Corrupt, image_folder};
+use crate::formats::parquet::ParquetReadError;
+use crate::formats::{self, Corrupt, CorruptReason, image_folder};
 use crate::source::SourceError;
+use arrow_array::RecordBatch;
 
 /// A split's read, before its records are parsed.
 pub(super) enum Fetched {
-    Source(Vec<Result<bytes::Bytes, SourceError>>),
+    Source(SourceRead),
     Cached(std::io::Result<bytes::Bytes>),
+}
+
+/// What a split read from its source: its files whole, or a Parquet file's row groups, decoded.
+pub(super) enum SourceRead {
+    Files(Vec<Result<bytes::Bytes, SourceError>>),
+    RowGroups(Result<Vec<RecordBatch>, ParquetReadError>),
 }
 
 /// The splits to run, each read while the one before it is transformed: yields a split with
@@ -76,12 +84,22 @@ impl Engine {
             return self.runtime.spawn_blocking(move || Fetched::Cached(entry.read_split(id)));
         }
         let source = self.sources[split.source].clone();
+        if let Some(groups) = &split.row_groups {
+            let file = source.parquet(&split.shards[0]);
+            let (range, columns) = (groups.range.clone(), self.pipeline.data_plane.source.columns.clone());
+            return self.runtime.spawn(async move {
+                let columns = (!columns.is_empty()).then_some(columns.as_slice());
+                Fetched::Source(SourceRead::RowGroups(file.read(range, columns).await))
+            });
+        }
         let shards = split.shards.clone();
         let reads = shards.into_iter().map(move |shard| {
             let source = source.clone();
             async move { source.read(&shard).await }
         });
-        self.runtime.spawn(async move { Fetched::Source(futures::stream::iter(reads).buffered(32).collect().await) })
+        self.runtime.spawn(async move {
+            Fetched::Source(SourceRead::Files(futures::stream::iter(reads).buffered(32).collect().await))
+        })
     }
 
     /// What a split may do with the cache here: nothing without a volume, and no read from
@@ -174,7 +192,11 @@ impl Engine {
     }
 
     /// Parses a split's records; corrupt ones are counted and skipped, or fatal.
-    fn parse(&self, split: &Split, data: Vec<Result<bytes::Bytes, SourceError>>) -> Result<Vec<Element>, EngineError> {
+    fn parse(&self, split: &Split, read: SourceRead) -> Result<Vec<Element>, EngineError> {
+        let data = match read {
+            SourceRead::Files(data) => data,
+            SourceRead::RowGroups(read) => return self.rows(split, read),
+        };
         let source = &self.sources[split.source];
         let mut elements = Vec::new();
         for (shard, bytes) in split.shards.iter().zip(data) {
@@ -189,6 +211,7 @@ impl Engine {
                     SourceFormat::Tfrecord => Box::new(formats::tfrecord::read(bytes, name)),
                     SourceFormat::Jsonl => Box::new(formats::jsonl::read(bytes, name)),
                     SourceFormat::Webdataset => Box::new(formats::tar::read(bytes, name)),
+                    SourceFormat::Parquet => unreachable!("a Parquet split reads row groups"),
                 };
             for record in parsed {
                 self.stats.records.fetch_add(1, Ordering::Relaxed);
@@ -203,5 +226,35 @@ impl Engine {
             }
         }
         Ok(elements)
+    }
+
+    /// A Parquet split's rows. A file that cannot be decoded (a corrupt page, a file that is
+    /// not Parquet) is a corrupt record of the split, skipped whole or fatal per `onError`; a
+    /// column the spec names that the file lacks, or cannot be read, is fatal either way.
+    fn rows(
+        &self,
+        split: &Split,
+        read: Result<Vec<RecordBatch>, ParquetReadError>,
+    ) -> Result<Vec<Element>, EngineError> {
+        match read {
+            Ok(batches) => {
+                let elements: Vec<Element> = batches.iter().flat_map(formats::parquet::elements).collect();
+                self.stats.records.fetch_add(elements.len() as u64, Ordering::Relaxed);
+                Ok(elements)
+            }
+            Err(ParquetReadError::Parquet { file, source }) => {
+                let corrupt =
+                    Corrupt::new(&file, 0, CorruptReason::BadParquet, format!("split {}: {source}", split.id));
+                self.stats.records.fetch_add(1, Ordering::Relaxed);
+                if self.pipeline.data_plane.on_error == OnError::Skip {
+                    tracing::warn!(shard = %corrupt.shard, split = split.id, detail = %corrupt.detail, "skipping a Parquet split that cannot be decoded");
+                    self.stats.skip(corrupt.reason.as_str());
+                    Ok(Vec::new())
+                } else {
+                    Err(EngineError::Corrupt(corrupt))
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }

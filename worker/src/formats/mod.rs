@@ -10,6 +10,7 @@ use std::fmt;
 pub mod example;
 pub mod image_folder;
 pub mod jsonl;
+pub mod parquet;
 mod protowire;
 pub mod tar;
 pub mod tfrecord;
@@ -63,11 +64,14 @@ pub enum CorruptReason {
     BadTarHeader,
     /// A WebDataset sample has the same field twice, so which one is meant is unknown.
     DuplicateTarField,
+    /// A Parquet split's row groups cannot be decoded (a corrupt page or footer, or a file
+    /// that is not Parquet): the split's rows are skipped together.
+    BadParquet,
 }
 
 impl CorruptReason {
     /// Every reason, so metrics can be registered at zero before anything goes wrong.
-    pub const ALL: [CorruptReason; 11] = [
+    pub const ALL: [CorruptReason; 12] = [
         CorruptReason::TruncatedLength,
         CorruptReason::BadLengthCrc,
         CorruptReason::TruncatedData,
@@ -79,6 +83,7 @@ impl CorruptReason {
         CorruptReason::BadTarChecksum,
         CorruptReason::BadTarHeader,
         CorruptReason::DuplicateTarField,
+        CorruptReason::BadParquet,
     ];
 
     /// Stable snake_case name used as a metrics label and in logs.
@@ -95,6 +100,7 @@ impl CorruptReason {
             CorruptReason::BadTarChecksum => "bad_tar_checksum",
             CorruptReason::BadTarHeader => "bad_tar_header",
             CorruptReason::DuplicateTarField => "duplicate_tar_field",
+            CorruptReason::BadParquet => "bad_parquet",
         }
     }
 }

@@ -1,0 +1,390 @@
+//! Parquet files. A split is a run of row groups of one file; reading it fetches the footer,
+//! then only the chunks of the projected columns in those row groups (ranged reads through
+//! object_store), and decodes them into Arrow record batches.
+//!
+//! Rows become elements here, one field per column: integers and booleans as int64, floats as
+//! float32 or float64, strings and binary (dictionary-encoded or not) as bytes, lists of those
+//! as lists. A null is a field the element does not have. Any other type is an error naming
+//! the column, before anything is read.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::DataType;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ArrowReaderOptions;
+use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use parquet::errors::ParquetError;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+
+use crate::element::{Element, Field};
+
+/// Why a Parquet file cannot be read as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ParquetReadError {
+    #[error("{file}: {source}")]
+    Parquet { file: String, source: ParquetError },
+    #[error("{file} has no column {column:?} (it has {available})")]
+    NoColumn { file: String, column: String, available: String },
+    #[error(
+        "{file}: column {column:?} is {data_type}, which Stoker does not read (integers, floats, booleans, strings, binary and lists of those)"
+    )]
+    UnsupportedType { file: String, column: String, data_type: DataType },
+    #[error("{file} has {groups} row groups, not {asked:?}")]
+    NoRowGroups { file: String, groups: usize, asked: Range<usize> },
+}
+
+/// One file of a Parquet source.
+pub struct ParquetFile {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    size: u64,
+    /// Bytes fetched from the store so far: the footer and the projected column chunks.
+    fetched: Arc<AtomicU64>,
+}
+
+impl ParquetFile {
+    pub fn new(store: Arc<dyn ObjectStore>, path: Path, size: u64) -> Self {
+        ParquetFile { store, path, size, fetched: Arc::default() }
+    }
+
+    /// Bytes fetched from the store so far.
+    pub fn fetched(&self) -> u64 {
+        self.fetched.load(Ordering::Relaxed)
+    }
+
+    fn reader(&self) -> Ranges {
+        Ranges { store: self.store.clone(), path: self.path.clone(), size: self.size, fetched: self.fetched.clone() }
+    }
+
+    fn error(&self, source: ParquetError) -> ParquetReadError {
+        ParquetReadError::Parquet { file: self.path.to_string(), source }
+    }
+
+    /// The file's footer: its schema and row groups.
+    pub async fn metadata(&self) -> Result<Arc<ParquetMetaData>, ParquetReadError> {
+        let builder = ParquetRecordBatchStreamBuilder::new(self.reader()).await.map_err(|e| self.error(e))?;
+        Ok(builder.metadata().clone())
+    }
+
+    /// The rows of `row_groups`, of the `columns` named (every column if None), in batches.
+    pub async fn read(
+        &self,
+        row_groups: Range<usize>,
+        columns: Option<&[String]>,
+    ) -> Result<Vec<RecordBatch>, ParquetReadError> {
+        let builder = ParquetRecordBatchStreamBuilder::new(self.reader()).await.map_err(|e| self.error(e))?;
+        let groups = builder.metadata().num_row_groups();
+        if row_groups.end > groups || row_groups.is_empty() {
+            return Err(ParquetReadError::NoRowGroups { file: self.path.to_string(), groups, asked: row_groups });
+        }
+        let schema = builder.schema().clone();
+        let roots: Vec<usize> = match columns {
+            None => (0..schema.fields().len()).collect(),
+            Some(names) => names
+                .iter()
+                .map(|name| {
+                    schema.index_of(name).map_err(|_| ParquetReadError::NoColumn {
+                        file: self.path.to_string(),
+                        column: name.clone(),
+                        available: schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", "),
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        for &root in &roots {
+            let field = schema.field(root);
+            if !readable(field.data_type()) {
+                return Err(ParquetReadError::UnsupportedType {
+                    file: self.path.to_string(),
+                    column: field.name().clone(),
+                    data_type: field.data_type().clone(),
+                });
+            }
+        }
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let stream =
+            builder.with_projection(mask).with_row_groups(row_groups.collect()).build().map_err(|e| self.error(e))?;
+        stream.try_collect().await.map_err(|e| self.error(e))
+    }
+}
+
+/// Ranged reads of one object, as the Parquet reader asks for them.
+struct Ranges {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    size: u64,
+    fetched: Arc<AtomicU64>,
+}
+
+fn store_error(e: object_store::Error) -> ParquetError {
+    ParquetError::External(Box::new(e))
+}
+
+impl AsyncFileReader for Ranges {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        self.fetched.fetch_add(range.end - range.start, Ordering::Relaxed);
+        self.store.get_range(&self.path, range).map(|r| r.map_err(store_error)).boxed()
+    }
+
+    fn get_byte_ranges(&mut self, ranges: Vec<Range<u64>>) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        self.fetched.fetch_add(ranges.iter().map(|r| r.end - r.start).sum(), Ordering::Relaxed);
+        async move { self.store.get_ranges(&self.path, &ranges).await.map_err(store_error) }.boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            let size = self.size;
+            let reader = ParquetMetaDataReader::new().with_arrow_reader_options(options);
+            Ok(Arc::new(reader.load_and_finish(self, size).await?))
+        }
+        .boxed()
+    }
+}
+
+/// Whether a column of `data_type` becomes an element field.
+fn readable(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::List(item) | DataType::LargeList(item) => scalar(item.data_type()),
+        other => scalar(other),
+    }
+}
+
+fn scalar(data_type: &DataType) -> bool {
+    use DataType::*;
+    match data_type {
+        Boolean | Int8 | Int16 | Int32 | Int64 | UInt8 | UInt16 | UInt32 | UInt64 | Float32 | Float64 => true,
+        Utf8 | LargeUtf8 | Utf8View | Binary | LargeBinary | BinaryView | FixedSizeBinary(_) => true,
+        Dictionary(_, values) => scalar(values),
+        _ => false,
+    }
+}
+
+/// The rows of `batch` as elements (a null leaves its field out).
+pub fn elements(batch: &RecordBatch) -> Vec<Element> {
+    let mut rows = vec![Element::new(); batch.num_rows()];
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        for (row, value) in rows.iter_mut().zip(values(column)) {
+            if let Some(value) = value {
+                row.insert(field.name().clone(), value);
+            }
+        }
+    }
+    rows
+}
+
+/// Each row's value of `column` as a field, None where it is null.
+fn values(column: &ArrayRef) -> Vec<Option<Field>> {
+    let valid = |i: usize| column.is_valid(i);
+    let n = column.len();
+    match column.data_type() {
+        DataType::List(_) | DataType::LargeList(_) => {
+            let item = |i: usize| -> ArrayRef {
+                match column.data_type() {
+                    DataType::List(_) => column.as_list::<i32>().value(i),
+                    _ => column.as_list::<i64>().value(i),
+                }
+            };
+            (0..n).map(|i| valid(i).then(|| list(&item(i)))).collect()
+        }
+        _ => {
+            let each = scalars(column);
+            each.into_iter().enumerate().map(|(i, v)| v.filter(|_| valid(i))).collect()
+        }
+    }
+}
+
+/// A list's values as one field: numbers as a numeric list, strings and binary as bytes.
+fn list(items: &ArrayRef) -> Field {
+    match items.data_type() {
+        DataType::Float32 => Field::Float32(items.as_primitive::<Float32Type>().values().to_vec()),
+        DataType::Float64 => Field::Float64(items.as_primitive::<Float64Type>().values().to_vec()),
+        _ => match int64s(items) {
+            Some(ints) => Field::Int64(ints),
+            None => Field::BytesList(byte_strings(items).into_iter().map(Option::unwrap_or_default).collect()),
+        },
+    }
+}
+
+/// One field per row (nulls included: the caller leaves them out).
+fn scalars(column: &ArrayRef) -> Vec<Option<Field>> {
+    match column.data_type() {
+        DataType::Float32 => {
+            column.as_primitive::<Float32Type>().values().iter().map(|v| Some(Field::Float32(vec![*v]))).collect()
+        }
+        DataType::Float64 => {
+            column.as_primitive::<Float64Type>().values().iter().map(|v| Some(Field::Float64(vec![*v]))).collect()
+        }
+        _ => match int64s(column) {
+            Some(ints) => ints.into_iter().map(|v| Some(Field::Int64(vec![v]))).collect(),
+            None => byte_strings(column).into_iter().map(|b| b.map(Field::Bytes)).collect(),
+        },
+    }
+}
+
+/// Integer and boolean columns as int64 (unsigned 64-bit ones wrap, as numpy's cast does).
+fn int64s(column: &ArrayRef) -> Option<Vec<i64>> {
+    fn all<T: arrow_array::ArrowPrimitiveType>(column: &ArrayRef, f: impl Fn(T::Native) -> i64) -> Vec<i64> {
+        column.as_primitive::<T>().values().iter().map(|v| f(*v)).collect()
+    }
+    Some(match column.data_type() {
+        DataType::Boolean => column.as_boolean().values().iter().map(i64::from).collect(),
+        DataType::Int8 => all::<Int8Type>(column, i64::from),
+        DataType::Int16 => all::<Int16Type>(column, i64::from),
+        DataType::Int32 => all::<Int32Type>(column, i64::from),
+        DataType::Int64 => all::<Int64Type>(column, |v| v),
+        DataType::UInt8 => all::<UInt8Type>(column, i64::from),
+        DataType::UInt16 => all::<UInt16Type>(column, i64::from),
+        DataType::UInt32 => all::<UInt32Type>(column, i64::from),
+        DataType::UInt64 => all::<UInt64Type>(column, |v| v as i64),
+        _ => return None,
+    })
+}
+
+/// String and binary columns, dictionary-encoded or not, as bytes per row (None: null).
+fn byte_strings(column: &ArrayRef) -> Vec<Option<Bytes>> {
+    let copy = |v: Option<&[u8]>| v.map(Bytes::copy_from_slice);
+    match column.data_type() {
+        DataType::Utf8 => column.as_string::<i32>().iter().map(|v| copy(v.map(str::as_bytes))).collect(),
+        DataType::LargeUtf8 => column.as_string::<i64>().iter().map(|v| copy(v.map(str::as_bytes))).collect(),
+        DataType::Utf8View => column.as_string_view().iter().map(|v| copy(v.map(str::as_bytes))).collect(),
+        DataType::Binary => column.as_binary::<i32>().iter().map(copy).collect(),
+        DataType::LargeBinary => column.as_binary::<i64>().iter().map(copy).collect(),
+        DataType::BinaryView => column.as_binary_view().iter().map(copy).collect(),
+        DataType::FixedSizeBinary(_) => column.as_fixed_size_binary().iter().map(copy).collect(),
+        DataType::Dictionary(_, _) => {
+            let dictionary = column.as_any_dictionary();
+            let values = byte_strings(dictionary.values());
+            dictionary
+                .normalized_keys()
+                .into_iter()
+                .enumerate()
+                .map(|(i, key)| if column.is_valid(i) { values.get(key).cloned().flatten() } else { None })
+                .collect()
+        }
+        other => unreachable!("{other} is checked readable before reading"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::builder::{Int64Builder, ListBuilder};
+    use arrow_array::{BooleanArray, Float32Array, Int32Array, StringArray};
+    use object_store::local::LocalFileSystem;
+    use parquet::arrow::ArrowWriter;
+    use parquet::basic::{Compression, ZstdLevel};
+    use parquet::file::properties::WriterProperties;
+
+    use super::*;
+
+    /// A file of 10 rows in row groups of 4 (4, 4, 2): an int32 id, a float label with a
+    /// null, a dictionary-encoded string, a boolean and an id list, zstd-compressed.
+    fn write(dir: &std::path::Path) -> ParquetFile {
+        write_with(dir, Compression::ZSTD(ZstdLevel::default()))
+    }
+
+    fn write_with(dir: &std::path::Path, compression: Compression) -> ParquetFile {
+        let ids = Int32Array::from_iter_values(0..10);
+        let label = Float32Array::from_iter((0..10).map(|i| (i != 3).then_some(i as f32 / 2.0)));
+        let city = StringArray::from_iter_values((0..10).map(|i| ["oslo", "lima"][i % 2]));
+        let flag = BooleanArray::from_iter((0..10).map(|i| Some(i % 3 == 0)));
+        let mut lists = ListBuilder::new(Int64Builder::new());
+        for i in 0..10i64 {
+            lists.values().append_slice(&(0..i % 3).map(|j| i * 10 + j).collect::<Vec<_>>());
+            lists.append(true);
+        }
+        let batch = RecordBatch::try_from_iter([
+            ("id", Arc::new(ids) as ArrayRef),
+            ("label", Arc::new(label) as ArrayRef),
+            ("city", Arc::new(city) as ArrayRef),
+            ("flag", Arc::new(flag) as ArrayRef),
+            ("history", Arc::new(lists.finish()) as ArrayRef),
+        ])
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(4))
+            .set_compression(compression)
+            .set_dictionary_enabled(true)
+            .build();
+        let path = dir.join("part-0.parquet");
+        let mut writer =
+            ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let size = std::fs::metadata(&path).unwrap().len();
+        let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new());
+        ParquetFile::new(store, Path::from_filesystem_path(&path).unwrap(), size)
+    }
+
+    fn read(file: &ParquetFile, groups: Range<usize>, columns: Option<&[&str]>) -> Vec<Element> {
+        let columns: Option<Vec<String>> = columns.map(|c| c.iter().map(|s| s.to_string()).collect());
+        let batches = futures::executor::block_on(file.read(groups, columns.as_deref())).unwrap();
+        batches.iter().flat_map(elements).collect()
+    }
+
+    #[test]
+    fn row_groups_are_read_alone_with_only_the_named_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = write(dir.path());
+        let meta = futures::executor::block_on(file.metadata()).unwrap();
+        assert_eq!(meta.num_row_groups(), 3);
+        let footer = file.fetched();
+        let rows = read(&file, 1..2, Some(&["label", "city"]));
+        assert_eq!(rows.len(), 4, "the second row group: rows 4-7");
+        // Only those two columns' chunks of that row group were fetched after the footer.
+        let group = meta.row_group(1);
+        let chunks: u64 = [1, 2].iter().map(|&c| group.column(c).compressed_size() as u64).sum();
+        assert_eq!(file.fetched() - 2 * footer, chunks, "the footer again, then the two chunks");
+        assert_eq!(rows[0].keys().collect::<Vec<_>>(), ["city", "label"], "only the named columns");
+        assert_eq!(rows[0]["label"], Field::Float32(vec![2.0]));
+        assert_eq!(rows[1]["city"], Field::Bytes(Bytes::from_static(b"lima")));
+    }
+
+    #[test]
+    fn every_type_becomes_a_field_and_a_null_leaves_it_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = write(dir.path());
+        let rows = read(&file, 0..3, None);
+        assert_eq!(rows.len(), 10);
+        assert_eq!(rows[3].get("label"), None, "row 3's label is null");
+        assert_eq!(rows[5]["id"], Field::Int64(vec![5]));
+        assert_eq!(rows[6]["flag"], Field::Int64(vec![1]));
+        assert_eq!(rows[5]["history"], Field::Int64(vec![50, 51]));
+        assert_eq!(rows[3]["history"], Field::Int64(vec![]), "an empty list is a field with no values");
+    }
+
+    #[test]
+    fn every_common_codec_is_read() {
+        use parquet::basic::{Compression::*, GzipLevel};
+        for codec in [UNCOMPRESSED, SNAPPY, GZIP(GzipLevel::default()), LZ4, LZ4_RAW, ZSTD(ZstdLevel::default())] {
+            let dir = tempfile::tempdir().unwrap();
+            let rows = read(&write_with(dir.path(), codec), 0..3, Some(&["id", "city"]));
+            assert_eq!(rows.len(), 10, "{codec:?}");
+            assert_eq!(rows[9]["city"], Field::Bytes(Bytes::from_static(b"lima")), "{codec:?}");
+        }
+    }
+
+    #[test]
+    fn a_missing_column_or_row_group_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = write(dir.path());
+        let err = futures::executor::block_on(file.read(0..1, Some(&["price".to_string()]))).unwrap_err();
+        assert!(err.to_string().contains("no column \"price\" (it has id, label, city, flag, history)"), "{err}");
+        let err = futures::executor::block_on(file.read(2..4, None)).unwrap_err();
+        assert!(err.to_string().contains("has 3 row groups, not 2..4"), "{err}");
+    }
+}
