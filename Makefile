@@ -68,10 +68,11 @@ python: venv
 # client package is the Rust client bound to Python (client/python/src), built by maturin
 # (fetched from PyPI by pip) with cargo into target/: here in the dev profile, which reuses
 # what the rust tier built, where `pip install ./client/python` alone builds it optimised.
+# pyarrow writes the Parquet files the worker's reader is tested on (worker/tests/parquet.rs).
 venv:
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	MATURIN_PEP517_ARGS="--profile dev" $(VENV)/bin/pip install -q --disable-pip-version-check \
-	  './client/python[torch]' pytest tokenizers
+	  './client/python[torch]' pytest tokenizers pyarrow
 
 # etcd, kube-apiserver, kube-controller-manager, kubectl, helm into ~/.cache/stoker/bin.
 tools:

@@ -100,3 +100,113 @@ async fn a_corrupt_row_group_is_skipped_whole_or_fatal_per_on_error() {
     let err = epoch(pipeline(dir.path(), "")).await.map(|_| ()).unwrap_err();
     assert!(err.to_string().contains("b.parquet"), "{err}");
 }
+
+/// Writes, with pyarrow, one table of every type Stoker reads (nulls in each column, several
+/// row groups, dictionary pages, a page index) once per codec, and what each row holds.
+const PYARROW_FILES: &str = r#"
+import json, sys
+import pyarrow as pa, pyarrow.parquet as pq
+out = sys.argv[1]
+n = 7
+def nulls(values): return [None if i % 4 == 3 else v for i, v in enumerate(values)]
+columns = {
+    "i8": pa.array(nulls([-(i * 17) for i in range(n)]), pa.int8()),
+    "i16": pa.array(nulls([i * 1000 for i in range(n)]), pa.int16()),
+    "i32": pa.array(nulls([-i * 100000 for i in range(n)]), pa.int32()),
+    "i64": pa.array(nulls([i << 40 for i in range(n)]), pa.int64()),
+    "u8": pa.array(nulls([250 - i for i in range(n)]), pa.uint8()),
+    "u16": pa.array(nulls([65000 + i for i in range(n)]), pa.uint16()),
+    "u32": pa.array(nulls([4000000000 + i for i in range(n)]), pa.uint32()),
+    "u64": pa.array(nulls([(1 << 63) + i for i in range(n)]), pa.uint64()),
+    "f32": pa.array(nulls([i / 8 for i in range(n)]), pa.float32()),
+    "f64": pa.array(nulls([i / 3 for i in range(n)]), pa.float64()),
+    "flag": pa.array(nulls([i % 2 == 0 for i in range(n)]), pa.bool_()),
+    "text": pa.array(nulls([f"row {i} é" for i in range(n)]), pa.string()),
+    "large": pa.array(nulls([f"large {i}" for i in range(n)]), pa.large_string()),
+    "blob": pa.array(nulls([bytes([i, 0, 255]) for i in range(n)]), pa.binary()),
+    "city": pa.array(nulls([["oslo", "lima"][i % 2] for i in range(n)])).dictionary_encode(),
+    "ids": pa.array(nulls([list(range(i, i + i % 3)) for i in range(n)]), pa.list_(pa.int64())),
+    "weights": pa.array(nulls([[i / 2] * (i % 2) for i in range(n)]), pa.list_(pa.float32())),
+    "tags": pa.array(nulls([["a", "bb"][: i % 3] for i in range(n)]), pa.list_(pa.string())),
+}
+table = pa.table(columns)
+codecs = ["none", "snappy", "gzip", "zstd", "lz4"]
+for codec in codecs:
+    pq.write_table(table, f"{out}/{codec}.parquet", compression=codec, row_group_size=3,
+                   use_dictionary=True, write_page_index=True)
+def tag(t, v):
+    if v is None: return None
+    if pa.types.is_list(t):
+        kind = tag(t.value_type, pa.scalar(0 if not pa.types.is_string(t.value_type) else "", t.value_type).as_py())[0]
+        return ["list", kind, [tag(t.value_type, x)[1] for x in v]]
+    if pa.types.is_dictionary(t): return tag(t.value_type, v)
+    if pa.types.is_floating(t): return ["f32" if t == pa.float32() else "f64", v]
+    if pa.types.is_boolean(t): return ["int", int(v)]
+    if pa.types.is_integer(t): return ["int", v - (1 << 64) if v >= 1 << 63 else v]
+    if isinstance(v, str): v = v.encode()
+    return ["bytes", v.hex()]
+rows = [{name: tag(col.type, col[i].as_py()) for name, col in columns.items()} for i in range(n)]
+json.dump({"codecs": codecs, "rows": rows}, open(f"{out}/expected.json", "w"))
+"#;
+
+/// A tagged value of expected.json as the field the reader gives.
+fn field(tagged: &serde_json::Value) -> stoker_worker::element::Field {
+    use stoker_worker::element::Field;
+    let (kind, value) = (tagged[0].as_str().unwrap(), &tagged[1]);
+    let bytes = |v: &serde_json::Value| bytes::Bytes::from(hex(v.as_str().unwrap()));
+    match kind {
+        "int" => Field::Int64(vec![value.as_i64().unwrap()]),
+        "f32" => Field::Float32(vec![value.as_f64().unwrap() as f32]),
+        "f64" => Field::Float64(vec![value.as_f64().unwrap()]),
+        "bytes" => Field::Bytes(bytes(value)),
+        // ["list", the items' kind, [the items]]
+        "list" => {
+            let items = tagged[2].as_array().unwrap();
+            match value.as_str().unwrap() {
+                "f32" => Field::Float32(items.iter().map(|i| i.as_f64().unwrap() as f32).collect()),
+                "bytes" => Field::BytesList(items.iter().map(bytes).collect()),
+                _ => Field::Int64(items.iter().map(|i| i.as_i64().unwrap()).collect()),
+            }
+        }
+        other => panic!("unknown tag {other}"),
+    }
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_pyarrow_writes_read_as_pyarrow_reads_them() {
+    use stoker_worker::formats::parquet::{ParquetFile, elements};
+    let dir = tempfile::tempdir().unwrap();
+    let python = std::env::var("STOKER_PYTHON").unwrap_or_else(|_| "python3".into());
+    let status =
+        std::process::Command::new(&python).args(["-c", PYARROW_FILES]).arg(dir.path()).status().unwrap_or_else(|e| {
+            panic!("running {python} (set STOKER_PYTHON to a Python with pyarrow: `make venv`): {e}")
+        });
+    assert!(status.success(), "{python} could not write the files (does it have pyarrow? `make venv`)");
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("expected.json")).unwrap()).unwrap();
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::local::LocalFileSystem::new());
+    for codec in expected["codecs"].as_array().unwrap() {
+        let path = dir.path().join(format!("{}.parquet", codec.as_str().unwrap()));
+        let size = std::fs::metadata(&path).unwrap().len();
+        let file =
+            ParquetFile::new(store.clone(), object_store::path::Path::from_filesystem_path(&path).unwrap(), size);
+        let footer = file.metadata().await.unwrap();
+        assert_eq!(footer.num_row_groups(), 3, "{codec}: 7 rows in row groups of 3");
+        let rows: Vec<_> = file.read(0..3, None).await.unwrap().iter().flat_map(elements).collect();
+        let want = expected["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), want.len(), "{codec}");
+        for (i, (row, want)) in rows.iter().zip(want).enumerate() {
+            for (name, tagged) in want.as_object().unwrap() {
+                match tagged {
+                    serde_json::Value::Null => assert_eq!(row.get(name), None, "{codec} row {i} {name}: null"),
+                    tagged => assert_eq!(row.get(name), Some(&field(tagged)), "{codec} row {i} {name}"),
+                }
+            }
+            assert_eq!(row.len(), want.as_object().unwrap().values().filter(|v| !v.is_null()).count());
+        }
+    }
+}
