@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
-use stoker_api::{OnError, SourceFormat, order};
+use stoker_api::{Filter, OnError, SourceFormat, Transform, order};
 
 use super::hints::SplitPlan;
 use super::shared::Claim;
@@ -13,10 +13,9 @@ use crate::cache::chunk;
 use crate::cache::store::LeaseKind;
 use crate::cached::SplitCache;
 use crate::element::Element;
-use crate::formats::parquet::ParquetReadError;
+use crate::formats::parquet::{ParquetReadError, RowGroupsRead};
 use crate::formats::{self, Corrupt, CorruptReason, image_folder};
 use crate::source::SourceError;
-use arrow_array::RecordBatch;
 
 /// A split's read, before its records are parsed.
 pub(super) enum Fetched {
@@ -27,7 +26,7 @@ pub(super) enum Fetched {
 /// What a split read from its source: its files whole, or a Parquet file's row groups, decoded.
 pub(super) enum SourceRead {
     Files(Vec<Result<bytes::Bytes, SourceError>>),
-    RowGroups(Result<Vec<RecordBatch>, ParquetReadError>),
+    RowGroups(Result<RowGroupsRead, ParquetReadError>),
 }
 
 /// The splits to run, each read while the one before it is transformed: yields a split with
@@ -87,9 +86,17 @@ impl Engine {
         if let Some(groups) = &split.row_groups {
             let file = source.parquet(&split.shards[0]);
             let (range, columns) = (groups.range.clone(), self.pipeline.data_plane.source.columns.clone());
+            // The ops before any other drop rows by a column's value: row groups whose
+            // statistics rule every row out are not read.
+            let filters: Vec<Filter> = (self.pipeline.data_plane.transforms.iter())
+                .map_while(|t| match t {
+                    Transform::Filter(f) => Some(f.clone()),
+                    _ => None,
+                })
+                .collect();
             return self.runtime.spawn(async move {
                 let columns = (!columns.is_empty()).then_some(columns.as_slice());
-                Fetched::Source(SourceRead::RowGroups(file.read(range, columns).await))
+                Fetched::Source(SourceRead::RowGroups(file.read(range, columns, &filters).await))
             });
         }
         let shards = split.shards.clone();
@@ -231,15 +238,13 @@ impl Engine {
     /// A Parquet split's rows. A file that cannot be decoded (a corrupt page, a file that is
     /// not Parquet) is a corrupt record of the split, skipped whole or fatal per `onError`; a
     /// column the spec names that the file lacks, or cannot be read, is fatal either way.
-    fn rows(
-        &self,
-        split: &Split,
-        read: Result<Vec<RecordBatch>, ParquetReadError>,
-    ) -> Result<Vec<Element>, EngineError> {
+    fn rows(&self, split: &Split, read: Result<RowGroupsRead, ParquetReadError>) -> Result<Vec<Element>, EngineError> {
         match read {
-            Ok(batches) => {
+            Ok(RowGroupsRead { batches, skipped_rows }) => {
                 let elements: Vec<Element> = batches.iter().flat_map(formats::parquet::elements).collect();
-                self.stats.records.fetch_add(elements.len() as u64, Ordering::Relaxed);
+                self.stats.records.fetch_add(elements.len() as u64 + skipped_rows, Ordering::Relaxed);
+                // Counted as the filter would have counted them.
+                self.stats.filtered.fetch_add(skipped_rows, Ordering::Relaxed);
                 Ok(elements)
             }
             Err(ParquetReadError::Parquet { file, source }) => {

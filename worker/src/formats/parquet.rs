@@ -1,6 +1,7 @@
 //! Parquet files. A split is a run of row groups of one file; reading it fetches the footer,
 //! then only the chunks of the projected columns in those row groups (ranged reads through
-//! object_store), and decodes them into Arrow record batches.
+//! object_store), and decodes them into Arrow record batches. A row group whose statistics
+//! prove that a leading `filter` op drops every row of it is never fetched (`excludes`).
 //!
 //! Rows become elements here, one field per column: integers and booleans as int64, floats as
 //! float32 or float64, strings and binary (dictionary-encoded or not) as bytes, lists of those
@@ -26,7 +27,9 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData};
+use parquet::file::statistics::Statistics;
+use stoker_api::{Filter, FilterOp};
 
 use crate::element::{Element, Field};
 
@@ -78,12 +81,14 @@ impl ParquetFile {
         Ok(builder.metadata().clone())
     }
 
-    /// The rows of `row_groups`, of the `columns` named (every column if None), in batches.
+    /// The rows of `row_groups`, of the `columns` named (every column if None), in batches,
+    /// but for the row groups `filters` (the pipeline's leading `filter` ops) drop whole.
     pub async fn read(
         &self,
         row_groups: Range<usize>,
         columns: Option<&[String]>,
-    ) -> Result<Vec<RecordBatch>, ParquetReadError> {
+        filters: &[Filter],
+    ) -> Result<RowGroupsRead, ParquetReadError> {
         let builder = ParquetRecordBatchStreamBuilder::new(self.reader()).await.map_err(|e| self.error(e))?;
         let groups = builder.metadata().num_row_groups();
         if row_groups.end > groups || row_groups.is_empty() {
@@ -113,10 +118,73 @@ impl ParquetFile {
                 });
             }
         }
+        // A filter prunes only on a column it reads: on another, every row would fail it.
+        let prunes: Vec<(usize, &Filter)> = filters
+            .iter()
+            .filter_map(|f| {
+                let root = schema.index_of(&f.field).ok().filter(|r| roots.contains(r))?;
+                let ordered = matches!(
+                    schema.field(root).data_type(),
+                    DataType::Int8
+                        | DataType::Int16
+                        | DataType::Int32
+                        | DataType::Int64
+                        | DataType::Float32
+                        | DataType::Float64
+                );
+                let leaf =
+                    builder.parquet_schema().columns().iter().position(|c| c.path().parts() == [f.field.as_str()])?;
+                ordered.then_some((leaf, f))
+            })
+            .collect();
+        let metadata = builder.metadata().clone();
+        let (kept, skipped): (Vec<usize>, Vec<usize>) =
+            row_groups.partition(|&g| !prunes.iter().any(|(leaf, f)| excludes(metadata.row_group(g), *leaf, f)));
+        let skipped_rows = skipped.iter().map(|&g| metadata.row_group(g).num_rows() as u64).sum();
+        if kept.is_empty() {
+            return Ok(RowGroupsRead { batches: Vec::new(), skipped_rows });
+        }
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        let stream =
-            builder.with_projection(mask).with_row_groups(row_groups.collect()).build().map_err(|e| self.error(e))?;
-        stream.try_collect().await.map_err(|e| self.error(e))
+        let stream = builder.with_projection(mask).with_row_groups(kept).build().map_err(|e| self.error(e))?;
+        let batches = stream.try_collect().await.map_err(|e| self.error(e))?;
+        Ok(RowGroupsRead { batches, skipped_rows })
+    }
+}
+
+/// A split's row groups as read.
+#[derive(Debug)]
+pub struct RowGroupsRead {
+    pub batches: Vec<RecordBatch>,
+    /// Rows of the row groups the filters dropped whole, never fetched.
+    pub skipped_rows: u64,
+}
+
+/// Whether the statistics of column chunk `leaf` of `group` prove that `filter` drops every
+/// row: a numeric target (the op compares numbers then, `apply::keeps`), a minimum and maximum
+/// outside what it keeps, and no nulls (a row without the field fails the op instead of being
+/// dropped, so a chunk with nulls, or that does not say, is read).
+fn excludes(group: &RowGroupMetaData, leaf: usize, filter: &Filter) -> bool {
+    let Ok(target) = filter.value.parse::<f64>() else { return false };
+    let Some(stats) = group.column(leaf).statistics() else { return false };
+    if stats.null_count_opt() != Some(0) {
+        return false;
+    }
+    // As f64, as the op compares them: the conversion keeps the order, so the bounds hold.
+    let bounds = match stats {
+        Statistics::Int32(s) => s.min_opt().zip(s.max_opt()).map(|(a, b)| (f64::from(*a), f64::from(*b))),
+        Statistics::Int64(s) => s.min_opt().zip(s.max_opt()).map(|(a, b)| (*a as f64, *b as f64)),
+        Statistics::Float(s) => s.min_opt().zip(s.max_opt()).map(|(a, b)| (f64::from(*a), f64::from(*b))),
+        Statistics::Double(s) => s.min_opt().zip(s.max_opt()).map(|(a, b)| (*a, *b)),
+        _ => None,
+    };
+    let Some((min, max)) = bounds.filter(|(a, b)| !a.is_nan() && !b.is_nan()) else { return false };
+    match filter.op {
+        FilterOp::Gt => max <= target,
+        FilterOp::Ge => max < target,
+        FilterOp::Lt => min >= target,
+        FilterOp::Le => min > target,
+        FilterOp::Eq => target < min || target > max,
+        FilterOp::Ne => min == target && max == target,
     }
 }
 
@@ -332,8 +400,8 @@ mod tests {
 
     fn read(file: &ParquetFile, groups: Range<usize>, columns: Option<&[&str]>) -> Vec<Element> {
         let columns: Option<Vec<String>> = columns.map(|c| c.iter().map(|s| s.to_string()).collect());
-        let batches = futures::executor::block_on(file.read(groups, columns.as_deref())).unwrap();
-        batches.iter().flat_map(elements).collect()
+        let read = futures::executor::block_on(file.read(groups, columns.as_deref(), &[])).unwrap();
+        read.batches.iter().flat_map(elements).collect()
     }
 
     #[test]
@@ -367,6 +435,29 @@ mod tests {
         assert_eq!(rows[3]["history"], Field::Int64(vec![]), "an empty list is a field with no values");
     }
 
+    /// The file of `write`: ids 0-3, 4-7 and 8-9 in its row groups; label null in row 3.
+    #[test]
+    fn a_leading_filter_skips_the_row_groups_its_statistics_rule_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = write(dir.path());
+        let filter = |field: &str, op, value: &str| Filter { field: field.into(), op, value: value.into() };
+        let skipped = |filters: &[Filter], columns: Option<&[String]>| {
+            let read = futures::executor::block_on(file.read(0..3, columns, filters)).unwrap();
+            (read.skipped_rows, read.batches.iter().map(RecordBatch::num_rows).sum::<usize>())
+        };
+        assert_eq!(skipped(&[filter("id", FilterOp::Ge, "5")], None), (4, 6), "row group 0 (ids 0-3) skipped");
+        assert_eq!(skipped(&[filter("id", FilterOp::Lt, "4")], None), (6, 4));
+        assert_eq!(skipped(&[filter("id", FilterOp::Eq, "9")], None), (8, 2));
+        assert_eq!(skipped(&[filter("id", FilterOp::Ne, "9")], None), (0, 10), "no group is all 9");
+        assert_eq!(skipped(&[filter("id", FilterOp::Gt, "99")], None), (10, 0), "nothing fetched");
+        // Rows 0-3 hold labels 0, 0.5, 1 and a null: the null keeps the group, whose row 3
+        // would fail the op rather than be dropped; the others (2-3.5, 4-4.5) go.
+        assert_eq!(skipped(&[filter("label", FilterOp::Gt, "4.5")], None), (6, 4));
+        // Text targets compare bytes, and a column not read never prunes.
+        assert_eq!(skipped(&[filter("id", FilterOp::Gt, "x")], None), (0, 10));
+        assert_eq!(skipped(&[filter("id", FilterOp::Gt, "99")], Some(&["city".to_string()])), (0, 10));
+    }
+
     #[test]
     fn every_common_codec_is_read() {
         use parquet::basic::{Compression::*, GzipLevel};
@@ -382,9 +473,9 @@ mod tests {
     fn a_missing_column_or_row_group_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         let file = write(dir.path());
-        let err = futures::executor::block_on(file.read(0..1, Some(&["price".to_string()]))).unwrap_err();
+        let err = futures::executor::block_on(file.read(0..1, Some(&["price".to_string()]), &[])).unwrap_err();
         assert!(err.to_string().contains("no column \"price\" (it has id, label, city, flag, history)"), "{err}");
-        let err = futures::executor::block_on(file.read(2..4, None)).unwrap_err();
+        let err = futures::executor::block_on(file.read(2..4, None, &[])).unwrap_err();
         assert!(err.to_string().contains("has 3 row groups, not 2..4"), "{err}");
     }
 }
