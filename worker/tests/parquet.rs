@@ -62,9 +62,17 @@ async fn row_groups_are_splits_and_only_the_named_columns_are_read() {
     write(&dir.path().join("b.parquet"), 40_000, 100, 10_000);
     std::fs::write(dir.path().join("_SUCCESS"), "").unwrap();
     let (batches, engine) = epoch(pipeline(dir.path(), ", columns: [id, city]")).await.unwrap();
-    // a.parquet's four row groups of 10,000 rows gather in twos (16,384 rows or more a split).
-    let planned: Vec<_> = engine.mix().planned().map(|s| s.row_groups.clone().unwrap().range).collect();
-    assert_eq!(planned, [0..2, 2..4, 0..1]);
+    // a.parquet's four row groups of 10,000 rows gather in twos (16,384 rows or more a split);
+    // b.parquet's 100 rows are the last split.
+    let planned: Vec<(&str, std::ops::Range<usize>)> = engine
+        .mix()
+        .planned()
+        .flat_map(|s| {
+            s.shards.iter().zip(&s.row_groups).map(|(f, g)| (f.path.rsplit('/').next().unwrap(), g.range.clone()))
+        })
+        .collect();
+    assert_eq!(planned, [("a.parquet", 0..2), ("a.parquet", 2..4), ("b.parquet", 0..1)]);
+    assert_eq!(engine.mix().planned().count(), 3);
     let mut ids: Vec<i64> = batches.iter().flat_map(|b| int64s(b, "id")).collect();
     assert_eq!(batches[0].tensors.keys().collect::<Vec<_>>(), ["city", "id"], "score is never read");
     ids.sort_unstable();
@@ -72,6 +80,27 @@ async fn row_groups_are_splits_and_only_the_named_columns_are_read() {
 
     let err = epoch(pipeline(dir.path(), ", columns: [id, price]")).await.map(|_| ()).unwrap_err();
     assert!(err.to_string().contains("no column \"price\" (it has id, score, city)"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn small_files_gather_into_splits_and_every_row_arrives_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for file in 0..10 {
+        write(&dir.path().join(format!("part-{file:02}.parquet")), file * 3_000, 3_000, 1_000);
+    }
+    let (batches, engine) = epoch(pipeline(dir.path(), "")).await.unwrap();
+    // Row groups of 1,000 rows: the first split is 17 of them (16,384 rows or more), five
+    // files and two row groups of the sixth; the second the sixth's last and four files.
+    let pieces: Vec<Vec<(usize, std::ops::Range<usize>)>> = engine
+        .mix()
+        .planned()
+        .map(|s| s.row_groups.iter().enumerate().map(|(i, g)| (i, g.range.clone())).collect())
+        .collect();
+    assert_eq!(pieces[0].len(), 6);
+    assert_eq!((pieces[0][5].1.clone(), pieces[1][0].1.clone(), pieces[1].len()), (0..2, 2..3, 5));
+    let mut ids: Vec<i64> = batches.iter().flat_map(|b| int64s(b, "id")).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..30_000).collect::<Vec<_>>());
 }
 
 #[tokio::test(flavor = "multi_thread")]

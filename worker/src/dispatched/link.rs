@@ -250,7 +250,7 @@ pub fn plan_digest(mix: &Mix) -> String {
             bytes.extend_from_slice(shard.path.as_bytes());
             bytes.extend_from_slice(&shard.size.to_le_bytes());
         }
-        if let Some(groups) = &split.row_groups {
+        for groups in &split.row_groups {
             for n in [groups.range.start, groups.range.end] {
                 bytes.extend_from_slice(&(n as u64).to_le_bytes());
             }

@@ -51,9 +51,10 @@ const TABLES: usize = 4;
 
 /// A split's weight in bytes, its files' or its row groups': an empty file still costs a read.
 fn bytes(split: &Split) -> f64 {
-    match &split.row_groups {
-        Some(groups) => groups.bytes.max(1) as f64,
-        None => split.shards.iter().map(|s| s.size.max(1) as f64).sum(),
+    if split.row_groups.is_empty() {
+        split.shards.iter().map(|s| s.size.max(1) as f64).sum()
+    } else {
+        split.row_groups.iter().map(|g| g.bytes.max(1) as f64).sum()
     }
 }
 
@@ -187,7 +188,7 @@ mod tests {
                 id: i as u64,
                 source: 0,
                 shards: vec![Shard { path: format!("{source}/{i:04}"), size, version: "v".into() }],
-                row_groups: None,
+                row_groups: Vec::new(),
             })
             .collect()
     }

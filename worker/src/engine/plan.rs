@@ -9,8 +9,8 @@ use crate::formats::image_folder;
 use crate::formats::parquet::ParquetReadError;
 use crate::source::{DataSource, Shard};
 
-/// A unit of work: whole shard files of one format, or row groups of one Parquet file,
-/// handed out by the dispatcher later.
+/// A unit of work: whole shard files of one format, or row groups of Parquet files, handed out
+/// by the dispatcher later.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Split {
     /// As planned, the index in its source's splits; in an epoch, the slot the dispatcher
@@ -19,8 +19,9 @@ pub struct Split {
     /// Which source of the mix it is read from (0 for a single source).
     pub source: usize,
     pub shards: Vec<Shard>,
-    /// A Parquet split: the row groups of its one shard it reads.
-    pub row_groups: Option<RowGroups>,
+    /// A Parquet split: the row groups it reads of each of its shards, in order (empty for
+    /// other formats).
+    pub row_groups: Vec<RowGroups>,
 }
 
 /// Consecutive row groups of a Parquet file, and their compressed bytes.
@@ -30,35 +31,47 @@ pub struct RowGroups {
     pub bytes: u64,
 }
 
-/// Rows a Parquet split gathers from a file's consecutive row groups before it is cut: small
-/// row groups (a writer flushing often) would otherwise make splits too small for their
-/// dispatcher round trip, and large ones (the usual 64K-1M rows) make a split each.
+/// Rows a Parquet split gathers from consecutive row groups, across files, before it is cut:
+/// small row groups or files (a writer flushing often, a table of many small files) would
+/// otherwise make splits too small for their dispatcher round trip, while large row groups
+/// (the usual 64K-1M rows) make a split each.
 pub const PARQUET_SPLIT_ROWS: u64 = 16_384;
 
-/// Parquet splits: each file's row groups in order, gathered into runs of at least
-/// `PARQUET_SPLIT_ROWS` rows (a file's last run may be shorter); empty row groups are left out.
+/// Parquet splits: the files' row groups in listing order, gathered into splits of at least
+/// `PARQUET_SPLIT_ROWS` rows (the last may be shorter), a split holding the row groups of one
+/// file or the tail of one and the heads of the next; empty row groups are left out.
 pub(super) fn plan_row_groups(files: Vec<(Shard, Vec<(u64, u64)>)>) -> Vec<Split> {
     let mut splits = Vec::new();
+    let mut open = Split { id: 0, source: 0, shards: Vec::new(), row_groups: Vec::new() };
+    let mut rows = 0;
     for (shard, groups) in files {
-        let mut start: Option<(usize, u64, u64)> = None;
-        for (i, &(rows, bytes)) in groups.iter().enumerate() {
-            if rows == 0 {
+        for (i, &(group_rows, bytes)) in groups.iter().enumerate() {
+            if group_rows == 0 {
                 continue;
             }
-            let (first, total_rows, total_bytes) = start.unwrap_or((i, 0, 0));
-            let run = (first, total_rows + rows, total_bytes + bytes);
-            if run.1 >= PARQUET_SPLIT_ROWS {
-                let row_groups = Some(RowGroups { range: run.0..i + 1, bytes: run.2 });
-                splits.push(Split { id: splits.len() as u64, source: 0, shards: vec![shard.clone()], row_groups });
-                start = None;
-            } else {
-                start = Some(run);
+            match (open.shards.last(), open.row_groups.last_mut()) {
+                (Some(last), Some(run)) if *last == shard && run.range.end == i => {
+                    run.range.end = i + 1;
+                    run.bytes += bytes;
+                }
+                _ => {
+                    open.shards.push(shard.clone());
+                    open.row_groups.push(RowGroups { range: i..i + 1, bytes });
+                }
+            }
+            rows += group_rows;
+            if rows >= PARQUET_SPLIT_ROWS {
+                let id = splits.len() as u64 + 1;
+                splits.push(std::mem::replace(
+                    &mut open,
+                    Split { id, source: 0, shards: Vec::new(), row_groups: Vec::new() },
+                ));
+                rows = 0;
             }
         }
-        if let Some((first, _, bytes)) = start {
-            let row_groups = Some(RowGroups { range: first..groups.len(), bytes });
-            splits.push(Split { id: splits.len() as u64, source: 0, shards: vec![shard], row_groups });
-        }
+    }
+    if !open.shards.is_empty() {
+        splits.push(open);
     }
     splits
 }
@@ -122,7 +135,7 @@ pub(super) fn plan(
             let splits = images
                 .chunks(split_size(images.len(), files_per_split))
                 .enumerate()
-                .map(|(i, c)| Split { id: i as u64, source: 0, shards: c.to_vec(), row_groups: None })
+                .map(|(i, c)| Split { id: i as u64, source: 0, shards: c.to_vec(), row_groups: Vec::new() })
                 .collect();
             (splits, labels)
         }
@@ -130,7 +143,7 @@ pub(super) fn plan(
             let splits = shards
                 .into_iter()
                 .enumerate()
-                .map(|(i, s)| Split { id: i as u64, source: 0, shards: vec![s], row_groups: None })
+                .map(|(i, s)| Split { id: i as u64, source: 0, shards: vec![s], row_groups: Vec::new() })
                 .collect();
             (splits, BTreeMap::new())
         }
@@ -192,28 +205,46 @@ mod tests {
     }
 
     #[test]
-    fn parquet_splits_are_runs_of_a_files_row_groups_of_enough_rows() {
+    fn parquet_splits_gather_row_groups_across_files_to_enough_rows() {
+        let file = |name: &str, groups: Vec<(u64, u64)>| (shards(&[name.to_string()]).remove(0), groups);
         let files = vec![
-            // Large row groups: one split each.
-            (shards(&["a.parquet".into()]).remove(0), vec![(100_000, 10), (0, 0), (20_000, 2)]),
-            // Small ones gather, the file's tail shorter.
-            (shards(&["b.parquet".into()]).remove(0), vec![(10_000, 1), (10_000, 1), (5_000, 1), (1, 1)]),
+            // Large row groups: one split each (the empty one left out).
+            file("a.parquet", vec![(100_000, 10), (0, 0), (20_000, 2)]),
+            // Small ones gather; a file's tail joins the next file's head.
+            file("b.parquet", vec![(10_000, 1), (10_000, 1), (5_000, 1)]),
+            file("c.parquet", vec![(6_000, 3), (6_000, 3), (1, 1)]),
+            // Small files gather whole, and the last split is what is left.
+            file("d.parquet", vec![(8_000, 4)]),
+            file("e.parquet", vec![(8_000, 4)]),
+            file("f.parquet", vec![(100, 1)]),
         ];
-        let splits = plan_row_groups(files);
-        let planned: Vec<(u64, &str, Range<usize>, u64)> = splits
+        let planned: Vec<Vec<(String, Range<usize>, u64)>> = plan_row_groups(files)
             .iter()
-            .map(|s| {
-                let groups = s.row_groups.clone().unwrap();
-                (s.id, s.shards[0].path.as_str(), groups.range, groups.bytes)
+            .enumerate()
+            .map(|(i, s)| {
+                assert_eq!(s.id, i as u64);
+                assert_eq!(s.shards.len(), s.row_groups.len());
+                let pieces = s.shards.iter().zip(&s.row_groups);
+                pieces
+                    .map(|(f, g)| (f.path.trim_start_matches("data/").to_string(), g.range.clone(), g.bytes))
+                    .collect()
             })
             .collect();
+        let piece = |f: &str, r: Range<usize>, b| (f.to_string(), r, b);
         assert_eq!(
             planned,
             [
-                (0, "data/a.parquet", 0..1, 10),
-                (1, "data/a.parquet", 1..3, 2),
-                (2, "data/b.parquet", 0..2, 2),
-                (3, "data/b.parquet", 2..4, 2),
+                vec![piece("a.parquet", 0..1, 10)],
+                vec![piece("a.parquet", 2..3, 2)],
+                vec![piece("b.parquet", 0..2, 2)],
+                vec![piece("b.parquet", 2..3, 1), piece("c.parquet", 0..2, 6)],
+                // 16,101 rows, the last split: shorter than the rest may be.
+                vec![
+                    piece("c.parquet", 2..3, 1),
+                    piece("d.parquet", 0..1, 4),
+                    piece("e.parquet", 0..1, 4),
+                    piece("f.parquet", 0..1, 1),
+                ],
             ]
         );
         assert!(is_parquet_file("x/part-0.snappy.parquet") && is_parquet_file("y"));

@@ -83,9 +83,10 @@ impl Engine {
             return self.runtime.spawn_blocking(move || Fetched::Cached(entry.read_split(id)));
         }
         let source = self.sources[split.source].clone();
-        if let Some(groups) = &split.row_groups {
-            let file = source.parquet(&split.shards[0]);
-            let (range, columns) = (groups.range.clone(), self.pipeline.data_plane.source.columns.clone());
+        if !split.row_groups.is_empty() {
+            let files: Vec<_> = split.shards.iter().map(|shard| source.parquet(shard)).collect();
+            let ranges: Vec<_> = split.row_groups.iter().map(|g| g.range.clone()).collect();
+            let columns = self.pipeline.data_plane.source.columns.clone();
             // The ops before any other drop rows by a column's value: row groups whose
             // statistics rule every row out are not read.
             let filters: Vec<Filter> = (self.pipeline.data_plane.transforms.iter())
@@ -96,7 +97,12 @@ impl Engine {
                 .collect();
             return self.runtime.spawn(async move {
                 let columns = (!columns.is_empty()).then_some(columns.as_slice());
-                Fetched::Source(SourceRead::RowGroups(file.read(range, columns, &filters).await))
+                let reads = files.iter().zip(ranges).map(|(file, range)| file.read(range, columns, &filters));
+                let read = futures::future::try_join_all(reads).await.map(|reads| RowGroupsRead {
+                    skipped_rows: reads.iter().map(|r| r.skipped_rows).sum(),
+                    batches: reads.into_iter().flat_map(|r| r.batches).collect(),
+                });
+                Fetched::Source(SourceRead::RowGroups(read))
             });
         }
         let shards = split.shards.clone();
