@@ -18,6 +18,7 @@ fn check_accepts_the_valid_samples() {
         "image-classification.yaml",
         "image-python-augment.yaml",
         "llm-pretraining.yaml",
+        "llm-pretraining-parquet.yaml",
         "sweep.yaml",
         "text-jsonl.yaml",
         "webdataset-fixed.yaml",

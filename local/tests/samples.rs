@@ -112,6 +112,37 @@ fn word_tokenizer(path: &Path, words: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_llm_pretraining_sample_runs_under_stoker_local() {
+    llm_pretraining("llm-pretraining.yaml", |path, docs| {
+        let lines: String =
+            docs.iter().enumerate().map(|(i, text)| format!("{{\"text\": \"{text}\", \"id\": {i:>3}}}\n")).collect();
+        std::fs::write(path.with_extension("jsonl"), lines).unwrap();
+    })
+    .await;
+}
+
+/// The same documents in Parquet files: a `text` column, and an `id` column never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_llm_pretraining_sample_on_parquet_runs_under_stoker_local() {
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+    llm_pretraining("llm-pretraining-parquet.yaml", |path, docs| {
+        let text = StringArray::from_iter_values(docs);
+        let ids = Int64Array::from_iter_values(0..docs.len() as i64);
+        let batch =
+            RecordBatch::try_from_iter([("id", Arc::new(ids) as ArrayRef), ("text", Arc::new(text) as ArrayRef)])
+                .unwrap();
+        let out = std::fs::File::create(path.with_extension("parquet")).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(out, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    })
+    .await;
+}
+
+/// Runs an LLM pretraining sample on ten files of 100 documents each, written by `write` (to
+/// the path given, its extension set as the format has it): every token and separator once.
+async fn llm_pretraining(sample: &str, write: impl Fn(&Path, &[String])) {
     let data = tempfile::tempdir().unwrap();
     let words = ["gpus", "wait", "for", "data", "stoker", "feeds", "them"];
     word_tokenizer(&data.path().join("tokenizer/tokenizer.json"), &words);
@@ -121,18 +152,18 @@ async fn the_llm_pretraining_sample_runs_under_stoker_local() {
     for (source, files) in [("web", 7), ("code", 3)] {
         std::fs::create_dir_all(data.path().join(source)).unwrap();
         for file in 0..files {
-            let docs: String = (0..100)
+            let docs: Vec<String> = (0..100)
                 .map(|i| {
                     let n = i % 40;
                     tokens += n + 1; // and the separator
                     let text: Vec<&str> = (0..n).map(|k| words[k % words.len()]).collect();
-                    format!("{{\"text\": \"{}\", \"id\": {i:>3}}}\n", text.join(" "))
+                    text.join(" ")
                 })
                 .collect();
-            std::fs::write(data.path().join(format!("{source}/{file}.jsonl")), docs).unwrap();
+            write(&data.path().join(format!("{source}/{file}")), &docs);
         }
     }
-    let text = std::fs::read_to_string(samples().join("llm-pretraining.yaml")).unwrap();
+    let text = std::fs::read_to_string(samples().join(sample)).unwrap();
     let mut dp = stoker_api::parse_manifest(&text).unwrap();
     let spec = &mut dp.spec;
     let weights: Vec<f64> = spec.data_plane.source.mix.iter().map(|m| m.weight).collect();
@@ -150,7 +181,7 @@ async fn the_llm_pretraining_sample_runs_under_stoker_local() {
         }
     }
     assert_eq!(stoker_api::validate(spec), Ok(()));
-    let (batches, report) = one_epoch("llm-pretraining", dp.spec.clone()).await;
+    let (batches, report) = one_epoch(&dp.metadata.name.clone().unwrap(), dp.spec.clone()).await;
     let i32s = |t: &stoker_api::Tensor| -> Vec<i32> {
         t.data.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
     };
