@@ -87,6 +87,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         let seed = pipeline.data_plane.seed.unwrap_or(0);
         let size = pipeline.data_plane.batch_size as usize;
         let capped = stats.shuffle_cap.lock().unwrap().map(|c| c.elements);
+        let row_estimate = stats.row_bytes.load(Ordering::Relaxed) as usize;
         Batcher {
             size,
             pad: pipeline.data_plane.pad_value,
@@ -106,15 +107,15 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
             origins: Vec::with_capacity(size),
             track: SplitTracker::default(),
             held,
-            row_estimate: 0,
+            row_estimate,
             sequence: 0,
             last_split: 0,
             send,
         }
     }
 
-    /// What a row weighed in the last chunk that had any: what to reserve for the next
-    /// chunk's rows before they exist.
+    /// What a row weighed in the last chunk that had any, in this run or (for its first
+    /// chunk) the engine's last: what to reserve for the next chunk's rows before they exist.
     pub(super) fn row_estimate(&self) -> usize {
         self.row_estimate
     }
@@ -124,14 +125,14 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
     /// while the chunk before lands, before the batch that one completes is queued, so over
     /// the limit a producer still holds a chunk beyond its batches: with 128 rows of 602 KB
     /// (224-px float32 images) that was 77 MB a chunk, and a worker with a 256 MiB budget held
-    /// two 154 MB batches and half a third. The first chunk, whose rows are reserved before
-    /// anything tells their weight, takes a sixteenth of `most`.
+    /// two 154 MB batches and half a third. Only the worker's first chunk, before anything
+    /// told a row's weight (a run's first takes the engine's last, `Stats::row_bytes`), is
+    /// reserved at nothing: nothing else is held then.
     pub(super) fn chunk_len(&self, most: usize, factor: usize) -> usize {
         match self.row_estimate * factor {
-            0 => most / 16,
-            row => most.min(self.held.limit() / 16 / row),
+            0 => most,
+            row => most.min(self.held.limit() / 16 / row).max(1),
         }
-        .max(1)
     }
 
     /// Reserves `bytes` for rows about to be made: waits, over the budget, while a batch this
@@ -147,6 +148,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         let bytes: usize = rows.iter().map(|(_, row)| row_bytes(row)).sum();
         if !rows.is_empty() {
             self.row_estimate = bytes / rows.len();
+            self.stats.row_bytes.store(self.row_estimate as u64, Ordering::Relaxed);
         }
         reserved.resize(bytes);
         self.held.merge(reserved);
@@ -337,8 +339,8 @@ mod tests {
         (Batcher::new(pipeline, 3, budget.producer(), Arc::default(), send), rx, budget)
     }
 
-    /// A chunk's rows, reserved before they exist, are at most a sixteenth of the budget; the
-    /// first chunk's, whose weight nothing tells yet, are a sixteenth of the most.
+    /// A chunk's rows, reserved before they exist, are at most a sixteenth of the budget; a new
+    /// run's first chunk weighs its rows as the engine's last run did.
     #[test]
     fn a_chunk_holds_at_most_a_sixteenth_of_the_budget() {
         let p = pipeline("batchSize: 4\n");
@@ -346,10 +348,14 @@ mod tests {
         let (tx, _rx) = channel();
         let send: Box<dyn FnMut(Ready) -> bool> = Box::new(move |ready| tx.send(ready).is_ok());
         let mut b = Batcher::new(&p, 0, budget.producer(), Arc::default(), send);
-        assert_eq!(b.chunk_len(128, 1), 8, "nothing weighed yet");
+        assert_eq!(b.chunk_len(128, 1), 128, "nothing weighed yet: the worker's first chunk");
         // 4 KiB rows: 16 make a sixteenth of 1 MiB; with an echo factor of 2, 8 elements.
         b.queue(0, vec![(0, row(&[0; 1024]))], budget.producer());
         assert_eq!((b.chunk_len(128, 1), b.chunk_len(128, 2), b.chunk_len(8, 1)), (16, 8, 8));
+        let (tx, _rx) = channel();
+        let send: Box<dyn FnMut(Ready) -> bool> = Box::new(move |ready| tx.send(ready).is_ok());
+        let next_run = Batcher::new(&p, 1, budget.producer(), b.stats.clone(), send);
+        assert_eq!(next_run.chunk_len(128, 1), 16, "the next run starts from the last weight");
     }
 
     /// A row with one int32 field `x` of `values` (shape `[values.len()]`).

@@ -123,6 +123,9 @@ pub struct Stats {
     pub python_failures: Mutex<BTreeMap<usize, PythonFailures>>,
     /// Rows batched from each source of the mix (elements, or packed rows after `pack`).
     pub source_rows: Mutex<Vec<u64>>,
+    /// What a row weighed in the last chunk with rows, in any run: a new run reserves its
+    /// first chunk's rows at it (`Batcher::chunk_len`).
+    pub row_bytes: AtomicU64,
 }
 
 /// What one `python` op failed on: counts by reason and the last failure's message.
