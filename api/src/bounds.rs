@@ -46,6 +46,10 @@ pub const MAX_PYTHON_BATCH: u32 = 4096;
 /// MB; this stops a URI naming a dataset from filling a worker's memory.
 pub const MAX_TOKENIZER_BYTES: u64 = 512 << 20;
 
+/// Largest `vocabulary` file a worker reads: a recommendation model's largest id tables have
+/// tens of millions of entries (some hundreds of MB); more would not fit beside the batches.
+pub const MAX_VOCABULARY_BYTES: u64 = 1 << 30;
+
 /// What the ops so far have fixed about an image field. Only fields whose size the spec
 /// determines (a resize to `size`, a crop) are tracked; others depend on the data.
 #[derive(Clone, Copy, Debug)]
@@ -155,6 +159,13 @@ pub(crate) fn check(spec: &DataPlaneSpec, err: &mut impl FnMut(&str, String)) {
             | Transform::Echo(_) => None,
             Transform::Pack(_) => {
                 images.clear();
+                None
+            }
+            // Numbers and ids, never images.
+            feature => {
+                for field in feature.feature_fields() {
+                    images.remove(field);
+                }
                 None
             }
         };

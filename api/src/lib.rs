@@ -4,6 +4,7 @@
 pub mod bounds;
 pub mod children;
 pub mod chunk;
+mod features;
 pub mod fingerprint;
 mod ids;
 pub mod order;
@@ -21,6 +22,7 @@ pub mod verdicts;
 pub mod window;
 mod yaml;
 
+pub use features::*;
 pub use ids::{ClientId, JobName, ShareName, WorkerId};
 pub use reading::{JobShape, Reading};
 pub use spec::*;

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::features::{Bucketize, Clip, Concat, Cross, FillNull, HashBucket, Log1p, Standardize, Truncate, Vocabulary};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +30,17 @@ pub enum Transform {
     Autocache(Autocache),
     /// Data echoing: each element as the ops before it made it, `factor` times.
     Echo(Echo),
+    // Feature ops (`features.rs`), column at a time over a Parquet source.
+    FillNull(FillNull),
+    Log1p(Log1p),
+    Clip(Clip),
+    Standardize(Standardize),
+    Bucketize(Bucketize),
+    HashBucket(HashBucket),
+    Vocabulary(Vocabulary),
+    Truncate(Truncate),
+    Cross(Cross),
+    Concat(Concat),
 }
 
 impl Transform {
@@ -50,11 +62,63 @@ impl Transform {
             Transform::Pack(_) => "pack",
             Transform::Autocache(_) => "autocache",
             Transform::Echo(_) => "echo",
+            Transform::FillNull(_) => "fillNull",
+            Transform::Log1p(_) => "log1p",
+            Transform::Clip(_) => "clip",
+            Transform::Standardize(_) => "standardize",
+            Transform::Bucketize(_) => "bucketize",
+            Transform::HashBucket(_) => "hashBucket",
+            Transform::Vocabulary(_) => "vocabulary",
+            Transform::Truncate(_) => "truncate",
+            Transform::Cross(_) => "cross",
+            Transform::Concat(_) => "concat",
         }
     }
 
     /// Random ops give different output every epoch, so nothing after them may be cached. A
     /// `python` op is random unless it declares itself deterministic: its code is opaque.
+    /// A feature op: run column at a time over a Parquet source's record batches.
+    pub fn is_feature(&self) -> bool {
+        matches!(
+            self,
+            Transform::FillNull(_)
+                | Transform::Log1p(_)
+                | Transform::Clip(_)
+                | Transform::Standardize(_)
+                | Transform::Bucketize(_)
+                | Transform::HashBucket(_)
+                | Transform::Vocabulary(_)
+                | Transform::Truncate(_)
+                | Transform::Cross(_)
+                | Transform::Concat(_)
+        )
+    }
+
+    /// The fields a feature op reads and writes (its `output` last); none for other ops.
+    pub fn feature_fields(&self) -> Vec<&str> {
+        let (fields, output) = match self {
+            Transform::FillNull(op) => (&op.fields, None),
+            Transform::Log1p(op) => (&op.fields, None),
+            Transform::Clip(op) => (&op.fields, None),
+            Transform::Standardize(op) => (&op.fields, None),
+            Transform::Bucketize(op) => (&op.fields, None),
+            Transform::HashBucket(op) => (&op.fields, None),
+            Transform::Vocabulary(op) => (&op.fields, None),
+            Transform::Truncate(op) => (&op.fields, None),
+            Transform::Cross(op) => (&op.fields, Some(&op.output)),
+            Transform::Concat(op) => (&op.fields, Some(&op.output)),
+            _ => return Vec::new(),
+        };
+        fields.iter().chain(output).map(String::as_str).collect()
+    }
+
+    /// An op the columnar path runs: the feature ops, and the row and field ops it shares with
+    /// the element path.
+    pub fn is_columnar(&self) -> bool {
+        self.is_feature()
+            || matches!(self, Transform::Filter(_) | Transform::SelectFields(_) | Transform::RenameFields(_))
+    }
+
     pub fn is_random(&self) -> bool {
         match self {
             Transform::RandomResizedCrop(_) | Transform::RandomFlip(_) => true,

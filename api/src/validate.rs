@@ -62,7 +62,7 @@ fn validate_volumes(w: &Workers, err: &mut impl FnMut(&str, String)) {
 }
 
 /// A source URI's scheme must be one object_store reads, and it must name a bucket or path.
-fn validate_uri(field: &str, uri: &str, err: &mut impl FnMut(&str, String)) {
+pub(crate) fn validate_uri(field: &str, uri: &str, err: &mut impl FnMut(&str, String)) {
     match uri.split_once("://") {
         Some((scheme, rest)) if SOURCE_SCHEMES.contains(&scheme) => {
             if rest.trim_matches('/').is_empty() {
@@ -313,6 +313,7 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
             Transform::RenameFields(r) if r.mapping.is_empty() => {
                 err(&field, "mapping is empty; name at least one field to rename".into())
             }
+            feature if feature.is_feature() => crate::features::validate(spec, feature, &field, &mut err),
             _ => {}
         }
         if t.is_random() && first_random.is_none() {

@@ -56,8 +56,8 @@ fn each_transform_item_must_have_exactly_one_known_key() {
     let items = &spec_schema(&crd)["properties"]["transforms"]["items"];
     let one_of = items["oneOf"].as_array().expect("transforms items are a oneOf");
     let keys: Vec<&str> = one_of.iter().map(|b| b["required"][0].as_str().unwrap()).collect();
-    assert_eq!(keys.len(), 15);
-    for op in ["autocache", "randomResizedCrop", "python", "tokenize", "pack", "echo"] {
+    assert_eq!(keys.len(), 25);
+    for op in ["autocache", "randomResizedCrop", "python", "tokenize", "pack", "echo", "hashBucket", "concat"] {
         assert!(keys.contains(&op), "{op} in {keys:?}");
     }
     for key in keys {

@@ -19,6 +19,7 @@ fn check_accepts_the_valid_samples() {
         "image-python-augment.yaml",
         "llm-pretraining.yaml",
         "llm-pretraining-parquet.yaml",
+        "dlrm-criteo.yaml",
         "sweep.yaml",
         "text-jsonl.yaml",
         "webdataset-fixed.yaml",

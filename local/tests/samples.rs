@@ -140,6 +140,69 @@ async fn the_llm_pretraining_sample_on_parquet_runs_under_stoker_local() {
     .await;
 }
 
+/// The DLRM sample over a Criteo-style table written here (three files, nulls in every
+/// column): every row once, its dense vector and its buckets as the sample's ops define them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dlrm_sample_runs_under_stoker_local() {
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+    let data = tempfile::tempdir().unwrap();
+    let count = |row: i64, i: i64| row * (i + 3) % 50 - 2;
+    let category = |row: i64, c: i64| format!("{:08x}", (row * 31 + c * 7) % 1000);
+    // Row r's i-th count is null when r % (i + 5) == 0, its c-th category when r % (c + 7) == 0.
+    for file in 0..3 {
+        let rows = file * 1000..(file + 1) * 1000;
+        // `id` is not Criteo's: it lets the test find each row's expected values.
+        let mut columns: Vec<(String, ArrayRef)> = vec![
+            ("id".into(), Arc::new(Int64Array::from_iter_values(rows.clone()))),
+            ("label".into(), Arc::new(Int64Array::from_iter_values(rows.clone().map(|r| r % 2)))),
+        ];
+        for i in 1..=13 {
+            let values = rows.clone().map(|r| (r % (i + 5) != 0).then(|| count(r, i)));
+            columns.push((format!("i{i}"), Arc::new(Int64Array::from_iter(values))));
+        }
+        for c in 1..=26 {
+            let values = rows.clone().map(|r| (r % (c + 7) != 0).then(|| category(r, c)));
+            columns.push((format!("c{c}"), Arc::new(StringArray::from_iter(values))));
+        }
+        let batch = RecordBatch::try_from_iter(columns).unwrap();
+        let out = std::fs::File::create(data.path().join(format!("part-{file}.parquet"))).unwrap();
+        let mut writer = parquet::arrow::ArrowWriter::try_new(out, batch.schema(), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+    let text = std::fs::read_to_string(samples().join("dlrm-criteo.yaml")).unwrap();
+    let mut dp = stoker_api::parse_manifest(&text).unwrap();
+    dp.spec.data_plane.source.uri = format!("file://{}/", data.path().display());
+    dp.spec.data_plane.source.credentials_secret = None;
+    dp.spec.data_plane.batch_size = 100;
+    assert_eq!(stoker_api::validate(&dp.spec), Ok(()));
+    let (batches, report) = one_epoch("dlrm-criteo", dp.spec.clone()).await;
+    let i64s = |t: &stoker_api::Tensor| -> Vec<i64> {
+        t.data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for batch in &batches {
+        assert_eq!(batch.tensors["dense"].shape, [100, 13]);
+        let dense: Vec<f32> =
+            batch.tensors["dense"].data.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        let (c5, ids) = (i64s(&batch.tensors["c5"]), i64s(&batch.tensors["id"]));
+        for (k, &r) in ids.iter().enumerate() {
+            assert!(seen.insert(r), "row {r} twice");
+            for i in 1..=13 {
+                let filled = if r % (i + 5) == 0 { 0.0 } else { count(r, i) as f64 };
+                assert_eq!(dense[k * 13 + i as usize - 1], filled.max(0.0).ln_1p() as f32, "row {r}'s i{i}");
+            }
+            let text = if r % 12 == 0 { String::new() } else { category(r, 5) };
+            let bucket = stoker_worker::table::column::xxh64(text.as_bytes()) % 10_000_000;
+            assert_eq!(c5[k], bucket as i64, "row {r}'s c5");
+        }
+    }
+    assert_eq!(seen.len(), 3000, "every row once (dropRemainder: 3000 rows make 30 batches)");
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+}
+
 /// Runs an LLM pretraining sample on ten files of 100 documents each, written by `write` (to
 /// the path given, its extension set as the format has it): every token and separator once.
 async fn llm_pretraining(sample: &str, write: impl Fn(&Path, &[String])) {

@@ -181,6 +181,7 @@ pub fn apply_range(
             // Packing takes the split's rows together: the engine does it after the others.
             // The engine does these on whole chunks and splits (stages.rs, transform.rs).
             Transform::Pack(_) | Transform::Autocache(_) | Transform::Echo(_) => {}
+            feature => unreachable!("{} runs on the columnar path only (validate)", feature.name()),
         }
         timings[index] += started.elapsed();
     }
@@ -280,13 +281,19 @@ pub fn to_tensor(field: Field) -> Tensor {
 
 /// Numeric comparison when both sides are numbers, else comparison of the text.
 fn keeps(value: &Field, op: FilterOp, target: &str) -> bool {
-    use std::cmp::Ordering;
     let ordering = match (value, target.parse::<f64>()) {
         (Field::Int64(v), Ok(t)) if v.len() == 1 => (v[0] as f64).partial_cmp(&t),
         (Field::Float32(v), Ok(t)) if v.len() == 1 => (v[0] as f64).partial_cmp(&t),
         (Field::Float64(v), Ok(t)) if v.len() == 1 => v[0].partial_cmp(&t),
         (field, _) => field.as_bytes().map(|b| b.as_ref().cmp(target.as_bytes())),
     };
+    holds(ordering, op)
+}
+
+/// Whether a value ordered `ordering` against a filter's target passes `op` (never when the
+/// two do not compare: NaN, a number against text).
+pub(crate) fn holds(ordering: Option<std::cmp::Ordering>, op: FilterOp) -> bool {
+    use std::cmp::Ordering;
     let Some(ordering) = ordering else { return false };
     match op {
         FilterOp::Eq => ordering == Ordering::Equal,

@@ -22,3 +22,4 @@ pub mod serve;
 pub mod shuffle;
 pub mod source;
 pub mod stream;
+pub mod table;

@@ -11,25 +11,32 @@ use tokenizers::utils::truncation::TruncationParams;
 
 use crate::python::{PythonOps, PythonPool};
 use crate::source::DataSource;
+use crate::table::ops::Vocabulary;
 
 #[derive(Default)]
 pub struct Loaded {
     pub python: Option<PythonPool>,
     /// By op index, with the op's truncation set.
     pub tokenizers: BTreeMap<usize, Tokenizer>,
+    /// The files of `vocabulary` ops, by op index.
+    pub vocabularies: BTreeMap<usize, Vocabulary>,
 }
 
 impl Loaded {
-    /// The tokenizers `transforms` name by URI, read from their stores, by op index.
+    /// The files `transforms` name by URI (tokenizers, vocabularies), read from their stores,
+    /// by op index.
     pub async fn fetch(transforms: &[Transform]) -> Result<BTreeMap<usize, Bytes>, String> {
         let mut fetched = BTreeMap::new();
         for (index, t) in transforms.iter().enumerate() {
-            if let Transform::Tokenize(op) = t
-                && op.tokenizer.contains("://")
-            {
-                let bytes = DataSource::object(&op.tokenizer, stoker_api::bounds::MAX_TOKENIZER_BYTES)
+            let (uri, limit) = match t {
+                Transform::Tokenize(op) => (&op.tokenizer, stoker_api::bounds::MAX_TOKENIZER_BYTES),
+                Transform::Vocabulary(op) => (&op.path, stoker_api::bounds::MAX_VOCABULARY_BYTES),
+                _ => continue,
+            };
+            if uri.contains("://") {
+                let bytes = DataSource::object(uri, limit)
                     .await
-                    .map_err(|e| format!("transforms[{index}].tokenize: reading the tokenizer: {e}"))?;
+                    .map_err(|e| format!("transforms[{index}].{}: reading {uri}: {e}", t.name()))?;
                 fetched.insert(index, bytes);
             }
         }
@@ -55,7 +62,27 @@ impl Loaded {
                 tokenizers.insert(index, tokenizer);
             }
         }
+        let mut vocabularies = BTreeMap::new();
+        for (index, t) in transforms.iter().enumerate() {
+            if let Transform::Vocabulary(op) = t {
+                let file = match fetched.get(&index) {
+                    Some(bytes) => bytes.to_vec(),
+                    None => read_bounded(&op.path, stoker_api::bounds::MAX_VOCABULARY_BYTES)
+                        .map_err(|e| format!("transforms[{index}].vocabulary: reading {}: {e}", op.path))?,
+                };
+                vocabularies.insert(index, Vocabulary::new(&file, op.oov_id));
+            }
+        }
         let python = PythonOps::of(transforms).map(PythonPool::start).transpose()?;
-        Ok(Loaded { python, tokenizers })
+        Ok(Loaded { python, tokenizers, vocabularies })
     }
+}
+
+/// A file of at most `limit` bytes.
+fn read_bounded(path: &str, limit: u64) -> std::io::Result<Vec<u8>> {
+    let size = std::fs::metadata(path)?.len();
+    if size > limit {
+        return Err(std::io::Error::other(format!("{size} bytes, above the limit of {limit}")));
+    }
+    std::fs::read(path)
 }

@@ -32,6 +32,8 @@ pub(super) struct Batcher<S> {
     /// before the buffer stops growing.
     shuffle_bytes: usize,
     shuffle_share: usize,
+    /// The tables whose rows are in the shuffle buffer.
+    tables: TablesHeld,
     /// `shuffle.bufferSize`.
     requested: usize,
     stats: Arc<Stats>,
@@ -61,18 +63,6 @@ struct Chunk {
     completes_split: bool,
 }
 
-fn row_bytes(row: &Row) -> usize {
-    row.values().map(|t| t.data.len()).sum()
-}
-
-/// What a buffered row costs in memory: its tensors' bytes plus the allocations around them.
-/// The data bytes alone would let a buffer of millions of tiny rows (jsonl labels) hold
-/// gigabytes of map nodes. A row is a BTreeMap whose first node holds 11 entries (about
-/// 1 KB), and each field adds its name, shape and shared-bytes header (about 128 bytes).
-pub(super) fn row_cost(row: &Row) -> usize {
-    1024 + row.values().map(|t| t.data.len() + 128).sum::<usize>()
-}
-
 /// The share of the memory budget the shuffle buffer may fill before it stops growing. The
 /// other half is for the rest the engine holds at once: the chunk being transformed, the
 /// chunk queued, the batch being filled and the batches in flight to the client.
@@ -99,6 +89,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
                 ShuffleBuffer::new(capacity, s.seed.unwrap_or(seed), epoch)
             }),
             shuffle_bytes: 0,
+            tables: TablesHeld::default(),
             shuffle_share: shuffle_share(held.limit()),
             requested: pipeline.data_plane.shuffle.as_ref().map_or(0, |s| s.buffer_size as usize),
             stats,
@@ -145,7 +136,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
     /// rows weigh. The chunk queued before must have been batched.
     pub(super) fn queue(&mut self, split: u64, rows: Vec<(u64, Row)>, mut reserved: Rows) {
         debug_assert!(self.queued.is_none(), "the queued chunk is batched before the next is queued");
-        let bytes: usize = rows.iter().map(|(_, row)| row_bytes(row)).sum();
+        let bytes: usize = rows.iter().map(|(_, row)| row.bytes()).sum();
         if !rows.is_empty() {
             self.row_estimate = bytes / rows.len();
             self.stats.row_bytes.store(self.row_estimate as u64, Ordering::Relaxed);
@@ -200,7 +191,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         }
         if let Some(mut buffer) = self.shuffle.take() {
             for row in buffer.drain() {
-                self.shuffle_bytes -= row_cost(&row.1);
+                self.shuffle_bytes -= self.tables.left(&row.1);
                 self.push(row);
                 if self.rows.len() == self.size && !self.emit(self.last_split)? {
                     return Ok(Vec::new());
@@ -220,10 +211,10 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
     /// engine), so a huge bufferSize costs a bounded amount of memory instead of an OOM kill.
     fn shuffle_push(&mut self, row: (u64, Row)) -> Option<(u64, Row)> {
         let buffer = self.shuffle.as_mut().expect("called with a shuffle buffer");
-        self.shuffle_bytes += row_cost(&row.1);
+        self.shuffle_bytes += self.tables.entered(&row.1);
         let out = buffer.push(row);
         if let Some((_, r)) = &out {
-            self.shuffle_bytes -= row_cost(r);
+            self.shuffle_bytes -= self.tables.left(r);
         }
         self.stats.shuffle_peak_bytes.fetch_max(self.shuffle_bytes as u64, Ordering::Relaxed);
         if buffer.is_growing() && self.shuffle_bytes >= self.shuffle_share {
@@ -250,7 +241,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
 
     /// Makes a batch of the pending rows and sends it; false when nobody listens.
     fn emit(&mut self, split: u64) -> Result<bool, BatchError> {
-        let rows_bytes = self.rows.iter().map(row_bytes).sum();
+        let rows_bytes = self.rows.iter().map(Row::bytes).sum();
         let mut batch = stack::make_batch(&mut self.rows, self.pad, self.epoch, split, self.sequence)?;
         batch.rows = self.origins.clone();
         batch.echo = self.echo;
@@ -269,6 +260,47 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         self.rows.clear();
         for origin in self.origins.drain(..) {
             self.track.left(stoker_api::row_origin(origin).0);
+        }
+    }
+}
+
+/// The tables rows in the shuffle buffer keep alive. One row of a table keeps all of it: a
+/// shuffle buffer that takes a row or two of many tables holds them all, so it counts each
+/// table whole while any of its rows is in (a row of fields counts its own cost).
+#[derive(Default)]
+struct TablesHeld {
+    /// By the table's address: its rows in the buffer.
+    rows: std::collections::HashMap<usize, usize>,
+}
+
+impl TablesHeld {
+    /// What `row` entering adds to the buffer's cost.
+    fn entered(&mut self, row: &Row) -> usize {
+        match row {
+            Row::Fields(_) => row.cost(),
+            Row::Table(t) => {
+                let rows = self.rows.entry(Arc::as_ptr(&t.table) as usize).or_default();
+                *rows += 1;
+                if *rows == 1 { 32 + t.share * t.table.len() } else { 32 }
+            }
+        }
+    }
+
+    /// What `row` leaving takes from the buffer's cost.
+    fn left(&mut self, row: &Row) -> usize {
+        match row {
+            Row::Fields(_) => row.cost(),
+            Row::Table(t) => {
+                let key = Arc::as_ptr(&t.table) as usize;
+                let rows = self.rows.get_mut(&key).expect("a row that entered");
+                *rows -= 1;
+                if *rows == 0 {
+                    self.rows.remove(&key);
+                    32 + t.share * t.table.len()
+                } else {
+                    32
+                }
+            }
         }
     }
 }
@@ -361,7 +393,7 @@ mod tests {
     /// A row with one int32 field `x` of `values` (shape `[values.len()]`).
     fn row(values: &[i32]) -> Row {
         let data = Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>());
-        Row::from([("x".to_string(), Tensor::new(DType::Int32, vec![values.len()], data).unwrap())])
+        Row::Fields([("x".to_string(), Tensor::new(DType::Int32, vec![values.len()], data).unwrap())].into())
     }
 
     /// Element `i` of split `split`, recognisable in a batch as the value `100 * split + i`.

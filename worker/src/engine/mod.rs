@@ -75,6 +75,10 @@ pub enum EngineError {
     // twice.
     #[error("element {element} of split {split} (onError: fail): {error}")]
     Element { split: u64, element: u64, error: ElementError },
+    #[error("split {split} (the ops run column at a time): {error}")]
+    Table { split: u64, error: crate::table::apply::TableError },
+    #[error("split {split}: {message}")]
+    Columns { split: u64, message: String },
     #[error("batching: {0}")]
     Batch(BatchError),
     #[error("building the transform pool: {0}")]
@@ -242,6 +246,8 @@ pub struct Engine {
     sources: Vec<DataSource>,
     /// Which split of which source each slot of an epoch reads.
     mix: Mix,
+    /// Each Parquet source's footers, as planning read them.
+    footers: Vec<plan::Footers>,
     labels: BTreeMap<String, i64>,
     config: EngineConfig,
     pool: rayon::ThreadPool,
@@ -265,12 +271,17 @@ impl Engine {
         let mut planned = Vec::with_capacity(weighted.len());
         let mut shards = Vec::new();
         let mut classes = std::collections::BTreeSet::new();
+        let mut footers = Vec::new();
         for (index, mixed) in weighted.iter().enumerate() {
             let source = DataSource::open(&mixed.uri)?;
             let listed = source.list().await?;
             shards.extend(listed.iter().cloned());
             let (mut splits, labels) = match format {
-                SourceFormat::Parquet => (plan::parquet(&source, listed).await?, BTreeMap::new()),
+                SourceFormat::Parquet => {
+                    let (splits, source_footers) = plan::parquet(&source, listed).await?;
+                    footers.push(source_footers);
+                    (splits, BTreeMap::new())
+                }
                 _ => plan::plan(&source, format, listed, config.files_per_split, listing_order),
             };
             if splits.is_empty() {
@@ -317,6 +328,7 @@ impl Engine {
             pipeline,
             sources,
             mix,
+            footers,
             labels,
             config,
             pool,
@@ -411,7 +423,7 @@ impl Engine {
                     (fetched, Some(Claim::Take(taker))) => {
                         match taker.take(shared::TAKE_PATIENCE, shared::STILL_FOR) {
                             Taken::All(rows) => {
-                                let input = transform::SplitInput { taken: rows, elements: Vec::new() };
+                                let input = transform::SplitInput { taken: rows, elements: Vec::new(), table: None };
                                 let plan = hints::SplitPlan::default();
                                 if !flow.split(&split, input, plan, None, None, &mut batcher)? {
                                     return Ok(false);
@@ -428,6 +440,14 @@ impl Engine {
                 };
                 // Positions taken from the copy are left out as if delivered before.
                 let skip = with_taken(skip, &taken);
+                if self.columnar() {
+                    let table = self.table(epoch, &split, &skip, fetched)?;
+                    let input = transform::SplitInput { taken, elements: Vec::new(), table: Some(table) };
+                    if !flow.split(&split, input, hints::SplitPlan::default(), None, maker, &mut batcher)? {
+                        return Ok(false);
+                    }
+                    continue;
+                }
                 let (mut elements, mut plan) = self.elements(&split, &cache, fetched)?;
                 let packer = self.packer();
                 let echo = self.pipeline.data_plane.echo();
@@ -451,7 +471,7 @@ impl Engine {
                 let rows = u64::from(factor.unwrap_or(1));
                 self.read_order(epoch, split.id, &at_read, rows, &mut elements);
                 let packing = packer.map(|packer| transform::Packing { packer, next: 0, skip, stats: &self.stats });
-                let input = transform::SplitInput { taken, elements };
+                let input = transform::SplitInput { taken, elements, table: None };
                 if !flow.split(&split, input, plan, packing, maker, &mut batcher)? {
                     return Ok(false);
                 }
@@ -462,6 +482,15 @@ impl Engine {
             return Ok(Vec::new());
         }
         Ok(batcher.finish()?)
+    }
+
+    /// Whether splits take the columnar path (`table`): a Parquet source whose pipeline has
+    /// feature ops, all of its ops columnar. Other Parquet pipelines run element by element.
+    fn columnar(&self) -> bool {
+        let plane = &self.pipeline.data_plane;
+        plane.source.format == SourceFormat::Parquet
+            && plane.transforms.iter().any(|t| t.is_feature())
+            && plane.transforms.iter().all(|t| t.is_columnar())
     }
 
     /// A packer when the pipeline ends with `pack`.

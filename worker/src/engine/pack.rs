@@ -4,7 +4,7 @@
 
 use stoker_api::{DType, Pack, Tensor};
 
-use super::stack::Row;
+use super::stack::{Fields, Row};
 
 /// The output fields besides the packed ids (`Pack::field`).
 pub const SEGMENT_IDS: &str = "segment_ids";
@@ -84,11 +84,11 @@ impl Packer {
             let data: Vec<u8> = values.drain(..).flat_map(i32::to_le_bytes).collect();
             Tensor::new(DType::Int32, vec![self.length], data.into()).expect("length int32 values")
         };
-        let row = Row::from([
+        let row = Row::Fields(Fields::from([
             (self.field.clone(), tensor(&mut self.ids)),
             (SEGMENT_IDS.to_string(), tensor(&mut self.segments)),
             (POSITION_IDS.to_string(), tensor(&mut self.positions)),
-        ]);
+        ]));
         self.segment = 0;
         row
     }
@@ -96,7 +96,8 @@ impl Packer {
 
 /// The token ids of a row's `field` (int32 or int64 vectors; other types are not token ids).
 pub fn tokens(row: &Row, field: &str) -> Result<Vec<i32>, String> {
-    let t = row.get(field).ok_or_else(|| format!("pack: the element has no field {field:?}"))?;
+    let Row::Fields(fields) = row else { return Err("pack: a table row (pack is not a columnar op)".into()) };
+    let t = fields.get(field).ok_or_else(|| format!("pack: the element has no field {field:?}"))?;
     match t.dtype {
         DType::Int32 => {
             Ok(t.data.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
@@ -119,6 +120,11 @@ mod tests {
 
     fn op(length: u32, separator: Option<i32>) -> Pack {
         Pack { length, field: "ids".into(), separator, pad_id: -1 }
+    }
+
+    fn fields(row: &Row) -> &Fields {
+        let Row::Fields(fields) = row else { panic!("packed rows are fields") };
+        fields
     }
 
     fn values(row: &Row, field: &str) -> Vec<i32> {
@@ -156,7 +162,7 @@ mod tests {
             let flat: Vec<i32> = rows.iter().flat_map(|r| values(r, "ids")).filter(|t| *t != -1).collect();
             let want: Vec<i32> = docs.iter().flat_map(|d| d.iter().copied().chain([0])).collect();
             assert_eq!(flat, want, "length {length}: every token once, in order");
-            assert!(rows.iter().all(|r| r.values().all(|t| t.shape == [length as usize])));
+            assert!(rows.iter().all(|r| fields(r).values().all(|t| t.shape == [length as usize])));
             // Segments restart in every row and only padding is segment 0.
             for r in &rows {
                 let (ids, segments) = (values(r, "ids"), values(r, SEGMENT_IDS));
@@ -164,7 +170,8 @@ mod tests {
                 assert!(segments.windows(2).all(|w| w[1] >= w[0] || w[1] == 0));
             }
             let again = pack(&op(length, Some(0)), &docs);
-            assert_eq!(rows, again, "deterministic");
+            let all = |rows: &[Row]| rows.iter().map(|r| fields(r).clone()).collect::<Vec<_>>();
+            assert_eq!(all(&rows), all(&again), "deterministic");
         }
     }
 
@@ -177,7 +184,10 @@ mod tests {
 
     #[test]
     fn only_token_ids_pack() {
-        let row = Row::from([("ids".to_string(), Tensor::new(DType::Float32, vec![1], vec![0u8; 4].into()).unwrap())]);
+        let row = Row::Fields(Fields::from([(
+            "ids".to_string(),
+            Tensor::new(DType::Float32, vec![1], vec![0u8; 4].into()).unwrap(),
+        )]));
         assert!(tokens(&row, "ids").unwrap_err().contains("not token ids"));
         assert!(tokens(&row, "other").unwrap_err().contains("no field"));
     }

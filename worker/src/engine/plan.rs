@@ -2,8 +2,11 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::Arc;
 
 use stoker_api::{SourceFormat, order};
+
+use parquet::file::metadata::ParquetMetaData;
 
 use crate::formats::image_folder;
 use crate::formats::parquet::ParquetReadError;
@@ -76,16 +79,27 @@ pub(super) fn plan_row_groups(files: Vec<(Shard, Vec<(u64, u64)>)>) -> Vec<Split
     splits
 }
 
+/// The footers planning read, by file path: a split's read starts from its file's.
+pub type Footers = BTreeMap<String, Arc<ParquetMetaData>>;
+
 /// A Parquet source's splits: each file's footer read (16 at once) for its row groups.
-pub(super) async fn parquet(source: &DataSource, listed: Vec<Shard>) -> Result<Vec<Split>, ParquetReadError> {
+pub(super) async fn parquet(
+    source: &DataSource,
+    listed: Vec<Shard>,
+) -> Result<(Vec<Split>, Footers), ParquetReadError> {
     use futures::{StreamExt, TryStreamExt};
     let files = listed.into_iter().filter(|s| is_parquet_file(source.relative(s)));
     let footers = futures::stream::iter(files.map(|shard| async move {
         let footer = source.parquet(&shard).metadata().await?;
-        let groups = footer.row_groups().iter().map(|g| (g.num_rows() as u64, g.compressed_size() as u64)).collect();
-        Ok::<_, ParquetReadError>((shard, groups))
+        Ok::<_, ParquetReadError>((shard, footer))
     }));
-    Ok(plan_row_groups(footers.buffered(16).try_collect().await?))
+    let footers: Vec<(Shard, Arc<ParquetMetaData>)> = footers.buffered(16).try_collect().await?;
+    let groups = footers.iter().map(|(shard, footer)| {
+        let groups = footer.row_groups().iter().map(|g| (g.num_rows() as u64, g.compressed_size() as u64)).collect();
+        (shard.clone(), groups)
+    });
+    let splits = plan_row_groups(groups.collect());
+    Ok((splits, footers.into_iter().map(|(shard, footer)| (shard.path, footer)).collect()))
 }
 
 /// Whether a listed object is one of a Parquet source's files: Spark, Hive and Hadoop leave

@@ -16,6 +16,7 @@ use crate::element::Element;
 use crate::formats::parquet::{ParquetReadError, RowGroupsRead};
 use crate::formats::{self, Corrupt, CorruptReason, image_folder};
 use crate::source::SourceError;
+use crate::table::Table;
 
 /// A split's read, before its records are parsed.
 pub(super) enum Fetched {
@@ -84,9 +85,12 @@ impl Engine {
         }
         let source = self.sources[split.source].clone();
         if !split.row_groups.is_empty() {
-            let files: Vec<_> = split.shards.iter().map(|shard| source.parquet(shard)).collect();
+            let footers = &self.footers[split.source];
+            let files: Vec<_> = (split.shards.iter())
+                .map(|shard| source.parquet(shard).with_footer(footers.get(&shard.path).cloned()))
+                .collect();
             let ranges: Vec<_> = split.row_groups.iter().map(|g| g.range.clone()).collect();
-            let columns = self.pipeline.data_plane.source.columns.clone();
+            let columns = self.pipeline.data_plane.columns_read().unwrap_or_default();
             // The ops before any other drop rows by a column's value: row groups whose
             // statistics rule every row out are not read.
             let filters: Vec<Filter> = (self.pipeline.data_plane.transforms.iter())
@@ -186,14 +190,7 @@ impl Engine {
     /// Elements at `skip` (sorted positions already delivered by an earlier attempt at the
     /// split) are left out first, before any transform spends time on them.
     /// Each element left out counts `rows` rows (its echo copies).
-    pub(super) fn read_order(
-        &self,
-        epoch: u64,
-        split: u64,
-        skip: &[u32],
-        rows: u64,
-        elements: &mut Vec<(u64, Element)>,
-    ) {
+    pub(super) fn read_order<T>(&self, epoch: u64, split: u64, skip: &[u32], rows: u64, elements: &mut Vec<(u64, T)>) {
         if !skip.is_empty() {
             let before = elements.len();
             elements.retain(|(position, _)| skip.binary_search(&(*position as u32)).is_err());
@@ -241,17 +238,61 @@ impl Engine {
         Ok(elements)
     }
 
-    /// A Parquet split's rows. A file that cannot be decoded (a corrupt page, a file that is
-    /// not Parquet) is a corrupt record of the split, skipped whole or fatal per `onError`; a
-    /// column the spec names that the file lacks, or cannot be read, is fatal either way.
+    /// A Parquet split's rows as elements.
     fn rows(&self, split: &Split, read: Result<RowGroupsRead, ParquetReadError>) -> Result<Vec<Element>, EngineError> {
+        self.row_groups(
+            split,
+            read,
+            |batches| Ok(batches.iter().flat_map(formats::parquet::elements).collect()),
+            Vec::len,
+        )
+    }
+
+    /// A Parquet split's rows as a table, in the order the split is read (`read_order`): the
+    /// columnar path's `elements`.
+    pub(super) fn table(
+        &self,
+        epoch: u64,
+        split: &Split,
+        skip: &[u32],
+        fetched: Fetched,
+    ) -> Result<Table, EngineError> {
+        let Fetched::Source(SourceRead::RowGroups(read)) = fetched else {
+            unreachable!("a columnar split reads row groups from its source (no autocache hint)")
+        };
+        let table = self.row_groups(
+            split,
+            read,
+            |batches| {
+                Table::from_batches(&batches).map_err(|message| EngineError::Columns { split: split.id, message })
+            },
+            Table::len,
+        )?;
+        let mut order: Vec<(u64, u32)> = table.positions.iter().enumerate().map(|(i, p)| (*p, i as u32)).collect();
+        self.read_order(epoch, split.id, skip, 1, &mut order);
+        let indices: Vec<u32> = order.into_iter().map(|(_, i)| i).collect();
+        let unchanged = indices.len() == table.len() && indices.iter().enumerate().all(|(i, j)| i as u32 == *j);
+        Ok(if unchanged { table } else { table.take(&indices) })
+    }
+
+    /// A Parquet split's rows, made by `make` of its record batches (`rows` of them). A file
+    /// that cannot be decoded (a corrupt page, a file that is not Parquet) is a corrupt record
+    /// of the split, skipped whole or fatal per `onError`; a column the spec names that the
+    /// file lacks, or cannot be read, is fatal either way.
+    fn row_groups<T: Default>(
+        &self,
+        split: &Split,
+        read: Result<RowGroupsRead, ParquetReadError>,
+        make: impl FnOnce(Vec<arrow_array::RecordBatch>) -> Result<T, EngineError>,
+        rows: impl Fn(&T) -> usize,
+    ) -> Result<T, EngineError> {
         match read {
             Ok(RowGroupsRead { batches, skipped_rows }) => {
-                let elements: Vec<Element> = batches.iter().flat_map(formats::parquet::elements).collect();
-                self.stats.records.fetch_add(elements.len() as u64 + skipped_rows, Ordering::Relaxed);
+                let made = make(batches)?;
+                self.stats.records.fetch_add(rows(&made) as u64 + skipped_rows, Ordering::Relaxed);
                 // Counted as the filter would have counted them.
                 self.stats.filtered.fetch_add(skipped_rows, Ordering::Relaxed);
-                Ok(elements)
+                Ok(made)
             }
             Err(ParquetReadError::Parquet { file, source }) => {
                 let corrupt =
@@ -260,7 +301,7 @@ impl Engine {
                 if self.pipeline.data_plane.on_error == OnError::Skip {
                     tracing::warn!(shard = %corrupt.shard, split = split.id, detail = %corrupt.detail, "skipping a Parquet split that cannot be decoded");
                     self.stats.skip(corrupt.reason.as_str());
-                    Ok(Vec::new())
+                    Ok(T::default())
                 } else {
                     Err(EngineError::Corrupt(corrupt))
                 }

@@ -188,7 +188,7 @@ impl SharedSplits {
     /// copy is dropped and its takers make the split themselves. `chunk`: they are a whole
     /// chunk, counted toward the split's completion.
     fn record(&self, key: ProductionKey, rows: &[(u64, Row)], chunk: bool) {
-        let bytes: usize = rows.iter().map(|(_, row)| row.values().map(|t| t.data.len()).sum::<usize>()).sum();
+        let bytes: usize = rows.iter().map(|(_, row)| row.bytes()).sum();
         let mut inner = self.inner.lock().unwrap();
         let Some(entry) = inner.entries.get_mut(&key) else { return };
         let Some(share) = self.budget.try_reserve_kept(bytes) else {
@@ -358,7 +358,7 @@ mod tests {
         (0..n)
             .map(|i| {
                 let t = Tensor { dtype: DType::Uint8, shape: vec![bytes], data: Bytes::from(vec![i as u8; bytes]) };
-                (i, Row::from([("x".to_string(), t)]))
+                (i, Row::Fields([("x".to_string(), t)].into()))
             })
             .collect()
     }

@@ -13,8 +13,16 @@ use std::collections::BTreeMap;
 use bytes::BytesMut;
 use stoker_api::{Batch, DType, Stacked, Tensor};
 
+use crate::table::TableRow;
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BatchError {
+    #[error("field {field:?} is null in some rows of the batch; fill it (fillNull) or filter those rows out")]
+    Null { field: String },
+    #[error("field {field:?} is {first} in some rows and {other} in others")]
+    ColumnTypes { field: String, first: String, other: String },
+    #[error("field {field:?} is {data_type}, which a batch cannot hold")]
+    ColumnType { field: String, data_type: String },
     #[error("field {field:?} is missing from some elements of the batch")]
     MissingField { field: String },
     #[error("field {field:?} mixes dtypes {first:?} and {other:?}")]
@@ -25,19 +33,84 @@ pub enum BatchError {
     RankMismatch { field: String, first: usize, other: usize },
 }
 
-/// One element as the batcher sees it: every field already a tensor.
-pub type Row = BTreeMap<String, Tensor>;
+/// An element's fields, each already a tensor.
+pub type Fields = BTreeMap<String, Tensor>;
 
-/// Stacks the rows' fields, taking each tensor out of its row as it is copied so the rows'
-/// memory is freed while the batch's fills (a batch never costs twice its size). The rows are
-/// left empty, also on error.
+/// One element as the batcher sees it: its fields, or a row of a table (the columnar path).
+#[derive(Debug, Clone)]
+pub enum Row {
+    Fields(Fields),
+    Table(TableRow),
+}
+
+impl Row {
+    /// The bytes of the row's data: a table row's share of its table.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Row::Fields(fields) => fields.values().map(|t| t.data.len()).sum(),
+            Row::Table(row) => row.share,
+        }
+    }
+
+    /// What a buffered row costs in memory: its data plus the allocations around it. The data
+    /// bytes alone would let a buffer of millions of tiny rows (jsonl labels) hold gigabytes
+    /// of map nodes. A row of fields is a BTreeMap whose first node holds 11 entries (about
+    /// 1 KB), and each field adds its name, shape and shared-bytes header (about 128 bytes); a
+    /// table row is a reference.
+    pub fn cost(&self) -> usize {
+        match self {
+            Row::Fields(fields) => 1024 + fields.values().map(|t| t.data.len() + 128).sum::<usize>(),
+            Row::Table(row) => 32 + row.share,
+        }
+    }
+
+    /// The row's fields: a table row's gathered alone (a batch that mixes both kinds).
+    fn into_fields(self, pad: Option<f64>) -> Result<Fields, BatchError> {
+        match self {
+            Row::Fields(fields) => Ok(fields),
+            Row::Table(row) => {
+                let batched = crate::table::batch::stack(&[&row], pad)?;
+                let one =
+                    |t: Tensor| Tensor::new(t.dtype, t.shape[1..].to_vec(), t.data).expect("one row of the batch");
+                Ok(batched.into_iter().map(|(name, t)| (name, one(t))).collect())
+            }
+        }
+    }
+}
+
+/// Stacks the rows into a batch, taking each row's data as it is copied so the rows' memory
+/// is freed while the batch's fills (a batch never costs twice its size). `rows` is left
+/// empty, also on error. Table rows are gathered column at a time (`table::batch`).
 pub fn make_batch(
-    rows: &mut [Row],
+    rows: &mut Vec<Row>,
     pad: Option<f64>,
     epoch: u64,
     split: u64,
     sequence: u64,
 ) -> Result<Batch<Stacked>, BatchError> {
+    let tables: Option<Vec<&TableRow>> = (rows.iter())
+        .map(|row| match row {
+            Row::Table(row) => Some(row),
+            Row::Fields(_) => None,
+        })
+        .collect();
+    let tensors = match tables {
+        Some(tables) if !tables.is_empty() => {
+            let tensors = crate::table::batch::stack(&tables, pad);
+            rows.clear();
+            tensors?.into_iter().map(|(name, t)| (name, t.into())).collect()
+        }
+        _ => {
+            let mut fields = (rows.drain(..)).map(|row| row.into_fields(pad)).collect::<Result<Vec<_>, _>>()?;
+            stack_fields(&mut fields, pad)?
+        }
+    };
+    Ok(Batch { tensors, epoch, split, sequence, ..Default::default() })
+}
+
+/// Stacks the rows' fields, taking each tensor out of its row as it is copied so the rows'
+/// memory is freed while the batch's fills.
+fn stack_fields(rows: &mut [Fields], pad: Option<f64>) -> Result<BTreeMap<String, Stacked>, BatchError> {
     let mut tensors = BTreeMap::new();
     if let Some(first) = rows.first() {
         let fields: Vec<String> = first.keys().cloned().collect();
@@ -49,30 +122,19 @@ pub fn make_batch(
             match stacked {
                 Ok(t) => tensors.insert(field, t),
                 Err(e) => {
-                    rows.iter_mut().for_each(Row::clear);
+                    rows.iter_mut().for_each(Fields::clear);
                     return Err(e);
                 }
             };
         }
     }
-    Ok(Batch {
-        tensors,
-        epoch,
-        split,
-        sequence,
-        completes: Vec::new(),
-        rows: Vec::new(),
-        incarnation: 0,
-        round: None,
-        stream_seq: 0,
-        echo: false,
-    })
+    Ok(tensors)
 }
 
 /// Rows' values smaller than this are copied into one buffer instead of kept as parts.
 const OWN_PART: usize = 16 << 10;
 
-fn stack(field: &str, rows: &mut [Row], pad: Option<f64>) -> Result<Stacked, BatchError> {
+fn stack(field: &str, rows: &mut [Fields], pad: Option<f64>) -> Result<Stacked, BatchError> {
     let column: Vec<&Tensor> = rows
         .iter()
         .map(|r| r.get(field).ok_or_else(|| BatchError::MissingField { field: field.into() }))
@@ -135,7 +197,7 @@ fn stack(field: &str, rows: &mut [Row], pad: Option<f64>) -> Result<Stacked, Bat
 
 /// Text: every row's strings in order, each row's list padded at its end with empty strings
 /// to the longest (padding of higher ranks is refused).
-fn stack_strings(field: &str, rows: &mut [Row], shape: Vec<usize>) -> Result<Tensor, BatchError> {
+fn stack_strings(field: &str, rows: &mut [Fields], shape: Vec<usize>) -> Result<Tensor, BatchError> {
     let per_row = shape.iter().product::<usize>();
     if shape.len() > 1
         && let Some(other) = rows.iter().map(|r| &r[field].shape).find(|s| **s != shape)
@@ -214,12 +276,12 @@ mod tests {
     }
 
     fn row(fields: &[(&str, Tensor)]) -> Row {
-        fields.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+        Row::Fields(fields.iter().map(|(k, v)| (k.to_string(), v.clone())).collect())
     }
 
     #[test]
     fn same_shapes_stack_along_a_new_axis() {
-        let mut rows = [
+        let mut rows = vec![
             row(&[("x", i32s(vec![2], &[1, 2])), ("y", i32s(vec![], &[7]))]),
             row(&[("x", i32s(vec![2], &[3, 4])), ("y", i32s(vec![], &[8]))]),
         ];
@@ -236,7 +298,7 @@ mod tests {
         let big = |v: u8| Tensor::new(DType::Uint8, vec![OWN_PART], Bytes::from(vec![v; OWN_PART])).unwrap();
         let label = |v: i32| i32s(vec![], &[v]);
         let (a, b) = (big(1), big(2));
-        let mut rows = [row(&[("x", a.clone()), ("y", label(7))]), row(&[("x", b.clone()), ("y", label(8))])];
+        let mut rows = vec![row(&[("x", a.clone()), ("y", label(7))]), row(&[("x", b.clone()), ("y", label(8))])];
         let batch = make_batch(&mut rows, None, 0, 0, 0).unwrap();
         let x = &batch.tensors["x"];
         assert_eq!(x.parts.len(), 2);
@@ -248,7 +310,7 @@ mod tests {
 
     #[test]
     fn variable_shapes_pad_to_the_largest_with_the_declared_value() {
-        let mut rows = [row(&[("x", i32s(vec![1, 2], &[1, 2]))]), row(&[("x", i32s(vec![2, 1], &[3, 4]))])];
+        let mut rows = vec![row(&[("x", i32s(vec![1, 2], &[1, 2]))]), row(&[("x", i32s(vec![2, 1], &[3, 4]))])];
         let b = make_batch(&mut rows, Some(-1.0), 0, 0, 0).unwrap();
         assert_eq!(b.tensors["x"].shape, [2, 2, 2]);
         assert_eq!(values(&b.tensors["x"].join()), [1, 2, -1, -1, 3, -1, 4, -1]);
@@ -258,26 +320,26 @@ mod tests {
     fn mismatches_are_clear_errors() {
         let a = row(&[("x", i32s(vec![2], &[1, 2]))]);
         let b = row(&[("x", i32s(vec![3], &[1, 2, 3]))]);
-        let e = make_batch(&mut [a.clone(), b], None, 0, 0, 0).unwrap_err();
+        let e = make_batch(&mut vec![a.clone(), b], None, 0, 0, 0).unwrap_err();
         assert!(e.to_string().contains("set spec.padValue"), "{e}");
         let c = row(&[("y", i32s(vec![2], &[1, 2]))]);
-        assert!(matches!(make_batch(&mut [a.clone(), c], None, 0, 0, 0), Err(BatchError::MissingField { .. })));
+        assert!(matches!(make_batch(&mut vec![a.clone(), c], None, 0, 0, 0), Err(BatchError::MissingField { .. })));
         let f = row(&[("x", Tensor::new(DType::Uint8, vec![2], Bytes::from_static(&[1, 2])).unwrap())]);
-        assert!(matches!(make_batch(&mut [a, f], None, 0, 0, 0), Err(BatchError::DTypeMismatch { .. })));
+        assert!(matches!(make_batch(&mut vec![a, f], None, 0, 0, 0), Err(BatchError::DTypeMismatch { .. })));
     }
 
     #[test]
     fn text_stacks_as_text_and_lists_pad_with_empty_strings() {
         let s = |shape: Vec<usize>, v: &[&str]| Tensor::strings(shape, v).unwrap();
-        let mut rows = [row(&[("t", s(vec![], &["ab"]))]), row(&[("t", s(vec![], &[""]))])];
+        let mut rows = vec![row(&[("t", s(vec![], &["ab"]))]), row(&[("t", s(vec![], &[""]))])];
         let b = make_batch(&mut rows, None, 0, 0, 0).unwrap();
         assert_eq!(b.tensors["t"].shape, [2]);
         assert_eq!(b.tensors["t"].join().string_values().collect::<Vec<_>>(), [&b"ab"[..], b""]);
-        let mut rows = [row(&[("t", s(vec![1], &["x"]))]), row(&[("t", s(vec![3], &["a", "b", "c"]))])];
+        let mut rows = vec![row(&[("t", s(vec![1], &["x"]))]), row(&[("t", s(vec![3], &["a", "b", "c"]))])];
         let b = make_batch(&mut rows, Some(0.0), 0, 0, 0).unwrap();
         assert_eq!(b.tensors["t"].shape, [2, 3]);
         assert_eq!(b.tensors["t"].join().string_values().collect::<Vec<_>>(), [&b"x"[..], b"", b"", b"a", b"b", b"c"]);
-        let mut rows = [row(&[("t", s(vec![1, 2], &["a", "b"]))]), row(&[("t", s(vec![2, 1], &["c", "d"]))])];
+        let mut rows = vec![row(&[("t", s(vec![1, 2], &["a", "b"]))]), row(&[("t", s(vec![2, 1], &["c", "d"]))])];
         assert!(matches!(make_batch(&mut rows, Some(0.0), 0, 0, 0), Err(BatchError::ShapeMismatch { .. })));
     }
 

@@ -23,6 +23,7 @@ use super::{Engine, EngineError, Ready, Split};
 use crate::apply;
 use crate::budget::Rows;
 use crate::element::Element;
+use crate::table::{self, Table};
 
 type Transformed = Result<(Vec<(u64, Row)>, AtHints), EngineError>;
 
@@ -49,7 +50,18 @@ pub(super) struct SplitInput {
     pub(super) taken: Vec<(u64, Row)>,
     /// Its elements to transform.
     pub(super) elements: Vec<(u64, Element)>,
+    /// Or, on the columnar path, its rows to transform as a table.
+    pub(super) table: Option<Table>,
 }
+
+/// Rows of a table per chunk on the columnar path: its ops cost tens of nanoseconds a row, so
+/// a chunk is large enough to amortise handing it to the pool, and cut in one piece per
+/// thread there.
+const TABLE_CHUNK_ROWS: usize = 16_384;
+
+/// Rows a piece of a table chunk has at least: below it, a thread's share costs less than
+/// handing it over.
+const TABLE_PIECE_ROWS: usize = 1024;
 
 enum Step<'scope> {
     Chunk {
@@ -86,7 +98,7 @@ impl<'scope, 'env> Flow<'scope, 'env> {
     pub(super) fn split(
         &mut self,
         split: &Split,
-        SplitInput { taken, elements }: SplitInput,
+        SplitInput { taken, elements, table }: SplitInput,
         mut plan: SplitPlan,
         packing: Option<Packing<'env>>,
         maker: Option<Maker>,
@@ -110,9 +122,12 @@ impl<'scope, 'env> Flow<'scope, 'env> {
             if !batcher.batch_queued()? {
                 return Ok(false);
             }
-            let bytes: usize = taken.iter().map(|(_, row)| super::batcher::row_cost(row)).sum();
+            let bytes: usize = taken.iter().map(|(_, row)| row.cost()).sum();
             let reserved = batcher.reserve(bytes);
             self.steps.push_back(Step::Taken { rows: taken, reserved });
+        }
+        if let Some(table) = table {
+            return self.table_chunks(split.id, table, batcher);
         }
         let mut elements = elements.into_iter();
         // A production's chunks are kept for its takers where they are transformed, unless
@@ -137,21 +152,62 @@ impl<'scope, 'env> Flow<'scope, 'env> {
             // room, then correct to the actual size.
             let reserved = batcher.reserve(batcher.row_estimate() * chunk.len() * factor);
             let (epoch, id, plan) = (self.epoch, split.id, plan.clone());
-            let recorder = recording(&self.open).map(Maker::chunk);
             chunks += 1;
-            let transforming = self.scope.spawn(move || {
-                let transformed = engine.transform(epoch, id, chunk, &plan);
-                if let (Ok((rows, _)), Some(recorder)) = (&transformed, recorder) {
-                    recorder.record(rows);
-                }
-                transformed
-            });
-            self.steps.push_back(Step::Chunk { transforming, reserved });
-            // Everything before this chunk lands while it is transformed.
-            if !self.land(1, batcher)? {
+            if !self.hand_over(move || engine.transform(epoch, id, chunk, &plan), reserved, batcher)? {
                 return Ok(false);
             }
         }
+    }
+
+    /// The columnar path's `split`: hands the split's table to the pool in chunks of rows,
+    /// landing what came before each chunk meanwhile.
+    fn table_chunks(
+        &mut self,
+        split: u64,
+        table: Table,
+        batcher: &mut Batcher<impl FnMut(Ready) -> bool>,
+    ) -> Result<bool, EngineError> {
+        let engine = self.engine;
+        let (mut offset, mut chunks) = (0, 0);
+        while offset < table.len() {
+            let len = batcher.chunk_len(TABLE_CHUNK_ROWS, 1).min(table.len() - offset);
+            let chunk = table.slice(offset, len);
+            offset += len;
+            if !batcher.batch_queued()? {
+                return Ok(false);
+            }
+            let reserved = batcher.reserve(batcher.row_estimate() * len);
+            chunks += 1;
+            if !self.hand_over(move || engine.transform_table(split, chunk), reserved, batcher)? {
+                return Ok(false);
+            }
+        }
+        if let Some(maker) = recording(&self.open) {
+            maker.chunks(chunks);
+        }
+        self.steps.push_back(Step::End);
+        Ok(true)
+    }
+
+    /// Runs `transform` (a chunk's) on its own thread, its rows recorded there for a shared
+    /// production's takers, and lands everything before it meanwhile. False when nobody
+    /// listens.
+    fn hand_over(
+        &mut self,
+        transform: impl FnOnce() -> Transformed + Send + 'scope,
+        reserved: Rows,
+        batcher: &mut Batcher<impl FnMut(Ready) -> bool>,
+    ) -> Result<bool, EngineError> {
+        let recorder = recording(&self.open).map(Maker::chunk);
+        let transforming = self.scope.spawn(move || {
+            let transformed = transform();
+            if let (Ok((rows, _)), Some(recorder)) = (&transformed, recorder) {
+                recorder.record(rows);
+            }
+            transformed
+        });
+        self.steps.push_back(Step::Chunk { transforming, reserved });
+        self.land(1, batcher)
     }
 
     /// Lands every step still in flight, and goes on. False when nobody listens.
@@ -266,6 +322,44 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Runs the pipeline's ops on a chunk of a table, in one piece per pool thread, column at
+    /// a time; its rows in the chunk's order.
+    fn transform_table(&self, split: u64, chunk: Table) -> Transformed {
+        use rayon::prelude::*;
+        let p = &self.pipeline.data_plane;
+        let per = chunk.len().div_ceil(self.config.threads.max(1)).max(TABLE_PIECE_ROWS);
+        let pieces: Vec<Table> =
+            (0..chunk.len()).step_by(per).map(|o| chunk.slice(o, per.min(chunk.len() - o))).collect();
+        let applied: Vec<_> = self.pool.install(|| {
+            (pieces.into_par_iter())
+                .map(|piece| {
+                    let mut timings = vec![Duration::ZERO; p.transforms.len()];
+                    let applied = table::apply::apply(&p.transforms, &self.loaded, p.on_error, piece, &mut timings);
+                    (applied, timings)
+                })
+                .collect()
+        });
+        let mut rows = Vec::with_capacity(chunk.len());
+        let mut op_time = vec![Duration::ZERO; p.transforms.len()];
+        for (applied, timings) in applied {
+            op_time.iter_mut().zip(timings).for_each(|(total, t)| *total += t);
+            let applied = applied.map_err(|error| EngineError::Table { split, error })?;
+            self.stats.filtered.fetch_add(applied.filtered, Ordering::Relaxed);
+            if applied.skipped_null > 0 {
+                tracing::warn!(split, rows = applied.skipped_null, "skipping rows with a null where a filter compares");
+                *self.stats.skipped.lock().unwrap().entry("missing_field").or_default() += applied.skipped_null;
+            }
+            self.stats.elements.fetch_add(applied.table.len() as u64, Ordering::Relaxed);
+            rows.extend(applied.table.into_rows().into_iter().map(|(position, row)| (position, Row::Table(row))));
+        }
+        for (total, t) in self.stats.op_time.lock().unwrap().iter_mut().zip(op_time) {
+            *total += t;
+        }
+        Ok((rows, AtHints::default()))
+    }
+}
+
 /// A split's packing: its packer, the next packed row's position, and the positions an earlier
 /// attempt delivered (packed rows are numbered in the split's order, so a split produced again
 /// packs the same rows under the same positions).
@@ -307,5 +401,5 @@ impl Packing<'_> {
 }
 
 fn to_row(element: Element) -> Row {
-    element.into_iter().map(|(name, field)| (name, apply::to_tensor(field))).collect()
+    Row::Fields(element.into_iter().map(|(name, field)| (name, apply::to_tensor(field))).collect())
 }

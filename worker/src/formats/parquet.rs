@@ -1,5 +1,5 @@
-//! Parquet files. A split is a run of row groups of one file; reading it fetches the footer,
-//! then only the chunks of the projected columns in those row groups (ranged reads through
+//! Parquet files. A split is a run of row groups of one file; reading it fetches (unless
+//! planning read it already) the footer, then only the chunks of the projected columns in those row groups (ranged reads through
 //! object_store), and decodes them into Arrow record batches. A row group whose statistics
 //! prove that a leading `filter` op drops every row of it is never fetched (`excludes`).
 //!
@@ -24,7 +24,7 @@ use futures::{FutureExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ArrowReaderOptions;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData};
@@ -53,13 +53,21 @@ pub struct ParquetFile {
     store: Arc<dyn ObjectStore>,
     path: Path,
     size: u64,
+    /// The footer, when planning read it already: a split's read then fetches only the
+    /// column chunks.
+    footer: Option<Arc<ParquetMetaData>>,
     /// Bytes fetched from the store so far: the footer and the projected column chunks.
     fetched: Arc<AtomicU64>,
 }
 
 impl ParquetFile {
     pub fn new(store: Arc<dyn ObjectStore>, path: Path, size: u64) -> Self {
-        ParquetFile { store, path, size, fetched: Arc::default() }
+        ParquetFile { store, path, size, footer: None, fetched: Arc::default() }
+    }
+
+    /// The file whose footer is `footer` (as `metadata` read it before).
+    pub fn with_footer(self, footer: Option<Arc<ParquetMetaData>>) -> Self {
+        ParquetFile { footer, ..self }
     }
 
     /// Bytes fetched from the store so far.
@@ -89,7 +97,14 @@ impl ParquetFile {
         columns: Option<&[String]>,
         filters: &[Filter],
     ) -> Result<RowGroupsRead, ParquetReadError> {
-        let builder = ParquetRecordBatchStreamBuilder::new(self.reader()).await.map_err(|e| self.error(e))?;
+        let builder = match &self.footer {
+            Some(footer) => {
+                let metadata = ArrowReaderMetadata::try_new(footer.clone(), ArrowReaderOptions::default())
+                    .map_err(|e| self.error(e))?;
+                ParquetRecordBatchStreamBuilder::new_with_metadata(self.reader(), metadata)
+            }
+            None => ParquetRecordBatchStreamBuilder::new(self.reader()).await.map_err(|e| self.error(e))?,
+        };
         let groups = builder.metadata().num_row_groups();
         if row_groups.end > groups || row_groups.is_empty() {
             return Err(ParquetReadError::NoRowGroups { file: self.path.to_string(), groups, asked: row_groups });
@@ -417,6 +432,11 @@ mod tests {
         let group = meta.row_group(1);
         let chunks: u64 = [1, 2].iter().map(|&c| group.column(c).compressed_size() as u64).sum();
         assert_eq!(file.fetched() - 2 * footer, chunks, "the footer again, then the two chunks");
+        // With the footer planning read, only the chunks.
+        let file = file.with_footer(Some(meta));
+        let before = file.fetched();
+        assert_eq!(read(&file, 1..2, Some(&["label", "city"])).len(), 4);
+        assert_eq!(file.fetched() - before, chunks, "the two chunks alone");
         assert_eq!(rows[0].keys().collect::<Vec<_>>(), ["city", "label"], "only the named columns");
         assert_eq!(rows[0]["label"], Field::Float32(vec![2.0]));
         assert_eq!(rows[1]["city"], Field::Bytes(Bytes::from_static(b"lima")));

@@ -1,0 +1,131 @@
+//! Runs a pipeline's ops on a table, op by op, each over whole columns: the columnar twin of
+//! `crate::apply` (which runs them element by element).
+
+use std::time::{Duration, Instant};
+
+use arrow_array::ArrayRef;
+use stoker_api::{OnError, Transform};
+
+use super::Table;
+use super::ops;
+use crate::loaded::Loaded;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error("transforms[{index}].{op}: field {field:?} {message}")]
+    Column { index: usize, op: &'static str, field: String, message: String },
+    #[error("transforms[{index}].{op}: the rows have no field {field:?} (their columns: {have})")]
+    MissingField { index: usize, op: &'static str, field: String, have: String },
+    #[error("transforms[{index}].filter: {rows} rows have a null {field:?} (onError: fail; fillNull it first)")]
+    NullFilter { index: usize, field: String, rows: u64 },
+}
+
+impl TableError {
+    /// A stable label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            TableError::Column { .. } => "field_type",
+            TableError::MissingField { .. } | TableError::NullFilter { .. } => "missing_field",
+        }
+    }
+}
+
+/// What the ops left of a table.
+#[derive(Debug)]
+pub struct Applied {
+    pub table: Table,
+    /// Rows a filter dropped.
+    pub filtered: u64,
+    /// Rows dropped for a null where a filter compares (onError: skip).
+    pub skipped_null: u64,
+}
+
+/// Applies `transforms` (all columnar) to `table` in order; `timings[i]` accumulates op i's
+/// time.
+pub fn apply(
+    transforms: &[Transform],
+    loaded: &Loaded,
+    on_error: OnError,
+    mut table: Table,
+    timings: &mut [Duration],
+) -> Result<Applied, TableError> {
+    let (mut filtered, mut skipped_null) = (0, 0);
+    for (index, transform) in transforms.iter().enumerate() {
+        let started = Instant::now();
+        let op = transform.name();
+        let missing = |table: &Table, field: &str| TableError::MissingField {
+            index,
+            op,
+            field: field.to_string(),
+            have: table.columns.keys().cloned().collect::<Vec<_>>().join(", "),
+        };
+        let fail = |field: &str, message: String| TableError::Column { index, op, field: field.to_string(), message };
+        // Replaces each of `fields` by `f` of it.
+        let each = |table: &mut Table, fields: &[String], f: &dyn Fn(&ArrayRef) -> Result<ArrayRef, String>| {
+            for field in fields {
+                let column = table.columns.get(field).ok_or_else(|| missing(table, field))?;
+                let changed = f(column).map_err(|m| fail(field, m))?;
+                table.columns.insert(field.clone(), changed);
+            }
+            Ok::<_, TableError>(())
+        };
+        match transform {
+            Transform::FillNull(f) => each(&mut table, &f.fields, &|c| ops::fill_null(c, f.value, f.text.as_deref()))?,
+            Transform::Log1p(l) => each(&mut table, &l.fields, &ops::log1p)?,
+            Transform::Clip(c) => each(&mut table, &c.fields, &|col| ops::clip(col, c.min, c.max))?,
+            Transform::Standardize(s) => each(&mut table, &s.fields, &|c| ops::standardize(c, s.mean, s.std))?,
+            Transform::Bucketize(b) => each(&mut table, &b.fields, &|c| ops::bucketize(c, &b.boundaries))?,
+            Transform::HashBucket(h) => each(&mut table, &h.fields, &|c| ops::hash_bucket(c, h.buckets))?,
+            Transform::Vocabulary(v) => {
+                let vocabulary = loaded.vocabularies.get(&index).expect("loaded for a pipeline with vocabulary ops");
+                each(&mut table, &v.fields, &|c| vocabulary.ids(c))?
+            }
+            Transform::Truncate(t) => each(&mut table, &t.fields, &|c| ops::truncate(c, t.length as usize, t.keep))?,
+            Transform::Cross(c) => {
+                let columns = (c.fields.iter())
+                    .map(|f| table.columns.get(f).ok_or_else(|| missing(&table, f)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let crossed = ops::cross(&columns, c.buckets).map_err(|m| fail(&c.fields.join(", "), m))?;
+                table.columns.insert(c.output.clone(), crossed);
+            }
+            Transform::Concat(c) => {
+                let columns = (c.fields.iter())
+                    .map(|f| Ok((f.as_str(), table.columns.get(f).ok_or_else(|| missing(&table, f))?)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let joined = ops::concat(&columns).map_err(|(field, m)| fail(&field, m))?;
+                c.fields.iter().for_each(|f| drop(table.columns.remove(f)));
+                table.columns.insert(c.output.clone(), joined);
+            }
+            Transform::Filter(f) => {
+                let column = table.columns.get(&f.field).ok_or_else(|| missing(&table, &f.field))?;
+                let keeps = ops::keeps(column, f.op, &f.value).map_err(|m| fail(&f.field, m))?;
+                let nulls = keeps.iter().filter(|k| k.is_none()).count() as u64;
+                if nulls > 0 && on_error == OnError::Fail {
+                    return Err(TableError::NullFilter { index, field: f.field.clone(), rows: nulls });
+                }
+                let kept: Vec<u32> =
+                    (keeps.iter().enumerate()).filter_map(|(i, k)| (*k == Some(true)).then_some(i as u32)).collect();
+                if kept.len() < table.len() {
+                    skipped_null += nulls;
+                    filtered += (table.len() - kept.len()) as u64 - nulls;
+                    table = table.take(&kept);
+                }
+            }
+            Transform::SelectFields(s) => {
+                if let Some(absent) = s.fields.iter().find(|f| !table.columns.contains_key(*f)) {
+                    return Err(missing(&table, absent));
+                }
+                table.columns.retain(|name, _| s.fields.contains(name));
+            }
+            Transform::RenameFields(r) => {
+                for (from, to) in &r.mapping {
+                    let column = table.columns.remove(from).ok_or_else(|| missing(&table, from))?;
+                    table.columns.insert(to.clone(), column);
+                }
+            }
+            other => unreachable!("{} is not a columnar op (Transform::is_columnar)", other.name()),
+        }
+        timings[index] += started.elapsed();
+    }
+    Ok(Applied { table, filtered, skipped_null })
+}

@@ -1,0 +1,169 @@
+//! A batch of table rows into tensors, column at a time: each column's rows gathered from
+//! their tables in the batch's order (`interleave`), then laid out as one tensor. Numbers
+//! keep the element path's types (integers and booleans int64, floats as they are), strings
+//! and binary are text (`bytes`), a `concat` vector is [batch, n], and lists are [batch,
+//! length], padded to the longest with `padValue` (empty strings for text) or refused
+//! without one when their lengths differ.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Float64Type};
+use arrow_array::{Array, ArrayRef};
+use arrow_schema::DataType;
+use bytes::Bytes;
+use stoker_api::{DType, Tensor};
+
+use super::TableRow;
+use super::column;
+use crate::engine::BatchError;
+
+/// The batch's tensors of `rows`, by field.
+pub fn stack(rows: &[&TableRow], pad: Option<f64>) -> Result<BTreeMap<String, Tensor>, BatchError> {
+    let Some(first) = rows.first() else { return Ok(BTreeMap::new()) };
+    // Each table once, and each row as (table, row in it).
+    let mut tables: Vec<&Arc<super::Table>> = Vec::new();
+    let mut at = Vec::with_capacity(rows.len());
+    for row in rows {
+        let t = match tables.iter().position(|t| Arc::ptr_eq(t, &row.table)) {
+            Some(t) => t,
+            None => {
+                tables.push(&row.table);
+                tables.len() - 1
+            }
+        };
+        at.push((t, row.index as usize));
+    }
+    if let Some(extra) = tables.iter().flat_map(|t| t.columns.keys()).find(|k| !first.table.columns.contains_key(*k)) {
+        return Err(BatchError::MissingField { field: extra.clone() });
+    }
+    let mut tensors = BTreeMap::new();
+    for field in first.table.columns.keys() {
+        let parts: Vec<&dyn Array> = (tables.iter())
+            .map(|t| {
+                t.columns
+                    .get(field)
+                    .map(|c| c.as_ref())
+                    .ok_or_else(|| BatchError::MissingField { field: field.clone() })
+            })
+            .collect::<Result<_, _>>()?;
+        if let Some(other) = parts.iter().find(|p| p.data_type() != parts[0].data_type()) {
+            return Err(BatchError::ColumnTypes {
+                field: field.clone(),
+                first: parts[0].data_type().to_string(),
+                other: other.data_type().to_string(),
+            });
+        }
+        let gathered = arrow_select::interleave::interleave(&parts, &at).expect("rows within their tables");
+        tensors.insert(field.clone(), tensor(field, &column::plain(&gathered), pad)?);
+    }
+    Ok(tensors)
+}
+
+/// One column of the batch as a tensor whose first dimension is the rows.
+fn tensor(field: &str, column: &ArrayRef, pad: Option<f64>) -> Result<Tensor, BatchError> {
+    if column.logical_null_count() > 0 {
+        return Err(BatchError::Null { field: field.into() });
+    }
+    let rows = column.len();
+    match column.data_type() {
+        DataType::FixedSizeList(_, width) => {
+            let list = column.as_fixed_size_list();
+            let values = column::plain(&list.values().slice(list.offset() * *width as usize, rows * *width as usize));
+            let flat = flat(field, &values, vec![rows * *width as usize])?;
+            Ok(Tensor::new(flat.dtype, vec![rows, *width as usize], flat.data).expect("rows × width values"))
+        }
+        DataType::List(_) => lists(field, column.as_list::<i32>(), pad),
+        DataType::LargeList(_) => lists(field, column.as_list::<i64>(), pad),
+        _ => flat(field, column, vec![rows]),
+    }
+}
+
+/// A column of scalars (or a list's values) as a tensor of `shape`.
+fn flat(field: &str, column: &ArrayRef, shape: Vec<usize>) -> Result<Tensor, BatchError> {
+    let tensor = match column.data_type() {
+        DataType::Float32 => Tensor::new(
+            DType::Float32,
+            shape,
+            Bytes::from_owner(column.as_primitive::<Float32Type>().values().inner().clone()),
+        ),
+        DataType::Float64 => Tensor::new(
+            DType::Float64,
+            shape,
+            Bytes::from_owner(column.as_primitive::<Float64Type>().values().inner().clone()),
+        ),
+        _ => {
+            if let Some(strings) = column::byte_strings(column) {
+                return Ok(Tensor::strings(shape, &strings).expect("one string per item"));
+            }
+            let values = column::integers(column).ok_or_else(|| BatchError::ColumnType {
+                field: field.into(),
+                data_type: column.data_type().to_string(),
+            })?;
+            let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            Tensor::new(DType::Int64, shape, Bytes::from(data))
+        }
+    };
+    Ok(tensor.expect("the values fill the shape"))
+}
+
+/// Lists as [rows, length]: as they are when every row is as long, else padded to the
+/// longest with `pad`.
+fn lists<O: arrow_array::OffsetSizeTrait>(
+    field: &str,
+    list: &arrow_array::GenericListArray<O>,
+    pad: Option<f64>,
+) -> Result<Tensor, BatchError> {
+    let (values, offsets) = column::list_values(list);
+    if values.logical_null_count() > 0 {
+        return Err(BatchError::Null { field: field.into() });
+    }
+    let lengths: Vec<usize> = offsets.windows(2).map(|w| (w[1] - w[0]).as_usize()).collect();
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    let rows = lengths.len();
+    if lengths.iter().all(|l| *l == longest) {
+        return flat(field, &column::plain(&values), vec![rows, longest]);
+    }
+    let Some(pad) = pad else {
+        let (first, other) = (lengths[0], *lengths.iter().find(|l| **l != lengths[0]).expect("lengths differ"));
+        return Err(BatchError::ShapeMismatch { field: field.into(), first: vec![first], other: vec![other] });
+    };
+    // The items of each row, then the padding: one index per slot, None for padding.
+    let mut slots = Vec::with_capacity(rows * longest);
+    for (row, length) in lengths.iter().enumerate() {
+        let start = offsets[row].as_usize();
+        slots.extend((start..start + length).map(|i| Some(i as u32)));
+        slots.extend(std::iter::repeat_n(None, longest - length));
+    }
+    let taken = arrow_select::take::take(values.as_ref(), &arrow_array::UInt32Array::from(slots), None)
+        .expect("indices within the values");
+    let taken = column::plain(&taken);
+    let shape = vec![rows, longest];
+    if let Some(strings) = column::byte_strings(&taken) {
+        return Ok(Tensor::strings(shape, &strings).expect("one string per slot"));
+    }
+    let padded = taken.nulls().cloned();
+    let is_pad = |i: usize| padded.as_ref().is_some_and(|n| n.is_null(i));
+    let data: Vec<u8> = match taken.data_type() {
+        DataType::Float32 => (taken.as_primitive::<Float32Type>().values().iter().enumerate())
+            .flat_map(|(i, v)| if is_pad(i) { pad as f32 } else { *v }.to_le_bytes())
+            .collect(),
+        DataType::Float64 => (taken.as_primitive::<Float64Type>().values().iter().enumerate())
+            .flat_map(|(i, v)| if is_pad(i) { pad } else { *v }.to_le_bytes())
+            .collect(),
+        _ => {
+            let values = column::integers(&taken).ok_or_else(|| BatchError::ColumnType {
+                field: field.into(),
+                data_type: taken.data_type().to_string(),
+            })?;
+            values.iter().enumerate().flat_map(|(i, v)| if is_pad(i) { pad as i64 } else { *v }.to_le_bytes()).collect()
+        }
+    };
+    let dtype = match taken.data_type() {
+        DataType::Float32 => DType::Float32,
+        DataType::Float64 => DType::Float64,
+        _ => DType::Int64,
+    };
+    Ok(Tensor::new(dtype, shape, Bytes::from(data)).expect("rows × longest values"))
+}

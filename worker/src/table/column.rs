@@ -1,0 +1,193 @@
+//! Reading and rebuilding Arrow columns the way every feature op needs: dictionaries
+//! unpacked, a list's items worked on with the list kept around them, numbers and byte
+//! strings taken whatever their Arrow type.
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+};
+use arrow_array::{Array, ArrayRef, GenericListArray, OffsetSizeTrait};
+use arrow_buffer::{OffsetBuffer, ScalarBuffer};
+use arrow_schema::{DataType, Field};
+
+/// Why an op cannot take a column: the same for every row, so a spec or data mismatch to
+/// report, not a record to skip.
+pub type ColumnResult<T> = Result<T, String>;
+
+/// The column with a dictionary's values looked up (Parquet's dictionary-encoded strings).
+pub fn plain(column: &ArrayRef) -> ArrayRef {
+    match column.as_any_dictionary_opt() {
+        Some(dictionary) => arrow_select::take::take(dictionary.values().as_ref(), dictionary.keys(), None)
+            .expect("a dictionary's keys index its values"),
+        None => column.clone(),
+    }
+}
+
+/// Applies `f` to the column's items: a list's values (only those of its rows, when the list
+/// is a slice), rebuilt into a list of the same lengths and nulls; any other column whole.
+pub fn per_item(column: &ArrayRef, f: impl Fn(&ArrayRef) -> ColumnResult<ArrayRef>) -> ColumnResult<ArrayRef> {
+    match column.data_type() {
+        DataType::List(_) => on_list(column.as_list::<i32>(), f),
+        DataType::LargeList(_) => on_list(column.as_list::<i64>(), f),
+        _ => f(&plain(column)),
+    }
+}
+
+fn on_list<O: OffsetSizeTrait>(
+    list: &GenericListArray<O>,
+    f: impl Fn(&ArrayRef) -> ColumnResult<ArrayRef>,
+) -> ColumnResult<ArrayRef> {
+    let (values, offsets) = list_values(list);
+    let values = f(&plain(&values))?;
+    Ok(Arc::new(list_of(values, offsets, list.nulls().cloned())))
+}
+
+/// A list's own values (from its first row's to its last's) and its offsets into them.
+pub fn list_values<O: OffsetSizeTrait>(list: &GenericListArray<O>) -> (ArrayRef, OffsetBuffer<O>) {
+    let offsets = list.value_offsets();
+    let (first, last) = (offsets[0], offsets[offsets.len() - 1]);
+    let values = list.values().slice(first.as_usize(), (last - first).as_usize());
+    let rebased: Vec<O> = offsets.iter().map(|o| *o - first).collect();
+    (values, OffsetBuffer::new(ScalarBuffer::from(rebased)))
+}
+
+/// A list of `values` cut at `offsets`.
+pub fn list_of<O: OffsetSizeTrait>(
+    values: ArrayRef,
+    offsets: OffsetBuffer<O>,
+    nulls: Option<arrow_buffer::NullBuffer>,
+) -> GenericListArray<O> {
+    let item = Arc::new(Field::new_list_field(values.data_type().clone(), true));
+    GenericListArray::new(item, offsets, values, nulls)
+}
+
+/// A numeric (or boolean) column's values as f64 (a null's slot holds whatever it holds);
+/// None for other types.
+pub fn numbers(column: &ArrayRef) -> Option<Vec<f64>> {
+    macro_rules! all {
+        ($t:ty) => {
+            column.as_primitive::<$t>().values().iter().map(|v| f64::from(*v)).collect()
+        };
+    }
+    Some(match column.data_type() {
+        DataType::Float32 => all!(Float32Type),
+        DataType::Float64 => column.as_primitive::<Float64Type>().values().to_vec(),
+        DataType::Boolean => column.as_boolean().values().iter().map(|b| f64::from(u8::from(b))).collect(),
+        _ => integers(column)?.into_iter().map(|v| v as f64).collect(),
+    })
+}
+
+/// An integer (or boolean) column's values as i64, unsigned 64-bit ones wrapping; None for
+/// other types.
+pub fn integers(column: &ArrayRef) -> Option<Vec<i64>> {
+    macro_rules! all {
+        ($t:ty) => {
+            column.as_primitive::<$t>().values().iter().map(|v| *v as i64).collect()
+        };
+    }
+    Some(match column.data_type() {
+        DataType::Int8 => all!(Int8Type),
+        DataType::Int16 => all!(Int16Type),
+        DataType::Int32 => all!(Int32Type),
+        DataType::Int64 => column.as_primitive::<Int64Type>().values().to_vec(),
+        DataType::UInt8 => all!(UInt8Type),
+        DataType::UInt16 => all!(UInt16Type),
+        DataType::UInt32 => all!(UInt32Type),
+        DataType::UInt64 => all!(UInt64Type),
+        DataType::Boolean => column.as_boolean().values().iter().map(i64::from).collect(),
+        _ => return None,
+    })
+}
+
+/// Whether the column holds floats (as opposed to integers or booleans).
+pub fn is_float(column: &ArrayRef) -> bool {
+    matches!(column.data_type(), DataType::Float32 | DataType::Float64 | DataType::Float16)
+}
+
+/// A string or binary column's values (a null's as empty); None for other types.
+pub fn byte_strings(column: &ArrayRef) -> Option<Vec<&[u8]>> {
+    fn all<'a>(values: impl Iterator<Item = Option<&'a [u8]>>) -> Vec<&'a [u8]> {
+        values.map(Option::unwrap_or_default).collect()
+    }
+    Some(match column.data_type() {
+        DataType::Utf8 => all(column.as_string::<i32>().iter().map(|s| s.map(str::as_bytes))),
+        DataType::LargeUtf8 => all(column.as_string::<i64>().iter().map(|s| s.map(str::as_bytes))),
+        DataType::Utf8View => all(column.as_string_view().iter().map(|s| s.map(str::as_bytes))),
+        DataType::Binary => all(column.as_binary::<i32>().iter()),
+        DataType::LargeBinary => all(column.as_binary::<i64>().iter()),
+        DataType::BinaryView => all(column.as_binary_view().iter()),
+        _ => return None,
+    })
+}
+
+/// The column's type, for an error message.
+pub fn describe(column: &ArrayRef) -> String {
+    column.data_type().to_string()
+}
+
+/// XXH64 with seed 0: the hash `hashBucket` and `cross` promise (docs/transforms.md).
+pub fn xxh64(bytes: &[u8]) -> u64 {
+    twox_hash::XxHash64::oneshot(0, bytes)
+}
+
+/// Each item's xxh64: a byte string's bytes, an integer's (or boolean's) value as 8
+/// little-endian bytes of an int64. Floats are refused: bucketize them first.
+pub fn hashes(column: &ArrayRef) -> ColumnResult<Vec<u64>> {
+    if let Some(strings) = byte_strings(column) {
+        return Ok(strings.into_iter().map(xxh64).collect());
+    }
+    match integers(column) {
+        Some(values) => Ok(values.into_iter().map(|v| xxh64(&v.to_le_bytes())).collect()),
+        None => Err(format!(
+            "is {}; hashing takes strings, binary, integers and booleans (bucketize floats first)",
+            describe(column)
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::builder::StringDictionaryBuilder;
+    use arrow_array::types::Int32Type as Key;
+    use arrow_array::{Int64Array, ListArray};
+
+    use super::*;
+
+    #[test]
+    fn a_sliced_list_works_on_its_own_values_only() {
+        let list = ListArray::from_iter_primitive::<Int64Type, _, _>([
+            Some(vec![Some(1), Some(2)]),
+            None,
+            Some(vec![Some(3)]),
+            Some(vec![Some(4), Some(5), Some(6)]),
+        ]);
+        let sliced: ArrayRef = Arc::new(list.slice(2, 2));
+        let seen = std::sync::Mutex::new(0);
+        let doubled = per_item(&sliced, |values| {
+            *seen.lock().unwrap() = values.len();
+            let v = integers(values).unwrap();
+            Ok(Arc::new(Int64Array::from_iter_values(v.into_iter().map(|x| x * 2))) as ArrayRef)
+        })
+        .unwrap();
+        assert_eq!(*seen.lock().unwrap(), 4, "the slice's four values, not the list's six");
+        let doubled = doubled.as_list::<i32>();
+        assert_eq!(doubled.value_offsets(), [0, 1, 4]);
+        assert_eq!(integers(doubled.values()).unwrap(), [6, 8, 10, 12]);
+    }
+
+    #[test]
+    fn dictionaries_are_unpacked_and_hashed_as_their_strings() {
+        let mut dictionary = StringDictionaryBuilder::<Key>::new();
+        dictionary.append_value("b");
+        dictionary.append_value("a");
+        dictionary.append_value("b");
+        let column: ArrayRef = Arc::new(dictionary.finish());
+        assert_eq!(byte_strings(&plain(&column)).unwrap(), [b"b", b"a", b"b"]);
+        let hashed = hashes(&plain(&column)).unwrap();
+        assert_eq!(hashed[0], hashed[2]);
+        // XXH64("a", seed 0) as the reference implementation gives it.
+        assert_eq!(hashed[1], 0xd24e_c4f1_a98c_6e5b);
+    }
+}
