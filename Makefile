@@ -72,7 +72,7 @@ python: venv
 venv:
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	MATURIN_PEP517_ARGS="--profile dev" $(VENV)/bin/pip install -q --disable-pip-version-check \
-	  './client/python[torch]' pytest tokenizers pyarrow
+	  './client/python[torch]' pytest tokenizers pyarrow xxhash
 
 # etcd, kube-apiserver, kube-controller-manager, kubectl, helm into ~/.cache/stoker/bin.
 tools:
