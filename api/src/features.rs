@@ -6,14 +6,15 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Replaces nulls: in numeric columns with `value`, in string columns with `text`. A null list
-/// becomes an empty list.
+/// Replaces nulls: in numeric columns with `value` (cast to the column's type, which it
+/// keeps), in string columns with `text`. A null list becomes an empty list.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FillNull {
     #[schemars(length(min = 1))]
     pub fields: Vec<String>,
-    /// What a null of a numeric column becomes (cast to the column's type).
+    /// What a null of a numeric column becomes (cast to the column's type: toward zero,
+    /// saturating).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<f64>,
     /// What a null of a string or binary column becomes.
@@ -22,7 +23,7 @@ pub struct FillNull {
 }
 
 /// `ln(1 + max(x, 0))` as float32: DLRM's transform of its dense counts, negative values
-/// (Criteo's -1 and -2) clamped to 0 first.
+/// (Criteo's -1 and -2) clamped to 0 first; NaN stays NaN.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Log1p {

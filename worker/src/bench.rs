@@ -1,6 +1,7 @@
 //! Benchmarks run as commands (`stoker-worker bench ...`), never as timed tests.
 
 mod command;
+pub mod dlrm;
 pub mod memory;
 mod read;
 

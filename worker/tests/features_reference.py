@@ -334,17 +334,23 @@ def scalar(name: str, i: int):
 
 
 with np.errstate(over="ignore", invalid="ignore"):
-    # fillNull: numbers get the value (cast to the column's type; integers become int64), strings
-    # and binary the text, a null list an empty list (its null items the value or text).
+    # fillNull: numbers get the value cast to the column's type (toward zero, saturating at the
+    # type's bounds: -1.5 is -1 for signed integers, 0 for unsigned ones), strings and binary
+    # the text, a null list an empty list (its null items the value or text).
     for name, (values, nulls) in numeric.items():
         if values.dtype.kind == "f":
             kind = "f32" if values.dtype == np.float32 else "f64"
             filled = fill(values, nulls, FILL_VALUE)
             put(f"fill.{name}", kind, name, f32_bits(filled) if kind == "f32" else f64_bits(filled))
         else:
-            # Cast as numpy casts: -1.5 to an integer is -1; the uint64 above 2^63 wrap as int64.
+            # In the batch as int64: the uint64 above 2^63 wrap.
+            if values.dtype.kind == "b":
+                value = int(bool(FILL_VALUE))  # a boolean column: any value but 0 is true
+            else:
+                info = np.iinfo(values.dtype)
+                value = min(max(int(FILL_VALUE), info.min), info.max)
             ints = values.astype(np.int64)
-            put(f"fill.{name}", "i64", name, np.where(nulls, int(FILL_VALUE), ints).tolist())
+            put(f"fill.{name}", "i64", name, np.where(nulls, value, ints).tolist())
     for name, column in strings.items():
         put(f"fill.{name}", "bytes", name, [(FILL_TEXT if v is None else v).encode().hex() for v in column])
     put("fill.b", "bytes", "b", [(FILL_TEXT.encode() if v is None else v).hex() for v in binary])
@@ -355,10 +361,9 @@ with np.errstate(over="ignore", invalid="ignore"):
     put("fill.tags", "list_bytes", "tags", filled_tags)
     put("fill.big", "list_i64", "big", [v or [] for v in lists["big"]])
 
-    # log1p: ln(1 + max(x, 0)) in f64, stored as float32. docs/transforms.md does not say what a
-    # NaN gives: max here is numpy's fmax (C's fmax, IEEE maxNum), for which max(NaN, 0) is 0.
+    # log1p: ln(1 + max(x, 0)) in f64, stored as float32; NaN stays NaN (numpy's maximum).
     for name in ["i8", "i16", "i32", "i64", "u32", "u64", "f32", "f64", "flag"]:
-        out_ = np.log1p(np.fmax(as_f64(name), 0.0)).astype(np.float32)
+        out_ = np.log1p(np.maximum(as_f64(name), 0.0)).astype(np.float32)
         put(f"log1p.{name}", "f32", name, f32_bits(fill(out_, numeric[name][1], AFTER)))
 
     # standardize: (x - mean) / std in f64, stored as float32.
@@ -470,7 +475,7 @@ with np.errstate(over="ignore", invalid="ignore"):
     cross("cross.i64_x_sl", ["i64", "sl"], 1000003)
 
     # concat (after fillNull 0 and log1p of f64): each field's value as float32, in the order named.
-    dense_columns = [np.log1p(np.fmax(fill(as_f64("f64"), numeric["f64"][1], 0.0), 0.0))]
+    dense_columns = [np.log1p(np.maximum(fill(as_f64("f64"), numeric["f64"][1], 0.0), 0.0))]
     dense_columns += [fill(as_f64(name), numeric[name][1], 0.0) for name in ["i16", "u32", "f32", "i8"]]
     dense = np.stack(dense_columns, axis=1).astype(np.float32)
     put("concat.dense", "vec_f32", "f64,i16,u32,f32,i8", dense.view(np.uint32).tolist())

@@ -65,6 +65,20 @@ pub enum Bench {
         #[arg(long)]
         threads: Option<usize>,
     },
+    /// DLRM's preprocessing of a Criteo-style Parquet table (worker/bench/peers/criteo_generate.py)
+    /// beside its floor, the projected columns decoded alone: rows/s and bytes read.
+    Dlrm {
+        /// The table's directory of .parquet files.
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long)]
+        threads: Option<usize>,
+        #[arg(long, default_value_t = 2048)]
+        batch_size: u32,
+        /// Epochs to time, each beside a floor run.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+    },
     /// Serves ready synthetic batches (float16 224x224x3 images and int64 labels) as fast as a
     /// client reads them: the other end of the stream benchmarks (clients in any language).
     Serve {
@@ -123,6 +137,9 @@ impl Bench {
                     threads,
                 })
                 .await
+            }
+            Bench::Dlrm { data, threads, batch_size, repeat } => {
+                super::dlrm::command(&data, all_cores(threads), batch_size, repeat).await
             }
             Bench::Serve { listen, images, small_rows, shared_memory_dir } => {
                 serve(listen, images, small_rows, shared_memory_dir).await

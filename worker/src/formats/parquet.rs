@@ -160,7 +160,11 @@ impl ParquetFile {
             return Ok(RowGroupsRead { batches: Vec::new(), skipped_rows });
         }
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        let stream = builder.with_projection(mask).with_row_groups(kept).build().map_err(|e| self.error(e))?;
+        // Batches of 8192 rows: the reader's default of 1024 cost the columnar path a tenth of its
+        // time in per-batch work and in joining the batches.
+        let stream = (builder.with_projection(mask).with_row_groups(kept).with_batch_size(8192))
+            .build()
+            .map_err(|e| self.error(e))?;
         let batches = stream.try_collect().await.map_err(|e| self.error(e))?;
         Ok(RowGroupsRead { batches, skipped_rows })
     }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float32Type, Float64Type};
+use arrow_array::types::{Float32Type, Float64Type, Int64Type};
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::DataType;
 use bytes::Bytes;
@@ -55,7 +55,14 @@ pub fn stack(rows: &[&TableRow], pad: Option<f64>) -> Result<BTreeMap<String, Te
                 other: other.data_type().to_string(),
             });
         }
-        let gathered = arrow_select::interleave::interleave(&parts, &at).expect("rows within their tables");
+        // Rows in their table's order (no shuffle): the batch is a slice of it.
+        let (first_row, rows_in_order) =
+            (at[0].1, at.iter().enumerate().all(|(i, &(t, r))| t == 0 && r == at[0].1 + i));
+        let gathered = if tables.len() == 1 && rows_in_order {
+            tables[0].columns[field].slice(first_row, at.len())
+        } else {
+            arrow_select::interleave::interleave(&parts, &at).expect("rows within their tables")
+        };
         tensors.insert(field.clone(), tensor(field, &column::plain(&gathered), pad)?);
     }
     Ok(tensors)
@@ -93,6 +100,11 @@ fn flat(field: &str, column: &ArrayRef, shape: Vec<usize>) -> Result<Tensor, Bat
             shape,
             Bytes::from_owner(column.as_primitive::<Float64Type>().values().inner().clone()),
         ),
+        DataType::Int64 => Tensor::new(
+            DType::Int64,
+            shape,
+            Bytes::from_owner(column.as_primitive::<Int64Type>().values().inner().clone()),
+        ),
         _ => {
             if let Some(strings) = column::byte_strings(column) {
                 return Ok(Tensor::strings(shape, &strings).expect("one string per item"));
@@ -101,8 +113,7 @@ fn flat(field: &str, column: &ArrayRef, shape: Vec<usize>) -> Result<Tensor, Bat
                 field: field.into(),
                 data_type: column.data_type().to_string(),
             })?;
-            let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            Tensor::new(DType::Int64, shape, Bytes::from(data))
+            Tensor::new(DType::Int64, shape, Bytes::from_owner(arrow_buffer::Buffer::from_vec(values)))
         }
     };
     Ok(tensor.expect("the values fill the shape"))

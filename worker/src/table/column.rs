@@ -63,24 +63,35 @@ pub fn list_of<O: OffsetSizeTrait>(
     GenericListArray::new(item, offsets, values, nulls)
 }
 
-/// A numeric (or boolean) column's values as f64 (a null's slot holds whatever it holds);
-/// None for other types.
+/// A numeric (or boolean) column's values as f64, unsigned ones as the unsigned values they
+/// are (a null's slot holds whatever it holds); None for other types.
 pub fn numbers(column: &ArrayRef) -> Option<Vec<f64>> {
     macro_rules! all {
         ($t:ty) => {
-            column.as_primitive::<$t>().values().iter().map(|v| f64::from(*v)).collect()
+            column.as_primitive::<$t>().values().iter().map(|v| *v as f64).collect()
         };
     }
     Some(match column.data_type() {
-        DataType::Float32 => all!(Float32Type),
+        DataType::Float32 => column.as_primitive::<Float32Type>().values().iter().map(|v| f64::from(*v)).collect(),
         DataType::Float64 => column.as_primitive::<Float64Type>().values().to_vec(),
+        DataType::Int64 => all!(Int64Type),
+        DataType::UInt64 => all!(UInt64Type),
         DataType::Boolean => column.as_boolean().values().iter().map(|b| f64::from(u8::from(b))).collect(),
         _ => integers(column)?.into_iter().map(|v| v as f64).collect(),
     })
 }
 
-/// An integer (or boolean) column's values as i64, unsigned 64-bit ones wrapping; None for
+/// An integer (or boolean) column's values exactly, unsigned 64-bit ones included; None for
 /// other types.
+pub fn wide_integers(column: &ArrayRef) -> Option<Vec<i128>> {
+    match column.data_type() {
+        DataType::UInt64 => Some(column.as_primitive::<UInt64Type>().values().iter().map(|v| i128::from(*v)).collect()),
+        _ => Some(integers(column)?.into_iter().map(i128::from).collect()),
+    }
+}
+
+/// An integer (or boolean) column's values as i64, unsigned 64-bit ones wrapping (what the
+/// hash and the batch's int64 take); None for other types.
 pub fn integers(column: &ArrayRef) -> Option<Vec<i64>> {
     macro_rules! all {
         ($t:ty) => {
@@ -108,18 +119,55 @@ pub fn is_float(column: &ArrayRef) -> bool {
 
 /// A string or binary column's values (a null's as empty); None for other types.
 pub fn byte_strings(column: &ArrayRef) -> Option<Vec<&[u8]>> {
-    fn all<'a>(values: impl Iterator<Item = Option<&'a [u8]>>) -> Vec<&'a [u8]> {
-        values.map(Option::unwrap_or_default).collect()
+    let mut values = Vec::with_capacity(column.len());
+    for_each_bytes(column, |v| values.push(v)).then_some(values)
+}
+
+/// Whether a column of `data_type` holds strings or binary.
+pub fn is_bytes(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Utf8View
+            | DataType::Binary
+            | DataType::LargeBinary
+            | DataType::BinaryView
+    )
+}
+
+/// Calls `f` with each value of a string or binary column in order (a null's is whatever its
+/// slot holds, usually empty); false for other types. Reads the offsets and bytes directly:
+/// the per-value iterators check validity and build a `str` each time, a third of a hash's
+/// cost for Criteo's 8-byte strings.
+pub fn for_each_bytes<'a>(column: &'a ArrayRef, mut f: impl FnMut(&'a [u8])) -> bool {
+    fn ranges<'a, O: arrow_array::OffsetSizeTrait>(offsets: &'a [O], data: &'a [u8], f: &mut impl FnMut(&'a [u8])) {
+        for w in offsets.windows(2) {
+            f(&data[w[0].as_usize()..w[1].as_usize()]);
+        }
     }
-    Some(match column.data_type() {
-        DataType::Utf8 => all(column.as_string::<i32>().iter().map(|s| s.map(str::as_bytes))),
-        DataType::LargeUtf8 => all(column.as_string::<i64>().iter().map(|s| s.map(str::as_bytes))),
-        DataType::Utf8View => all(column.as_string_view().iter().map(|s| s.map(str::as_bytes))),
-        DataType::Binary => all(column.as_binary::<i32>().iter()),
-        DataType::LargeBinary => all(column.as_binary::<i64>().iter()),
-        DataType::BinaryView => all(column.as_binary_view().iter()),
-        _ => return None,
-    })
+    match column.data_type() {
+        DataType::Utf8 => {
+            let a = column.as_string::<i32>();
+            ranges(a.value_offsets(), a.value_data(), &mut f)
+        }
+        DataType::LargeUtf8 => {
+            let a = column.as_string::<i64>();
+            ranges(a.value_offsets(), a.value_data(), &mut f)
+        }
+        DataType::Binary => {
+            let a = column.as_binary::<i32>();
+            ranges(a.value_offsets(), a.value_data(), &mut f)
+        }
+        DataType::LargeBinary => {
+            let a = column.as_binary::<i64>();
+            ranges(a.value_offsets(), a.value_data(), &mut f)
+        }
+        DataType::Utf8View => column.as_string_view().iter().for_each(|s| f(s.map(str::as_bytes).unwrap_or_default())),
+        DataType::BinaryView => column.as_binary_view().iter().for_each(|s| f(s.unwrap_or_default())),
+        _ => return false,
+    }
+    true
 }
 
 /// The column's type, for an error message.
@@ -132,14 +180,46 @@ pub fn xxh64(bytes: &[u8]) -> u64 {
     twox_hash::XxHash64::oneshot(0, bytes)
 }
 
+/// `h % buckets` without a division: Lemire, Kaser and Kurz's direct remainder ("Faster
+/// Remainder by Direct Computation", 2019) with a 128-bit reciprocal, exact for every 64-bit
+/// value and divisor. A 64-bit division cost as much as the hash of a Criteo string.
+#[derive(Clone, Copy, Debug)]
+pub struct Buckets {
+    count: u64,
+    /// ceil(2^128 / count); 0 for one bucket.
+    reciprocal: u128,
+}
+
+impl Buckets {
+    pub fn new(count: u64) -> Buckets {
+        assert!(count > 0, "validation refuses zero buckets");
+        let reciprocal = if count == 1 { 0 } else { u128::MAX / u128::from(count) + 1 };
+        Buckets { count, reciprocal }
+    }
+
+    /// The bucket of `h`: `h % count`.
+    pub fn of(&self, h: u64) -> u64 {
+        let low = self.reciprocal.wrapping_mul(u128::from(h));
+        let (hi, lo) = ((low >> 64) as u64, low as u64);
+        let d = u128::from(self.count);
+        ((u128::from(hi) * d + ((u128::from(lo) * d) >> 64)) >> 64) as u64
+    }
+}
+
 /// Each item's xxh64: a byte string's bytes, an integer's (or boolean's) value as 8
 /// little-endian bytes of an int64. Floats are refused: bucketize them first.
 pub fn hashes(column: &ArrayRef) -> ColumnResult<Vec<u64>> {
-    if let Some(strings) = byte_strings(column) {
-        return Ok(strings.into_iter().map(xxh64).collect());
+    hashes_into(column, |h| h)
+}
+
+/// `f` of each item's xxh64 (as `hashes`), in one pass.
+pub fn hashes_into<T>(column: &ArrayRef, f: impl Fn(u64) -> T) -> ColumnResult<Vec<T>> {
+    let mut hashed = Vec::with_capacity(column.len());
+    if for_each_bytes(column, |v| hashed.push(f(xxh64(v)))) {
+        return Ok(hashed);
     }
     match integers(column) {
-        Some(values) => Ok(values.into_iter().map(|v| xxh64(&v.to_le_bytes())).collect()),
+        Some(values) => Ok(values.into_iter().map(|v| f(xxh64(&v.to_le_bytes()))).collect()),
         None => Err(format!(
             "is {}; hashing takes strings, binary, integers and booleans (bucketize floats first)",
             describe(column)
@@ -175,6 +255,27 @@ mod tests {
         let doubled = doubled.as_list::<i32>();
         assert_eq!(doubled.value_offsets(), [0, 1, 4]);
         assert_eq!(integers(doubled.values()).unwrap(), [6, 8, 10, 12]);
+    }
+
+    #[test]
+    fn buckets_are_the_remainder_for_every_value_and_count() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let counts = [1, 2, 3, 7, 97, 1000, 10_000_000, 1 << 32, (1 << 32) + 1, u64::MAX / 3, u64::MAX - 1, u64::MAX];
+        let random_counts: Vec<u64> = (0..200).map(|_| next() >> (next() % 64)).collect();
+        for count in counts.into_iter().chain(random_counts).filter(|c| *c > 0) {
+            let buckets = Buckets::new(count);
+            let edges = [0, 1, count - 1, count, count.wrapping_add(1), u64::MAX, u64::MAX - 1];
+            let values: Vec<u64> = edges.into_iter().chain((0..500).map(|_| next())).collect();
+            for h in values {
+                assert_eq!(buckets.of(h), h % count, "{h} % {count}");
+            }
+        }
     }
 
     #[test]

@@ -22,6 +22,13 @@ pub fn clip(column: &ArrayRef, min: Option<f64>, max: Option<f64>) -> ColumnResu
                 let values = items.as_primitive::<Float64Type>().values().iter();
                 Arc::new(Float64Array::new(values.map(|v| v.clamp(lo, hi)).collect(), nulls)) as ArrayRef
             }
+            // Bounded as the unsigned values they are; above 2^63 they wrap in the int64 batch.
+            DataType::UInt64 => {
+                let values = items.as_primitive::<arrow_array::types::UInt64Type>().values().iter();
+                let (lo, hi) = (lo.max(0.0).ceil() as u64, hi.floor() as u64);
+                Arc::new(Int64Array::new(values.map(|v| (*v).clamp(lo, hi.max(lo)) as i64).collect(), nulls))
+                    as ArrayRef
+            }
             _ => {
                 let values = column::integers(items)
                     .ok_or_else(|| format!("is {}; clip takes numbers", column::describe(items)))?;

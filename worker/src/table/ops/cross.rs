@@ -17,12 +17,13 @@ pub fn cross(columns: &[&ArrayRef], buckets: u64) -> ColumnResult<ArrayRef> {
         }
         hashed.push(column::hashes(&column::plain(c))?);
     }
+    let buckets = column::Buckets::new(buckets);
     let mut joined = vec![0u8; 8 * columns.len()];
     let crossed = (0..rows).map(|row| {
         for (i, h) in hashed.iter().enumerate() {
             joined[8 * i..8 * i + 8].copy_from_slice(&h[row].to_le_bytes());
         }
-        (xxh64(&joined) % buckets) as i64
+        buckets.of(xxh64(&joined)) as i64
     });
     let values: Vec<i64> = crossed.collect();
     let nulls =

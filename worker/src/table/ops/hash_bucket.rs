@@ -6,8 +6,9 @@ use crate::table::column::{self, ColumnResult};
 
 /// `xxh64(value) % buckets` as int64 (`column::hashes` says what is hashed).
 pub fn hash_bucket(column: &ArrayRef, buckets: u64) -> ColumnResult<ArrayRef> {
+    let buckets = column::Buckets::new(buckets);
     column::per_item(column, |items| {
-        let hashed = column::hashes(items)?.into_iter().map(|h| (h % buckets) as i64);
-        Ok(Arc::new(Int64Array::new(hashed.collect(), items.nulls().cloned())) as ArrayRef)
+        let buckets = column::hashes_into(items, |h| buckets.of(h) as i64)?;
+        Ok(Arc::new(Int64Array::new(buckets.into(), items.nulls().cloned())) as ArrayRef)
     })
 }

@@ -1,8 +1,28 @@
-use arrow_array::ArrayRef;
+use std::sync::{Arc, LazyLock};
 
-use crate::table::column::ColumnResult;
+use arrow_array::{Array, ArrayRef, Float32Array};
 
-/// `ln(1 + max(x, 0))` as float32, computed in f64.
+use crate::table::column::{self, ColumnResult};
+
+/// `ln(1 + x)` of the small counts most values are, as float32: the same numbers computed
+/// once (a log costs more than the table's lookup).
+static SMALL: LazyLock<Vec<f32>> = LazyLock::new(|| (0..4096).map(|x| f64::from(x).ln_1p() as f32).collect());
+
+/// `ln(1 + max(x, 0))` as float32, computed in f64; NaN stays NaN (as numpy's maximum
+/// keeps it: Rust's `max` would make it 0).
 pub fn log1p(column: &ArrayRef) -> ColumnResult<ArrayRef> {
-    super::to_float32(column, |x| x.max(0.0).ln_1p() as f32)
+    let exact = |x: f64| if x.is_nan() { f32::NAN } else { x.max(0.0).ln_1p() as f32 };
+    column::per_item(column, |items| {
+        if column::is_float(items) || items.data_type() == &arrow_schema::DataType::UInt64 {
+            return super::to_float32(items, exact);
+        }
+        let values =
+            column::integers(items).ok_or_else(|| format!("is {}; this op takes numbers", column::describe(items)))?;
+        let small = &*SMALL;
+        let logs = values.into_iter().map(|x| match usize::try_from(x.max(0)) {
+            Ok(i) if i < small.len() => small[i],
+            _ => exact(x as f64),
+        });
+        Ok(Arc::new(Float32Array::new(logs.collect(), items.nulls().cloned())) as ArrayRef)
+    })
 }

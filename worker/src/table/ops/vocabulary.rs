@@ -10,7 +10,7 @@ use crate::table::column::{self, ColumnResult};
 #[derive(Debug, Default)]
 pub struct Vocabulary {
     strings: HashMap<Vec<u8>, i64>,
-    integers: HashMap<i64, i64>,
+    integers: HashMap<i128, i64>,
     oov: i64,
 }
 
@@ -23,7 +23,7 @@ impl Vocabulary {
         for (id, line) in file.split(|b| *b == b'\n').enumerate() {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             vocabulary.strings.entry(line.to_vec()).or_insert(id as i64);
-            if let Some(n) = std::str::from_utf8(line).ok().and_then(|s| s.trim().parse::<i64>().ok()) {
+            if let Some(n) = std::str::from_utf8(line).ok().and_then(|s| s.trim().parse::<i128>().ok()) {
                 vocabulary.integers.entry(n).or_insert(id as i64);
             }
         }
@@ -37,7 +37,7 @@ impl Vocabulary {
         column::per_item(column, |items| {
             let ids: Vec<i64> = if let Some(strings) = column::byte_strings(items) {
                 strings.into_iter().map(|s| *self.strings.get(s).unwrap_or(&self.oov)).collect()
-            } else if let Some(values) = column::integers(items).filter(|_| !column::is_float(items)) {
+            } else if let Some(values) = column::wide_integers(items).filter(|_| !column::is_float(items)) {
                 values.into_iter().map(|v| *self.integers.get(&v).unwrap_or(&self.oov)).collect()
             } else {
                 return Err(format!("is {}; vocabulary takes strings, binary and integers", column::describe(items)));
