@@ -2,7 +2,7 @@
 
     cargo build --release -p stoker-worker
     pip install datasets tokenizers ./client/python
-    python worker/bench/tokenize-pack.py [--docs 40000] [--rounds 2]
+    python worker/bench/tokenize-pack.py [--docs 40000] [--rounds 2] [--format jsonl|parquet]
 
 The corpus: `--docs` generated JSONL documents (English-like words of varied lengths and some
 non-ASCII, 40-400 words each) in 8 files, and a byte-level BPE tokenizer (vocabulary 32000)
@@ -18,6 +18,10 @@ end-of-document id between documents:
   `map(group_texts, batched=True)` into 2048-token blocks, both `keep_in_memory=True`; timed
   from the loaded dataset to the packed one. Its best of two ways of using the 2 cores: one
   process with the tokenizer's own threads, or `num_proc=2` with them off.
+
+With `--format parquet` the same documents are Parquet files (a `text` column and an `id`
+column no side reads, written by pyarrow): Stoker reads only the `text` column (derived from
+its ops), Hugging Face `load_dataset("parquet")` with `columns=["text"]`.
 
 Prints tokens per second for each, alternating rounds.
 """
@@ -90,6 +94,18 @@ def write_corpus(directory, docs, seed=7):
         f.close()
 
 
+def write_parquet(jsonl, directory):
+    """The JSONL corpus's documents, file for file, as Parquet: `text` and an unread `id`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in sorted(jsonl.glob("*.jsonl")):
+        texts = [json.loads(line)["text"] for line in open(path)]
+        table = pa.table({"id": pa.array(range(len(texts)), pa.int64()), "text": pa.array(texts)})
+        pq.write_table(table, directory / (path.stem + ".parquet"))
+
+
 def train_tokenizer(directory, path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -102,11 +118,11 @@ def train_tokenizer(directory, path):
     tok.save(str(path))
 
 
-def stoker_tokens_per_second(worker_bin, data, tokenizer, threads):
+def stoker_tokens_per_second(worker_bin, data, tokenizer, threads, fmt):
     from stoker_client import Client
 
     spec = (
-        f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
+        f"  source: {{uri: 'file://{data}/', format: {fmt}}}\n"
         "  transforms:\n"
         f"  - tokenize: {{tokenizer: '{tokenizer}', addSpecialTokens: false}}\n"
         f"  - pack: {{length: {LENGTH}, separator: {EOS}}}\n"
@@ -121,18 +137,17 @@ def stoker_tokens_per_second(worker_bin, data, tokenizer, threads):
         return tokens[1] / (end[1] - end[0]), tokens[1]
 
 
-def hf_tokens_per_second(data, tokenizer_path, num_proc):
+def hf_tokens_per_second(data, tokenizer_path, num_proc, fmt):
     import datasets
     from tokenizers import Tokenizer
 
     datasets.disable_progress_bars()
     os.environ["TOKENIZERS_PARALLELISM"] = "false" if num_proc > 1 else "true"
-    raw = datasets.load_dataset(
-        "json",
-        data_files=sorted(str(p) for p in pathlib.Path(data).glob("*.jsonl")),
-        split="train",
-        keep_in_memory=True,
-    )
+    files = sorted(str(p) for p in pathlib.Path(data).glob(f"*.{fmt}"))
+    if fmt == "parquet":
+        raw = datasets.load_dataset("parquet", data_files=files, columns=["text"], split="train", keep_in_memory=True)
+    else:
+        raw = datasets.load_dataset("json", data_files=files, split="train", keep_in_memory=True)
     tok = Tokenizer.from_file(str(tokenizer_path))
 
     def tokenize(batch):
@@ -164,6 +179,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="Stoker worker threads; HF uses the same cores")
     ap.add_argument("--dir", default="/tmp/stoker-bench-text")
     ap.add_argument("--worker-bin", default=str(ROOT / "target" / "release" / "stoker-worker"))
+    ap.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     args = ap.parse_args()
     directory = pathlib.Path(args.dir)
     data, tokenizer = directory / "data", directory / "tokenizer.json"
@@ -171,13 +187,18 @@ def main():
         data.mkdir(parents=True, exist_ok=True)
         write_corpus(data, args.docs)
         train_tokenizer(data, tokenizer)
-    size = sum(p.stat().st_size for p in data.glob("*.jsonl"))
-    print(f"machine: {os.cpu_count()} cores; {args.docs} documents, {size / 1e6:.1f} MB of JSONL; rows of {LENGTH}")
+    if args.format == "parquet":
+        if not (directory / "parquet").exists():
+            write_parquet(data, directory / "parquet")
+        data = directory / "parquet"
+    size = sum(p.stat().st_size for p in data.glob(f"*.{args.format}"))
+    what = f"{args.docs} documents, {size / 1e6:.1f} MB of {args.format}"
+    print(f"machine: {os.cpu_count()} cores; {what}; rows of {LENGTH}")
     for round in range(1, args.rounds + 1):
-        rate, tokens = stoker_tokens_per_second(args.worker_bin, data, tokenizer, args.threads)
+        rate, tokens = stoker_tokens_per_second(args.worker_bin, data, tokenizer, args.threads, args.format)
         print(f"round {round} stoker:           {rate / 1e6:6.2f} M tokens/s ({tokens} tokens)")
         for num_proc in (1, args.threads):
-            rate, tokens = hf_tokens_per_second(data, tokenizer, num_proc)
+            rate, tokens = hf_tokens_per_second(data, tokenizer, num_proc, args.format)
             print(f"round {round} datasets.map x{num_proc}:  {rate / 1e6:6.2f} M tokens/s ({tokens} tokens)")
         sys.stdout.flush()
 

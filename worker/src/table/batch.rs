@@ -55,14 +55,10 @@ pub fn stack(rows: &[&TableRow], pad: Option<f64>) -> Result<BTreeMap<String, Te
                 other: other.data_type().to_string(),
             });
         }
-        // Rows in their table's order (no shuffle): the batch is a slice of it.
-        let (first_row, rows_in_order) =
-            (at[0].1, at.iter().enumerate().all(|(i, &(t, r))| t == 0 && r == at[0].1 + i));
-        let gathered = if tables.len() == 1 && rows_in_order {
-            tables[0].columns[field].slice(first_row, at.len())
-        } else {
-            arrow_select::interleave::interleave(&parts, &at).expect("rows within their tables")
-        };
+        // Gathered into buffers of the batch's own, also when its rows are a run of one table
+        // (no shuffle): a slice would keep the whole table alive for as long as the batch
+        // waits for its client, and the budget counts only the batch's bytes.
+        let gathered = arrow_select::interleave::interleave(&parts, &at).expect("rows within their tables");
         tensors.insert(field.clone(), tensor(field, &column::plain(&gathered), pad)?);
     }
     Ok(tensors)
