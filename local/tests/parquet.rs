@@ -64,3 +64,61 @@ async fn two_workers_share_the_row_groups_and_deliver_every_row_once() {
         assert_eq!(ids.len(), 120_000, "epoch {epoch}: every row once");
     }
 }
+
+/// The columnar path through a worker's death: a pipeline of feature ops (`hashBucket` of the
+/// text, kept with the id), shuffled, two workers paced to 40 batches a second; in epoch 1,
+/// once both have delivered, one is killed (SIGKILL). Its splits are produced again by the
+/// other without the rows the client had (their positions are left out before the table is
+/// transformed), so every row of every epoch arrives once, and each with the bucket of its
+/// own text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_split_on_the_columnar_path_costs_no_row_and_repeats_none() {
+    let dir = tempfile::tempdir().unwrap();
+    table(dir.path());
+    let manifest = format!(
+        "source: {{uri: 'file://{}/', format: parquet}}\nbatchSize: 500\nshuffle: {{bufferSize: 2000}}\nseed: 5\n\
+         transforms:\n- hashBucket: {{fields: [text], buckets: 1000}}\n",
+        dir.path().display()
+    );
+    let pipeline = WorkerPipeline::new("ns", "table", &stoker_api::from_yaml(&manifest).unwrap());
+    let s = support::dispatched(pipeline, Duration::from_secs(3), Some(40.0)).await;
+    s.workers.scale(&s.key, 2).await.unwrap();
+    let mut options = ClientOptions::new("ns", "table");
+    options.prefetch = 2;
+    options.stream_window_bytes = 64 << 10;
+    let mut client = Client::from_dispatcher(&s.url, options).await.unwrap();
+    let bucket = |id: i64| {
+        let text = format!("row {} of file {}", id % 40_000, id / 40_000);
+        (stoker_worker::table::column::xxh64(text.as_bytes()) % 1000) as i64
+    };
+    let mut killed = false;
+    for epoch in 0..3 {
+        let mut ids = BTreeSet::new();
+        let mut batches = 0;
+        let reading = async {
+            while let Some(batch) = client.next_in_epoch().await {
+                let batch = batch.expect("no error reaches the reader");
+                let int64s = |f: &str| -> Vec<i64> {
+                    batch.tensors[f].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+                };
+                for (id, text) in int64s("id").into_iter().zip(int64s("text")) {
+                    assert!(ids.insert(id), "id {id} twice in epoch {epoch}");
+                    assert_eq!(text, bucket(id), "row {id}'s bucket");
+                }
+                batches += 1;
+                let delivering = (s.dispatcher.with_state(|st| st.worker_progress(&s.key)).iter())
+                    .filter(|w| w.2.batches > 0)
+                    .count();
+                if epoch == 1 && !killed && batches >= 30 && delivering == 2 {
+                    killed = s.workers.kill_one(&s.key).is_some();
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(120), reading).await.expect("the epoch ends within 120 s");
+        assert_eq!(ids.len(), 120_000, "epoch {epoch}: every row once");
+    }
+    assert!(killed, "both workers never delivered, so none was killed");
+    let jobs = s.dispatcher.with_state(|st| st.jobs(&s.key));
+    assert!(jobs[0].requeued >= 1, "the dead worker's split was produced again: {:?}", jobs[0]);
+    assert!(jobs[0].skipped > 0, "the rows the client had were skipped, not produced again: {:?}", jobs[0]);
+}
