@@ -189,7 +189,11 @@ impl Stats {
     }
 
     fn skip(&self, reason: &'static str) {
-        *self.skipped.lock().unwrap().entry(reason).or_default() += 1;
+        self.skip_many(reason, 1);
+    }
+
+    fn skip_many(&self, reason: &'static str, count: u64) {
+        *self.skipped.lock().unwrap().entry(reason).or_default() += count;
     }
 
     pub fn skipped(&self) -> BTreeMap<&'static str, u64> {

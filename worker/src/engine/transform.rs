@@ -348,7 +348,7 @@ impl Engine {
             self.stats.filtered.fetch_add(applied.filtered, Ordering::Relaxed);
             if applied.skipped_null > 0 {
                 tracing::warn!(split, rows = applied.skipped_null, "skipping rows with a null where a filter compares");
-                *self.stats.skipped.lock().unwrap().entry("missing_field").or_default() += applied.skipped_null;
+                self.stats.skip_many("missing_field", applied.skipped_null);
             }
             self.stats.elements.fetch_add(applied.table.len() as u64, Ordering::Relaxed);
             rows.extend(applied.table.into_rows().into_iter().map(|(position, row)| (position, Row::Table(row))));
