@@ -132,3 +132,8 @@ for target in operator worker worker-python; do
     --build-arg BASE="$BASE" --build-arg PYTHON_BASE="$PYTHON_BASE" -t "stoker.local/stoker-$target:$TAG" \
     "$context" >/dev/null
 done
+# Each build under the same tag leaves the previous images dangling, and each build's context
+# (the two binaries) stays in the build cache: 4 GB and 7 GB here after a few dozen runs, on a
+# disk CI shares. Both go; the bases and the tagged images stay.
+"$DOCKER" image prune -f >/dev/null
+"$DOCKER" builder prune -af >/dev/null
