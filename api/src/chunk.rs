@@ -46,6 +46,7 @@ pub fn header<T: Payload>(batch: &Batch<T>) -> BatchHeader {
                 dtype: proto::Dtype::from(t.dtype()) as i32,
                 shape: t.shape().iter().map(|&d| d as u64).collect(),
                 byte_length: t.byte_len() as u64,
+                layout: proto::Layout::from(t.layout()) as i32,
             })
             .collect(),
     }
@@ -246,7 +247,7 @@ mod tests {
                 parts.push(t.data.slice(from..to));
                 from = to;
             }
-            crate::Stacked { dtype: t.dtype, shape: t.shape.clone(), parts }
+            crate::Stacked { dtype: t.dtype, shape: t.shape.clone(), parts, layout: t.layout }
         };
         let cuts: [&[usize]; 3] = [&[1, 40_000], &[], &[65_000]];
         let stacked = Batch {

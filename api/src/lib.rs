@@ -28,8 +28,8 @@ pub use reading::{JobShape, Reading};
 pub use spec::*;
 pub use status::*;
 pub use tensor::{
-    Batch, ECHO_COPY_SHIFT, MAX_ECHO_SPLIT_ELEMENTS, Payload, ShapeMismatch, Stacked, Tensor, echo_copy, echo_position,
-    row, row_origin,
+    Batch, ECHO_COPY_SHIFT, Layout, MAX_ECHO_SPLIT_ELEMENTS, Payload, ShapeMismatch, Stacked, Tensor, echo_copy,
+    echo_position, row, row_origin,
 };
 pub use transform::*;
 pub use validate::{ValidationError, invalid_message, validate};

@@ -78,6 +78,24 @@ impl From<crate::DType> for Dtype {
     }
 }
 
+impl From<crate::Layout> for Layout {
+    fn from(l: crate::Layout) -> Self {
+        match l {
+            crate::Layout::Dense => Layout::Dense,
+            crate::Layout::Jagged => Layout::Jagged,
+        }
+    }
+}
+
+impl From<Layout> for crate::Layout {
+    fn from(l: Layout) -> Self {
+        match l {
+            Layout::Dense => crate::Layout::Dense,
+            Layout::Jagged => crate::Layout::Jagged,
+        }
+    }
+}
+
 impl From<crate::CacheMode> for CacheMode {
     fn from(mode: crate::CacheMode) -> Self {
         match mode {

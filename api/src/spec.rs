@@ -67,6 +67,12 @@ pub struct DataPlaneSpec {
     /// value; without it such a batch is an error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pad_value: Option<f64>,
+    /// Fields delivered as jagged tensors: each row's list as it is, values plus offsets (a
+    /// sparse id list of each row), instead of padded to the batch's longest. Lists of
+    /// numbers only (one dimension each).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
+    pub jagged: Vec<String>,
     /// Seed of every random op and of the shuffle: runs with the same seed see the same data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,

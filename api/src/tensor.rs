@@ -46,6 +46,20 @@ impl DType {
     }
 }
 
+/// How a tensor's bytes are laid out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// Row-major: every row of the batch has the same shape.
+    #[default]
+    Dense,
+    /// One list per row, each of its own length (a sparse id list): the shape is `[rows]`,
+    /// and the bytes are `rows + 1` little-endian int64 offsets into the values (the first 0,
+    /// non-decreasing, the last the number of values), then the values, of a fixed-width
+    /// dtype. torchrec's `KeyedJaggedTensor` and `torch.nested` take values with these
+    /// offsets (or their differences, the lengths) as they are.
+    Jagged,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
     pub dtype: DType,
@@ -53,31 +67,61 @@ pub struct Tensor {
     /// Row-major, little-endian; exactly `len() * dtype.size()` bytes. For [`DType::Bytes`]:
     /// `len() + 1` little-endian u64 offsets into the strings that follow them (the first 0,
     /// non-decreasing, the last the strings' total length), then the strings concatenated.
+    /// For [`Layout::Jagged`], the offsets and the values.
     pub data: Bytes,
+    pub layout: Layout,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a {dtype:?} tensor of shape {shape:?} needs {expected} bytes, got {actual}")]
+#[error("a {layout:?} {dtype:?} tensor of shape {shape:?} needs {expected} bytes, got {actual}")]
 pub struct ShapeMismatch {
     pub dtype: DType,
+    pub layout: Layout,
     pub shape: Vec<usize>,
+    /// `usize::MAX` where no length could fit: offsets that are not a layout, a jagged tensor
+    /// of text or of a rank other than 1.
     pub expected: usize,
     pub actual: usize,
 }
 
 impl Tensor {
+    /// A [`Layout::Dense`] tensor, its length checked against its shape and type.
     pub fn new(dtype: DType, shape: Vec<usize>, data: Bytes) -> Result<Self, ShapeMismatch> {
+        Tensor::with_layout(dtype, Layout::Dense, shape, data)
+    }
+
+    /// A tensor of any layout, its bytes checked against it (the offsets too).
+    pub fn with_layout(dtype: DType, layout: Layout, shape: Vec<usize>, data: Bytes) -> Result<Self, ShapeMismatch> {
         let count = shape.iter().try_fold(1usize, |n, d| n.checked_mul(*d));
-        let expected = match (dtype, count) {
-            (DType::Bytes, Some(n)) => string_layout_len(n, &data),
-            (_, Some(n)) => n.checked_mul(dtype.size()),
-            (_, None) => None,
+        let expected = match (layout, dtype, count) {
+            (_, _, None) => None,
+            (Layout::Dense, DType::Bytes, Some(n)) => offsets_layout_len(n, &data, 1),
+            (Layout::Dense, _, Some(n)) => n.checked_mul(dtype.size()),
+            (Layout::Jagged, DType::Bytes, _) => None,
+            (Layout::Jagged, _, Some(n)) if shape.len() == 1 => offsets_layout_len(n, &data, dtype.size()),
+            (Layout::Jagged, _, Some(_)) => None,
         };
         if expected != Some(data.len()) {
             let expected = expected.unwrap_or(usize::MAX);
-            return Err(ShapeMismatch { dtype, shape, expected, actual: data.len() });
+            return Err(ShapeMismatch { dtype, layout, shape, expected, actual: data.len() });
         }
-        Ok(Tensor { dtype, shape, data })
+        Ok(Tensor { dtype, shape, data, layout })
+    }
+
+    /// A [`Layout::Jagged`] tensor of `offsets.len() - 1` lists, the values of list i being
+    /// `values[offsets[i]..offsets[i + 1]]` (in elements of `dtype`).
+    pub fn jagged(dtype: DType, offsets: &[i64], values: &[u8]) -> Result<Self, ShapeMismatch> {
+        let mut data = Vec::with_capacity(8 * offsets.len() + values.len());
+        offsets.iter().for_each(|o| data.extend_from_slice(&o.to_le_bytes()));
+        data.extend_from_slice(values);
+        Tensor::with_layout(dtype, Layout::Jagged, vec![offsets.len().saturating_sub(1)], Bytes::from(data))
+    }
+
+    /// A jagged tensor's offsets (`rows + 1` little-endian int64) and values, as slices of
+    /// its bytes; None for a dense one.
+    pub fn jagged_parts(&self) -> Option<(Bytes, Bytes)> {
+        let head = 8 * (self.len() + 1);
+        (self.layout == Layout::Jagged).then(|| (self.data.slice(..head), self.data.slice(head..)))
     }
 
     /// A [`DType::Bytes`] tensor of `shape` holding `strings` in row-major order.
@@ -106,7 +150,7 @@ impl Tensor {
         (0..n).map(move |i| &self.data[offset(i)..offset(i + 1)])
     }
 
-    /// Number of elements.
+    /// Number of elements (of a jagged tensor: of lists).
     pub fn len(&self) -> usize {
         self.shape.iter().product()
     }
@@ -116,9 +160,10 @@ impl Tensor {
     }
 }
 
-/// The data length of `n` strings in the [`DType::Bytes`] layout if `data` holds that layout
-/// (offsets from 0, non-decreasing, ending at the strings' length).
-fn string_layout_len(n: usize, data: &[u8]) -> Option<usize> {
+/// The data length of `n` strings in the [`DType::Bytes`] layout (`unit` 1), or of `n` lists
+/// of `unit`-byte values in the [`Layout::Jagged`] one, if `data` holds that layout: `n + 1`
+/// offsets from 0, non-decreasing, the last the count of bytes or values that follow them.
+fn offsets_layout_len(n: usize, data: &[u8], unit: usize) -> Option<usize> {
     let header = n.checked_add(1)?.checked_mul(8)?;
     let offsets = data.get(..header)?;
     let mut last = 0u64;
@@ -129,7 +174,7 @@ fn string_layout_len(n: usize, data: &[u8]) -> Option<usize> {
         }
         last = o;
     }
-    header.checked_add(usize::try_from(last).ok()?)
+    header.checked_add(usize::try_from(last).ok()?.checked_mul(unit)?)
 }
 
 /// A batch's tensor as a worker holds it until it is sent: its rows' buffers one after another,
@@ -140,6 +185,7 @@ pub struct Stacked {
     pub dtype: DType,
     pub shape: Vec<usize>,
     pub parts: Vec<Bytes>,
+    pub layout: Layout,
 }
 
 impl Stacked {
@@ -149,13 +195,18 @@ impl Stacked {
             [one] => one.clone(),
             parts => Bytes::from(parts.concat()),
         };
-        Tensor { dtype: self.dtype, shape: self.shape.clone(), data }
+        Tensor { dtype: self.dtype, shape: self.shape.clone(), data, layout: self.layout }
+    }
+
+    /// A [`Layout::Dense`] tensor of these parts.
+    pub fn dense(dtype: DType, shape: Vec<usize>, parts: Vec<Bytes>) -> Stacked {
+        Stacked { dtype, shape, parts, layout: Layout::Dense }
     }
 }
 
 impl From<Tensor> for Stacked {
     fn from(t: Tensor) -> Stacked {
-        Stacked { dtype: t.dtype, shape: t.shape, parts: vec![t.data] }
+        Stacked { dtype: t.dtype, shape: t.shape, parts: vec![t.data], layout: t.layout }
     }
 }
 
@@ -163,6 +214,7 @@ impl From<Tensor> for Stacked {
 /// [`Stacked`] (a worker's, its rows' buffers).
 pub trait Payload {
     fn dtype(&self) -> DType;
+    fn layout(&self) -> Layout;
     fn shape(&self) -> &[usize];
     /// The bytes, in order, in one or more buffers.
     fn parts(&self) -> &[Bytes];
@@ -175,6 +227,9 @@ impl Payload for Tensor {
     fn dtype(&self) -> DType {
         self.dtype
     }
+    fn layout(&self) -> Layout {
+        self.layout
+    }
     fn shape(&self) -> &[usize] {
         &self.shape
     }
@@ -186,6 +241,9 @@ impl Payload for Tensor {
 impl Payload for Stacked {
     fn dtype(&self) -> DType {
         self.dtype
+    }
+    fn layout(&self) -> Layout {
+        self.layout
     }
     fn shape(&self) -> &[usize] {
         &self.shape
@@ -342,5 +400,26 @@ mod tests {
         assert!(Tensor::new(DType::Bytes, vec![usize::MAX, 2], Bytes::new()).is_err(), "no overflow");
         let scalar = Tensor::strings(vec![], &["one"]).unwrap();
         assert_eq!(scalar.string_values().collect::<Vec<_>>(), [b"one"]);
+    }
+
+    #[test]
+    fn jagged_tensors_check_their_offsets_against_their_values() {
+        let values: Vec<u8> = [7i64, 8, 9].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let t = Tensor::jagged(DType::Int64, &[0, 2, 2, 3], &values).unwrap();
+        assert_eq!((t.shape.clone(), t.layout, t.data.len()), (vec![3], Layout::Jagged, 8 * 4 + 24));
+        let (offsets, got) = t.jagged_parts().unwrap();
+        assert_eq!((offsets.len(), got.as_ref()), (32, values.as_slice()));
+        assert_eq!(Tensor::with_layout(DType::Int64, Layout::Jagged, vec![3], t.data.clone()).unwrap(), t);
+        // Four int32 values are as many bytes as two int64 ones: the unit counts.
+        assert!(Tensor::with_layout(DType::Int32, Layout::Jagged, vec![3], t.data.clone()).is_err());
+        assert!(Tensor::jagged(DType::Int64, &[0, 2, 1, 3], &values).is_err(), "decreasing");
+        assert!(Tensor::jagged(DType::Int64, &[1, 2, 2, 3], &values).is_err(), "not from 0");
+        assert!(Tensor::jagged(DType::Int64, &[0, 2, 2, 4], &values).is_err(), "past the values");
+        assert!(Tensor::jagged(DType::Bytes, &[0, 1], b"x").is_err(), "text is not jagged");
+        let two_d = Tensor::with_layout(DType::Int64, Layout::Jagged, vec![3, 1], t.data.clone()).unwrap_err();
+        assert_eq!(two_d.expected, usize::MAX);
+        assert!(Tensor::new(DType::Int64, vec![3], t.data.clone()).is_err(), "dense by default");
+        let empty = Tensor::jagged(DType::Float32, &[0], &[]).unwrap();
+        assert_eq!((empty.shape.clone(), empty.data.len()), (vec![0], 8));
     }
 }

@@ -140,6 +140,14 @@ pub fn validate(spec: &DataPipelineSpec) -> Result<(), Vec<ValidationError>> {
     if spec.data_plane.shuffle.as_ref().is_some_and(|s| s.buffer_size == 0) {
         err("spec.shuffle.bufferSize", "must be at least 1".into());
     }
+    let mut jagged = std::collections::BTreeSet::new();
+    for (i, field) in spec.data_plane.jagged.iter().enumerate() {
+        if field.is_empty() {
+            err(&format!("spec.jagged[{i}]"), "is empty; name a list field of the batch".into());
+        } else if !jagged.insert(field) {
+            err(&format!("spec.jagged[{i}]"), format!("{field:?} is named twice"));
+        }
+    }
     let w = &spec.workers;
     if w.min < 0 || w.max < 1 {
         err("spec.workers", format!("need min >= 0 and max >= 1, got min {} and max {}", w.min, w.max));
@@ -377,6 +385,15 @@ mod tests {
             "{e:?}"
         );
         assert!(e[0].message.contains("the operator adds") && e[3].message.contains("under /cache"), "{e:?}");
+    }
+
+    #[test]
+    fn jagged_fields_are_named_once_each() {
+        assert_eq!(validate(&spec(&format!("{BASE}jagged: [ids, tags]\n"))), Ok(()));
+        let e = errors("jagged: [ids, '', ids]\n");
+        let fields: Vec<&str> = e.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["spec.jagged[1]", "spec.jagged[2]"], "{e:?}");
+        assert!(e[1].message.contains("\"ids\" is named twice"), "{e:?}");
     }
 
     #[test]

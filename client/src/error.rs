@@ -10,6 +10,8 @@ pub enum ProtocolError {
     UnexpectedHeader,
     #[error("tensor {tensor:?} has unknown dtype {dtype}")]
     UnknownDtype { tensor: String, dtype: i32 },
+    #[error("tensor {tensor:?} has unknown layout {layout}")]
+    UnknownLayout { tensor: String, layout: i32 },
     #[error("tensor {tensor:?} appears twice")]
     DuplicateTensor { tensor: String },
     #[error("tensor {tensor:?}: shape {shape:?} does not match its {byte_length} bytes")]

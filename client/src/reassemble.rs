@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
-use stoker_api::proto::{BatchChunk, BatchHeader, Dtype};
-use stoker_api::{Batch, Tensor};
+use stoker_api::proto::{self, BatchChunk, BatchHeader, Dtype};
+use stoker_api::{Batch, Layout, Tensor};
 
 use crate::error::ProtocolError;
 
@@ -40,6 +40,7 @@ struct Partial {
 struct PartialTensor {
     name: String,
     dtype: stoker_api::DType,
+    layout: Layout,
     shape: Vec<usize>,
     len: usize,
     data: Acc,
@@ -171,6 +172,9 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
             .ok()
             .and_then(Dtype::to_api)
             .ok_or_else(|| ProtocolError::UnknownDtype { tensor: meta.name.clone(), dtype: meta.dtype })?;
+        let layout = proto::Layout::try_from(meta.layout)
+            .map(Layout::from)
+            .map_err(|_| ProtocolError::UnknownLayout { tensor: meta.name.clone(), layout: meta.layout })?;
         let mismatch = || ProtocolError::ShapeMismatch {
             tensor: meta.name.clone(),
             shape: meta.shape.clone(),
@@ -178,12 +182,13 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
         };
         // Checked arithmetic: a hostile header must not overflow its way past the checks.
         let count = meta.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(mismatch)?;
-        if dtype.is_fixed() {
+        if dtype.is_fixed() && layout == Layout::Dense {
             if count.checked_mul(dtype.size() as u64) != Some(meta.byte_length) {
                 return Err(mismatch());
             }
         } else if count.checked_add(1).and_then(|n| n.checked_mul(8)).is_none_or(|offsets| offsets > meta.byte_length) {
-            // Text: at least its offsets; the whole layout is checked once it has arrived.
+            // Text and jagged lists: at least their offsets; the whole layout is checked once
+            // it has arrived.
             return Err(mismatch());
         }
         declared = declared.saturating_add(meta.byte_length);
@@ -192,7 +197,8 @@ fn start(header: BatchHeader, max_batch_bytes: u64) -> Result<Partial, ProtocolE
         }
         // Fits in memory (checked above), so every dimension fits in usize.
         let shape = meta.shape.iter().map(|&d| d as usize).collect();
-        tensors.push(PartialTensor { name: meta.name, dtype, shape, len: meta.byte_length as usize, data: Acc::Empty });
+        let len = meta.byte_length as usize;
+        tensors.push(PartialTensor { name: meta.name, dtype, layout, shape, len, data: Acc::Empty });
     }
     let mut partial = Partial {
         epoch: header.epoch,
@@ -239,13 +245,15 @@ impl Partial {
     fn finish(self) -> Result<Batch, ProtocolError> {
         let mut tensors = BTreeMap::new();
         for t in self.tensors {
-            // Fixed-width lengths were checked against the header; text's offsets are checked here.
-            let tensor =
-                Tensor::new(t.dtype, t.shape, t.data.into_bytes()).map_err(|e| ProtocolError::ShapeMismatch {
+            // Dense fixed-width lengths were checked against the header; offsets (text, jagged
+            // lists) are checked here.
+            let tensor = Tensor::with_layout(t.dtype, t.layout, t.shape, t.data.into_bytes()).map_err(|e| {
+                ProtocolError::ShapeMismatch {
                     tensor: t.name.clone(),
                     shape: e.shape.iter().map(|d| *d as u64).collect(),
                     byte_length: e.actual as u64,
-                })?;
+                }
+            })?;
             tensors.insert(t.name, tensor);
         }
         let (epoch, split, sequence, completes, rows, incarnation) =

@@ -44,7 +44,7 @@ async fn scripted(chunks: Vec<BatchChunk>) -> (SocketAddr, Seen) {
 }
 
 fn header(n: u64) -> Option<BatchHeader> {
-    let meta = TensorMeta { name: "x".into(), dtype: Dtype::Uint8 as i32, shape: vec![n], byte_length: n };
+    let meta = TensorMeta { name: "x".into(), dtype: Dtype::Uint8 as i32, shape: vec![n], byte_length: n, layout: 0 };
     Some(BatchHeader {
         epoch: 1,
         split: 2,

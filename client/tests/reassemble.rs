@@ -102,7 +102,7 @@ fn one_tensor_header(dtype: i32, shape: Vec<u64>, byte_length: u64) -> BatchHead
         epoch: 0,
         split: 0,
         sequence: 0,
-        tensors: vec![TensorMeta { name: "x".into(), dtype, shape, byte_length }],
+        tensors: vec![TensorMeta { name: "x".into(), dtype, shape, byte_length, layout: 0 }],
         completes: vec![],
         rows: vec![],
         incarnation: 0,
@@ -223,4 +223,34 @@ fn a_batch_in_shared_memory_is_refused_since_this_client_never_asks_for_one() {
         ..Default::default()
     };
     assert_eq!(Reassembler::new(LIMIT).push(chunk).unwrap_err(), ProtocolError::UnaskedSharedMemory);
+}
+
+#[test]
+fn jagged_tensors_come_back_with_their_layout_and_bad_offsets_are_refused() {
+    let values: Vec<u8> = (0..5000i64).flat_map(|v| v.to_le_bytes()).collect();
+    let ids = Tensor::jagged(DType::Int64, &[0, 1200, 1200, 5000], &values).unwrap();
+    let mut b = sample();
+    b.tensors.insert("ids".to_string(), ids.clone());
+    for limit in [65_536usize, 4 << 20] {
+        let chunks: Vec<_> = chunk_batch(&b, limit).unwrap().collect();
+        let got = feed(&mut Reassembler::new(LIMIT), chunks).unwrap();
+        assert_eq!(got[0].tensors["ids"], ids, "limit {limit}");
+        assert_eq!(got[0].tensors["ids"].layout, stoker_api::Layout::Jagged);
+    }
+    // Offsets that run past the values: refused once the tensor has arrived.
+    let mut bad = ids.data.to_vec();
+    bad[24..32].copy_from_slice(&5001i64.to_le_bytes());
+    let mut h = one_tensor_header(Dtype::Int64 as i32, vec![3], bad.len() as u64);
+    h.tensors[0].layout = stoker_api::proto::Layout::Jagged as i32;
+    let chunk =
+        BatchChunk { header: Some(h.clone()), pieces: vec![Bytes::from(bad)], last: true, ..Default::default() };
+    assert!(matches!(feed(&mut Reassembler::new(LIMIT), [chunk]), Err(ProtocolError::ShapeMismatch { .. })));
+    // Fewer bytes than the offsets: refused from the header alone.
+    h.tensors[0].byte_length = 31;
+    let chunk = first(h.clone(), vec![], false);
+    assert!(matches!(feed(&mut Reassembler::new(LIMIT), [chunk]), Err(ProtocolError::ShapeMismatch { .. })));
+    // A layout this client does not know.
+    h.tensors[0].layout = 7;
+    let chunk = first(h, vec![], false);
+    assert!(matches!(feed(&mut Reassembler::new(LIMIT), [chunk]), Err(ProtocolError::UnknownLayout { layout: 7, .. })));
 }

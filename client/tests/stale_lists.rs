@@ -146,7 +146,8 @@ impl BatchStream for OneBatch {
     type StreamStream = Pin<Box<dyn Stream<Item = Result<BatchChunk, Status>> + Send>>;
 
     async fn stream(&self, _: Request<StreamRequest>) -> Result<Response<Self::StreamStream>, Status> {
-        let meta = TensorMeta { name: "x".into(), dtype: Dtype::Uint8 as i32, shape: vec![2], byte_length: 2 };
+        let meta =
+            TensorMeta { name: "x".into(), dtype: Dtype::Uint8 as i32, shape: vec![2], byte_length: 2, layout: 0 };
         let header = BatchHeader {
             tensors: vec![meta],
             rows: vec![stoker_api::row(3, 0), stoker_api::row(3, 1)],

@@ -154,6 +154,7 @@ pub fn resnet50_train(uri: &str, batch_size: u32) -> WorkerPipeline {
             batch_size,
             drop_remainder: false,
             pad_value: None,
+            jagged: Vec::new(),
             seed: Some(1),
             on_error: OnError::Skip,
         },

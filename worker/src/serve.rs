@@ -12,6 +12,9 @@ use crate::stream::{BatchSource, Batches, Subscription};
 
 pub struct EngineSource {
     ready: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<crate::engine::Ready>>>,
+    /// Why the engine stopped, once it failed: every stream then ends with it, so a consumer
+    /// raises the reason instead of taking the end of its batches for the end of the epoch.
+    failed: Arc<std::sync::OnceLock<String>>,
 }
 
 impl EngineSource {
@@ -19,6 +22,8 @@ impl EngineSource {
     /// memory budget is exhausted, i.e. while consumers are slow.
     pub fn start(engine: Engine, epochs: Option<u64>) -> (Self, std::thread::JoinHandle<Result<(), EngineError>>) {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let failed = Arc::new(std::sync::OnceLock::new());
+        let failure = failed.clone();
         let producer = std::thread::Builder::new()
             .name("stoker-engine".into())
             .spawn(move || {
@@ -42,6 +47,8 @@ impl EngineSource {
                     }
                     tracing::info!(epoch, splits = engine.mix().slots(), "epoch starts");
                     if let Err(e) = engine.run_epoch_as(&producer, epoch, &ready_tx) {
+                        tracing::error!(epoch, error = %e, "the pipeline failed; its consumers get the error");
+                        let _ = failure.set(e.to_string());
                         break Err(e);
                     }
                     let stats = &engine.stats;
@@ -58,17 +65,27 @@ impl EngineSource {
                 result
             })
             .expect("spawning the engine thread");
-        (EngineSource { ready: Arc::new(tokio::sync::Mutex::new(rx)) }, producer)
+        (EngineSource { ready: Arc::new(tokio::sync::Mutex::new(rx)), failed }, producer)
     }
 }
 
 impl BatchSource for EngineSource {
     fn subscribe(&self, subscription: &Subscription) -> Result<Batches, Status> {
         tracing::info!(job = %subscription.job, reading = ?subscription.reading, "consumer attached");
-        let ready = self.ready.clone();
-        Ok(futures::stream::unfold(ready, |ready| async move {
-            let next = ready.lock().await.recv().await;
-            next.map(|next| (Ok(next.into_outgoing()), ready))
+        let (ready, failed) = (self.ready.clone(), self.failed.clone());
+        Ok(futures::stream::unfold(Some(ready), move |ready| {
+            let failed = failed.clone();
+            async move {
+                let ready = ready?;
+                let next = ready.lock().await.recv().await;
+                match next {
+                    Some(next) => Some((Ok(next.into_outgoing()), Some(ready))),
+                    // The engine is done: the end of the stream, or its failure, once.
+                    None => failed
+                        .get()
+                        .map(|reason| (Err(Status::internal(format!("the worker's pipeline failed: {reason}"))), None)),
+                }
+            }
         })
         .boxed())
     }

@@ -57,9 +57,10 @@ pub fn options(options: &mut ClientOptions, given: &Bound<'_, PyDict>) -> PyResu
 }
 
 /// A batch as `(tensors, epoch, split, sequence, completes, rows, incarnation, round, copies)`:
-/// tensors a list of `(name, array source, text shape)`, each source an object numpy turns
-/// into the tensor's array without a copy (`np.asarray`); text comes as its bytes (offsets,
-/// then the strings) with the strings' shape, other tensors with None; rows such a source of
+/// tensors a list of `(name, array source, text shape, offsets)`, each source an object numpy
+/// turns into the tensor's array without a copy (`np.asarray`); text comes as its bytes
+/// (offsets, then the strings) with the strings' shape, other tensors with None; a jagged
+/// tensor as its values with a source of its offsets (int64), others with None; rows such a source of
 /// uint64; round `(worker, index)` or None; copies, where the pipeline echoes, such a source of
 /// each row's echo copy (uint8), else None.
 pub fn batch(py: Python<'_>, batch: Batch) -> PyResult<Py<PyAny>> {
@@ -72,11 +73,17 @@ pub fn batch(py: Python<'_>, batch: Batch) -> PyResult<Py<PyAny>> {
         .tensors
         .into_iter()
         .map(|(name, t)| {
+            if let Some((offsets, values)) = t.jagged_parts() {
+                let offsets = Array { shape: vec![offsets.len() / 8], data: Owner::Bytes(offsets), typestr: "<i8" };
+                let shape = vec![values.len() / t.dtype.size()];
+                let values = Array { shape, data: Owner::Bytes(values), typestr: typestr(t.dtype) };
+                return Ok((name, Py::new(py, values)?, None, Some(Py::new(py, offsets)?)));
+            }
             // Text arrives as its bytes; its shape is the strings'.
             let (shape, text_shape) =
                 if t.dtype == DType::Bytes { (vec![t.data.len()], Some(t.shape)) } else { (t.shape, None) };
             let source = Array { data: Owner::Bytes(t.data), typestr: typestr(t.dtype), shape };
-            Ok((name, Py::new(py, source)?, text_shape))
+            Ok((name, Py::new(py, source)?, text_shape, None))
         })
         .collect::<PyResult<Vec<_>>>()?;
     let rows = Array { shape: vec![batch.rows.len()], data: Owner::Rows(batch.rows), typestr: "<u8" };

@@ -31,9 +31,19 @@ PyTorch: `stoker_client.torch.StokerIterableDataset`.
 """
 
 from ._core import merge_states
-from .batch import Batch
+from .batch import Batch, Jagged
 from .client import Client
 from .errors import ProtocolError, StatusCode, TlsError, WorkerError
 from .stats import WindowStats
 
-__all__ = ["Batch", "Client", "ProtocolError", "StatusCode", "TlsError", "WindowStats", "WorkerError", "merge_states"]
+__all__ = [
+    "Batch",
+    "Client",
+    "Jagged",
+    "ProtocolError",
+    "StatusCode",
+    "TlsError",
+    "WindowStats",
+    "WorkerError",
+    "merge_states",
+]

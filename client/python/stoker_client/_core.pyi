@@ -1,8 +1,8 @@
 # The Rust client bound to Python (client/python/src): the types mypy checks its callers against.
 from typing import Any
 
-TensorParts = tuple[str, Any, list[int] | None]
-BatchParts = tuple[list[TensorParts], int, int, int, list[int], Any, int, tuple[str, int] | None]
+TensorParts = tuple[str, Any, list[int] | None, Any | None]
+BatchParts = tuple[list[TensorParts], int, int, int, list[int], Any, int, tuple[str, int] | None, Any | None]
 
 class Client:
     def __init__(

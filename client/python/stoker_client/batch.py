@@ -1,7 +1,7 @@
 """Batches: named numpy arrays over the bytes the Rust client received (no copy)."""
 
 from collections.abc import Iterator
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
@@ -25,8 +25,57 @@ def _strings(shape, data: np.ndarray) -> np.ndarray:
     return out.reshape(shape)
 
 
+class Jagged(tuple):
+    """A jagged tensor: one list per row, each of its own length (a sparse id list per row),
+    as the pipeline's `jagged` fields arrive. It unpacks as the pair `values, lengths`:
+    `values` holds every row's values one after another (a read-only view of the received
+    bytes), `lengths[i]` is row i's count (int64). `offsets` (int64, rows + 1, from 0) says
+    where each row starts: row i is `values[offsets[i]:offsets[i + 1]]`, also `row(i)`."""
+
+    offsets: np.ndarray
+
+    def __new__(cls, values: np.ndarray, offsets: np.ndarray) -> "Jagged":
+        self = super().__new__(cls, (values, np.diff(offsets)))
+        self.offsets = offsets
+        return self
+
+    @property
+    def values(self) -> np.ndarray:
+        return self[0]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self[1]
+
+    @property
+    def rows(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes + self.offsets.nbytes
+
+    def row(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+    def __repr__(self) -> str:
+        return f"Jagged({self.values.dtype}, rows={self.rows}, values={len(self.values)})"
+
+
+Tensor = Union[np.ndarray, Jagged]
+
+
+def _array(source, text_shape, offsets) -> Tensor:
+    if offsets is not None:
+        return Jagged(np.asarray(source), np.asarray(offsets))
+    if text_shape is not None:
+        return _strings(text_shape, np.asarray(source))
+    return np.asarray(source)
+
+
 class Batch:
-    """Named tensors (`dict[str, numpy.ndarray]`) and where they came from.
+    """Named tensors (`dict[str, numpy.ndarray]`, a `Jagged` for each of the pipeline's
+    `jagged` fields) and where they came from.
 
     Arrays are read-only views of the received message where a tensor arrived in one piece,
     or of the shared memory a worker on the same host wrote the batch to (no copy); `.copy()`
@@ -54,7 +103,7 @@ class Batch:
 
     def __init__(
         self,
-        tensors: dict[str, np.ndarray],
+        tensors: dict[str, Tensor],
         epoch: int,
         split: int,
         sequence: int,
@@ -79,14 +128,11 @@ class Batch:
     def _from_core(cls, parts) -> "Batch":
         """A batch as the Rust client hands it over (client/python/src/convert.rs `batch`)."""
         tensors, epoch, split, sequence, completes, rows, incarnation, round, copies = parts
-        arrays = {
-            name: np.asarray(source) if text_shape is None else _strings(text_shape, np.asarray(source))
-            for name, source, text_shape in tensors
-        }
+        arrays = {name: _array(source, text_shape, offsets) for name, source, text_shape, offsets in tensors}
         copies = None if copies is None else np.asarray(copies)
         return cls(arrays, epoch, split, sequence, completes, np.asarray(rows), incarnation, round, copies)
 
-    def __getitem__(self, name: str) -> np.ndarray:
+    def __getitem__(self, name: str) -> Tensor:
         return self.tensors[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -112,5 +158,8 @@ class Batch:
         return sum(t.nbytes for t in self.tensors.values())
 
     def __repr__(self) -> str:
-        shapes = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.tensors.items())
+        shapes = ", ".join(
+            f"{k}: {v!r}" if isinstance(v, Jagged) else f"{k}: {v.dtype}{list(v.shape)}"
+            for k, v in self.tensors.items()
+        )
         return f"Batch(epoch={self.epoch}, split={self.split}, sequence={self.sequence}, {shapes})"

@@ -62,23 +62,78 @@ import multiprocessing.util
 import os
 import warnings
 
+import numpy as np
+
 from ._core import merge_states
+from .batch import Jagged
 from .client import Client
 
 
-def _tensors(batch):
+def _tensor(array):
+    # Text (object arrays of bytes) has no tensor form: it stays a numpy array.
+    return array if array.dtype == object else torch.from_numpy(array)
+
+
+def _tensors(batch, keyed_jagged=None):
+    """The batch's tensors as torch tensors; a jagged field as the pair (values, lengths), or,
+    with `keyed_jagged` a name, every jagged field in one `KeyedJaggedTensor` under it."""
     with warnings.catch_warnings():
         # from_numpy warns on read-only arrays; ours are views of received bytes.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        # Text (object arrays of bytes) has no tensor form: it stays a numpy array.
-        return {name: array if array.dtype == object else torch.from_numpy(array) for name, array in batch.items()}
+        out = {}
+        for name, t in batch.items():
+            if isinstance(t, Jagged):
+                if keyed_jagged is None:
+                    out[name] = (_tensor(t.values), torch.from_numpy(t.lengths))
+                continue
+            out[name] = _tensor(t)
+        if keyed_jagged is not None and any(isinstance(t, Jagged) for t in batch.tensors.values()):
+            out[keyed_jagged] = keyed_jagged_tensor(batch)
+        return out
+
+
+def keyed_jagged_inputs(batch, keys=None):
+    """(keys, values, lengths) of the batch's jagged fields (all, in name order, or `keys` in
+    that order), as torchrec's `KeyedJaggedTensor` takes them: the values of the first key's
+    rows, then the next key's; the lengths likewise (key-major). One copy of the values, which
+    a `KeyedJaggedTensor` needs in one buffer."""
+    if keys is None:
+        keys = [name for name, t in batch.items() if isinstance(t, Jagged)]
+    keys = list(keys)
+    if not keys:
+        raise ValueError("the batch has no jagged fields: list them in the pipeline's spec.jagged")
+    fields = []
+    for key in keys:
+        t = batch[key]
+        if not isinstance(t, Jagged):
+            raise ValueError(f"field {key!r} is not jagged: list it in the pipeline's spec.jagged")
+        fields.append(t)
+    if len({t.values.dtype for t in fields}) != 1:
+        raise ValueError(f"the jagged fields {keys} are of different types; cast them to one")
+    return keys, np.concatenate([t.values for t in fields]), np.concatenate([t.lengths for t in fields])
+
+
+def keyed_jagged_tensor(batch, keys=None):
+    """The batch's jagged fields as one torchrec `KeyedJaggedTensor` (DLRM's sparse input);
+    needs torchrec."""
+    try:
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    except ImportError as e:
+        raise ImportError("keyed_jagged_tensor needs torchrec: pip install torchrec") from e
+    keys, values, lengths = keyed_jagged_inputs(batch, keys)
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=keys, values=torch.from_numpy(values), lengths=torch.from_numpy(lengths)
+    )
 
 
 class StokerIterableDataset(IterableDataset):
     """One epoch of a job per pass, through the dispatcher at `dispatcher` (host:port).
     `coordinated`: coordinated mode, batch k of every rank from the same round (see the
-    module; its consumers are `world_size * num_workers`). `client_options` go to
-    `Client.from_dispatcher` (prefetch, max_message_bytes, token, ...)."""
+    module; its consumers are `world_size * num_workers`). Jagged fields (the pipeline's
+    `spec.jagged`) come as the pair `(values, lengths)`, or with `keyed_jagged` a name (DLRM's
+    is `"sparse_features"`), all of them as one torchrec `KeyedJaggedTensor` under it (needs
+    torchrec). `client_options` go to `Client.from_dispatcher` (prefetch, max_message_bytes,
+    token, ...)."""
 
     def __init__(
         self,
@@ -90,6 +145,7 @@ class StokerIterableDataset(IterableDataset):
         world_size=None,
         prefetch_next_epoch=None,
         coordinated=False,
+        keyed_jagged=None,
         **client_options,
     ):
         super().__init__()
@@ -102,6 +158,7 @@ class StokerIterableDataset(IterableDataset):
         self.rank, self.world_size = rank, world_size
         self.prefetch_next_epoch = prefetch_next_epoch
         self.coordinated = coordinated
+        self.keyed_jagged = keyed_jagged
         self.client_options = client_options
         # Where the next client starts reading (load_state_dict): the epoch (None: the job's
         # open epoch), or mid-epoch, the client state to resume from (once).
@@ -157,7 +214,7 @@ class StokerIterableDataset(IterableDataset):
 
     def __iter__(self):
         for batch in self.client().iter_epoch():
-            yield _tensors(batch)
+            yield _tensors(batch, self.keyed_jagged)
 
     @property
     def dropped_rows(self):

@@ -31,19 +31,28 @@ def corpus(tmp_path_factory):
     return out
 
 
-def pipeline_file(directory: pathlib.Path, corpus: pathlib.Path, batch_size: int = 8, extra: str = "") -> pathlib.Path:
+def manifest(directory: pathlib.Path, spec: str, name: str = "py") -> pathlib.Path:
+    """`directory`/pipeline.yaml: a DataPipeline `name` in namespace test of `spec` (its
+    lines, indented by two)."""
     path = directory / "pipeline.yaml"
     path.write_text(
-        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
+        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\n"
+        f"metadata: {{name: {name}, namespace: test}}\nspec:\n{spec}"
+    )
+    return path
+
+
+def pipeline_file(directory: pathlib.Path, corpus: pathlib.Path, batch_size: int = 8, extra: str = "") -> pathlib.Path:
+    return manifest(
+        directory,
         f"  source: {{uri: 'file://{corpus}/', format: imageFolder}}\n"
         "  transforms:\n"
         "  - decodeImage: {channels: 3}\n"
         "  - centerCrop: {size: [64, 64]}\n"
         "  - normalize: {mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}\n"
         f"  batchSize: {batch_size}\n"
-        f"{extra}"
+        f"{extra}",
     )
-    return path
 
 
 def records_pipeline_file(directory: pathlib.Path, files: int, lines: int, batch_size: int, pad: int) -> pathlib.Path:
@@ -57,14 +66,12 @@ def records_pipeline_file(directory: pathlib.Path, files: int, lines: int, batch
     for file in range(files):
         records = (json.dumps({"id": file * lines + i, "pad": padding}) for i in range(lines))
         (data / f"{file}.jsonl").write_text("\n".join(records) + "\n")
-    path = directory / "pipeline.yaml"
-    path.write_text(
-        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
+    return manifest(
+        directory,
         f"  source: {{uri: 'file://{data}/', format: jsonl}}\n"
         f"  batchSize: {batch_size}\n"
-        "  workers: {min: 2, max: 2}\n  autoscaling: {mode: Fixed, replicas: 2}\n"
+        "  workers: {min: 2, max: 2}\n  autoscaling: {mode: Fixed, replicas: 2}\n",
     )
-    return path
 
 
 def read_together(clients, read):

@@ -14,7 +14,7 @@ import tokenizers  # noqa: F401 - `make venv` installs it: a missing one fails, 
 
 from stoker_client import Client
 
-from conftest import Worker, within
+from conftest import Worker, manifest, within
 
 os.environ.setdefault("STOKER_PYTHON", sys.executable)
 
@@ -64,11 +64,7 @@ def train(path):
 def serve(tmp_path, data, rest):
     """Every row of one epoch of a JSONL pipeline (`rest`: its transforms and batching) served
     by a standalone worker: {row: {field: value}}."""
-    pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(
-        "apiVersion: stoker.dev/v1alpha1\nkind: DataPipeline\nmetadata: {name: py, namespace: test}\nspec:\n"
-        f"  source: {{uri: 'file://{data}/', format: jsonl}}\n  transforms:\n{rest}"
-    )
+    pipeline = manifest(tmp_path, f"  source: {{uri: 'file://{data}/', format: jsonl}}\n  transforms:\n{rest}")
     worker = Worker(pipeline, tmp_path / "worker.log", epochs=1)
     try:
         return within(120, read_all, worker.address)

@@ -9,7 +9,7 @@ import pytest
 
 from stoker_client import Client, StatusCode, WorkerError
 
-from conftest import Worker
+from conftest import Worker, manifest
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[3] / "examples" / "iterate_epochs.py"
 
@@ -130,3 +130,21 @@ def test_rows_without_echo_are_all_copy_0(two_workers):
     with Client(two_workers[:1], "test", "py") as client:
         batch = next(client)
     assert batch.echo_copies.tolist() == [0] * len(batch.rows)
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_a_pipeline_that_fails_raises_its_reason_in_the_client(tmp_path, shared_memory):
+    # Lists of different lengths with neither padValue nor jagged: the worker cannot batch
+    # them. The client must raise why, not take the end of its batches for an empty epoch.
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "0.jsonl").write_text('{"x": [1, 2]}\n{"x": [1, 2, 3]}\n')
+    pipeline = manifest(tmp_path, f"  source: {{uri: 'file://{data}/', format: jsonl}}\n  batchSize: 2\n")
+    worker = Worker(pipeline, tmp_path / "worker.log", epochs=1)
+    try:
+        with pytest.raises(WorkerError, match="pipeline failed.*shapes \\[2\\] and \\[3\\].*padValue") as failed:
+            with Client([worker.address], "test", "py", shared_memory=shared_memory) as client:
+                list(client)
+        assert failed.value.code == StatusCode.INTERNAL
+    finally:
+        worker.stop()

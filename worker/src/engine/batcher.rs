@@ -21,7 +21,7 @@ use crate::shuffle::ShuffleBuffer;
 /// (`batch_queued`), so when a split has been read its last chunk may still be queued.
 pub(super) struct Batcher<S> {
     size: usize,
-    pad: Option<f64>,
+    shaping: stack::Shaping,
     drop_remainder: bool,
     /// The pipeline echoes: its batches say so (`Batch::echo`).
     echo: bool,
@@ -80,7 +80,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
         let row_estimate = stats.row_bytes.load(Ordering::Relaxed) as usize;
         Batcher {
             size,
-            pad: pipeline.data_plane.pad_value,
+            shaping: stack::Shaping::of(&pipeline.data_plane),
             drop_remainder: pipeline.data_plane.drop_remainder,
             echo: pipeline.data_plane.echo().is_some(),
             epoch,
@@ -242,7 +242,7 @@ impl<S: FnMut(Ready) -> bool> Batcher<S> {
     /// Makes a batch of the pending rows and sends it; false when nobody listens.
     fn emit(&mut self, split: u64) -> Result<bool, BatchError> {
         let rows_bytes = self.rows.iter().map(Row::bytes).sum();
-        let mut batch = stack::make_batch(&mut self.rows, self.pad, self.epoch, split, self.sequence)?;
+        let mut batch = stack::make_batch(&mut self.rows, &self.shaping, self.epoch, split, self.sequence)?;
         batch.rows = self.origins.clone();
         batch.echo = self.echo;
         self.drop_rows();

@@ -36,7 +36,7 @@ pub use plan::Split;
 use read::Prefetch;
 use shared::{Claim, Taken};
 pub use shared::{Shared, SharedSplits, TAKE_PATIENCE};
-pub use stack::BatchError;
+pub use stack::{BatchError, Shaping};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {

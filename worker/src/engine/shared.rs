@@ -357,7 +357,7 @@ mod tests {
     fn rows(n: u64, bytes: usize) -> Vec<(u64, Row)> {
         (0..n)
             .map(|i| {
-                let t = Tensor { dtype: DType::Uint8, shape: vec![bytes], data: Bytes::from(vec![i as u8; bytes]) };
+                let t = Tensor::new(DType::Uint8, vec![bytes], Bytes::from(vec![i as u8; bytes])).unwrap();
                 (i, Row::Fields([("x".to_string(), t)].into()))
             })
             .collect()

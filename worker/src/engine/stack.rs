@@ -1,6 +1,7 @@
 //! Batching: elements' tensors stacked along a new first axis, one tensor per field.
 //! Elements of different shapes are padded to the batch's largest shape with the pipeline's
-//! `padValue`, or refused when it declares none.
+//! `padValue`, or refused when it declares none. Fields the pipeline lists as `jagged` keep
+//! each row's list as it is, after their offsets ([`Layout::Jagged`]).
 //!
 //! Stacking joins nothing it need not: a batch's tensor keeps its rows' buffers as they are
 //! ([`Stacked`]), and the stream's messages or a shared-memory file take them one after
@@ -8,10 +9,10 @@
 //! preprocessing benchmark's throughput. Small values (labels) are joined, so that a batch
 //! keeps no large buffer alive for a few bytes of it; padded rows and text are joined whole.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use bytes::BytesMut;
-use stoker_api::{Batch, DType, Stacked, Tensor};
+use bytes::{Bytes, BytesMut};
+use stoker_api::{Batch, DType, Layout, Stacked, Tensor};
 
 use crate::table::TableRow;
 
@@ -31,6 +32,25 @@ pub enum BatchError {
     ShapeMismatch { field: String, first: Vec<usize>, other: Vec<usize> },
     #[error("field {field:?} has ranks {first} and {other}; padding needs equal ranks")]
     RankMismatch { field: String, first: usize, other: usize },
+    #[error(
+        "field {field:?} is in spec.jagged but is {what}; jagged fields are lists of numbers (one dimension a row)"
+    )]
+    NotJagged { field: String, what: String },
+}
+
+/// How the rows' tensors of a field become the batch's when their shapes differ.
+#[derive(Debug, Clone, Default)]
+pub struct Shaping {
+    /// `padValue`: tensors padded to the largest shape with it; refused without.
+    pub pad: Option<f64>,
+    /// `jagged`: fields whose rows' lists are kept as they are.
+    pub jagged: BTreeSet<String>,
+}
+
+impl Shaping {
+    pub fn of(spec: &stoker_api::DataPlaneSpec) -> Shaping {
+        Shaping { pad: spec.pad_value, jagged: spec.jagged.iter().cloned().collect() }
+    }
 }
 
 /// An element's fields, each already a tensor.
@@ -64,14 +84,17 @@ impl Row {
         }
     }
 
-    /// The row's fields: a table row's gathered alone (a batch that mixes both kinds).
+    /// The row's fields: a table row's gathered alone (a batch that mixes both kinds), its
+    /// lists dense (a jagged field is made of them with the element path's).
     fn into_fields(self, pad: Option<f64>) -> Result<Fields, BatchError> {
         match self {
             Row::Fields(fields) => Ok(fields),
             Row::Table(row) => {
-                let batched = crate::table::batch::stack(&[&row], pad)?;
-                let one =
-                    |t: Tensor| Tensor::new(t.dtype, t.shape[1..].to_vec(), t.data).expect("one row of the batch");
+                let batched = crate::table::batch::stack(&[&row], &Shaping { pad, jagged: BTreeSet::new() })?;
+                let one = |t: Stacked| {
+                    let t = t.join();
+                    Tensor::new(t.dtype, t.shape[1..].to_vec(), t.data).expect("one row of the batch")
+                };
                 Ok(batched.into_iter().map(|(name, t)| (name, one(t))).collect())
             }
         }
@@ -83,7 +106,7 @@ impl Row {
 /// empty, also on error. Table rows are gathered column at a time (`table::batch`).
 pub fn make_batch(
     rows: &mut Vec<Row>,
-    pad: Option<f64>,
+    shaping: &Shaping,
     epoch: u64,
     split: u64,
     sequence: u64,
@@ -96,13 +119,13 @@ pub fn make_batch(
         .collect();
     let tensors = match tables {
         Some(tables) if !tables.is_empty() => {
-            let tensors = crate::table::batch::stack(&tables, pad);
+            let tensors = crate::table::batch::stack(&tables, shaping);
             rows.clear();
-            tensors?.into_iter().map(|(name, t)| (name, t.into())).collect()
+            tensors?
         }
         _ => {
-            let mut fields = (rows.drain(..)).map(|row| row.into_fields(pad)).collect::<Result<Vec<_>, _>>()?;
-            stack_fields(&mut fields, pad)?
+            let mut fields = (rows.drain(..)).map(|row| row.into_fields(shaping.pad)).collect::<Result<Vec<_>, _>>()?;
+            stack_fields(&mut fields, shaping)?
         }
     };
     Ok(Batch { tensors, epoch, split, sequence, ..Default::default() })
@@ -110,7 +133,7 @@ pub fn make_batch(
 
 /// Stacks the rows' fields, taking each tensor out of its row as it is copied so the rows'
 /// memory is freed while the batch's fills.
-fn stack_fields(rows: &mut [Fields], pad: Option<f64>) -> Result<BTreeMap<String, Stacked>, BatchError> {
+fn stack_fields(rows: &mut [Fields], shaping: &Shaping) -> Result<BTreeMap<String, Stacked>, BatchError> {
     let mut tensors = BTreeMap::new();
     if let Some(first) = rows.first() {
         let fields: Vec<String> = first.keys().cloned().collect();
@@ -118,7 +141,11 @@ fn stack_fields(rows: &mut [Fields], pad: Option<f64>) -> Result<BTreeMap<String
             return Err(BatchError::MissingField { field: extra.clone() });
         }
         for field in fields {
-            let stacked = stack(&field, rows, pad);
+            let stacked = if shaping.jagged.contains(&field) {
+                stack_jagged(&field, rows)
+            } else {
+                stack(&field, rows, shaping.pad)
+            };
             match stacked {
                 Ok(t) => tensors.insert(field, t),
                 Err(e) => {
@@ -176,10 +203,15 @@ fn stack(field: &str, rows: &mut [Fields], pad: Option<f64>) -> Result<Stacked, 
         }
         return Ok(Tensor::new(dtype, batched, data.freeze()).expect("stacked length matches the shape").into());
     }
-    let mut parts = Vec::new();
+    Ok(Stacked::dense(dtype, batched, take_parts(field, rows, Vec::new())))
+}
+
+/// Each row's bytes of `field` after `parts`, taken out of the rows: large ones as they are,
+/// runs of small ones joined.
+fn take_parts(field: &str, rows: &mut [Fields], mut parts: Vec<Bytes>) -> Vec<Bytes> {
     let mut small = BytesMut::new();
     for row in rows.iter_mut() {
-        let t = row.remove(field).expect("checked above");
+        let t = row.remove(field).expect("checked by the caller");
         if t.data.len() < OWN_PART {
             small.extend_from_slice(&t.data);
             continue;
@@ -192,7 +224,32 @@ fn stack(field: &str, rows: &mut [Fields], pad: Option<f64>) -> Result<Stacked, 
     if !small.is_empty() {
         parts.push(small.freeze());
     }
-    Ok(Stacked { dtype, shape: batched, parts })
+    parts
+}
+
+/// A `jagged` field: the offsets of the rows' lists, then each row's values as they are.
+fn stack_jagged(field: &str, rows: &mut [Fields]) -> Result<Stacked, BatchError> {
+    let mut offsets = Vec::with_capacity(8 * (rows.len() + 1));
+    offsets.extend_from_slice(&0i64.to_le_bytes());
+    let (mut end, mut dtype) = (0i64, None);
+    for row in rows.iter() {
+        let t = row.get(field).ok_or_else(|| BatchError::MissingField { field: field.into() })?;
+        let first = *dtype.get_or_insert(t.dtype);
+        if t.dtype != first {
+            return Err(BatchError::DTypeMismatch { field: field.into(), first, other: t.dtype });
+        }
+        // A scalar is a list of one: record formats make a one-item list a scalar (a JSON
+        // `[7]`, a TFRecord feature of one value).
+        if t.shape.len() > 1 || !t.dtype.is_fixed() {
+            let what = format!("a {} tensor of shape {:?}", t.dtype.numpy_name(), t.shape);
+            return Err(BatchError::NotJagged { field: field.into(), what });
+        }
+        end += t.len() as i64;
+        offsets.extend_from_slice(&end.to_le_bytes());
+    }
+    let parts = take_parts(field, rows, vec![Bytes::from(offsets)]);
+    let dtype = dtype.expect("a batch has rows");
+    Ok(Stacked { dtype, shape: vec![rows.len()], parts, layout: Layout::Jagged })
 }
 
 /// Text: every row's strings in order, each row's list padded at its end with empty strings
@@ -275,6 +332,10 @@ mod tests {
         t.data.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
     }
 
+    fn pad(value: f64) -> Shaping {
+        Shaping { pad: Some(value), ..Shaping::default() }
+    }
+
     fn row(fields: &[(&str, Tensor)]) -> Row {
         Row::Fields(fields.iter().map(|(k, v)| (k.to_string(), v.clone())).collect())
     }
@@ -285,7 +346,7 @@ mod tests {
             row(&[("x", i32s(vec![2], &[1, 2])), ("y", i32s(vec![], &[7]))]),
             row(&[("x", i32s(vec![2], &[3, 4])), ("y", i32s(vec![], &[8]))]),
         ];
-        let b = make_batch(&mut rows, None, 1, 2, 3).unwrap();
+        let b = make_batch(&mut rows, &Shaping::default(), 1, 2, 3).unwrap();
         assert_eq!((b.epoch, b.split, b.sequence), (1, 2, 3));
         assert_eq!(b.tensors["x"].shape, [2, 2]);
         assert_eq!(values(&b.tensors["x"].join()), [1, 2, 3, 4]);
@@ -299,7 +360,7 @@ mod tests {
         let label = |v: i32| i32s(vec![], &[v]);
         let (a, b) = (big(1), big(2));
         let mut rows = vec![row(&[("x", a.clone()), ("y", label(7))]), row(&[("x", b.clone()), ("y", label(8))])];
-        let batch = make_batch(&mut rows, None, 0, 0, 0).unwrap();
+        let batch = make_batch(&mut rows, &Shaping::default(), 0, 0, 0).unwrap();
         let x = &batch.tensors["x"];
         assert_eq!(x.parts.len(), 2);
         assert_eq!(x.parts[0].as_ptr(), a.data.as_ptr(), "the row's own buffer, not a copy");
@@ -311,7 +372,7 @@ mod tests {
     #[test]
     fn variable_shapes_pad_to_the_largest_with_the_declared_value() {
         let mut rows = vec![row(&[("x", i32s(vec![1, 2], &[1, 2]))]), row(&[("x", i32s(vec![2, 1], &[3, 4]))])];
-        let b = make_batch(&mut rows, Some(-1.0), 0, 0, 0).unwrap();
+        let b = make_batch(&mut rows, &pad(-1.0), 0, 0, 0).unwrap();
         assert_eq!(b.tensors["x"].shape, [2, 2, 2]);
         assert_eq!(values(&b.tensors["x"].join()), [1, 2, -1, -1, 3, -1, 4, -1]);
     }
@@ -320,27 +381,75 @@ mod tests {
     fn mismatches_are_clear_errors() {
         let a = row(&[("x", i32s(vec![2], &[1, 2]))]);
         let b = row(&[("x", i32s(vec![3], &[1, 2, 3]))]);
-        let e = make_batch(&mut vec![a.clone(), b], None, 0, 0, 0).unwrap_err();
+        let e = make_batch(&mut vec![a.clone(), b], &Shaping::default(), 0, 0, 0).unwrap_err();
         assert!(e.to_string().contains("set spec.padValue"), "{e}");
         let c = row(&[("y", i32s(vec![2], &[1, 2]))]);
-        assert!(matches!(make_batch(&mut vec![a.clone(), c], None, 0, 0, 0), Err(BatchError::MissingField { .. })));
+        assert!(matches!(
+            make_batch(&mut vec![a.clone(), c], &Shaping::default(), 0, 0, 0),
+            Err(BatchError::MissingField { .. })
+        ));
         let f = row(&[("x", Tensor::new(DType::Uint8, vec![2], Bytes::from_static(&[1, 2])).unwrap())]);
-        assert!(matches!(make_batch(&mut vec![a, f], None, 0, 0, 0), Err(BatchError::DTypeMismatch { .. })));
+        assert!(matches!(
+            make_batch(&mut vec![a, f], &Shaping::default(), 0, 0, 0),
+            Err(BatchError::DTypeMismatch { .. })
+        ));
     }
 
     #[test]
     fn text_stacks_as_text_and_lists_pad_with_empty_strings() {
         let s = |shape: Vec<usize>, v: &[&str]| Tensor::strings(shape, v).unwrap();
         let mut rows = vec![row(&[("t", s(vec![], &["ab"]))]), row(&[("t", s(vec![], &[""]))])];
-        let b = make_batch(&mut rows, None, 0, 0, 0).unwrap();
+        let b = make_batch(&mut rows, &Shaping::default(), 0, 0, 0).unwrap();
         assert_eq!(b.tensors["t"].shape, [2]);
         assert_eq!(b.tensors["t"].join().string_values().collect::<Vec<_>>(), [&b"ab"[..], b""]);
         let mut rows = vec![row(&[("t", s(vec![1], &["x"]))]), row(&[("t", s(vec![3], &["a", "b", "c"]))])];
-        let b = make_batch(&mut rows, Some(0.0), 0, 0, 0).unwrap();
+        let b = make_batch(&mut rows, &pad(0.0), 0, 0, 0).unwrap();
         assert_eq!(b.tensors["t"].shape, [2, 3]);
         assert_eq!(b.tensors["t"].join().string_values().collect::<Vec<_>>(), [&b"x"[..], b"", b"", b"a", b"b", b"c"]);
         let mut rows = vec![row(&[("t", s(vec![1, 2], &["a", "b"]))]), row(&[("t", s(vec![2, 1], &["c", "d"]))])];
-        assert!(matches!(make_batch(&mut rows, Some(0.0), 0, 0, 0), Err(BatchError::ShapeMismatch { .. })));
+        assert!(matches!(make_batch(&mut rows, &pad(0.0), 0, 0, 0), Err(BatchError::ShapeMismatch { .. })));
+    }
+
+    #[test]
+    fn jagged_fields_keep_each_rows_list_after_their_offsets() {
+        let shaping = Shaping { pad: Some(0.0), jagged: ["ids".to_string()].into() };
+        let big: Vec<i32> = (0..OWN_PART as i32).collect();
+        let mut rows = vec![
+            row(&[("ids", i32s(vec![2], &[1, 2])), ("x", i32s(vec![1], &[5]))]),
+            row(&[("ids", i32s(vec![0], &[])), ("x", i32s(vec![2], &[6, 7]))]),
+            row(&[("ids", i32s(vec![big.len()], &big)), ("x", i32s(vec![1], &[8]))]),
+        ];
+        let b = make_batch(&mut rows, &shaping, 0, 0, 0).unwrap();
+        let ids = &b.tensors["ids"];
+        assert_eq!((ids.layout, ids.shape.clone(), ids.dtype), (Layout::Jagged, vec![3], DType::Int32));
+        assert_eq!(ids.parts.len(), 3, "offsets, the small rows joined, the large row as it is");
+        let joined = Tensor::with_layout(ids.dtype, ids.layout, ids.shape.clone(), ids.join().data).unwrap();
+        let (offsets, got) = joined.jagged_parts().unwrap();
+        let offsets: Vec<i64> = offsets.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(offsets, [0, 2, 2, 2 + big.len() as i64]);
+        let got: Vec<i32> = got.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(got, [&[1, 2][..], &big].concat());
+        // A field not listed is padded as before.
+        assert_eq!((b.tensors["x"].layout, b.tensors["x"].shape.clone()), (Layout::Dense, vec![3, 2]));
+
+        // Only lists of numbers are jagged.
+        for (what, t) in [
+            ("a int32 tensor of shape [1, 2]", i32s(vec![1, 2], &[1, 2])),
+            ("a bytes tensor of shape [1]", Tensor::strings(vec![1], &["a"]).unwrap()),
+        ] {
+            let e = make_batch(&mut vec![row(&[("ids", t)])], &shaping, 0, 0, 0).unwrap_err();
+            assert!(e.to_string().contains(what) && e.to_string().contains("spec.jagged"), "{e}");
+        }
+        // A scalar is a list of one.
+        let mut rows = vec![row(&[("ids", i32s(vec![], &[4]))]), row(&[("ids", i32s(vec![2], &[5, 6]))])];
+        let ids = make_batch(&mut rows, &shaping, 0, 0, 0).unwrap().tensors.remove("ids").unwrap().join();
+        assert_eq!(ids.data.len(), 8 * 3 + 4 * 3);
+        assert_eq!(values(&Tensor::new(DType::Int32, vec![3], ids.data.slice(24..)).unwrap()), [4, 5, 6]);
+        let mixed = vec![
+            row(&[("ids", i32s(vec![1], &[1]))]),
+            row(&[("ids", Tensor::jagged(DType::Int64, &[0], &[]).unwrap())]),
+        ];
+        assert!(matches!(make_batch(&mut mixed.clone(), &shaping, 0, 0, 0), Err(BatchError::DTypeMismatch { .. })));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use bytes::Bytes;
 use half::f16;
-use stoker_api::{DType, Tensor};
+use stoker_api::{DType, Layout, Tensor};
 
 use super::OpError;
 
@@ -33,7 +33,7 @@ pub fn cast(tensor: &Tensor, to: DType) -> Result<Tensor, OpError> {
     for e in tensor.data.chunks_exact(from.size()) {
         write(&mut out, to, read(from, e));
     }
-    Ok(Tensor { dtype: to, shape: tensor.shape.clone(), data: Bytes::from(out) })
+    Ok(Tensor { dtype: to, shape: tensor.shape.clone(), data: Bytes::from(out), layout: Layout::Dense })
 }
 
 /// Integers stay integers so int64 values above 2^53 cast between integer types exactly.

@@ -10,7 +10,7 @@
 
 use bytes::Bytes;
 use rand::Rng;
-use stoker_api::{DType, RandomResizedCrop, Tensor};
+use stoker_api::{DType, Layout, RandomResizedCrop, Tensor};
 
 use super::OpError;
 use super::crop::random_resized_crop_box;
@@ -100,7 +100,7 @@ pub fn resize_crop(decoded: &ForCrop, op: &RandomResizedCrop, finish: &Finish) -
         }
     })?;
     let dtype = finish.normalize.as_ref().map_or(DType::Uint8, Tables::dtype);
-    Ok(Tensor { dtype, shape: vec![oh, ow, d.c], data: Bytes::from(out) })
+    Ok(Tensor { dtype, shape: vec![oh, ow, d.c], data: Bytes::from(out), layout: Layout::Dense })
 }
 
 /// The largest of 1/8, 1/4 and 1/2 at which the crop is still at least the output size on

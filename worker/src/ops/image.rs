@@ -1,7 +1,7 @@
 //! Checks and constructors shared by the image kernels.
 
 use bytes::Bytes;
-use stoker_api::{DType, Tensor};
+use stoker_api::{DType, Layout, Tensor};
 
 use super::OpError;
 
@@ -29,7 +29,7 @@ impl Dims {
 /// Wraps pixels the kernel itself sized, so the length always matches the shape.
 pub(crate) fn image_tensor(h: usize, w: usize, c: usize, pixels: Vec<u8>) -> Tensor {
     debug_assert_eq!(pixels.len(), h * w * c);
-    Tensor { dtype: DType::Uint8, shape: vec![h, w, c], data: Bytes::from(pixels) }
+    Tensor { dtype: DType::Uint8, shape: vec![h, w, c], data: Bytes::from(pixels), layout: Layout::Dense }
 }
 
 /// Refuses to decode an image whose pixels would exceed what one element may hold

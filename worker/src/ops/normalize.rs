@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use half::f16;
-use stoker_api::{DType, Normalize, Tensor};
+use stoker_api::{DType, Layout, Normalize, Tensor};
 
 use super::OpError;
 use super::image::Dims;
@@ -19,7 +19,7 @@ pub fn normalize(image: &Tensor, op: &Normalize) -> Result<Tensor, OpError> {
         Some(tables) => {
             let mut out = Vec::with_capacity(tables.out_len(image.data.len()));
             tables.extend(&image.data, false, &mut out);
-            Ok(Tensor { dtype: op.dtype, shape: image.shape.clone(), data: Bytes::from(out) })
+            Ok(Tensor { dtype: op.dtype, shape: image.shape.clone(), data: Bytes::from(out), layout: Layout::Dense })
         }
     }
 }

@@ -139,7 +139,7 @@ mod tests {
             split: 9,
             sequence: 4,
             rows: vec![1 << 32, 1 << 32 | 7],
-            tensors: vec![TensorMeta { name: "image".into(), dtype: 3, shape: vec![2, 4], byte_length: 8 }],
+            tensors: vec![TensorMeta { name: "image".into(), dtype: 3, shape: vec![2, 4], byte_length: 8, layout: 0 }],
             ..Default::default()
         }
     }

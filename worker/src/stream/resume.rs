@@ -411,7 +411,7 @@ mod tests {
     use super::*;
 
     fn batch(n: u64, bytes: usize) -> Batch<Stacked> {
-        let tensor = Stacked { dtype: DType::Uint8, shape: vec![bytes], parts: vec![Bytes::from(vec![0u8; bytes])] };
+        let tensor = Stacked::dense(DType::Uint8, vec![bytes], vec![Bytes::from(vec![0u8; bytes])]);
         Batch { tensors: BTreeMap::from([("x".to_string(), tensor)]), sequence: n, ..Batch::default() }
     }
 

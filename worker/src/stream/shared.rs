@@ -320,8 +320,7 @@ mod tests {
     fn batch(n: u8) -> Batch<Stacked> {
         let mut tensors = std::collections::BTreeMap::new();
         // Tensor a in two parts, as a stacked batch's rows are.
-        let a =
-            Stacked { dtype: DType::Uint8, shape: vec![3], parts: vec![Bytes::from(vec![n; 2]), Bytes::from(vec![n])] };
+        let a = Stacked::dense(DType::Uint8, vec![3], vec![Bytes::from(vec![n; 2]), Bytes::from(vec![n])]);
         tensors.insert("a".to_string(), a);
         tensors
             .insert("b".to_string(), Tensor::new(DType::Int32, vec![1], Bytes::from(vec![n + 1; 4])).unwrap().into());

@@ -68,7 +68,7 @@ impl SyntheticSource {
                     Some(shared) => shared[i].clone(),
                     None => pattern(index * 31 + i as u64, byte_len(*dtype, shape)),
                 };
-                (name.clone(), Stacked { dtype: *dtype, shape: shape.clone(), parts: vec![data] })
+                (name.clone(), Stacked::dense(*dtype, shape.clone(), vec![data]))
             })
             .collect();
         // Provenance as the engine gives it, so benchmarks carry (and clients track) it too.

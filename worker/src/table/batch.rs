@@ -3,7 +3,8 @@
 //! keep the element path's types (integers and booleans int64, floats as they are), strings
 //! and binary are text (`bytes`), a `concat` vector is [batch, n], and lists are [batch,
 //! length], padded to the longest with `padValue` (empty strings for text) or refused
-//! without one when their lengths differ.
+//! without one when their lengths differ, unless the pipeline lists them as `jagged`: then
+//! their offsets and their values as they are ([`Layout::Jagged`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,14 +14,14 @@ use arrow_array::types::{Float32Type, Float64Type, Int64Type};
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::DataType;
 use bytes::Bytes;
-use stoker_api::{DType, Tensor};
+use stoker_api::{DType, Layout, Stacked, Tensor};
 
 use super::TableRow;
 use super::column;
-use crate::engine::BatchError;
+use crate::engine::{BatchError, Shaping};
 
 /// The batch's tensors of `rows`, by field.
-pub fn stack(rows: &[&TableRow], pad: Option<f64>) -> Result<BTreeMap<String, Tensor>, BatchError> {
+pub fn stack(rows: &[&TableRow], shaping: &Shaping) -> Result<BTreeMap<String, Stacked>, BatchError> {
     let Some(first) = rows.first() else { return Ok(BTreeMap::new()) };
     // Each table once, and each row as (table, row in it).
     let mut tables: Vec<&Arc<super::Table>> = Vec::new();
@@ -59,7 +60,12 @@ pub fn stack(rows: &[&TableRow], pad: Option<f64>) -> Result<BTreeMap<String, Te
         // (no shuffle): a slice would keep the whole table alive for as long as the batch
         // waits for its client, and the budget counts only the batch's bytes.
         let gathered = arrow_select::interleave::interleave(&parts, &at).expect("rows within their tables");
-        tensors.insert(field.clone(), tensor(field, &column::plain(&gathered), pad)?);
+        let gathered = column::plain(&gathered);
+        let tensor = match shaping.jagged.contains(field) {
+            true => jagged(field, &gathered)?,
+            false => tensor(field, &gathered, shaping.pad)?.into(),
+        };
+        tensors.insert(field.clone(), tensor);
     }
     Ok(tensors)
 }
@@ -81,6 +87,47 @@ fn tensor(field: &str, column: &ArrayRef, pad: Option<f64>) -> Result<Tensor, Ba
         DataType::LargeList(_) => lists(field, column.as_list::<i64>(), pad),
         _ => flat(field, column, vec![rows]),
     }
+}
+
+/// A column of lists as a jagged tensor: their offsets, then their values, each row's list
+/// as it is.
+fn jagged(field: &str, column: &ArrayRef) -> Result<Stacked, BatchError> {
+    if column.logical_null_count() > 0 {
+        return Err(BatchError::Null { field: field.into() });
+    }
+    let (values, offsets): (ArrayRef, Vec<i64>) = match column.data_type() {
+        DataType::List(_) => {
+            let (values, offsets) = column::list_values(column.as_list::<i32>());
+            (values, offsets.iter().map(|o| i64::from(*o)).collect())
+        }
+        DataType::LargeList(_) => {
+            let (values, offsets) = column::list_values(column.as_list::<i64>());
+            (values, offsets.to_vec())
+        }
+        DataType::FixedSizeList(_, width) => {
+            let list = column.as_fixed_size_list();
+            let width = *width as usize;
+            let values = list.values().slice(list.offset() * width, list.len() * width);
+            (values, (0..=list.len()).map(|i| (i * width) as i64).collect())
+        }
+        other => return Err(BatchError::NotJagged { field: field.into(), what: format!("a column of {other}") }),
+    };
+    if values.logical_null_count() > 0 {
+        return Err(BatchError::Null { field: field.into() });
+    }
+    let values = column::plain(&values);
+    if column::byte_strings(&values).is_some() {
+        let what = format!("a column of {}", column.data_type());
+        return Err(BatchError::NotJagged { field: field.into(), what });
+    }
+    let flat = flat(field, &values, vec![values.len()])?;
+    let offsets = Bytes::from(offsets.iter().flat_map(|o| o.to_le_bytes()).collect::<Vec<u8>>());
+    Ok(Stacked {
+        dtype: flat.dtype,
+        shape: vec![column.len()],
+        parts: vec![offsets, flat.data],
+        layout: Layout::Jagged,
+    })
 }
 
 /// A column of scalars (or a list's values) as a tensor of `shape`.
@@ -173,4 +220,76 @@ fn lists<O: arrow_array::OffsetSizeTrait>(
         _ => DType::Int64,
     };
     Ok(Tensor::new(dtype, shape, Bytes::from(data)).expect("rows × longest values"))
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::builder::{FixedSizeListBuilder, Int32Builder, ListBuilder, StringBuilder};
+
+    use super::*;
+    use crate::table::Table;
+
+    fn rows(columns: Vec<(&str, ArrayRef)>) -> Vec<TableRow> {
+        let len = columns[0].1.len();
+        let columns = columns.into_iter().map(|(n, c)| (n.to_string(), c)).collect();
+        let table = Table { positions: (0..len as u64).collect(), columns };
+        table.into_rows().into_iter().map(|(_, row)| row).collect()
+    }
+
+    fn jagged_ids() -> Shaping {
+        Shaping { pad: None, jagged: ["ids".to_string()].into() }
+    }
+
+    fn offsets_and_values(t: &Stacked) -> (Vec<i64>, Vec<i32>) {
+        let t = Tensor::with_layout(t.dtype, t.layout, t.shape.clone(), t.join().data).unwrap();
+        let (offsets, values) = t.jagged_parts().unwrap();
+        let offsets = offsets.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+        // Integers are int64 in the batch.
+        let values = values.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as i32).collect();
+        (offsets, values)
+    }
+
+    #[test]
+    fn list_columns_in_jagged_keep_each_rows_list_in_the_batchs_order() {
+        let mut ids = ListBuilder::new(Int32Builder::new());
+        for list in [&[1, 2, 3][..], &[], &[4], &[5, 6]] {
+            ids.values().append_slice(list);
+            ids.append(true);
+        }
+        let rows = rows(vec![("ids", Arc::new(ids.finish()))]);
+        // Shuffled: the batch takes rows 3, 0, 1.
+        let batch = stack(&[&rows[3], &rows[0], &rows[1]], &jagged_ids()).unwrap();
+        let t = &batch["ids"];
+        assert_eq!((t.layout, t.shape.clone(), t.dtype), (Layout::Jagged, vec![3], DType::Int64));
+        assert_eq!(offsets_and_values(t), (vec![0, 2, 5, 5], vec![5, 6, 1, 2, 3]));
+        // Without `jagged` the same rows need a padValue.
+        assert!(matches!(stack(&[&rows[3], &rows[0]], &Shaping::default()), Err(BatchError::ShapeMismatch { .. })));
+    }
+
+    #[test]
+    fn fixed_size_lists_are_jagged_too_and_text_or_scalars_are_refused() {
+        let mut fixed = FixedSizeListBuilder::new(Int32Builder::new(), 2);
+        for pair in [[1, 2], [3, 4]] {
+            fixed.values().append_slice(&pair);
+            fixed.append(true);
+        }
+        let rows_fixed = rows(vec![("ids", Arc::new(fixed.finish()))]);
+        let t = &stack(&[&rows_fixed[1], &rows_fixed[0]], &jagged_ids()).unwrap()["ids"];
+        assert_eq!(offsets_and_values(t), (vec![0, 2, 4], vec![3, 4, 1, 2]));
+
+        let mut text = ListBuilder::new(StringBuilder::new());
+        text.values().append_value("a");
+        text.append(true);
+        let rows_text = rows(vec![("ids", Arc::new(text.finish()))]);
+        let e = stack(&[&rows_text[0]], &jagged_ids()).unwrap_err();
+        assert!(e.to_string().contains("spec.jagged"), "{e}");
+        let scalars = rows(vec![("ids", Arc::new(arrow_array::Int64Array::from(vec![1, 2])))]);
+        let e = stack(&[&scalars[0]], &jagged_ids()).unwrap_err();
+        assert!(e.to_string().contains("a column of Int64"), "{e}");
+
+        let mut nulls = ListBuilder::new(Int32Builder::new());
+        nulls.append_null();
+        let rows_null = rows(vec![("ids", Arc::new(nulls.finish()))]);
+        assert!(matches!(stack(&[&rows_null[0]], &jagged_ids()), Err(BatchError::Null { .. })));
+    }
 }
