@@ -10,6 +10,10 @@
 //! here by the Dockerfile's `worker-python` target) with its code from the ConfigMap its
 //! comments say to create. Its batch shows the op ran in the pod: a worker that cannot start
 //! its Python or import the module stops at startup, and a call that fails drops its element.
+//! The Parquet samples: `dlrm-criteo` over a Criteo-style table written here (label, 13 counts,
+//! 26 categories, nulls in each), its batch of 2048 checked for the shapes the sample's
+//! comments promise; `llm-pretraining-parquet` unchanged, on the `corpus` claim holding its
+//! two sources' Parquet files and a word-level tokenizer.json, its batch 256 rows of 2048 ids.
 
 use std::path::Path;
 use std::time::Duration;
@@ -38,6 +42,8 @@ const SAMPLES: &[(&str, &str, i32, &str)] = &[
     ("manifests/samples/text-jsonl.yaml", "corpus-jsonl", 2, "input_text"),
     ("manifests/samples/webdataset-fixed.yaml", "webdataset-eval", 4, "jpg"),
     ("manifests/samples/image-python-augment.yaml", PYTHON_SAMPLE, 1, "image"),
+    ("manifests/samples/dlrm-criteo.yaml", "dlrm-criteo", 1, "dense"),
+    ("manifests/samples/llm-pretraining-parquet.yaml", "llm-pretraining-parquet", 1, "input_ids"),
 ];
 /// The sample with a `python` op.
 const PYTHON_SAMPLE: &str = "imagenet-python-augment";
@@ -60,6 +66,7 @@ pub async fn samples_run_as_pods(cluster: &dyn Cluster) -> anyhow::Result<()> {
     let data = cluster.workdir().join(format!("{ns}-data"));
     write_images(&data.join("images"))?;
     write_webdataset(&data.join("images"), &data.join("webdataset")).await?;
+    write_criteo(&data.join("criteo"))?;
     let seen_as = cluster.worker_data(&data);
     // text-jsonl reads its own claim `corpus` at /data/corpus/.
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
@@ -76,6 +83,7 @@ pub async fn samples_run_as_pods(cluster: &dyn Cluster) -> anyhow::Result<()> {
     })
     .await?;
     write_jsonl(&claim_dir.join("corpus"))?;
+    write_text_parquet(&claim_dir)?;
 
     for &(file, name, _, _) in SAMPLES {
         let yaml = std::fs::read_to_string(workspace_root().join(file)).with_context(|| file.to_string())?;
@@ -83,6 +91,7 @@ pub async fn samples_run_as_pods(cluster: &dyn Cluster) -> anyhow::Result<()> {
         let uri = match name {
             "imagenet-train" | PYTHON_SAMPLE => Some(format!("file://{}/images/", seen_as.path)),
             "webdataset-eval" => Some(format!("file://{}/webdataset/", seen_as.path)),
+            "dlrm-criteo" => Some(format!("file://{}/criteo/", seen_as.path)),
             _ => None,
         };
         if let Some(uri) = uri {
@@ -126,6 +135,16 @@ pub async fn samples_run_as_pods(cluster: &dyn Cluster) -> anyhow::Result<()> {
             format!("{name}: the batch has no {field:?}: {:?}", batch.tensors.keys().collect::<Vec<_>>())
         })?;
         ensure!(tensor.shape.first().is_some_and(|&n| n > 0), "{name}: an empty batch: shape {:?}", tensor.shape);
+        let promised: &[usize] = match name {
+            "dlrm-criteo" => &[2048, 13],
+            "llm-pretraining-parquet" => &[256, 2048],
+            _ => &[],
+        };
+        ensure!(
+            promised.is_empty() || tensor.shape == promised,
+            "{name}: {field} is {:?}, the sample says {promised:?}",
+            tensor.shape
+        );
         eprintln!("  {name}: {pods} pods Ready; a batch with {field} {:?}", tensor.shape);
     }
     delete_namespace(&client, &ns, Duration::from_secs(120)).await
@@ -217,6 +236,75 @@ fn write_jsonl(dir: &Path) -> anyhow::Result<()> {
             })
             .collect();
         std::fs::write(dir.join(format!("{shard}.jsonl")), lines)?;
+    }
+    Ok(())
+}
+
+/// Writes one Parquet file of `columns` at `path`.
+fn write_parquet(path: &Path, columns: Vec<(String, arrow_array::ArrayRef)>) -> anyhow::Result<()> {
+    let batch = arrow_array::RecordBatch::try_from_iter(columns)?;
+    let mut writer = parquet::arrow::ArrowWriter::try_new(std::fs::File::create(path)?, batch.schema(), None)?;
+    writer.write(&batch)?;
+    writer.close()?;
+    Ok(())
+}
+
+/// A Criteo-style table in two files of 3,000 rows (a batch of 2048 each, the sample dropping
+/// the remainder): `label`, counts `i1`-`i13` and hex categories `c1`-`c26`, each null in some
+/// rows.
+fn write_criteo(dir: &Path) -> anyhow::Result<()> {
+    use arrow_array::{ArrayRef, Int64Array, StringArray};
+    use std::sync::Arc;
+    std::fs::create_dir_all(dir)?;
+    for file in 0..2i64 {
+        let rows = file * 3000..(file + 1) * 3000;
+        let mut columns = vec![(
+            "label".to_string(),
+            Arc::new(Int64Array::from_iter_values(rows.clone().map(|r| r % 2))) as ArrayRef,
+        )];
+        for i in 1..=13 {
+            let counts = rows.clone().map(|r| (r % (i + 4) != 0).then_some(r * i % 97 - 3));
+            columns.push((format!("i{i}"), Arc::new(Int64Array::from_iter(counts))));
+        }
+        for c in 1..=26 {
+            let categories = rows.clone().map(|r| (r % (c + 6) != 0).then(|| format!("{:08x}", r * c % 5000)));
+            columns.push((format!("c{c}"), Arc::new(StringArray::from_iter(categories))));
+        }
+        write_parquet(&dir.join(format!("part-{file}.parquet")), columns)?;
+    }
+    Ok(())
+}
+
+/// The LLM sample's data on its claim: `web/` (7 files) and `code/` (3 files) of 300
+/// documents each in a `text` column (and an `id` column it does not read), and
+/// `tokenizer/tokenizer.json`, a word-level tokenizer of the documents' words whose id 2 is
+/// the end-of-document token the sample's `pack` puts between documents.
+fn write_text_parquet(claim: &Path) -> anyhow::Result<()> {
+    use arrow_array::{ArrayRef, Int64Array, StringArray};
+    use std::sync::Arc;
+    const WORDS: [&str; 6] = ["accelerators", "wait", "for", "batches", "stoker", "streams"];
+    let vocab: Vec<String> =
+        ["[UNK]", "<s>", "</s>"].iter().chain(&WORDS).enumerate().map(|(i, w)| format!("{w:?}: {i}")).collect();
+    std::fs::create_dir_all(claim.join("tokenizer"))?;
+    std::fs::write(
+        claim.join("tokenizer/tokenizer.json"),
+        format!(
+            r#"{{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {{"type": "Whitespace"}}, "post_processor": null, "decoder": null, "model": {{"type": "WordLevel", "vocab": {{{}}}, "unk_token": "[UNK]"}}}}"#,
+            vocab.join(", ")
+        ),
+    )?;
+    for (source, files) in [("web", 7), ("code", 3)] {
+        std::fs::create_dir_all(claim.join(source))?;
+        for file in 0..files {
+            let docs = (0..300).map(|d: usize| {
+                (0..(d * 7 + file) % 400).map(|k| WORDS[k % WORDS.len()]).collect::<Vec<_>>().join(" ")
+            });
+            let columns = vec![
+                ("id".to_string(), Arc::new(Int64Array::from_iter_values(0..300)) as ArrayRef),
+                ("text".to_string(), Arc::new(StringArray::from_iter_values(docs)) as ArrayRef),
+            ];
+            write_parquet(&claim.join(format!("{source}/{file}.parquet")), columns)?;
+        }
     }
     Ok(())
 }
