@@ -2,15 +2,16 @@
 //! and categorical strings with nulls, an id list) preprocessed as DLRM does, every value
 //! checked against a reference computed here row by row, every row once.
 
+mod engine_support;
+
 use std::sync::Arc;
-use std::sync::mpsc::sync_channel;
 
 use arrow_array::builder::{ListBuilder, StringBuilder};
 use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch};
+use engine_support::{epoch, int64s};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use stoker_api::{Batch, WorkerPipeline};
-use stoker_worker::engine::{Engine, EngineConfig, EngineError};
 
 const ROWS: i64 = 5000;
 
@@ -58,21 +59,7 @@ fn pipeline(dir: &std::path::Path, transforms: &str) -> WorkerPipeline {
         "source: {{uri: 'file://{}/', format: parquet}}\nbatchSize: 512\nshuffle: {{bufferSize: 2000}}\npadValue: -1\ntransforms:\n{transforms}",
         dir.display()
     );
-    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
-    stoker_api::validate(&spec).unwrap();
-    WorkerPipeline::new("ns", "features", &spec)
-}
-
-async fn epoch(pipeline: WorkerPipeline) -> Result<(Vec<Batch>, Engine), EngineError> {
-    let engine = Engine::open(pipeline, EngineConfig { threads: 2, ..Default::default() }).await?;
-    let (tx, rx) = sync_channel(64);
-    let producer = tokio::task::spawn_blocking(move || engine.run_epoch(0, &tx).map(|()| engine));
-    let batches = tokio::task::spawn_blocking(move || rx.iter().map(|r| r.batch.join()).collect()).await.unwrap();
-    Ok((batches, producer.await.unwrap()?))
-}
-
-fn int64s(batch: &Batch, field: &str) -> Vec<i64> {
-    batch.tensors[field].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+    engine_support::pipeline("features", &manifest)
 }
 
 fn float32s(batch: &Batch, field: &str) -> Vec<f32> {

@@ -9,16 +9,17 @@
 //! after it, so the fill shows where the nulls went. Needs STOKER_PYTHON naming a Python with
 //! numpy, pyarrow and xxhash (`make venv` makes one).
 
+mod engine_support;
+
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::sync_channel;
 
 use serde_json::{Map, Value};
 use stoker_api::{Batch, DType, Tensor, WorkerPipeline};
-use stoker_worker::engine::{Engine, EngineConfig, EngineError};
+use stoker_worker::engine::EngineError;
 
 /// What the pipelines pad a batch's shorter lists with (text: empty strings).
 const PAD: i64 = -1;
@@ -80,19 +81,12 @@ fn pipeline(transforms: &str) -> WorkerPipeline {
          shuffle: {{bufferSize: 1500}}\npadValue: {PAD}\ntransforms:\n{transforms}",
         reference().dir.display()
     );
-    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
-    stoker_api::validate(&spec).unwrap_or_else(|e| panic!("{transforms}: {e:?}"));
-    WorkerPipeline::new("ns", "features-numpy", &spec)
+    engine_support::pipeline("features-numpy", &manifest)
 }
 
 /// One epoch of the pipeline's batches; every row counted once by the engine.
 async fn epoch(transforms: &str) -> Result<Vec<Batch>, EngineError> {
-    let engine = Engine::open(pipeline(transforms), EngineConfig { threads: 2, ..Default::default() }).await?;
-    let (tx, rx) = sync_channel(64);
-    let producer = tokio::task::spawn_blocking(move || engine.run_epoch(0, &tx).map(|()| engine));
-    let batches: Vec<Batch> =
-        tokio::task::spawn_blocking(move || rx.iter().map(|r| r.batch.join()).collect()).await.unwrap();
-    let engine = producer.await.unwrap()?;
+    let (batches, engine) = engine_support::epoch(pipeline(transforms)).await?;
     assert_eq!(engine.stats.elements.load(Ordering::Relaxed), reference().rows as u64, "{transforms}");
     Ok(batches)
 }

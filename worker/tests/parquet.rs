@@ -1,15 +1,16 @@
 //! Parquet sources through the engine: row-group splits, projection, and files that cannot be
 //! read.
 
+mod engine_support;
+
 use std::sync::Arc;
-use std::sync::mpsc::sync_channel;
 
 use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+use engine_support::{epoch, int64s};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
-use stoker_api::{Batch, WorkerPipeline};
-use stoker_worker::engine::{Engine, EngineConfig, EngineError};
+use stoker_api::WorkerPipeline;
 
 /// `rows` rows (`id` from `first`, a float `score`, a string `city`) in row groups of `group`.
 fn write(path: &std::path::Path, first: i64, rows: i64, group: usize) {
@@ -38,21 +39,7 @@ fn pipeline(dir: &std::path::Path, extra: &str) -> WorkerPipeline {
 fn pipeline_with(dir: &std::path::Path, extra: &str, transforms: &str) -> WorkerPipeline {
     let manifest =
         format!("source: {{uri: 'file://{}/', format: parquet{extra}}}\nbatchSize: 1000\n{transforms}", dir.display());
-    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
-    stoker_api::validate(&spec).unwrap();
-    WorkerPipeline::new("ns", "parquet", &spec)
-}
-
-async fn epoch(pipeline: WorkerPipeline) -> Result<(Vec<Batch>, Engine), EngineError> {
-    let engine = Engine::open(pipeline, EngineConfig { threads: 2, ..Default::default() }).await?;
-    let (tx, rx) = sync_channel(64);
-    let producer = tokio::task::spawn_blocking(move || engine.run_epoch(0, &tx).map(|()| engine));
-    let batches = tokio::task::spawn_blocking(move || rx.iter().map(|r| r.batch.join()).collect()).await.unwrap();
-    Ok((batches, producer.await.unwrap()?))
-}
-
-fn int64s(batch: &Batch, field: &str) -> Vec<i64> {
-    batch.tensors[field].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+    engine_support::pipeline("parquet", &manifest)
 }
 
 #[tokio::test(flavor = "multi_thread")]
