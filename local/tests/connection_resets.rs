@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 use stoker_client::ClientOptions;
 use stoker_operator::autoscaling::Scaler;
-use stoker_operator::dispatcher::Dispatcher;
-use stoker_operator::key::PipelineKey;
+use support::resets::{no_repeats, port, resetting, worker_ports};
 
 const FILES: i64 = 4;
 const LINES: i64 = 1000;
@@ -26,68 +25,6 @@ const EPOCHS: u64 = 3;
 /// files' names, which the provenance check of `support::read_until` assumes).
 const GROUP_FILES: i64 = 10;
 const GROUP_LINES: i64 = 400;
-const EVERY: Duration = Duration::from_millis(1500);
-
-/// The port of an address such as `127.0.0.1:4000` or `http://127.0.0.1:4000`.
-fn port(address: &str) -> u16 {
-    let address = address.split('#').next().unwrap();
-    address.rsplit(':').next().unwrap().trim_end_matches('/').parse().unwrap()
-}
-
-/// Resets every established TCP connection from or to one of `ports` (both ends' sockets:
-/// each side sees the connection broken, as after a reset on the way); how many it closed.
-fn reset(ports: &[u16]) -> usize {
-    let filter = ports.iter().map(|p| format!("sport = :{p} or dport = :{p}")).collect::<Vec<_>>().join(" or ");
-    let out = std::process::Command::new("ss")
-        .args(["-K", "-t", "-n", "state", "established"])
-        .arg(format!("( {filter} )"))
-        .output()
-        .expect("running ss (iproute2)");
-    assert!(out.status.success(), "ss -K: {}", String::from_utf8_lossy(&out.stderr));
-    // A header line, then one line per socket closed.
-    String::from_utf8_lossy(&out.stdout).lines().skip(1).filter(|l| !l.trim().is_empty()).count()
-}
-
-/// The ports of the pipeline's two workers, once both have registered.
-async fn worker_ports(dispatcher: &Dispatcher, key: &PipelineKey) -> Vec<u16> {
-    tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let addresses = dispatcher.with_state(|st| st.worker_addresses(key));
-            if addresses.len() == 2 {
-                return addresses.iter().map(|a| port(a)).collect();
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("two workers registered within 30 s")
-}
-
-/// Resets connections every [`EVERY`] until `stop`: those to the workers each time, those to
-/// the dispatcher every third time. Returns the sockets closed.
-fn resetting(workers: Vec<u16>, dispatcher: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
-    std::thread::spawn(move || {
-        let (mut closed, mut round) = (0, 0);
-        while !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(EVERY);
-            round += 1;
-            let mut ports = workers.clone();
-            if round % 3 == 0 {
-                ports.push(dispatcher);
-            }
-            closed += reset(&ports);
-        }
-        closed
-    })
-}
-
-/// No split was completed twice, though acknowledgements whose answers the resets lost were
-/// sent again.
-fn no_repeats(jobs: &[stoker_operator::dispatcher::JobSummary]) {
-    for job in jobs {
-        assert_eq!(job.repeats, 0, "{job:?}");
-    }
-}
 
 /// Reads [`EPOCHS`] epochs with `ranks` consumers (0: one client, the job shared) while the
 /// connections are reset or not; what each consumer got, the time, and the sockets closed.

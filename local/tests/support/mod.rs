@@ -5,6 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+#[allow(dead_code)] // not every test uses it
+pub mod resets;
+
 use stoker_api::{Batch, WorkerPipeline};
 use stoker_client::{Client, ClientOptions};
 use stoker_local::workers::{LocalWorkerConfig, LocalWorkers, worker_binary};
