@@ -446,6 +446,9 @@ impl Engine {
                 let skip = with_taken(skip, &taken);
                 if self.columnar() {
                     let table = self.table(epoch, &split, &skip, fetched)?;
+                    if let Some(maker) = &maker {
+                        maker.stir();
+                    }
                     let input = transform::SplitInput { taken, elements: Vec::new(), table: Some(table) };
                     if !flow.split(&split, input, hints::SplitPlan::default(), None, maker, &mut batcher)? {
                         return Ok(false);

@@ -18,7 +18,8 @@
 //! elements a thread) is thus complete once transformed; a longer one still grows only as
 //! the maker lands its chunks. So a slow, stopped or CPU-starved maker must not hold the
 //! others: a taker whose copy has not grown for [`STILL_FOR`] (or is not complete after
-//! [`TAKE_PATIENCE`]) takes the rows made so far and makes only the rest.
+//! [`TAKE_PATIENCE`]) takes the rows made so far and makes only the rest. A maker that got on
+//! without a row to record yet (it read a columnar split) says so ([`Maker::stir`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,6 +68,8 @@ struct Entry {
     /// Chunks recorded, and how many the split has once its maker knows.
     chunks_recorded: usize,
     chunks: Option<usize>,
+    /// Times its maker said it got on without recording rows ([`Maker::stir`]).
+    stirred: u64,
 }
 
 impl Entry {
@@ -243,6 +246,15 @@ impl Maker {
         self.splits.record(self.key, rows, false);
     }
 
+    /// Tells the takers the maker got on (it read the split) though no row is recorded yet:
+    /// their copy counts as growing.
+    pub fn stir(&self) {
+        if let Some(entry) = self.splits.inner.lock().unwrap().entries.get_mut(&self.key) {
+            entry.stirred += 1;
+        }
+        self.splits.changed.notify_all();
+    }
+
     /// What records one chunk's rows where it is transformed; the split is complete once
     /// [`Maker::chunks`] of them are recorded.
     pub fn chunk(&self) -> ChunkRecorder {
@@ -314,14 +326,14 @@ impl Taker {
         let splits = &self.splits;
         let started = Instant::now();
         let mut inner = splits.inner.lock().unwrap();
-        let mut seen = 0;
+        let mut seen = (0, 0);
         let mut grew = started;
         while let Some(entry) = inner.entries.get(&self.key) {
             if entry.complete {
                 break;
             }
-            if entry.rows.len() != seen {
-                (seen, grew) = (entry.rows.len(), Instant::now());
+            if (entry.rows.len(), entry.stirred) != seen {
+                (seen, grew) = ((entry.rows.len(), entry.stirred), Instant::now());
             }
             let until = (grew + still).min(started + patience);
             let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else { break };
@@ -421,9 +433,14 @@ mod tests {
         assert_eq!(taken.len(), 1);
         assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(5), "{waited:?}");
 
-        // A copy that keeps growing is waited for, past `still`, until it is complete.
+        // A copy that keeps growing is waited for, past `still`, until it is complete; a maker
+        // that says it got on (it read its split) counts as growing too.
         let Claim::Take(taking) = splits.claim(production(3)) else { panic!() };
         let grows = std::thread::spawn(move || {
+            for _ in 0..3 {
+                std::thread::sleep(Duration::from_millis(200));
+                making.stir();
+            }
             for _ in 0..5 {
                 std::thread::sleep(Duration::from_millis(100));
                 making.record(&rows(1, 10));

@@ -168,9 +168,17 @@ impl<'scope, 'env> Flow<'scope, 'env> {
         batcher: &mut Batcher<impl FnMut(Ready) -> bool>,
     ) -> Result<bool, EngineError> {
         let engine = self.engine;
+        // A split made for other jobs too lands in chunks of one piece a thread: its takers
+        // wait while their copy grows (`shared::STILL_FOR`), and a chunk of 16,384 rows took
+        // 0.6-0.75 s in a debug build on two busy cores, which made a third of such splits
+        // twice in local/tests/parquet_faults.rs.
+        let most = match recording(&self.open) {
+            Some(_) => TABLE_PIECE_ROWS * engine.config.threads.max(1),
+            None => TABLE_CHUNK_ROWS,
+        };
         let (mut offset, mut chunks) = (0, 0);
         while offset < table.len() {
-            let len = batcher.chunk_len(TABLE_CHUNK_ROWS, 1).min(table.len() - offset);
+            let len = batcher.chunk_len(most, 1).min(table.len() - offset);
             let chunk = table.slice(offset, len);
             offset += len;
             if !batcher.batch_queued()? {
