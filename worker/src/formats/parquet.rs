@@ -29,7 +29,9 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector};
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use parquet::errors::ParquetError;
-use parquet::file::metadata::{PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData};
+use parquet::file::metadata::{
+    ColumnChunkMask, PageIndexPolicy, ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData,
+};
 use parquet::file::page_index::column_index::ColumnIndexMetaData;
 use parquet::file::statistics::Statistics;
 use stoker_api::{Filter, FilterOp};
@@ -162,15 +164,23 @@ impl ParquetFile {
         if kept.is_empty() {
             return Ok(RowGroupsRead { batches: Vec::new(), skipped_rows });
         }
-        // With filters that prune, the page index too (where the file has one; one more read
-        // of the footer, with the index's ranges): the pages it rules out are not fetched.
+        // With filters that prune, the page index of the filters' columns too (where the file
+        // has one; only the index's ranges are read, the footer is the one held): the reader
+        // fetches only the pages of the rows it rules in.
         let (builder, selection) = if prunes.is_empty() {
             (builder, None)
         } else {
-            let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+            // Page statistics of the filters' columns; page locations of every column, so the
+            // reader skips the pages of every column it reads.
+            let filtered = ColumnChunkMask::columns(prunes.iter().map(|(leaf, _)| *leaf));
+            let mut indexed = ParquetMetaDataReader::new_with_metadata(metadata.as_ref().clone())
+                .with_page_index_policy(PageIndexPolicy::Optional)
+                .with_column_index_mask(filtered);
+            indexed.load_page_index(&mut self.reader()).await.map_err(|e| self.error(e))?;
+            let indexed = Arc::new(indexed.finish().map_err(|e| self.error(e))?);
+            let selection = page_selection(&indexed, &kept, &prunes);
             let indexed =
-                ArrowReaderMetadata::load_async(&mut self.reader(), options).await.map_err(|e| self.error(e))?;
-            let selection = page_selection(indexed.metadata(), &kept, &prunes);
+                ArrowReaderMetadata::try_new(indexed, ArrowReaderOptions::default()).map_err(|e| self.error(e))?;
             (ParquetRecordBatchStreamBuilder::new_with_metadata(self.reader(), indexed), selection)
         };
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
@@ -578,7 +588,11 @@ mod tests {
     fn the_page_index_skips_the_pages_a_filter_rules_out() {
         let dir = tempfile::tempdir().unwrap();
         let ids = arrow_array::Int64Array::from_iter_values(0..10_000);
-        let batch = RecordBatch::try_from_iter([("id", Arc::new(ids) as ArrayRef)]).unwrap();
+        // A column no filter names, read beside: its pages are skipped with the rows.
+        let score = Float32Array::from_iter_values((0..10_000).map(|i| i as f32 / 2.0));
+        let batch =
+            RecordBatch::try_from_iter([("id", Arc::new(ids) as ArrayRef), ("score", Arc::new(score) as ArrayRef)])
+                .unwrap();
         let props = WriterProperties::builder()
             .set_data_page_row_count_limit(500)
             .set_write_batch_size(500)
