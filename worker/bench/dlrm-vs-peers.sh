@@ -45,7 +45,7 @@ for round in $(seq "$rounds"); do
   for side in stoker "${peers[@]}"; do
     out=$(run "$side" 2>>/tmp/dlrm-vs-peers.err || true)
     case $side in
-      stoker) best=$(echo "$out" | grep -E "^(stoker|floor) run|projection" | tr '\n' ';') ;;
+      stoker) best=$(echo "$out" | grep -E "^(stoker|floor|dictionary floor) run|projection" | tr '\n' ';') ;;
       *) best=$(echo "$out" | grep "^best" || true) ;;
     esac
     echo "round $round $side: ${best:-FAILED}"

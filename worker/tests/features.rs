@@ -31,24 +31,30 @@ fn history(i: i64) -> Vec<i64> {
 }
 
 fn write(path: &std::path::Path) {
+    write_rows(path, 0..ROWS, true)
+}
+
+/// Rows `ids` to `path`, their strings dictionary-encoded or not.
+fn write_rows(path: &std::path::Path, ids: std::ops::Range<i64>, dictionary: bool) {
     let mut c1s = StringBuilder::new();
     let mut lists = ListBuilder::new(arrow_array::builder::Int64Builder::new());
-    for i in 0..ROWS {
+    for i in ids.clone() {
         c1s.append_option(c1(i));
         lists.values().append_slice(&history(i));
         lists.append(true);
     }
     let batch = RecordBatch::try_from_iter([
-        ("id", Arc::new(Int64Array::from_iter_values(0..ROWS)) as ArrayRef),
-        ("i1", Arc::new(Int64Array::from_iter((0..ROWS).map(dense1))) as ArrayRef),
-        ("i2", Arc::new(Int32Array::from_iter_values((0..ROWS).map(|i| i as i32 * 3))) as ArrayRef),
+        ("id", Arc::new(Int64Array::from_iter_values(ids.clone())) as ArrayRef),
+        ("i1", Arc::new(Int64Array::from_iter(ids.clone().map(dense1))) as ArrayRef),
+        ("i2", Arc::new(Int32Array::from_iter_values(ids.clone().map(|i| i as i32 * 3))) as ArrayRef),
         ("c1", Arc::new(c1s.finish()) as ArrayRef),
-        ("c2", Arc::new(arrow_array::StringArray::from_iter_values((0..ROWS).map(c2))) as ArrayRef),
+        ("c2", Arc::new(arrow_array::StringArray::from_iter_values(ids.clone().map(c2))) as ArrayRef),
         ("history", Arc::new(lists.finish()) as ArrayRef),
-        ("unused", Arc::new(Int64Array::from_iter_values(0..ROWS)) as ArrayRef),
+        ("unused", Arc::new(Int64Array::from_iter_values(ids)) as ArrayRef),
     ])
     .unwrap();
-    let props = WriterProperties::builder().set_max_row_group_row_count(Some(1000)).build();
+    let props =
+        WriterProperties::builder().set_max_row_group_row_count(Some(1000)).set_dictionary_enabled(dictionary).build();
     let mut writer = ArrowWriter::try_new(std::fs::File::create(path).unwrap(), batch.schema(), Some(props)).unwrap();
     writer.write(&batch).unwrap();
     writer.close().unwrap();
@@ -119,10 +125,26 @@ fn xxh64(input: &[u8]) -> u64 {
     h ^ (h >> 32)
 }
 
+/// The same rows, with their strings dictionary-encoded (read as dictionaries, each op on the
+/// distinct values), written plain, and half of each in one source (splits that join the two).
 #[tokio::test(flavor = "multi_thread")]
 async fn dlrm_preprocessing_matches_a_row_by_row_reference() {
-    let dir = tempfile::tempdir().unwrap();
-    write(&dir.path().join("part-0.parquet"));
+    for layout in ["dictionary", "plain", "half of each"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (half, path) = (ROWS / 2, |name: &str| dir.path().join(name));
+        match layout {
+            "dictionary" => write_rows(&path("part-0.parquet"), 0..ROWS, true),
+            "plain" => write_rows(&path("part-0.parquet"), 0..ROWS, false),
+            _ => {
+                write_rows(&path("part-0.parquet"), 0..half, true);
+                write_rows(&path("part-1.parquet"), half..ROWS, false);
+            }
+        }
+        dlrm_preprocessing_matches(dir.path()).await;
+    }
+}
+
+async fn dlrm_preprocessing_matches(dir: &std::path::Path) {
     let files = tempfile::tempdir().unwrap();
     std::fs::write(files.path().join("vocab.txt"), "a\nc\n").unwrap();
     let transforms = format!(
@@ -138,7 +160,7 @@ async fn dlrm_preprocessing_matches_a_row_by_row_reference() {
          - selectFields: {{fields: [id, dense, c1, c1_c2, c2, history]}}\n",
         files.path().display()
     );
-    let (batches, engine) = epoch(pipeline(dir.path(), &transforms)).await.unwrap();
+    let (batches, engine) = epoch(pipeline(dir, &transforms)).await.unwrap();
     let mut seen = vec![false; ROWS as usize];
     for batch in &batches {
         let ids = int64s(batch, "id");

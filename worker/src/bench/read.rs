@@ -51,7 +51,7 @@ pub async fn command(bench: &ReadBench) -> anyhow::Result<()> {
 }
 
 /// This process's user and system CPU time so far, in seconds.
-fn process_cpu() -> f64 {
+pub(super) fn process_cpu() -> f64 {
     // SAFETY: getrusage writes the zeroed struct it is given.
     let usage = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();

@@ -87,7 +87,10 @@ impl Engine {
         if !split.row_groups.is_empty() {
             let footers = &self.footers[split.source];
             let files: Vec<_> = (split.shards.iter())
-                .map(|shard| source.parquet(shard).with_footer(footers.get(&shard.path).cloned()))
+                .map(|shard| {
+                    let file = source.parquet(shard).with_footer(footers.get(&shard.path).cloned());
+                    file.with_decoders(self.config.threads)
+                })
                 .collect();
             let ranges: Vec<_> = split.row_groups.iter().map(|g| g.range.clone()).collect();
             let columns = self.pipeline.data_plane.columns_read().unwrap_or_default();

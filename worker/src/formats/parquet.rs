@@ -3,7 +3,9 @@
 //! object_store), and decodes them into Arrow record batches. A row group whose statistics
 //! prove that a leading `filter` op drops every row of it is never fetched (`excludes`), and
 //! where the file has a page index, neither is a page of the row groups read whose statistics
-//! prove it (`page_selection`).
+//! prove it (`page_selection`). A read decodes its columns in groups at once
+//! (`with_decoders`), strings dictionary-encoded throughout as keys into their dictionary
+//! (`kept_dictionaries`).
 //!
 //! Rows become elements here, one field per column: integers and booleans as int64, floats as
 //! float32 or float64, strings and binary (dictionary-encoded or not) as bytes, lists of those
@@ -63,16 +65,25 @@ pub struct ParquetFile {
     footer: Option<Arc<ParquetMetaData>>,
     /// Bytes fetched from the store so far: the footer and the projected column chunks.
     fetched: Arc<AtomicU64>,
+    /// How many groups of columns a read decodes at once, each on a thread of the runtime.
+    decoders: usize,
 }
 
 impl ParquetFile {
     pub fn new(store: Arc<dyn ObjectStore>, path: Path, size: u64) -> Self {
-        ParquetFile { store, path, size, footer: None, fetched: Arc::default() }
+        ParquetFile { store, path, size, footer: None, fetched: Arc::default(), decoders: 1 }
     }
 
     /// The file whose footer is `footer` (as `metadata` read it before).
     pub fn with_footer(self, footer: Option<Arc<ParquetMetaData>>) -> Self {
         ParquetFile { footer, ..self }
+    }
+
+    /// The file read by `decoders` groups of its columns at once (each a task of the runtime):
+    /// the columns of one row group are decoded one after another otherwise, and a split is
+    /// usually one row group.
+    pub fn with_decoders(self, decoders: usize) -> Self {
+        ParquetFile { decoders: decoders.max(1), ..self }
     }
 
     /// Bytes fetched from the store so far.
@@ -94,6 +105,20 @@ impl ParquetFile {
         Ok(builder.metadata().clone())
     }
 
+    /// The footer as the Arrow reader takes it, its columns of the types of `schema` when
+    /// given (else those the file's own schema gives).
+    fn arrow(
+        &self,
+        footer: Arc<ParquetMetaData>,
+        schema: Option<arrow_schema::SchemaRef>,
+    ) -> Result<ArrowReaderMetadata, ParquetReadError> {
+        let options = match schema {
+            Some(schema) => ArrowReaderOptions::new().with_schema(schema),
+            None => ArrowReaderOptions::default(),
+        };
+        ArrowReaderMetadata::try_new(footer, options).map_err(|e| self.error(e))
+    }
+
     /// The rows of `row_groups`, of the `columns` named (every column if None), in batches,
     /// but for the row groups `filters` (the pipeline's leading `filter` ops) drop whole.
     pub async fn read(
@@ -102,14 +127,12 @@ impl ParquetFile {
         columns: Option<&[String]>,
         filters: &[Filter],
     ) -> Result<RowGroupsRead, ParquetReadError> {
-        let builder = match &self.footer {
-            Some(footer) => {
-                let metadata = ArrowReaderMetadata::try_new(footer.clone(), ArrowReaderOptions::default())
-                    .map_err(|e| self.error(e))?;
-                ParquetRecordBatchStreamBuilder::new_with_metadata(self.reader(), metadata)
-            }
-            None => ParquetRecordBatchStreamBuilder::new(self.reader()).await.map_err(|e| self.error(e))?,
+        let footer = match &self.footer {
+            Some(footer) => footer.clone(),
+            None => self.metadata().await?,
         };
+        let builder =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(self.reader(), self.arrow(footer.clone(), None)?);
         let groups = builder.metadata().num_row_groups();
         if row_groups.end > groups || row_groups.is_empty() {
             return Err(ParquetReadError::NoRowGroups { file: self.path.to_string(), groups, asked: row_groups });
@@ -167,8 +190,8 @@ impl ParquetFile {
         // With filters that prune, the page index of the filters' columns too (where the file
         // has one; only the index's ranges are read, the footer is the one held): the reader
         // fetches only the pages of the rows it rules in.
-        let (builder, selection) = if prunes.is_empty() {
-            (builder, None)
+        let (metadata, selection) = if prunes.is_empty() {
+            (metadata, None)
         } else {
             // Page statistics of the filters' columns; page locations of every column, so the
             // reader skips the pages of every column it reads.
@@ -179,22 +202,101 @@ impl ParquetFile {
             indexed.load_page_index(&mut self.reader()).await.map_err(|e| self.error(e))?;
             let indexed = Arc::new(indexed.finish().map_err(|e| self.error(e))?);
             let selection = page_selection(&indexed, &kept, &prunes);
-            let indexed =
-                ArrowReaderMetadata::try_new(indexed, ArrowReaderOptions::default()).map_err(|e| self.error(e))?;
-            (ParquetRecordBatchStreamBuilder::new_with_metadata(self.reader(), indexed), selection)
+            (indexed, selection)
         };
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        // Batches of 8192 rows: the reader's default of 1024 cost the columnar path a tenth of its
-        // time in per-batch work and in joining the batches.
-        let mut builder = builder.with_projection(mask).with_row_groups(kept).with_batch_size(8192);
-        if let Some((selection, rows)) = selection {
+        let dictionaries = kept_dictionaries(&schema, &metadata, &kept, &roots);
+        let arrow = self.arrow(metadata, Some(Arc::new(dictionaries)))?;
+        if let Some((_, rows)) = &selection {
             skipped_rows += rows;
-            builder = builder.with_row_selection(selection);
         }
-        let stream = builder.build().map_err(|e| self.error(e))?;
-        let batches = stream.try_collect().await.map_err(|e| self.error(e))?;
+        let selection = selection.map(|(selection, _)| selection);
+        let decoding: Vec<_> = column_groups(arrow.metadata(), &kept, roots, self.decoders)
+            .into_iter()
+            .map(|group| {
+                let builder = ParquetRecordBatchStreamBuilder::new_with_metadata(self.reader(), arrow.clone());
+                let mask = ProjectionMask::roots(builder.parquet_schema(), group);
+                // Batches of 8192 rows: the reader's default of 1024 cost the columnar path a
+                // tenth of its time in per-batch work and in joining the batches.
+                let builder = builder.with_projection(mask).with_row_groups(kept.clone()).with_batch_size(1 << 17);
+                let builder = match &selection {
+                    Some(selection) => builder.with_row_selection(selection.clone()),
+                    None => builder,
+                };
+                let stream = builder.build().map_err(|e| self.error(e))?;
+                Ok(stream.try_collect::<Vec<RecordBatch>>())
+            })
+            .collect::<Result<_, ParquetReadError>>()?;
+        let decoded: Vec<Vec<RecordBatch>> = match decoding.len() {
+            1 => vec![decoding.into_iter().next().expect("one").await.map_err(|e| self.error(e))?],
+            // Each group of columns decoded on a thread of the runtime of its own.
+            _ => {
+                let tasks = decoding.into_iter().map(tokio::spawn);
+                let joined = futures::future::try_join_all(tasks).await.expect("a decoding task does not panic");
+                joined.into_iter().collect::<Result<_, _>>().map_err(|e| self.error(e))?
+            }
+        };
+        let batches = side_by_side(arrow.schema(), decoded).map_err(|e| self.error(ParquetError::General(e)))?;
         Ok(RowGroupsRead { batches, skipped_rows })
     }
+}
+
+/// `roots` in at most `ways` groups of about equal compressed bytes in `groups`, each in the
+/// file's order: columns that one decoder each decodes at the same time as the others.
+fn column_groups(metadata: &ParquetMetaData, groups: &[usize], roots: Vec<usize>, ways: usize) -> Vec<Vec<usize>> {
+    let ways = ways.clamp(1, roots.len().max(1));
+    if ways == 1 {
+        return vec![roots];
+    }
+    let leaves = metadata.file_metadata().schema_descr();
+    let bytes = |root: usize| -> u64 {
+        (0..leaves.num_columns())
+            .filter(|&leaf| leaves.get_column_root_idx(leaf) == root)
+            .flat_map(|leaf| groups.iter().map(move |&g| metadata.row_group(g).column(leaf).compressed_size() as u64))
+            .sum()
+    };
+    let mut sized: Vec<(u64, usize)> = roots.into_iter().map(|r| (bytes(r), r)).collect();
+    sized.sort_by(|a, b| b.cmp(a));
+    let mut split: Vec<(u64, Vec<usize>)> = vec![(0, Vec::new()); ways];
+    for (size, root) in sized {
+        let lightest = split.iter_mut().min_by_key(|(total, _)| *total).expect("ways > 0");
+        lightest.0 += size;
+        lightest.1.push(root);
+    }
+    split
+        .into_iter()
+        .map(|(_, mut roots)| {
+            roots.sort_unstable();
+            roots
+        })
+        .filter(|roots| !roots.is_empty())
+        .collect()
+}
+
+/// The batches that groups of columns decoded, joined column by column into batches of every
+/// column (the groups read the same rows in the same batches), in the file's column order.
+fn side_by_side(file: &arrow_schema::Schema, decoded: Vec<Vec<RecordBatch>>) -> Result<Vec<RecordBatch>, String> {
+    if decoded.len() == 1 {
+        return Ok(decoded.into_iter().next().expect("one"));
+    }
+    let count = decoded[0].len();
+    if decoded.iter().any(|d| d.len() != count) {
+        return Err("column groups decoded into different numbers of batches".into());
+    }
+    (0..count)
+        .map(|i| {
+            let mut columns: Vec<(arrow_schema::FieldRef, ArrayRef)> = Vec::new();
+            for batch in decoded.iter().map(|d| &d[i]) {
+                columns.extend(batch.schema().fields().iter().cloned().zip(batch.columns().iter().cloned()));
+            }
+            columns.sort_by_key(|(field, _)| file.index_of(field.name()).ok());
+            let rows = decoded[0][i].num_rows();
+            if decoded.iter().any(|d| d[i].num_rows() != rows) {
+                return Err(format!("column groups decoded batch {i} into different numbers of rows"));
+            }
+            let (fields, arrays): (Vec<_>, Vec<_>) = columns.into_iter().unzip();
+            RecordBatch::try_new(Arc::new(arrow_schema::Schema::new(fields)), arrays).map_err(|e| e.to_string())
+        })
+        .collect()
 }
 
 /// A split's row groups as read.
@@ -203,6 +305,44 @@ pub struct RowGroupsRead {
     pub batches: Vec<RecordBatch>,
     /// Rows of the row groups and pages the filters dropped whole, never fetched.
     pub skipped_rows: u64,
+}
+
+/// `schema` with each string or binary column of `roots` that is dictionary-encoded in every
+/// data page of every row group of `groups` read as a dictionary (int32 keys into the chunk's
+/// dictionary page), its other columns as they are. The ops then work on a dictionary's values
+/// once rather than on every row (`table::dictionary`), and shuffling or gathering rows
+/// moves their keys, not their bytes. A chunk with any page written plain (a writer whose
+/// dictionary grew past its limit falls back) is read plain: the reader would intern its
+/// values into a dictionary, costing more than it saves.
+pub(crate) fn kept_dictionaries(
+    schema: &arrow_schema::Schema,
+    metadata: &ParquetMetaData,
+    groups: &[usize],
+    roots: &[usize],
+) -> arrow_schema::Schema {
+    let leaves = metadata.file_metadata().schema_descr().columns();
+    let fields = schema.fields().iter().enumerate().map(|(root, field)| {
+        let bytes = matches!(field.data_type(), DataType::Utf8 | DataType::Binary);
+        let leaf = leaves.iter().position(|c| c.path().parts() == [field.name().as_str()]);
+        let all_dictionary = |leaf: usize| {
+            groups.iter().all(|&g| {
+                let chunk = metadata.row_group(g).column(leaf);
+                chunk.dictionary_page_offset().is_some()
+                    && chunk.page_encoding_stats_mask().is_some_and(|m| {
+                        m.is_only(parquet::basic::Encoding::RLE_DICTIONARY)
+                            || m.is_only(parquet::basic::Encoding::PLAIN_DICTIONARY)
+                    })
+            })
+        };
+        match leaf {
+            Some(leaf) if bytes && roots.contains(&root) && all_dictionary(leaf) => {
+                let keyed = DataType::Dictionary(Box::new(DataType::Int32), Box::new(field.data_type().clone()));
+                Arc::new(field.as_ref().clone().with_data_type(keyed))
+            }
+            _ => field.clone(),
+        }
+    });
+    arrow_schema::Schema::new_with_metadata(fields.collect::<Vec<_>>(), schema.metadata().clone())
 }
 
 /// Whether the statistics of column chunk `leaf` of `group` prove that `filter` drops every
@@ -521,6 +661,44 @@ mod tests {
         let columns: Option<Vec<String>> = columns.map(|c| c.iter().map(|s| s.to_string()).collect());
         let read = futures::executor::block_on(file.read(groups, columns.as_deref(), &[])).unwrap();
         read.batches.iter().flat_map(elements).collect()
+    }
+
+    /// Strings dictionary-encoded in every page (`few`) are read as a dictionary, those a
+    /// writer fell back to plain for (`many`, past its dictionary limit) plain; read by one
+    /// decoder or by several groups of columns at once, the same rows in the file's order.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn whole_dictionaries_are_kept_and_column_groups_decode_the_same_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = 3000;
+        let batch = RecordBatch::try_from_iter([
+            ("id", Arc::new(Int32Array::from_iter_values(0..rows)) as ArrayRef),
+            (
+                "few",
+                Arc::new(StringArray::from_iter((0..rows).map(|i| (i % 5 != 0).then(|| ["a", "b"][i as usize % 2]))))
+                    as ArrayRef,
+            ),
+            ("many", Arc::new(StringArray::from_iter_values((0..rows).map(|i| format!("{i:08x}")))) as ArrayRef),
+            ("label", Arc::new(Float32Array::from_iter_values((0..rows).map(|i| i as f32))) as ArrayRef),
+        ])
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1000))
+            .set_dictionary_page_size_limit(1024)
+            .build();
+        let file = file_of(&dir.path().join("part-0.parquet"), &batch, props);
+        let alone = file.read(0..3, None, &[]).await.unwrap();
+        let schema = alone.batches[0].schema();
+        let types: Vec<String> = schema.fields().iter().map(|f| f.data_type().to_string()).collect();
+        assert_eq!(types, ["Int32", "Dictionary(Int32, Utf8)", "Utf8", "Float32"]);
+        let file = file.with_decoders(3);
+        let grouped = file.read(0..3, None, &[]).await.unwrap();
+        assert_eq!(grouped.batches[0].schema(), schema, "the file's order");
+        let (alone, grouped): (Vec<Element>, Vec<Element>) =
+            (alone.batches.iter().flat_map(elements).collect(), grouped.batches.iter().flat_map(elements).collect());
+        assert_eq!(alone.len(), rows as usize);
+        assert_eq!(alone, grouped);
+        assert_eq!(alone[7]["few"], Field::Bytes(Bytes::from_static(b"b")));
+        assert!(!alone[10].contains_key("few"), "a null stays a missing field");
     }
 
     #[test]

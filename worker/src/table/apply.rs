@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use arrow_array::ArrayRef;
 use stoker_api::{OnError, Transform};
 
-use super::Table;
 use super::ops;
+use super::{Table, dictionary};
 use crate::loaded::Loaded;
 
 #[derive(Debug, thiserror::Error)]
@@ -60,27 +60,36 @@ pub fn apply(
             have: table.columns.keys().cloned().collect::<Vec<_>>().join(", "),
         };
         let fail = |field: &str, message: String| TableError::Column { index, op, field: field.to_string(), message };
-        // Replaces each of `fields` by `f` of it.
-        let each = |table: &mut Table, fields: &[String], f: &dyn Fn(&ArrayRef) -> Result<ArrayRef, String>| {
-            for field in fields {
-                let column = table.columns.get(field).ok_or_else(|| missing(table, field))?;
-                let changed = f(column).map_err(|m| fail(field, m))?;
-                table.columns.insert(field.clone(), changed);
-            }
-            Ok::<_, TableError>(())
-        };
+        // Replaces each of `fields` by `f` of it; with `by_item` (an op that works item by
+        // item), a dictionary column's by `f` of its distinct values.
+        let memo = table.memo.clone();
+        let each =
+            |table: &mut Table, fields: &[String], by_item: bool, f: &dyn Fn(&ArrayRef) -> Result<ArrayRef, String>| {
+                for field in fields {
+                    let column = table.columns.get(field).ok_or_else(|| missing(table, field))?;
+                    let by_value = by_item.then(|| dictionary::per_value(&memo, index, column, f)).flatten();
+                    let changed = by_value.unwrap_or_else(|| f(column)).map_err(|m| fail(field, m))?;
+                    table.columns.insert(field.clone(), changed);
+                }
+                Ok::<_, TableError>(())
+            };
         match transform {
-            Transform::FillNull(f) => each(&mut table, &f.fields, &|c| ops::fill_null(c, f.value, f.text.as_deref()))?,
-            Transform::Log1p(l) => each(&mut table, &l.fields, &ops::log1p)?,
-            Transform::Clip(c) => each(&mut table, &c.fields, &|col| ops::clip(col, c.min, c.max))?,
-            Transform::Standardize(s) => each(&mut table, &s.fields, &|c| ops::standardize(c, s.mean, s.std))?,
-            Transform::Bucketize(b) => each(&mut table, &b.fields, &|c| ops::bucketize(c, &b.boundaries))?,
-            Transform::HashBucket(h) => each(&mut table, &h.fields, &|c| ops::hash_bucket(c, h.buckets))?,
+            Transform::FillNull(f) => each(&mut table, &f.fields, false, &|c| {
+                let kept = f.text.as_deref().and_then(|text| dictionary::fill_text(&memo, index, c, text));
+                kept.map_or_else(|| ops::fill_null(c, f.value, f.text.as_deref()), Ok)
+            })?,
+            Transform::Log1p(l) => each(&mut table, &l.fields, true, &ops::log1p)?,
+            Transform::Clip(c) => each(&mut table, &c.fields, true, &|col| ops::clip(col, c.min, c.max))?,
+            Transform::Standardize(s) => each(&mut table, &s.fields, true, &|c| ops::standardize(c, s.mean, s.std))?,
+            Transform::Bucketize(b) => each(&mut table, &b.fields, true, &|c| ops::bucketize(c, &b.boundaries))?,
+            Transform::HashBucket(h) => each(&mut table, &h.fields, true, &|c| ops::hash_bucket(c, h.buckets))?,
             Transform::Vocabulary(v) => {
                 let vocabulary = loaded.vocabularies.get(&index).expect("loaded for a pipeline with vocabulary ops");
-                each(&mut table, &v.fields, &|c| vocabulary.ids(c))?
+                each(&mut table, &v.fields, true, &|c| vocabulary.ids(c))?
             }
-            Transform::Truncate(t) => each(&mut table, &t.fields, &|c| ops::truncate(c, t.length as usize, t.keep))?,
+            Transform::Truncate(t) => {
+                each(&mut table, &t.fields, false, &|c| ops::truncate(c, t.length as usize, t.keep))?
+            }
             Transform::Cross(c) => {
                 let columns = (c.fields.iter())
                     .map(|f| table.columns.get(f).ok_or_else(|| missing(&table, f)))
@@ -127,5 +136,7 @@ pub fn apply(
         }
         timings[index] += started.elapsed();
     }
+    // The rows outlive the ops: they need not keep the dictionaries' results alive.
+    table.memo = Default::default();
     Ok(Applied { table, filtered, skipped_null })
 }

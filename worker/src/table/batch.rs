@@ -41,21 +41,16 @@ pub fn stack(rows: &[&TableRow], shaping: &Shaping) -> Result<BTreeMap<String, S
     }
     let mut tensors = BTreeMap::new();
     for field in first.table.columns.keys() {
-        let parts: Vec<&dyn Array> = (tables.iter())
-            .map(|t| {
-                t.columns
-                    .get(field)
-                    .map(|c| c.as_ref())
-                    .ok_or_else(|| BatchError::MissingField { field: field.clone() })
-            })
+        let parts: Vec<ArrayRef> = (tables.iter())
+            .map(|t| t.columns.get(field).cloned().ok_or_else(|| BatchError::MissingField { field: field.clone() }))
             .collect::<Result<_, _>>()?;
-        if let Some(other) = parts.iter().find(|p| p.data_type() != parts[0].data_type()) {
-            return Err(BatchError::ColumnTypes {
-                field: field.clone(),
-                first: parts[0].data_type().to_string(),
-                other: other.data_type().to_string(),
-            });
-        }
+        let first_type = parts[0].data_type().to_string();
+        let parts = column::same_type(parts).map_err(|other| BatchError::ColumnTypes {
+            field: field.clone(),
+            first: first_type,
+            other: other.to_string(),
+        })?;
+        let parts: Vec<&dyn Array> = parts.iter().map(|p| p.as_ref()).collect();
         // Gathered into buffers of the batch's own, also when its rows are a run of one table
         // (no shuffle): a slice would keep the whole table alive for as long as the batch
         // waits for its client, and the budget counts only the batch's bytes.
@@ -232,7 +227,7 @@ mod tests {
     fn rows(columns: Vec<(&str, ArrayRef)>) -> Vec<TableRow> {
         let len = columns[0].1.len();
         let columns = columns.into_iter().map(|(n, c)| (n.to_string(), c)).collect();
-        let table = Table { positions: (0..len as u64).collect(), columns };
+        let table = Table { positions: (0..len as u64).collect(), columns, ..Table::default() };
         table.into_rows().into_iter().map(|(_, row)| row).collect()
     }
 
@@ -291,5 +286,19 @@ mod tests {
         nulls.append_null();
         let rows_null = rows(vec![("ids", Arc::new(nulls.finish()))]);
         assert!(matches!(stack(&[&rows_null[0]], &jagged_ids()), Err(BatchError::Null { .. })));
+    }
+
+    #[test]
+    fn rows_of_a_dictionary_table_and_a_plain_one_make_one_text_tensor() {
+        let mut keyed = arrow_array::builder::StringDictionaryBuilder::<arrow_array::types::Int32Type>::new();
+        ["b", "a", "b"].into_iter().for_each(|v| keyed.append_value(v));
+        let keyed = rows(vec![("c", Arc::new(keyed.finish()))]);
+        let plain = rows(vec![("c", Arc::new(arrow_array::StringArray::from(vec!["x", "y"])))]);
+        let batch = stack(&[&keyed[2], &plain[1], &keyed[1]], &Shaping::default()).unwrap();
+        let t = batch["c"].join();
+        assert_eq!(t.string_values().collect::<Vec<_>>(), [&b"b"[..], b"y", b"a"]);
+        // Types that differ beyond a dictionary are still refused, naming the field.
+        let ints = rows(vec![("c", Arc::new(arrow_array::Int64Array::from(vec![1])))]);
+        assert!(matches!(stack(&[&keyed[0], &ints[0]], &Shaping::default()), Err(BatchError::ColumnTypes { .. })));
     }
 }

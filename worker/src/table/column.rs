@@ -25,6 +25,22 @@ pub fn plain(column: &ArrayRef) -> ArrayRef {
     }
 }
 
+/// The same columns, unless their types differ: then with every dictionary unpacked (a
+/// column read as a dictionary from one row group and plain from another), or the type that
+/// still differs.
+pub fn same_type(columns: Vec<ArrayRef>) -> Result<Vec<ArrayRef>, DataType> {
+    let differs =
+        |cs: &[ArrayRef]| cs.iter().find(|c| c.data_type() != cs[0].data_type()).map(|c| c.data_type().clone());
+    if differs(&columns).is_none() {
+        return Ok(columns);
+    }
+    let unpacked: Vec<ArrayRef> = columns.iter().map(plain).collect();
+    match differs(&unpacked) {
+        None => Ok(unpacked),
+        Some(other) => Err(other),
+    }
+}
+
 /// Applies `f` to the column's items: a list's values (only those of its rows, when the list
 /// is a slice), rebuilt into a list of the same lengths and nulls; any other column whole.
 pub fn per_item(column: &ArrayRef, f: impl Fn(&ArrayRef) -> ColumnResult<ArrayRef>) -> ColumnResult<ArrayRef> {
@@ -110,6 +126,23 @@ pub fn integers(column: &ArrayRef) -> Option<Vec<i64>> {
         DataType::Boolean => column.as_boolean().values().iter().map(i64::from).collect(),
         _ => return None,
     })
+}
+
+/// `values` with each null slot (per `nulls`) set to `fill`, a word of 64 slots at a time: a
+/// word without a null is copied whole, instead of a validity bit tested per slot.
+pub fn fill_slots<T: Copy>(values: &[T], nulls: &arrow_buffer::NullBuffer, fill: T) -> Vec<T> {
+    let mut filled = values.to_vec();
+    for (word, valid) in nulls.inner().bit_chunks().iter_padded().enumerate() {
+        let mut missing = !valid;
+        while missing != 0 {
+            let slot = word * 64 + missing.trailing_zeros() as usize;
+            // The last word's padding reads as null.
+            let Some(value) = filled.get_mut(slot) else { break };
+            *value = fill;
+            missing &= missing - 1;
+        }
+    }
+    filled
 }
 
 /// Whether the column holds floats (as opposed to integers or booleans).
@@ -255,6 +288,19 @@ mod tests {
         let doubled = doubled.as_list::<i32>();
         assert_eq!(doubled.value_offsets(), [0, 1, 4]);
         assert_eq!(integers(doubled.values()).unwrap(), [6, 8, 10, 12]);
+    }
+
+    #[test]
+    fn fill_slots_fills_exactly_the_null_slots_of_any_slice() {
+        let values: Vec<i64> = (0..200).collect();
+        let valid: Vec<bool> = (0..200).map(|i| i % 7 != 0 && !(64..130).contains(&i)).collect();
+        let array = Int64Array::new(values.into(), Some(arrow_buffer::NullBuffer::from(valid.clone())));
+        for (offset, len) in [(0, 200), (3, 190), (64, 70), (130, 70), (199, 1), (5, 0)] {
+            let slice = array.slice(offset, len);
+            let filled = fill_slots(slice.values(), slice.nulls().unwrap(), -1);
+            let expected: Vec<i64> = (offset..offset + len).map(|i| if valid[i] { i as i64 } else { -1 }).collect();
+            assert_eq!(filled, expected, "offset {offset}, len {len}");
+        }
     }
 
     #[test]

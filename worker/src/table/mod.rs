@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod batch;
 pub mod column;
+pub mod dictionary;
 pub mod ops;
 
 use std::collections::BTreeMap;
@@ -19,30 +20,34 @@ use arrow_array::{Array, ArrayRef, RecordBatch, UInt32Array};
 pub struct Table {
     pub positions: Vec<u64>,
     pub columns: BTreeMap<String, ArrayRef>,
+    /// What the ops made of its dictionaries, shared with its slices and the tables taken
+    /// from it.
+    pub memo: Arc<dictionary::Memo>,
 }
 
 impl Table {
     /// The record batches of a split read, rows numbered from 0 in read order. Batches of
-    /// different schemas (files of one source that differ) are an error naming the column.
+    /// different schemas (files of one source that differ) are an error naming the column;
+    /// a column read as a dictionary from one file and plain from another is joined plain.
     pub fn from_batches(batches: &[RecordBatch]) -> Result<Table, String> {
         let Some(first) = batches.first() else { return Ok(Table::default()) };
         let schema = first.schema();
         let mut columns = BTreeMap::new();
         for (index, field) in schema.fields().iter().enumerate() {
-            let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(index).as_ref()).collect();
-            if let Some(other) = batches.iter().find(|b| b.schema().field(index) != field.as_ref()) {
-                return Err(format!(
-                    "column {:?} is {} in one file and {} in another of the split",
+            let parts: Vec<ArrayRef> = batches.iter().map(|b| b.column(index).clone()).collect();
+            let parts = column::same_type(parts).map_err(|other| {
+                format!(
+                    "column {:?} is {} in one file and {other} in another of the split",
                     field.name(),
-                    field.data_type(),
-                    other.schema().field(index).data_type()
-                ));
-            }
+                    field.data_type()
+                )
+            })?;
+            let parts: Vec<&dyn Array> = parts.iter().map(|p| p.as_ref()).collect();
             let joined = arrow_select::concat::concat(&parts).map_err(|e| format!("column {:?}: {e}", field.name()))?;
             columns.insert(field.name().clone(), joined);
         }
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        Ok(Table { positions: (0..rows as u64).collect(), columns })
+        Ok(Table { positions: (0..rows as u64).collect(), columns, memo: dictionary::Memo::new(rows) })
     }
 
     pub fn len(&self) -> usize {
@@ -59,7 +64,8 @@ impl Table {
         let columns = (self.columns.iter())
             .map(|(name, c)| (name.clone(), arrow_select::take::take(c.as_ref(), &at, None).expect("indices in range")))
             .collect();
-        Table { positions: indices.iter().map(|&i| self.positions[i as usize]).collect(), columns }
+        let positions = indices.iter().map(|&i| self.positions[i as usize]).collect();
+        Table { positions, columns, memo: self.memo.clone() }
     }
 
     /// `len` rows from `offset`, sharing this table's buffers.
@@ -67,6 +73,7 @@ impl Table {
         Table {
             positions: self.positions[offset..offset + len].to_vec(),
             columns: self.columns.iter().map(|(name, c)| (name.clone(), c.slice(offset, len))).collect(),
+            memo: self.memo.clone(),
         }
     }
 
@@ -95,4 +102,31 @@ pub struct TableRow {
     pub index: u32,
     /// The row's share of the table's bytes, what its budget reservation counts.
     pub share: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::builder::StringDictionaryBuilder;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int32Type;
+    use arrow_array::{Int64Array, StringArray};
+
+    use super::*;
+
+    #[test]
+    fn a_split_of_a_dictionary_file_and_a_plain_one_is_joined_plain() {
+        let mut keyed = StringDictionaryBuilder::<Int32Type>::new();
+        keyed.append_value("a");
+        keyed.append_null();
+        let keyed = RecordBatch::try_from_iter([("c", Arc::new(keyed.finish()) as ArrayRef)]).unwrap();
+        let plain = RecordBatch::try_from_iter([("c", Arc::new(StringArray::from(vec!["b"])) as ArrayRef)]).unwrap();
+        let table = Table::from_batches(&[keyed.clone(), plain]).unwrap();
+        let c = table.columns["c"].as_string::<i32>();
+        assert_eq!(c.iter().collect::<Vec<_>>(), [Some("a"), None, Some("b")]);
+        assert_eq!(table.positions, [0, 1, 2]);
+        // Only dictionary against plain is joined: other differences name the column.
+        let ints = RecordBatch::try_from_iter([("c", Arc::new(Int64Array::from(vec![1])) as ArrayRef)]).unwrap();
+        let e = Table::from_batches(&[keyed, ints]).unwrap_err();
+        assert!(e.contains("column \"c\""), "{e}");
+    }
 }

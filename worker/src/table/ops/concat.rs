@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, FixedSizeListArray, Float32Array};
 use arrow_schema::{DataType, Field};
 
@@ -15,9 +16,11 @@ pub fn concat(columns: &[(&str, &ArrayRef)]) -> Result<ArrayRef, (String, String
         if c.logical_null_count() > 0 {
             return Err(fail("has nulls; fill them (fillNull) before concat".into()));
         }
-        let numbers = column_numbers(c).map_err(fail)?;
-        for (row, x) in numbers.into_iter().enumerate() {
-            values[row * width + j] = x as f32;
+        let mut put = |row: usize, x: f32| values[row * width + j] = x;
+        // float32 (what log1p, standardize and clip make) as it is; any other type through f64.
+        match c.as_primitive_opt::<arrow_array::types::Float32Type>() {
+            Some(floats) => floats.values().iter().enumerate().for_each(|(row, x)| put(row, *x)),
+            None => column_numbers(c).map_err(fail)?.into_iter().enumerate().for_each(|(row, x)| put(row, x as f32)),
         }
     }
     let item = Arc::new(Field::new_list_field(DataType::Float32, false));

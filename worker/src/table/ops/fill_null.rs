@@ -12,11 +12,13 @@ use arrow_schema::DataType;
 use crate::table::column::{self, ColumnResult};
 
 /// Nulls replaced: a numeric item's by `value`, a string's by `text`; a null list becomes an
-/// empty one. Integers become int64 (as they reach the batch anyway).
+/// empty one (a dictionary column is unpacked: `table::dictionary::fill_text` keeps one). Integers become int64 (as they reach the batch anyway).
 pub fn fill_null(column: &ArrayRef, value: Option<f64>, text: Option<&str>) -> ColumnResult<ArrayRef> {
     let column = match column.data_type() {
         DataType::List(_) => empty_lists(column.as_list::<i32>()),
         DataType::LargeList(_) => empty_lists(column.as_list::<i64>()),
+        // Unpacked: a dictionary's values hold no nulls to fill, its keys do.
+        DataType::Dictionary(_, _) => column::plain(column),
         _ => column.clone(),
     };
     column::per_item(&column, |items| fill(items, value, text))
@@ -29,16 +31,18 @@ fn fill(items: &ArrayRef, value: Option<f64>, text: Option<&str>) -> ColumnResul
     }
     let missing = |what: &str| format!("is {}; give fillNull a {what} for it", column::describe(items));
     let is_null = |i: usize| items.is_null(i);
+    // The slots to fill: at least one (the early return above), so the column has nulls.
+    let nulls = || items.nulls().expect("a column with nulls has a null buffer");
     Ok(match items.data_type() {
         DataType::Float32 => {
             let Some(v) = value else { return Err(missing("value")) };
-            let values = items.as_primitive::<Float32Type>().values().iter().enumerate();
-            Arc::new(Float32Array::from_iter_values(values.map(|(i, x)| if is_null(i) { v as f32 } else { *x })))
+            let values = items.as_primitive::<Float32Type>().values();
+            Arc::new(Float32Array::from(column::fill_slots(values, nulls(), v as f32)))
         }
         DataType::Float64 => {
             let Some(v) = value else { return Err(missing("value")) };
-            let values = items.as_primitive::<Float64Type>().values().iter().enumerate();
-            Arc::new(Float64Array::from_iter_values(values.map(|(i, x)| if is_null(i) { v } else { *x })))
+            let values = items.as_primitive::<Float64Type>().values();
+            Arc::new(Float64Array::from(column::fill_slots(values, nulls(), v)))
         }
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary
             if text == Some("") && nulls_are_empty(items) =>
@@ -75,11 +79,10 @@ fn fill(items: &ArrayRef, value: Option<f64>, text: Option<&str>) -> ColumnResul
                 ($($variant:ident => $t:ty),*) => {
                     match items.data_type() {
                         $(DataType::$variant => {
-                            let values = items.as_primitive::<$t>().values().iter().enumerate();
+                            let values = items.as_primitive::<$t>().values();
                             let fill = v as <$t as arrow_array::ArrowPrimitiveType>::Native;
-                            Arc::new(arrow_array::PrimitiveArray::<$t>::from_iter_values(
-                                values.map(|(i, x)| if is_null(i) { fill } else { *x }),
-                            )) as ArrayRef
+                            let filled = column::fill_slots(values, nulls(), fill);
+                            Arc::new(arrow_array::PrimitiveArray::<$t>::new(filled.into(), None)) as ArrayRef
                         })*
                         _ => return Err(missing("value or text")),
                     }
