@@ -1,5 +1,7 @@
 use std::sync::{Arc, LazyLock};
 
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int32Type, Int64Type};
 use arrow_array::{Array, ArrayRef, Float32Array};
 
 use crate::table::column::{self, ColumnResult};
@@ -16,13 +18,21 @@ pub fn log1p(column: &ArrayRef) -> ColumnResult<ArrayRef> {
         if column::is_float(items) || items.data_type() == &arrow_schema::DataType::UInt64 {
             return super::to_float32(items, exact);
         }
-        let values =
-            column::integers(items).ok_or_else(|| format!("is {}; this op takes numbers", column::describe(items)))?;
         let small = &*SMALL;
-        let logs = values.into_iter().map(|x| match usize::try_from(x.max(0)) {
+        let log = |x: i64| match usize::try_from(x.max(0)) {
             Ok(i) if i < small.len() => small[i],
             _ => exact(x as f64),
-        });
-        Ok(Arc::new(Float32Array::new(logs.collect(), items.nulls().cloned())) as ArrayRef)
+        };
+        // int32 and int64 (what counts are) read in place; other integers widened first.
+        let logs: Vec<f32> = if let Some(ints) = items.as_primitive_opt::<Int32Type>() {
+            ints.values().iter().map(|x| log(i64::from(*x))).collect()
+        } else if let Some(ints) = items.as_primitive_opt::<Int64Type>() {
+            ints.values().iter().map(|x| log(*x)).collect()
+        } else {
+            let values = column::integers(items)
+                .ok_or_else(|| format!("is {}; this op takes numbers", column::describe(items)))?;
+            values.into_iter().map(log).collect()
+        };
+        Ok(Arc::new(Float32Array::new(logs.into(), items.nulls().cloned())) as ArrayRef)
     })
 }
