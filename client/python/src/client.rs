@@ -108,15 +108,14 @@ impl PyClient {
                 }
                 let mut guard = self.client.lock().unwrap();
                 let Some(client) = guard.as_mut() else { return Waited::Closed };
-                let _entered = self.runtime.enter();
-                let waiting = std::pin::pin!(async {
+                self.runtime.block_on(async {
                     let next = async { if in_epoch { client.next_in_epoch().await } else { client.next().await } };
                     tokio::select! {
                         item = next => Waited::Item(item),
                         _ = self.closing.notified() => Waited::Closed,
+                        _ = tokio::time::sleep(SIGNAL_CHECK) => Waited::Nothing,
                     }
-                });
-                poll_for(waiting, SIGNAL_CHECK).unwrap_or(Waited::Nothing)
+                })
             });
             match waited {
                 Waited::Item(Some(Ok(batch))) => return convert::batch(py, batch).map(Some),
@@ -221,35 +220,6 @@ impl PyClient {
     ) -> PyResult<T> {
         self.here()?;
         Ok(py.detach(|| self.client.lock().unwrap().as_ref().map(f).unwrap_or_default()))
-    }
-}
-
-/// Polls `future` on this thread until it is ready, or None once `timeout` has passed. The
-/// runtime's worker threads drive its I/O and timers and wake this thread; the bound is std's
-/// own timed park, so a wait returns to Python (its signal handlers, `close()`) on time
-/// whatever the runtime does. A `Runtime::block_on` raced against a tokio sleep of 100 ms
-/// once stayed parked for 14 minutes here, the sleep never firing (the Python suite, Ctrl-C
-/// test, 2026-11-30), which left the training loop deaf to Ctrl-C.
-fn poll_for<F: std::future::Future>(mut future: std::pin::Pin<&mut F>, timeout: Duration) -> Option<F::Output> {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: std::sync::Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
-    let mut context = std::task::Context::from_waker(&waker);
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut context) {
-            return Some(output);
-        }
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        if left.is_zero() {
-            return None;
-        }
-        // Returns early when woken (or spuriously): the future is polled again either way.
-        std::thread::park_timeout(left);
     }
 }
 

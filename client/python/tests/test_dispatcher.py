@@ -207,6 +207,9 @@ def test_a_wait_for_a_batch_leaves_python_running_and_is_interrupted_by_ctrl_c_a
         assert waited > 0.3, f"the batch came at once ({waited:.2f} s): no wait to measure"
         assert counted[0] > 10000, f"another thread counted to {counted[0]} in {waited:.2f} s: the GIL was held"
 
+        # Python's own Ctrl-C handler, whatever this process inherited: a process started in the
+        # background by a non-interactive shell ignores SIGINT, and the wait would never end.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         timer = threading.Timer(0.3, signal.raise_signal, (signal.SIGINT,))
         started = time.monotonic()
         timer.start()
@@ -216,6 +219,7 @@ def test_a_wait_for_a_batch_leaves_python_running_and_is_interrupted_by_ctrl_c_a
                     next(client)
         finally:
             timer.cancel()
+            signal.signal(signal.SIGINT, previous)
         assert time.monotonic() - started < 2.0, "Ctrl-C ends the wait"
 
         closer = threading.Timer(0.3, client.close)
