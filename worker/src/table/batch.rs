@@ -44,10 +44,9 @@ pub fn stack(rows: &[&TableRow], shaping: &Shaping) -> Result<BTreeMap<String, S
         let parts: Vec<ArrayRef> = (tables.iter())
             .map(|t| t.columns.get(field).cloned().ok_or_else(|| BatchError::MissingField { field: field.clone() }))
             .collect::<Result<_, _>>()?;
-        let first_type = parts[0].data_type().to_string();
-        let parts = column::same_type(parts).map_err(|other| BatchError::ColumnTypes {
+        let parts = column::same_type(parts).map_err(|(first, other)| BatchError::ColumnTypes {
             field: field.clone(),
-            first: first_type,
+            first: first.to_string(),
             other: other.to_string(),
         })?;
         let parts: Vec<&dyn Array> = parts.iter().map(|p| p.as_ref()).collect();

@@ -26,9 +26,9 @@ pub fn plain(column: &ArrayRef) -> ArrayRef {
 }
 
 /// The same columns, unless their types differ: then with every dictionary unpacked (a
-/// column read as a dictionary from one row group and plain from another), or the type that
-/// still differs.
-pub fn same_type(columns: Vec<ArrayRef>) -> Result<Vec<ArrayRef>, DataType> {
+/// column read as a dictionary from one row group and plain from another), or the first
+/// column's type and the one that still differs from it.
+pub fn same_type(columns: Vec<ArrayRef>) -> Result<Vec<ArrayRef>, (DataType, DataType)> {
     let differs =
         |cs: &[ArrayRef]| cs.iter().find(|c| c.data_type() != cs[0].data_type()).map(|c| c.data_type().clone());
     if differs(&columns).is_none() {
@@ -37,7 +37,7 @@ pub fn same_type(columns: Vec<ArrayRef>) -> Result<Vec<ArrayRef>, DataType> {
     let unpacked: Vec<ArrayRef> = columns.iter().map(plain).collect();
     match differs(&unpacked) {
         None => Ok(unpacked),
-        Some(other) => Err(other),
+        Some(other) => Err((columns[0].data_type().clone(), other)),
     }
 }
 

@@ -35,7 +35,7 @@ impl Table {
         let mut columns = BTreeMap::new();
         for (index, field) in schema.fields().iter().enumerate() {
             let parts: Vec<ArrayRef> = batches.iter().map(|b| b.column(index).clone()).collect();
-            let parts = column::same_type(parts).map_err(|other| {
+            let parts = column::same_type(parts).map_err(|(_, other)| {
                 format!(
                     "column {:?} is {} in one file and {other} in another of the split",
                     field.name(),
