@@ -145,7 +145,9 @@ fn floor(files: &[PathBuf], columns: &[String], threads: usize, dictionaries: bo
     let rows: anyhow::Result<usize> = std::thread::scope(|scope| {
         let readers: Vec<_> = (0..threads.max(1))
             .map(|_| {
-                scope.spawn(|| -> anyhow::Result<usize> {
+                // Named, so that a profile tells the floor's threads from the engine's.
+                let floor = std::thread::Builder::new().name("floor".into());
+                floor.spawn_scoped(scope, || -> anyhow::Result<usize> {
                     let mut rows = 0;
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -172,7 +174,7 @@ fn floor(files: &[PathBuf], columns: &[String], threads: usize, dictionaries: bo
                     }
                 })
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         readers.into_iter().map(|r| r.join().expect("a reader thread does not panic")).sum()
     });
     Ok((rows?, started.elapsed().as_secs_f64()))
