@@ -178,8 +178,12 @@ fn spawn(
     // The dispatcher is reached where this machine has it, over TLS when the pod's is.
     let tls = env.iter().any(|(k, v)| k == "STOKER_DISPATCHER" && v.starts_with("https://"));
     let scheme = if tls { Scheme::Tls } else { Scheme::Plaintext };
-    env.retain(|(k, _)| !matches!(k.as_str(), "STOKER_LISTEN" | "STOKER_DISPATCHER" | "STOKER_THREADS"));
+    env.retain(|(k, _)| {
+        !matches!(k.as_str(), "STOKER_LISTEN" | "STOKER_METRICS_ADDR" | "STOKER_DISPATCHER" | "STOKER_THREADS")
+    });
+    // The workers share this host's ports: each takes free ones.
     env.push(("STOKER_LISTEN".into(), "127.0.0.1:0".into()));
+    env.push(("STOKER_METRICS_ADDR".into(), "127.0.0.1:0".into()));
     env.push(("STOKER_DISPATCHER".into(), with_scheme(dispatcher_url, &scheme)));
     // One transform thread per worker: this machine's cores are shared by all of them.
     env.push(("STOKER_THREADS".into(), "1".into()));

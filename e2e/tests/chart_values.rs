@@ -53,6 +53,7 @@ async fn defaults_run_two_elected_replicas_with_the_crd_kept() {
     let crd = find(&objects, "CustomResourceDefinition").expect("the chart installs the CRD");
     assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
     assert!(find(&objects, "ServiceMonitor").is_none());
+    assert!(find(&objects, "PodMonitor").is_none());
 }
 
 #[tokio::test]
@@ -65,6 +66,7 @@ async fn values_reach_the_operator() {
         "images.worker.repository=registry.example/worker",
         "images.worker.tag=v9",
         "serviceMonitor.enabled=true",
+        "podMonitor.enabled=true",
         "crds.install=false",
     ])
     .await
@@ -83,6 +85,10 @@ async fn values_reach_the_operator() {
     let cap = env.as_array().unwrap().iter().find(|e| e["name"] == "STOKER_NAMESPACE_WORKER_CAP");
     assert_eq!(cap.map(|e| &e["value"]), Some(&Value::from("8")), "{env}");
     assert!(find(&objects, "ServiceMonitor").is_some());
+    // The workers' PodMonitor selects the pods the operator labels, on the port it names.
+    let workers = find(&objects, "PodMonitor").expect("a PodMonitor");
+    assert_eq!(workers["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"], "stoker-worker");
+    assert_eq!(workers["spec"]["podMetricsEndpoints"][0]["port"], "metrics");
     assert!(find(&objects, "CustomResourceDefinition").is_none());
 }
 

@@ -209,7 +209,7 @@ impl LocalWorkers {
         let json = serde_json::to_string(pipeline)?;
         let mut command = Command::new(&c.binary);
         command
-            .args(["--listen", "127.0.0.1:0", "--dispatcher", &c.dispatcher_url])
+            .args(["--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--dispatcher", &c.dispatcher_url])
             .args(["--threads", &c.threads.to_string(), "--memory-budget", &c.memory_budget.to_string()])
             .args(running.max_batch_rate.map(|r| format!("--max-batch-rate={r}")))
             .args(c.cache_dir.iter().flat_map(|d| [std::ffi::OsStr::new("--cache-dir"), d.as_os_str()]))

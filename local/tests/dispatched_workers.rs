@@ -94,6 +94,12 @@ async fn two_workers_share_an_epoch_and_a_killed_one_loses_and_repeats_nothing()
     assert!(first.values().all(|&n| n == 1), "without failures every element arrives exactly once");
     let progress = s.dispatcher.with_state(|st| st.worker_progress(&s.key));
     assert_eq!(progress.len(), 2, "both workers registered");
+    // Under `stoker local` each worker serves /metrics on a port of its own, and together they
+    // count at least the epoch the client read (they may have begun the next).
+    let texts = s.scrape_workers().await;
+    assert_eq!(texts.len(), 2, "both workers serve /metrics");
+    let elements = support::metric_sum(&texts, "stoker_worker_elements_total", &s.key);
+    assert!(elements >= (SHARDS * LINES) as f64, "{elements} elements counted: {texts:?}");
 
     // Epoch 1: kill a worker after a few batches; its splits must reach the client anyway.
     let workers = &s.workers;

@@ -15,6 +15,7 @@ pub mod element;
 pub mod engine;
 pub mod formats;
 pub mod loaded;
+pub mod metrics;
 pub mod ops;
 pub mod python;
 pub mod restart_markers;

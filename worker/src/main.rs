@@ -42,6 +42,10 @@ struct RunArgs {
     /// Where clients connect.
     #[arg(long, env = "STOKER_LISTEN", default_value = "0.0.0.0:50052")]
     listen: SocketAddr,
+    /// Where Prometheus scrapes /metrics (docs/observability.md); port 0 picks a free one,
+    /// logged at start.
+    #[arg(long, env = "STOKER_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    metrics_addr: SocketAddr,
     /// Epochs to produce; unlimited when unset.
     #[arg(long)]
     epochs: Option<u64>,
@@ -219,12 +223,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tracing::info!("shutting down");
         stopping_tx.send_replace(true);
     });
-    let shutdown = {
-        let mut stopping = stopping.clone();
-        async move {
-            let _ = stopping.wait_for(|s| *s).await;
-        }
+    let stopped = |mut stopping: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopping.wait_for(|s| *s).await;
     };
+    let metrics = stoker_worker::metrics::WorkerMetrics::of(&engine);
+    // Batches matter more than their metrics: a worker whose metrics port is taken (a second
+    // standalone worker on one host) serves without them, and says so.
+    if let Err(e) = stoker_worker::metrics::serve(args.metrics_addr, metrics, stopped(stopping.clone())).await {
+        tracing::warn!(error = %e, "no /metrics; give this worker a free --metrics-addr (port 0 picks one)");
+    }
+    let shutdown = stopped(stopping.clone());
     // Clients' streams never end on their own: give them a moment after the signal, then go.
     // Under the dispatcher, what this worker still held is handed to the others.
     let deadline = async move {

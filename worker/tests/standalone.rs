@@ -48,13 +48,15 @@ async fn a_client_streams_one_epoch_from_two_standalone_workers() {
     .unwrap();
 
     let addrs = [free_addr(), free_addr()];
+    let metrics = [free_addr(), free_addr()];
     let mut workers: Vec<Worker> = addrs
         .iter()
-        .map(|addr| {
+        .zip(&metrics)
+        .map(|(addr, metrics)| {
             Worker(
                 Command::new(env!("CARGO_BIN_EXE_stoker-worker"))
                     .args(["--standalone", "--pipeline", manifest.to_str().unwrap(), "--epochs", "1", "--threads", "1"])
-                    .args(["--listen", &addr.to_string()])
+                    .args(["--listen", &addr.to_string(), "--metrics-addr", &metrics.to_string()])
                     .spawn()
                     .unwrap(),
             )
@@ -83,4 +85,25 @@ async fn a_client_streams_one_epoch_from_two_standalone_workers() {
     assert_eq!(images, 24, "12 images from each worker");
     assert_eq!(batches, 6, "5 + 5 + 2 per worker");
     assert_eq!(client.window().batches, 6, "the client measured every batch");
+
+    // Each worker's /metrics counts what it made, per op, under the pipeline's labels.
+    for addr in metrics {
+        let text = stoker_worker::metrics::scrape(addr).await.unwrap();
+        let labels = r#"namespace="team-a",pipeline="tiny""#;
+        let series = |name: &str| {
+            let prefix = format!("{name}{{{labels}}} ");
+            text.lines().find_map(|l| l.strip_prefix(&prefix)?.parse::<f64>().ok())
+        };
+        assert_eq!(series("stoker_worker_batches_total"), Some(3.0), "{text}");
+        assert_eq!(series("stoker_worker_records_read_total"), Some(12.0), "{text}");
+        // Labels in the text format's order; normalize is folded into the crop, which it is
+        // timed with (docs/observability.md).
+        for (index, op, timed) in [(0, "decodeImage", true), (1, "randomResizedCrop", true), (2, "normalize", false)] {
+            let op_series = format!(
+                r#"stoker_worker_op_seconds_total{{namespace="team-a",op="{op}",op_index="{index}",pipeline="tiny"}} "#
+            );
+            let seconds = text.lines().find_map(|l| l.strip_prefix(&op_series)?.parse::<f64>().ok());
+            assert!(seconds.is_some_and(|s| (s > 0.0) == timed), "{op}: {text}");
+        }
+    }
 }

@@ -141,6 +141,8 @@ class Worker:
                 str(pipeline),
                 "--listen",
                 "127.0.0.1:0",
+                "--metrics-addr",
+                "127.0.0.1:0",
                 "--epochs",
                 str(epochs),
                 "--threads",

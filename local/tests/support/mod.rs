@@ -29,6 +29,44 @@ impl Dispatched {
     pub fn report(&self) -> stoker_api::WorkersReport {
         self.dispatcher.with_state(|s| s.reports()).remove(&self.key).unwrap_or_default()
     }
+
+    /// Each worker's /metrics text, found where its log says it serves them.
+    pub async fn scrape_workers(&self) -> Vec<String> {
+        let mut texts = Vec::new();
+        for log in std::fs::read_dir(self._logs.path()).unwrap() {
+            let log = std::fs::read_to_string(log.unwrap().path()).unwrap();
+            // The address follows `metrics=` on the line that says /metrics is served, once
+            // the log's colours are taken out.
+            let Some(line) = log.lines().find(|l| l.contains("serving /metrics")) else { continue };
+            let plain = without_colours(line);
+            let addr = plain.split("metrics=").nth(1).and_then(|a| a.split_whitespace().next()).unwrap_or_default();
+            let addr = addr.parse().unwrap_or_else(|e| panic!("{addr:?} in {plain:?}: {e}"));
+            texts.push(stoker_worker::metrics::scrape(addr).await.unwrap());
+        }
+        texts
+    }
+}
+
+/// `line` without its ANSI colour sequences (ESC [ ... m).
+fn without_colours(line: &str) -> String {
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+/// The sum over `texts` of the series `name` with exactly the pipeline's labels.
+#[allow(dead_code)]
+pub fn metric_sum(texts: &[String], name: &str, key: &PipelineKey) -> f64 {
+    let series = format!(r#"{name}{{namespace="{}",pipeline="{}"}} "#, key.namespace, key.name);
+    let values = texts.iter().filter_map(|t| t.lines().find_map(|l| l.strip_prefix(&series)?.parse::<f64>().ok()));
+    values.sum()
 }
 
 /// A dispatcher declaring workers dead after `worker_timeout`, and `pipeline`'s workers

@@ -89,7 +89,8 @@ pub async fn run(bench: &MemoryBench) -> anyhow::Result<MemoryReport> {
     command
         .args(["--standalone", "--pipeline"])
         .arg(&pipeline)
-        .args(["--listen", &addr.to_string(), "--memory-budget", &bench.memory_budget.to_string()])
+        .args(["--listen", &addr.to_string(), "--metrics-addr", "127.0.0.1:0"])
+        .args(["--memory-budget", &bench.memory_budget.to_string()])
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?);
     if let Some(threads) = bench.threads {

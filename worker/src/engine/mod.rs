@@ -351,6 +351,11 @@ impl Engine {
         &self.pipeline
     }
 
+    /// The memory budget its rows and batches are held under.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
+    }
+
     pub fn threads(&self) -> usize {
         self.config.threads
     }

@@ -18,7 +18,9 @@ use stoker_api::tls::{CA_FILE_ENV, CERT_FILE_ENV, KEY_FILE_ENV, WORKER_TLS_VOLUM
 use stoker_api::{Cache, DataPipeline, WORKER_CACHE_VOLUME, WORKER_TMP_VOLUME, WORKER_TOKEN_VOLUME, WorkerPipeline};
 
 use super::worker_tls::{POD_CERTIFICATE_ANNOTATION, secret_name};
-use super::{CACHE_MOUNT, CACHE_PVC, DATA_PORT, Identity, WorkerDefaults, uses_cache_volume, workers_name};
+use super::{
+    CACHE_MOUNT, CACHE_PVC, DATA_PORT, Identity, METRICS_PORT, WorkerDefaults, uses_cache_volume, workers_name,
+};
 
 pub(super) fn build(
     dp: &DataPipeline,
@@ -40,12 +42,21 @@ pub(super) fn build(
                 ..Default::default()
             }]
         }),
-        ports: Some(vec![ContainerPort {
-            name: Some("data".into()),
-            container_port: DATA_PORT,
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        }]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("data".into()),
+                container_port: DATA_PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+            // The worker's /metrics, which the chart's PodMonitor scrapes by this name.
+            ContainerPort {
+                name: Some("metrics".into()),
+                container_port: METRICS_PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+        ]),
         readiness_probe: Some(Probe {
             tcp_socket: Some(TCPSocketAction { port: IntOrString::String("data".into()), host: None }),
             period_seconds: Some(5),
@@ -131,6 +142,11 @@ fn env(dp: &DataPipeline, namespace: &str, defaults: &WorkerDefaults, cache_volu
         EnvVar { name: "STOKER_PIPELINE".into(), value: Some(pipeline_json), ..Default::default() },
         EnvVar { name: "STOKER_DISPATCHER".into(), value: Some(defaults.dispatcher_url.clone()), ..Default::default() },
         EnvVar { name: "STOKER_LISTEN".into(), value: Some(format!("0.0.0.0:{DATA_PORT}")), ..Default::default() },
+        EnvVar {
+            name: "STOKER_METRICS_ADDR".into(),
+            value: Some(format!("0.0.0.0:{METRICS_PORT}")),
+            ..Default::default()
+        },
         EnvVar { name: "POD_NAME".into(), value_from: Some(field_ref("metadata.name")), ..Default::default() },
         EnvVar { name: "POD_IP".into(), value_from: Some(field_ref("status.podIP")), ..Default::default() },
     ];

@@ -25,6 +25,8 @@ use crate::names;
 pub const CACHE_PVC: &str = "stoker-cache";
 pub const CACHE_MOUNT: &str = WORKER_CACHE_VOLUME.1;
 pub const DATA_PORT: i32 = 50052;
+/// Where a worker serves /metrics (its `--metrics-addr` default).
+pub const METRICS_PORT: i32 = 9090;
 pub const MANAGED_BY: &str = "stoker-operator";
 pub const PIPELINE_LABEL: &str = "stoker.dev/pipeline";
 

@@ -1,0 +1,268 @@
+//! The worker's Prometheus metrics on `/metrics` (docs/observability.md lists them): read from
+//! the engine's own counters when scraped, so producing costs nothing more than it counts
+//! already. Every series carries the pipeline's namespace and name; the other labels are
+//! bounded by the spec (op index and name, source index, skip reason), never per element,
+//! split or client.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use prometheus::{Encoder, IntGaugeVec, Opts, Registry};
+
+use crate::budget::MemoryBudget;
+use crate::cached::EngineCache;
+use crate::engine::{Engine, Stats};
+
+/// What a scrape reads: the engine's counters, its memory budget and its cache.
+#[derive(Clone)]
+pub struct WorkerMetrics {
+    stats: Arc<Stats>,
+    budget: Arc<MemoryBudget>,
+    cache: Option<Arc<EngineCache>>,
+    namespace: String,
+    pipeline: String,
+    /// Each transform's name, by index.
+    ops: Vec<&'static str>,
+}
+
+impl WorkerMetrics {
+    pub fn of(engine: &Engine) -> Self {
+        let pipeline = engine.pipeline();
+        WorkerMetrics {
+            stats: engine.stats.clone(),
+            budget: engine.budget().clone(),
+            cache: engine.cache.clone(),
+            namespace: pipeline.namespace.clone(),
+            pipeline: pipeline.name.clone(),
+            ops: pipeline.data_plane.transforms.iter().map(|t| t.name()).collect(),
+        }
+    }
+
+    /// The metrics in Prometheus's text format.
+    pub fn render(&self) -> String {
+        let families = Families::new(&self.namespace, &self.pipeline);
+        let stats = &self.stats;
+        families.counter("records_read_total", "Records read from the sources", &[], stats.records.load(Relaxed));
+        families.counter(
+            "elements_total",
+            "Elements (rows, on the columnar path) the ops produced, after filters",
+            &[],
+            stats.elements.load(Relaxed),
+        );
+        families.counter("filtered_total", "Elements a filter op dropped", &[], stats.filtered.load(Relaxed));
+        for (reason, count) in stats.skipped() {
+            families.counter(
+                "skipped_total",
+                "Records and elements skipped (onError: skip), by reason",
+                &[("reason", reason)],
+                count,
+            );
+        }
+        for (index, time) in stats.op_time.lock().unwrap().iter().enumerate() {
+            let name = self.ops.get(index).copied().unwrap_or("unknown");
+            families.counter_f(
+                "op_seconds_total",
+                "Thread time spent in each op of the pipeline, summed over the worker's threads",
+                &[("op_index", &index.to_string()), ("op", name)],
+                time.as_secs_f64(),
+            );
+        }
+        families.counter("batches_total", "Batches made", &[], stats.batches.load(Relaxed));
+        families.counter(
+            "batch_bytes_total",
+            "Bytes of the tensors of the batches made",
+            &[],
+            stats.batch_bytes.load(Relaxed),
+        );
+        families.counter(
+            "echoed_rows_total",
+            "Rows the echo op made beyond each element's first",
+            &[],
+            stats.echoed.load(Relaxed),
+        );
+        families.counter(
+            "redelivery_skipped_total",
+            "Elements left out of a split produced again because they were delivered already",
+            &[],
+            stats.redelivery_skipped.load(Relaxed),
+        );
+        for (source, rows) in stats.source_rows.lock().unwrap().iter().enumerate() {
+            families.counter(
+                "source_rows_total",
+                "Rows batched from each source of the mix",
+                &[("source", &source.to_string())],
+                *rows,
+            );
+        }
+        for (index, failures) in stats.python_failures.lock().unwrap().iter() {
+            for (reason, count) in &failures.by_reason {
+                families.counter(
+                    "python_failures_total",
+                    "Elements a python op failed on, by reason",
+                    &[("op_index", &index.to_string()), ("reason", reason)],
+                    *count,
+                );
+            }
+        }
+        families.gauge("memory_budget_bytes", "The worker's memory budget", self.budget.limit() as i64);
+        families.gauge(
+            "memory_used_bytes",
+            "Bytes of rows and batches held under the memory budget",
+            self.budget.used() as i64,
+        );
+        families.gauge(
+            "shuffle_peak_bytes",
+            "The most bytes the shuffle buffer held",
+            stats.shuffle_peak_bytes.load(Relaxed) as i64,
+        );
+        if let Some(cache) = &self.cache {
+            let progress = cache.progress();
+            let splits = "Splits written to and read from the cache volume";
+            families.counter("cache_splits_total", splits, &[("direction", "write")], progress.splits_written);
+            families.counter("cache_splits_total", splits, &[("direction", "read")], progress.splits_read);
+            families.counter(
+                "cache_elements_read_total",
+                "Elements read from the cache volume instead of computed",
+                &[],
+                progress.elements_read,
+            );
+        }
+        families.encode()
+    }
+}
+
+/// One scrape's metric families, each registered the first time it is given a value.
+struct Families {
+    registry: Registry,
+    counters: std::cell::RefCell<std::collections::BTreeMap<&'static str, prometheus::CounterVec>>,
+    const_labels: std::collections::HashMap<String, String>,
+}
+
+impl Families {
+    fn new(namespace: &str, pipeline: &str) -> Self {
+        let const_labels = [("namespace", namespace), ("pipeline", pipeline)];
+        Families {
+            registry: Registry::new(),
+            counters: Default::default(),
+            const_labels: const_labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    fn opts(&self, name: &str, help: &str) -> Opts {
+        Opts::new(format!("stoker_worker_{name}"), help).const_labels(self.const_labels.clone())
+    }
+
+    fn counter(&self, name: &'static str, help: &str, labels: &[(&str, &str)], value: u64) {
+        self.counter_f(name, help, labels, value as f64);
+    }
+
+    fn counter_f(&self, name: &'static str, help: &str, labels: &[(&str, &str)], value: f64) {
+        let mut counters = self.counters.borrow_mut();
+        let vec = counters.entry(name).or_insert_with(|| {
+            let names: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();
+            let vec = prometheus::CounterVec::new(self.opts(name, help), &names).expect("a valid metric");
+            self.registry.register(Box::new(vec.clone())).expect("registered once");
+            vec
+        });
+        let values: Vec<&str> = labels.iter().map(|(_, v)| *v).collect();
+        vec.with_label_values(&values).inc_by(value);
+    }
+
+    fn gauge(&self, name: &str, help: &str, value: i64) {
+        let gauge = IntGaugeVec::new(self.opts(name, help), &[]).expect("a valid metric");
+        self.registry.register(Box::new(gauge.clone())).expect("registered once");
+        gauge.with_label_values::<&str>(&[]).set(value);
+    }
+
+    fn encode(&self) -> String {
+        let mut text = Vec::new();
+        prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut text).expect("text encoding");
+        String::from_utf8(text).expect("the text format is UTF-8")
+    }
+}
+
+/// Serves `/metrics` (and `/healthz`) on `addr` until `shutdown`; the bound address is logged,
+/// and returned once bound, so port 0 works.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: WorkerMetrics,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<SocketAddr> {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding the metrics port {addr}: {e}"))?;
+    let bound = listener.local_addr()?;
+    let app = axum::Router::new()
+        .route("/metrics", get(move || std::future::ready(metrics.render())))
+        .route("/healthz", get(|| std::future::ready("ok")));
+    tracing::info!(metrics = %bound, "serving /metrics");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+            tracing::warn!(error = %e, "the metrics endpoint stopped");
+        }
+    });
+    Ok(bound)
+}
+
+/// The body of `GET /metrics` from a worker at `addr`: what the tests, and tools without an
+/// HTTP client, read.
+pub async fn scrape(addr: SocketAddr) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: worker\r\n\r\n").await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    anyhow::ensure!(head.split_whitespace().nth(1) == Some("200"), "GET /metrics from {addr}: {head}");
+    Ok(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The value of the series `name` with the pipeline's labels and `labels` in `text`.
+    fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let mut wanted: Vec<String> = [("namespace", "team-a"), ("pipeline", "imagenet")]
+            .iter()
+            .chain(labels)
+            .map(|(k, v)| format!("{k}=\"{v}\""))
+            .collect();
+        wanted.sort();
+        let series = format!("{name}{{{}}} ", wanted.join(","));
+        text.lines().find_map(|l| l.strip_prefix(&series)?.parse().ok())
+    }
+
+    #[test]
+    fn a_scrape_reads_the_engines_counters_under_the_pipelines_labels() {
+        let stats = Arc::new(Stats::default());
+        stats.records.store(120, Relaxed);
+        stats.batches.store(7, Relaxed);
+        stats.skipped.lock().unwrap().insert("corrupt_jpeg", 3);
+        *stats.op_time.lock().unwrap() = vec![Duration::from_millis(1500), Duration::from_millis(250)];
+        let budget = Arc::new(MemoryBudget::new(1 << 20));
+        let metrics = WorkerMetrics {
+            stats: stats.clone(),
+            budget,
+            cache: None,
+            namespace: "team-a".into(),
+            pipeline: "imagenet".into(),
+            ops: vec!["decodeImage", "normalize"],
+        };
+        let text = metrics.render();
+        assert_eq!(value(&text, "stoker_worker_records_read_total", &[]), Some(120.0), "{text}");
+        assert_eq!(value(&text, "stoker_worker_batches_total", &[]), Some(7.0));
+        assert_eq!(value(&text, "stoker_worker_skipped_total", &[("reason", "corrupt_jpeg")]), Some(3.0));
+        let op = [("op", "normalize"), ("op_index", "1")];
+        assert_eq!(value(&text, "stoker_worker_op_seconds_total", &op), Some(0.25));
+        assert_eq!(value(&text, "stoker_worker_memory_budget_bytes", &[]), Some(1048576.0));
+        assert!(text.contains("# TYPE stoker_worker_op_seconds_total counter"), "{text}");
+        // Counted on, the next scrape sees the new values: nothing is cached between scrapes.
+        stats.batches.store(9, Relaxed);
+        assert_eq!(value(&metrics.render(), "stoker_worker_batches_total", &[]), Some(9.0));
+    }
+}
