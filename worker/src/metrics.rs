@@ -242,7 +242,7 @@ mod tests {
         let stats = Arc::new(Stats::default());
         stats.records.store(120, Relaxed);
         stats.batches.store(7, Relaxed);
-        stats.skipped.lock().unwrap().insert("corrupt_jpeg", 3);
+        stats.skipped.lock().unwrap().insert("bad_json", 3);
         *stats.op_time.lock().unwrap() = vec![Duration::from_millis(1500), Duration::from_millis(250)];
         let budget = Arc::new(MemoryBudget::new(1 << 20));
         let metrics = WorkerMetrics {
@@ -256,7 +256,7 @@ mod tests {
         let text = metrics.render();
         assert_eq!(value(&text, "stoker_worker_records_read_total", &[]), Some(120.0), "{text}");
         assert_eq!(value(&text, "stoker_worker_batches_total", &[]), Some(7.0));
-        assert_eq!(value(&text, "stoker_worker_skipped_total", &[("reason", "corrupt_jpeg")]), Some(3.0));
+        assert_eq!(value(&text, "stoker_worker_skipped_total", &[("reason", "bad_json")]), Some(3.0));
         let op = [("op", "normalize"), ("op_index", "1")];
         assert_eq!(value(&text, "stoker_worker_op_seconds_total", &op), Some(0.25));
         assert_eq!(value(&text, "stoker_worker_memory_budget_bytes", &[]), Some(1048576.0));
