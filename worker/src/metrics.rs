@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use prometheus::{Encoder, IntGaugeVec, Opts, Registry};
+use prometheus::{Encoder, IntGauge, Opts, Registry};
 
 use crate::budget::MemoryBudget;
 use crate::cached::EngineCache;
@@ -170,9 +170,9 @@ impl Families {
     }
 
     fn gauge(&self, name: &str, help: &str, value: i64) {
-        let gauge = IntGaugeVec::new(self.opts(name, help), &[]).expect("a valid metric");
+        let gauge = IntGauge::with_opts(self.opts(name, help)).expect("a valid metric");
         self.registry.register(Box::new(gauge.clone())).expect("registered once");
-        gauge.with_label_values::<&str>(&[]).set(value);
+        gauge.set(value);
     }
 
     fn encode(&self) -> String {
