@@ -8,6 +8,7 @@ mod features;
 pub mod fingerprint;
 mod ids;
 pub mod order;
+mod profile;
 pub mod proto;
 pub mod ranks;
 mod reading;
@@ -24,6 +25,7 @@ mod yaml;
 
 pub use features::*;
 pub use ids::{ClientId, JobName, ShareName, WorkerId};
+pub use profile::*;
 pub use reading::{JobShape, Reading};
 pub use spec::*;
 pub use status::*;

@@ -26,6 +26,7 @@ use crate::{DataPipelineStatus, Transform};
     printcolumn = r#"{"name":"Workers","type":"string","jsonPath":".status.workers.summary","description":"Ready/desired worker pods"}"#,
     printcolumn = r#"{"name":"Batch time","type":"string","jsonPath":".status.batchTimeMs","description":"Mean client batch time (ms) of the last window"}"#,
     printcolumn = r#"{"name":"Cache","type":"string","jsonPath":".status.cache.decision"}"#,
+    printcolumn = r#"{"name":"Dominant op","type":"string","jsonPath":".status.profile.dominant.op","priority":1,"description":"The op taking the largest share of the workers' time (kubectl get -o wide)"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]

@@ -36,6 +36,10 @@ pub struct DataPipelineStatus {
     /// live workers produced, in spec order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mix: Vec<MixStatus>,
+    /// Where the live workers' time goes, op by op: each op's share of their thread time, its
+    /// cost per element, and the op that dominates (docs/observability.md#the-profile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::ProfileStatus>,
     /// Ready, Progressing and Degraded, each with a reason and a message.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -352,6 +356,8 @@ pub struct WorkersReport {
     /// Each source's share of the rows they produced, in spec.source.mix order, rounded to
     /// 0.001 so that the status changes only when a share does; empty before any element.
     pub source_shares: Vec<f64>,
+    /// Each transform's thread time and elements in and out, summed over them, in spec order.
+    pub ops: Vec<crate::OpTotals>,
 }
 
 impl WorkersReport {

@@ -175,10 +175,14 @@ async fn an_expensive_prefix_is_cached_in_the_first_epoch_and_shared_by_the_same
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let progress = progress();
-    let prefix: f64 = progress.iter().map(|(_, _, p)| p.op_seconds.iter().take(3).sum::<f64>()).sum();
-    let after: f64 = progress.iter().map(|(_, _, p)| p.op_seconds.iter().skip(3).sum::<f64>()).sum();
+    let prefix: f64 = progress.iter().map(|(_, _, p)| p.ops.iter().take(3).map(|o| o.seconds).sum::<f64>()).sum();
+    let after: f64 = progress.iter().map(|(_, _, p)| p.ops.iter().skip(3).map(|o| o.seconds).sum::<f64>()).sum();
     assert_eq!(prefix, 0.0, "decode and resize never ran: {progress:?}");
     assert!(after > 0.0, "the transforms after the hint ran");
+    // Nor were they given an element; the ops after the hint were given every one read.
+    let given = |op: usize| progress.iter().map(|(_, _, p)| p.ops.get(op).map_or(0, |o| o.elements_in)).sum::<u64>();
+    assert_eq!((0..3).map(given).sum::<u64>(), 0, "{progress:?}");
+    assert!(given(3) >= IMAGES as u64, "{progress:?}");
     reader.abort();
     second.shutdown().await;
 }

@@ -52,9 +52,12 @@ async fn one_epoch(name: &str, spec: stoker_api::DataPipelineSpec) -> (Vec<stoke
     };
     tokio::time::timeout(Duration::from_secs(120), reading).await.expect("an epoch within 120 s");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let delivered: u64 = batches.iter().map(|b| b.rows.len() as u64).sum();
     let report = loop {
         let report = local.report();
-        if report.source_shares.len() == mixed || tokio::time::Instant::now() > deadline {
+        // The heartbeats lag the batches: wait for the last op to count what was delivered.
+        let counted = report.ops.last().is_none_or(|op| op.elements_out >= delivered);
+        if (report.source_shares.len() == mixed && counted) || tokio::time::Instant::now() > deadline {
             break report;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -201,6 +204,11 @@ async fn the_dlrm_sample_runs_under_stoker_local() {
     }
     assert_eq!(seen.len(), 3000, "every row once (dropRemainder: 3000 rows make 30 batches)");
     assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    // The columnar path tallies rows: each op was given every row and passed each on.
+    assert_eq!(report.ops.len(), 5, "{:?}", report.ops);
+    for op in &report.ops {
+        assert!(op.elements_in >= 3000 && op.elements_out == op.elements_in, "{:?}", report.ops);
+    }
 }
 
 /// Runs an LLM pretraining sample on ten files of 100 documents each, written by `write` (to
@@ -262,6 +270,12 @@ async fn llm_pretraining(sample: &str, write: impl Fn(&Path, &[String])) {
     assert_eq!(real, tokens, "every token and separator once");
     assert_eq!(separators, 1000, "one separator per document");
     assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    // Each op's tally: tokenize maps documents one to one; pack takes the documents and gives
+    // the (far fewer) packed rows. Workers may have read ahead into the next epoch.
+    let [.., tokenize, pack] = report.ops[..] else { panic!("tallies for each op: {:?}", report.ops) };
+    assert!(tokenize.elements_in >= 1000 && tokenize.elements_out == tokenize.elements_in, "{tokenize:?}");
+    assert!(pack.elements_in >= 1000 && pack.elements_out * 5 < pack.elements_in, "{pack:?}");
+    assert!(pack.seconds > 0.0, "{pack:?}");
     // Packed rows per source: 7 to 3 as the files are, give or take a split read ahead.
     let shares = &report.source_shares;
     assert!(shares.len() == 2 && (shares[0] - 0.7).abs() < 0.08, "realised shares {shares:?}");

@@ -2,13 +2,14 @@
 //! `ops`, and seeds random ops per (seed, epoch, element, op) so a run repeats exactly
 //! whichever worker or thread processes the element.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use stoker_api::{DType, FilterOp, Tensor, Transform};
 
 use crate::element::{Element, Field};
 use crate::loaded::Loaded;
+use crate::op_tally::OpTally;
 use crate::ops::{self, OpError};
 
 /// Where an element sits in the run, for its random ops.
@@ -57,15 +58,15 @@ pub struct Transforms<'a> {
 }
 
 /// Applies the transforms in `range` (all of them, or those before or after an autocache
-/// hint) in order; `Ok(None)` when a filter drops the element. `timings[i]` accumulates the
-/// time spent in transform `i`. Indices, and so the random streams of random ops, are those of
+/// hint) in order; `Ok(None)` when a filter drops the element. `tally[i]` accumulates the
+/// time spent in transform `i` and the elements into and out of it. Indices, and so the random streams of random ops, are those of
 /// the whole pipeline.
 pub fn apply_range(
     transforms: Transforms<'_>,
     range: std::ops::Range<usize>,
     mut element: Element,
     key: ElementKey,
-    timings: &mut [Duration],
+    tally: &mut [OpTally],
 ) -> Result<Option<Element>, ElementError> {
     // Ops already applied with a decodeImage before them (a randomResizedCrop, and a
     // randomFlip and normalize folded into it) are skipped up to here.
@@ -73,6 +74,10 @@ pub fn apply_range(
     for (index, transform) in transforms.list.iter().enumerate().take(range.end).skip(range.start) {
         if index < applied_to {
             continue;
+        }
+        // The engine tallies pack on the split's rows (engine::transform::Packing).
+        if !matches!(transform, Transform::Pack(_)) {
+            tally[index].elements_in += 1;
         }
         let started = Instant::now();
         let op = transform.name();
@@ -89,13 +94,17 @@ pub fn apply_range(
                         let decoded = ops::decode_for_crop(&bytes, d.channels, c, &mut crop_rng)
                             .map_err(|e| if e.is_decoding() { fail(e) } else { crop_fail(e) })?;
                         let resizing = Instant::now();
-                        timings[index] += resizing - started;
+                        tally[index].time += resizing - started;
+                        tally[index].elements_out += 1;
+                        tally[index + 1].elements_in += 1;
                         let (finish, after) =
                             finishing(transforms.list, index + 2, range.end, &d.field, key, &decoded)?;
                         applied_to = after;
                         let image = ops::resize_crop(&decoded, c, &finish).map_err(crop_fail)?;
                         // The folded ops' time is the crop's: they are part of its writing.
-                        timings[index + 1] += resizing.elapsed();
+                        tally[index + 1].time += resizing.elapsed();
+                        tally[index + 1].elements_out += 1;
+                        tally[index + 2..after].iter_mut().for_each(|t| t.passed(1));
                         element.insert(d.field.clone(), Field::Tensor(image));
                         continue;
                     }
@@ -142,7 +151,7 @@ pub fn apply_range(
             Transform::Filter(f) => {
                 let value = element.get(&f.field).ok_or_else(|| missing(index, op, &f.field))?;
                 if !keeps(value, f.op, &f.value) {
-                    timings[index] += started.elapsed();
+                    tally[index].time += started.elapsed();
                     return Ok(None);
                 }
             }
@@ -153,7 +162,7 @@ pub fn apply_range(
                 match pool.call(index, key, std::mem::take(&mut element)) {
                     Ok(Some(out)) => element = out,
                     Ok(None) => {
-                        timings[index] += started.elapsed();
+                        tally[index].time += started.elapsed();
                         return Ok(None);
                     }
                     Err(failure) => return Err(ElementError::Python { index, function: function(), failure }),
@@ -183,7 +192,10 @@ pub fn apply_range(
             Transform::Pack(_) | Transform::Autocache(_) | Transform::Echo(_) => {}
             feature => unreachable!("{} runs on the columnar path only (validate)", feature.name()),
         }
-        timings[index] += started.elapsed();
+        tally[index].time += started.elapsed();
+        if !matches!(transform, Transform::Pack(_)) {
+            tally[index].elements_out += 1;
+        }
     }
     Ok(Some(element))
 }
@@ -318,10 +330,10 @@ mod tests {
     }
 
     fn run(ts: &[Transform], el: Element) -> Result<Option<Element>, ElementError> {
-        let mut timings = vec![Duration::ZERO; ts.len()];
+        let mut tally = OpTally::for_ops(ts.len());
         let loaded = Loaded::default();
         let transforms = Transforms { list: ts, loaded: &loaded };
-        apply_range(transforms, 0..ts.len(), el, ElementKey { seed: 1, epoch: 0, element: 0 }, &mut timings)
+        apply_range(transforms, 0..ts.len(), el, ElementKey { seed: 1, epoch: 0, element: 0 }, &mut tally)
     }
 
     #[test]
@@ -332,6 +344,27 @@ mod tests {
         let ts = transforms("- filter: {field: lang, op: eq, value: en}");
         assert!(run(&ts, element(&[("lang", Field::Bytes(Bytes::from_static(b"en")))])).unwrap().is_some());
         assert!(run(&ts, element(&[("lang", Field::Bytes(Bytes::from_static(b"de")))])).unwrap().is_none());
+    }
+
+    #[test]
+    fn each_op_counts_the_elements_into_and_out_of_it() {
+        let ts = transforms(
+            "- filter: {field: n, op: ge, value: '10'}\n- selectFields: {fields: [m]}\n- cast: {field: n, dtype: float32}",
+        );
+        let loaded = Loaded::default();
+        let list = Transforms { list: &ts, loaded: &loaded };
+        let mut tally = OpTally::for_ops(ts.len());
+        for n in [3, 10, 11, 12] {
+            // 3 is filtered out; 10 and 11 lack `m`, so selectFields fails; 12 has it, and
+            // then the cast fails, its field gone.
+            let mut el = element(&[("n", Field::Int64(vec![n]))]);
+            if n == 12 {
+                el.insert("m".into(), Field::Int64(vec![1]));
+            }
+            let _ = apply_range(list, 0..ts.len(), el, ElementKey { seed: 1, epoch: 0, element: n as u64 }, &mut tally);
+        }
+        let counts: Vec<_> = tally.iter().map(|t| (t.elements_in, t.elements_out)).collect();
+        assert_eq!(counts, [(4, 3), (3, 1), (1, 0)]);
     }
 
     #[test]
@@ -394,24 +427,29 @@ mod tests {
                 ));
                 let loaded = Loaded::default();
                 let transforms = Transforms { list: &ts, loaded: &loaded };
-                let mut timings = vec![Duration::ZERO; ts.len()];
+                let mut tally = OpTally::for_ops(ts.len());
                 let mut flipped = 0;
                 for element in 0..40 {
                     let key = ElementKey { seed: 3, epoch: 1, element };
                     let el = element_of(&jpeg);
-                    let mut folded_timings = vec![Duration::ZERO; ts.len()];
-                    let folded = apply_range(transforms, 0..4, el.clone(), key, &mut folded_timings).unwrap().unwrap();
-                    // Folded: the flip and the normalize ran as part of the crop.
-                    assert_eq!(folded_timings[2..], [Duration::ZERO; 2]);
-                    assert!(folded_timings[1] > Duration::ZERO);
+                    let mut folded_tally = OpTally::for_ops(ts.len());
+                    let folded = apply_range(transforms, 0..4, el.clone(), key, &mut folded_tally).unwrap().unwrap();
+                    // Folded: the flip and the normalize ran as part of the crop, which has
+                    // their time; each op still counts the element in and out.
+                    assert_eq!(
+                        folded_tally[2..].iter().map(|t| t.time).collect::<Vec<_>>(),
+                        [std::time::Duration::ZERO; 2]
+                    );
+                    assert!(folded_tally[1].time > std::time::Duration::ZERO);
+                    assert!(folded_tally.iter().all(|t| (t.elements_in, t.elements_out) == (1, 1)), "{folded_tally:?}");
                     // Ranges that end after each op keep it from being folded into the one before.
                     let mut one_by_one = el;
                     for range in [0..2, 2..3, 3..4] {
-                        one_by_one = apply_range(transforms, range, one_by_one, key, &mut timings).unwrap().unwrap();
+                        one_by_one = apply_range(transforms, range, one_by_one, key, &mut tally).unwrap().unwrap();
                     }
-                    let cropped = apply_range(transforms, 0..2, element_of(&jpeg), key, &mut timings).unwrap().unwrap();
+                    let cropped = apply_range(transforms, 0..2, element_of(&jpeg), key, &mut tally).unwrap().unwrap();
                     let flipped_only =
-                        apply_range(transforms, 2..3, cropped.clone(), key, &mut timings).unwrap().unwrap();
+                        apply_range(transforms, 2..3, cropped.clone(), key, &mut tally).unwrap().unwrap();
                     flipped += usize::from(flipped_only["image"] != cropped["image"]);
                     assert_eq!(
                         folded["image"], one_by_one["image"],

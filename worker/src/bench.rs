@@ -46,14 +46,14 @@ pub async fn preprocess(corpus: &Path, threads: usize) -> anyhow::Result<Preproc
     let (images, seconds) = timed_epoch(&engine, 0, SplitCache::Compute).await?;
     let skipped = engine.stats.skipped();
     anyhow::ensure!(skipped.is_empty(), "the benchmark corpus should be clean, skipped {skipped:?}");
-    let op_time = engine.stats.op_time.lock().unwrap().clone();
+    let ops = engine.stats.ops.lock().unwrap().clone();
     let op_ms = engine
         .pipeline()
         .data_plane
         .transforms
         .iter()
-        .zip(op_time)
-        .map(|(t, d)| (t.name(), d.as_secs_f64() * 1e3 / images.max(1) as f64))
+        .zip(ops)
+        .map(|(t, tally)| (t.name(), tally.time.as_secs_f64() * 1e3 / images.max(1) as f64))
         .collect();
     Ok(PreprocessReport { images, seconds, threads, op_ms })
 }

@@ -16,6 +16,7 @@ pub mod engine;
 pub mod formats;
 pub mod loaded;
 pub mod metrics;
+pub mod op_tally;
 pub mod ops;
 pub mod python;
 pub mod restart_markers;

@@ -59,14 +59,20 @@ impl WorkerMetrics {
                 count,
             );
         }
-        for (index, time) in stats.op_time.lock().unwrap().iter().enumerate() {
+        for (index, tally) in stats.ops.lock().unwrap().iter().enumerate() {
             let name = self.ops.get(index).copied().unwrap_or("unknown");
+            let op_index = index.to_string();
             families.counter_f(
                 "op_seconds_total",
                 "Thread time spent in each op of the pipeline, summed over the worker's threads",
-                &[("op_index", &index.to_string()), ("op", name)],
-                time.as_secs_f64(),
+                &[("op_index", &op_index), ("op", name)],
+                tally.time.as_secs_f64(),
             );
+            let elements = "Elements (rows on the columnar path) into and out of each op";
+            for (direction, count) in [("in", tally.elements_in), ("out", tally.elements_out)] {
+                let labels = [("op_index", op_index.as_str()), ("op", name), ("direction", direction)];
+                families.counter("op_elements_total", elements, &labels, count);
+            }
         }
         families.counter("batches_total", "Batches made", &[], stats.batches.load(Relaxed));
         families.counter(
@@ -223,6 +229,8 @@ pub async fn scrape(addr: SocketAddr) -> anyhow::Result<String> {
 mod tests {
     use std::time::Duration;
 
+    use crate::op_tally::OpTally;
+
     use super::*;
 
     /// The value of the series `name` with the pipeline's labels and `labels` in `text`.
@@ -243,7 +251,10 @@ mod tests {
         stats.records.store(120, Relaxed);
         stats.batches.store(7, Relaxed);
         stats.skipped.lock().unwrap().insert("bad_json", 3);
-        *stats.op_time.lock().unwrap() = vec![Duration::from_millis(1500), Duration::from_millis(250)];
+        *stats.ops.lock().unwrap() = vec![
+            OpTally { time: Duration::from_millis(1500), elements_in: 120, elements_out: 118 },
+            OpTally { time: Duration::from_millis(250), elements_in: 118, elements_out: 118 },
+        ];
         let budget = Arc::new(MemoryBudget::new(1 << 20));
         let metrics = WorkerMetrics {
             stats: stats.clone(),
@@ -259,6 +270,10 @@ mod tests {
         assert_eq!(value(&text, "stoker_worker_skipped_total", &[("reason", "bad_json")]), Some(3.0));
         let op = [("op", "normalize"), ("op_index", "1")];
         assert_eq!(value(&text, "stoker_worker_op_seconds_total", &op), Some(0.25));
+        let decode_out = [("direction", "out"), ("op", "decodeImage"), ("op_index", "0")];
+        assert_eq!(value(&text, "stoker_worker_op_elements_total", &decode_out), Some(118.0));
+        let decode_in = [("direction", "in"), ("op", "decodeImage"), ("op_index", "0")];
+        assert_eq!(value(&text, "stoker_worker_op_elements_total", &decode_in), Some(120.0));
         assert_eq!(value(&text, "stoker_worker_memory_budget_bytes", &[]), Some(1048576.0));
         assert!(text.contains("# TYPE stoker_worker_op_seconds_total counter"), "{text}");
         // Counted on, the next scrape sees the new values: nothing is cached between scrapes.

@@ -69,9 +69,12 @@ async fn resnet_transforms_over_an_image_folder() {
     assert_eq!(labels.iter().filter(|&&l| l == 0).count(), 10);
     assert_eq!(labels.iter().filter(|&&l| l == 1).count(), 10);
     assert_eq!(engine.stats.elements.load(std::sync::atomic::Ordering::Relaxed), 20);
-    let op_time = engine.stats.op_time.lock().unwrap().clone();
+    let ops = engine.stats.ops.lock().unwrap().clone();
+    let op_time: Vec<_> = ops.iter().map(|t| t.time).collect();
     // The flip and the normalize are folded into the crop's writing, and timed as part of it.
     assert!(op_time[..2].iter().all(|t| !t.is_zero()) && op_time[2..].iter().all(|t| t.is_zero()), "{op_time:?}");
+    // Each op, folded or not, counts every image in and out.
+    assert!(ops.iter().all(|t| (t.elements_in, t.elements_out) == (20, 20)), "{ops:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -110,6 +113,8 @@ async fn jsonl_with_corrupt_lines_filters_and_renames() {
     assert_eq!(xs, [5, 9], "x > 2 kept, in order");
     assert_eq!(engine.stats.skipped().get("bad_json"), Some(&1), "the corrupt line is counted");
     assert_eq!(engine.stats.filtered.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let counts: Vec<_> = engine.stats.ops.lock().unwrap().iter().map(|t| (t.elements_in, t.elements_out)).collect();
+    assert_eq!(counts, [(3, 2), (2, 2), (2, 2)], "the corrupt line never reached an op; the filter kept 2 of 3");
 
     let mut failing = pipeline;
     failing.data_plane.on_error = stoker_api::OnError::Fail;
@@ -439,6 +444,8 @@ async fn echo_repeats_each_element_with_fresh_draws_after_it() {
     let (plain, echoed) = (rows(&plain), rows(&echoed));
     assert_eq!((plain.len(), echoed.len()), (16, 48));
     assert_eq!(engine.stats.echoed.load(std::sync::atomic::Ordering::Relaxed), 32);
+    let counts: Vec<_> = engine.stats.ops.lock().unwrap().iter().map(|t| (t.elements_in, t.elements_out)).collect();
+    assert_eq!(counts, [(16, 16), (16, 48), (48, 48)], "the decode once per element, the crop once per copy");
     let mut seen = std::collections::BTreeMap::new();
     for (split, position, pixels) in &echoed {
         let (copy, element) = stoker_api::echo_copy(*position);

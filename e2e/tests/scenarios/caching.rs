@@ -1,6 +1,7 @@
 //! Autocache through a real API server: workers the harness runs mount the namespace's
 //! stoker-cache claim (a shared directory here), write the entry during the first epoch, and
-//! read it after; the DataPipeline's status and a CacheDecided event show the decision. After an
+//! read it after; the DataPipeline's status and a CacheDecided event show the decision, and its
+//! status.profile each op's share of the workers' time, with a DominantOpChanged event. After an
 //! operator restart, a second pipeline with the same prefix finds the entry on the volume (the
 //! restarted dispatcher knows only what workers report from it) and reads it without writing.
 //! On real pods, every worker pod is then deleted at once: the new pods (uid 65532, on the same
@@ -124,6 +125,41 @@ fn modified_times(entry: &Path) -> anyhow::Result<BTreeMap<String, SystemTime>> 
     Ok(files)
 }
 
+/// The workers' per-op tallies reach `status.profile` through their heartbeats, and the op it
+/// names dominant is announced by an event.
+async fn profile_in_status(pipelines: &Api<DataPipeline>, events: &Api<Event>) -> anyhow::Result<()> {
+    let profile = wait_for(Duration::from_secs(60), format!("{FIRST}'s status.profile to name a dominant op"), || {
+        let pipelines = pipelines.clone();
+        async move {
+            let profile = pipelines.get(FIRST).await?.status.and_then(|s| s.profile);
+            Ok(match profile {
+                Some(p) if p.dominant.is_some() => Check::Done(p),
+                other => Check::not_yet(format!("{other:?}")),
+            })
+        }
+    })
+    .await?;
+    let ops: Vec<&str> = profile.ops.iter().map(|o| o.op.as_str()).collect();
+    ensure!(ops == ["selectFields", "autocache", "cast"], "one entry per transform: {profile:?}");
+    let shares: f64 = profile.ops.iter().map(|o| o.share).sum();
+    ensure!((shares - 1.0).abs() <= 0.02, "the shares add up to 1: {profile:?}");
+    ensure!(profile.ops[2].out_per_in == Some(1.0), "a cast passes every element on: {profile:?}");
+    let dominant = profile.dominant.clone().expect("waited for");
+    wait_for(Duration::from_secs(30), "a DominantOpChanged event naming it", || {
+        let events = events.clone();
+        let named = dominant.to_string();
+        async move {
+            let changed = events_of(&events, FIRST, "DominantOpChanged").await?;
+            Ok(if changed.iter().any(|m| m.contains(&named)) {
+                Check::Done(())
+            } else {
+                Check::not_yet(format!("{changed:?}, want one naming {named}"))
+            })
+        }
+    })
+    .await
+}
+
 async fn events_of(events: &Api<Event>, name: &str, reason: &str) -> anyhow::Result<Vec<String>> {
     let list = events.list(&ListParams::default()).await?;
     Ok(list
@@ -183,6 +219,7 @@ pub async fn cache_decision_in_status(cluster: &dyn Cluster) -> anyhow::Result<(
         }
     })
     .await?;
+    profile_in_status(&pipelines, &events).await?;
     let table = cluster.kubectl(&["get", "dp", FIRST, "-n", &ns]).await?;
     let row = table.lines().find(|l| l.starts_with(FIRST)).unwrap_or_default();
     ensure!(

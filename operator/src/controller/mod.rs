@@ -224,6 +224,10 @@ async fn update_status(dp: &DataPipeline, ctx: &Context, outcome: &Outcome) -> R
         name,
         source,
     })?;
+    let before = dp.status.as_ref().and_then(|s| s.profile.as_ref());
+    if let Some(note) = status::dominant_changed(before, next.profile.as_ref()) {
+        publish(ctx, dp, EventType::Normal, "DominantOpChanged", &note).await;
+    }
     Ok(true)
 }
 

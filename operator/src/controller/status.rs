@@ -3,8 +3,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use stoker_api::{
     AutoscalerStatus, AutoscalingMode, CacheDecision, CacheMode, CacheStatus, DataPipelineSpec, DataPipelineStatus,
-    DataWaitStatus, DeliveryStatus, JobStatus, MixStatus, Phase, ValidationError, WorkersReport, WorkersStatus,
-    condition, invalid_message,
+    DataWaitStatus, DeliveryStatus, JobStatus, MixStatus, Phase, ProfileStatus, ValidationError, WorkersReport,
+    WorkersStatus, condition, invalid_message,
 };
 
 use crate::autoscaling::ScalingRecord;
@@ -139,6 +139,7 @@ pub fn next(
         // Likewise: a new leader keeps the last warnings and shares until a worker reports.
         warnings: report.map_or(previous.warnings, |w| w.warnings.clone()),
         mix: mix(spec, report, &previous.mix),
+        profile: profile(spec, report, previous.profile),
         conditions,
         observed_generation: generation,
     }
@@ -162,6 +163,41 @@ fn mix(spec: &DataPipelineSpec, workers: Option<&WorkersReport>, previous: &[Mix
             },
         })
         .collect()
+}
+
+/// The workers' profile once they ran an op; until then (a new leader, workers restarting) the
+/// last status's.
+fn profile(
+    spec: &DataPipelineSpec,
+    workers: Option<&WorkersReport>,
+    previous: Option<ProfileStatus>,
+) -> Option<ProfileStatus> {
+    let transforms = &spec.data_plane.transforms;
+    match workers.filter(|w| w.ops.iter().any(|op| op.seconds > 0.0)) {
+        Some(w) => {
+            let dominant = previous.as_ref().and_then(|p| p.dominant.as_ref());
+            Some(ProfileStatus::of(transforms, &w.ops, dominant))
+        }
+        None => previous.filter(|_| !transforms.is_empty()),
+    }
+}
+
+/// The event's note when the profile names another op dominant than before (or one for the
+/// first time).
+pub fn dominant_changed(before: Option<&ProfileStatus>, now: Option<&ProfileStatus>) -> Option<String> {
+    let now = now?;
+    let dominant = now.dominant.as_ref()?;
+    let was = before.and_then(|b| b.dominant.as_ref());
+    if was == Some(dominant) {
+        return None;
+    }
+    let share = now.dominant_share().unwrap_or_default();
+    let cost = now.ops.get(dominant.index as usize).and_then(|o| o.micros_per_element);
+    let cost = cost.map(|us| format!(", {us} us per element")).unwrap_or_default();
+    Some(match was {
+        Some(was) => format!("{dominant} now takes {:.0}% of the workers' time{cost} (before: {was})", share * 100.0),
+        None => format!("{dominant} takes {:.0}% of the workers' time{cost}", share * 100.0),
+    })
 }
 
 fn cond(type_: &str, status: bool, reason: &str, message: &str) -> Condition {
@@ -383,5 +419,41 @@ mod tests {
             next(&spec(""), Some(1), None, &applied, &Observed::default(), &at(1)).mix.is_empty(),
             "no mix, no entries"
         );
+    }
+
+    #[test]
+    fn the_profile_follows_the_workers_and_an_event_names_a_new_dominant_op() {
+        let s = spec("transforms:\n- cast: {field: a, dtype: float32}\n- filter: {field: a, op: ge, value: '0'}\n");
+        let applied = Outcome::Applied { desired: 1, ready: 1 };
+        let report = |cast: f64, filter: f64| WorkersReport {
+            ops: vec![
+                stoker_api::OpTotals { seconds: cast, elements_in: 1000, elements_out: 1000 },
+                stoker_api::OpTotals { seconds: filter, elements_in: 1000, elements_out: 250 },
+            ],
+            ..WorkersReport::default()
+        };
+        fn observed(r: &WorkersReport) -> Observed<'_> {
+            Observed { workers: Some(r), ..Observed::default() }
+        }
+        let first = next(&s, Some(1), None, &applied, &observed(&report(3.0, 1.0)), &at(1));
+        let profile = first.profile.as_ref().unwrap();
+        assert_eq!(profile.ops.iter().map(|o| o.share).collect::<Vec<_>>(), [0.75, 0.25]);
+        assert_eq!(profile.ops[1].out_per_in, Some(0.25));
+        assert_eq!(
+            dominant_changed(None, first.profile.as_ref()).as_deref(),
+            Some("transforms[0].cast takes 75% of the workers' time, 3000 us per element")
+        );
+        // Shares move, the dominant op stays: no event.
+        let second = next(&s, Some(1), Some(&first), &applied, &observed(&report(3.0, 2.0)), &at(2));
+        assert_eq!(dominant_changed(first.profile.as_ref(), second.profile.as_ref()), None);
+        // The filter overtakes it by more than the margin.
+        let third = next(&s, Some(1), Some(&second), &applied, &observed(&report(3.0, 4.0)), &at(3));
+        let note = dominant_changed(second.profile.as_ref(), third.profile.as_ref()).unwrap();
+        assert!(note.starts_with("transforms[1].filter now takes 57%"), "{note}");
+        assert!(note.ends_with("(before: transforms[0].cast)"), "{note}");
+        // A new leader, or workers that restarted and ran nothing yet, keep the last profile.
+        let kept = next(&s, Some(1), Some(&third), &applied, &observed(&report(0.0, 0.0)), &at(4));
+        assert_eq!(kept.profile, third.profile);
+        assert_eq!(next(&s, Some(1), Some(&third), &applied, &Observed::default(), &at(4)).profile, third.profile);
     }
 }

@@ -31,7 +31,8 @@ pub struct Progress {
     pub batches: u64,
     pub batch_bytes: u64,
     pub skipped: BTreeMap<String, u64>,
-    pub op_seconds: Vec<f64>,
+    /// Per transform, in spec order.
+    pub ops: Vec<stoker_api::OpTotals>,
     pub error: Option<String>,
     pub cache: CacheProgress,
     /// Bounded (`stoker_api::bounded_warnings`) as it arrives.

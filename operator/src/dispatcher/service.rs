@@ -277,7 +277,7 @@ impl dispatcher_server::Dispatcher for DispatcherService {
             batches: p.batches,
             batch_bytes: p.batch_bytes,
             skipped: p.skipped.into_iter().collect(),
-            op_seconds: p.op_seconds,
+            ops: op_totals(&p.op_seconds, &p.op_elements_in, &p.op_elements_out),
             error: (!p.error.is_empty()).then_some(p.error),
             cache: p.cache.map(cache_progress).unwrap_or_default(),
             warnings: stoker_api::bounded_warnings(p.warnings),
@@ -548,6 +548,17 @@ pub async fn serve(
 
 fn held(h: proto::HeldRows) -> Held {
     Held { epoch: h.epoch, split: h.split, positions: h.positions }
+}
+
+/// A heartbeat's per-op lists as one tally per op (a worker that sends no counts: zeros).
+fn op_totals(seconds: &[f64], elements_in: &[u64], elements_out: &[u64]) -> Vec<stoker_api::OpTotals> {
+    (seconds.iter().enumerate())
+        .map(|(i, &seconds)| stoker_api::OpTotals {
+            seconds: if seconds.is_finite() { seconds.max(0.0) } else { 0.0 },
+            elements_in: elements_in.get(i).copied().unwrap_or(0),
+            elements_out: elements_out.get(i).copied().unwrap_or(0),
+        })
+        .collect()
 }
 
 fn cache_progress(c: proto::CacheProgress) -> CacheProgress {

@@ -527,11 +527,11 @@ fn measured<'a>(workers: impl Iterator<Item = &'a Worker>) -> Measured {
         // Saturating: the counts are the workers' word.
         m.splits = m.splits.saturating_add(c.splits_measured);
         m.elements = m.elements.saturating_add(p.elements.saturating_sub(c.elements_read));
-        if m.op_seconds.len() < p.op_seconds.len() {
-            m.op_seconds.resize(p.op_seconds.len(), 0.0);
+        if m.op_seconds.len() < p.ops.len() {
+            m.op_seconds.resize(p.ops.len(), 0.0);
         }
-        for (total, s) in m.op_seconds.iter_mut().zip(&p.op_seconds) {
-            *total += s;
+        for (total, op) in m.op_seconds.iter_mut().zip(&p.ops) {
+            *total += op.seconds;
         }
         for h in &c.hints {
             HintBytes::add_into(&mut m.hint_bytes, h);

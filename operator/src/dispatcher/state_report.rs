@@ -1,9 +1,9 @@
 //! What the dispatcher reports of each pipeline for status and metrics: its jobs, its share
-//! groups, its delivery counters and its workers' warnings and mix shares.
+//! groups, its delivery counters and its workers' warnings, mix shares and per-op tallies.
 
 use std::collections::BTreeMap;
 
-use stoker_api::{DeliveryStatus, JobStatus, MAX_JOBS_LISTED, ShareName, WorkersReport};
+use stoker_api::{DeliveryStatus, JobStatus, MAX_JOBS_LISTED, OpTotals, ShareName, WorkersReport};
 
 use super::DispatcherState;
 use crate::dispatcher::ledger::JobSummary;
@@ -97,9 +97,12 @@ impl DispatcherState {
     /// pipeline whose workers have none: empty, so a cleared warning leaves the status), and
     /// the shares of the mix's sources in the elements they produced.
     pub fn reports(&self) -> BTreeMap<PipelineKey, WorkersReport> {
-        let mut all: BTreeMap<PipelineKey, (Vec<String>, Vec<u64>)> = BTreeMap::new();
+        // Per pipeline: warnings, rows per source, tallies per op.
+        type Gathered = (Vec<String>, Vec<u64>, Vec<OpTotals>);
+        let mut all: BTreeMap<PipelineKey, Gathered> = BTreeMap::new();
         for (_, w) in self.members.workers() {
-            let (warnings, elements) = all.entry(w.pipeline.clone()).or_default();
+            let (warnings, elements, ops) = all.entry(w.pipeline.clone()).or_default();
+            OpTotals::add_into(ops, &w.progress.ops);
             // A worker that stopped producing (onError: fail) says why here too.
             warnings.extend(w.progress.error.iter().map(|e| format!("a worker stopped: {e}")));
             warnings.extend(w.progress.warnings.iter().cloned());
@@ -111,10 +114,11 @@ impl DispatcherState {
             }
         }
         all.into_iter()
-            .map(|(key, (warnings, elements))| {
+            .map(|(key, (warnings, elements, ops))| {
                 let report = WorkersReport {
                     warnings: stoker_api::bounded_warnings(warnings),
                     source_shares: WorkersReport::shares(&elements),
+                    ops,
                 };
                 (key, report)
             })

@@ -79,9 +79,9 @@ pub async fn command(data: &Path, threads: usize, batch_size: u32, repeat: usize
             );
         }
     }
-    let ops = engine.stats.op_time.lock().unwrap().clone();
+    let ops = engine.stats.ops.lock().unwrap().clone();
     let names = engine.pipeline().data_plane.transforms.iter().map(|t| t.name());
-    let per_op: Vec<String> = names.zip(ops).map(|(n, t)| format!("{n} {:.2} s", t.as_secs_f64())).collect();
+    let per_op: Vec<String> = names.zip(ops).map(|(n, t)| format!("{n} {:.2} s", t.time.as_secs_f64())).collect();
     println!("thread time per op over every run: {}", per_op.join(", "));
     Ok(())
 }

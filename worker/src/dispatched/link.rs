@@ -222,13 +222,16 @@ fn log_retry(what: &str, s: &Status) {
 fn progress(engine: &Engine, error: Option<String>) -> proto::WorkerProgress {
     use std::sync::atomic::Ordering::Relaxed;
     let stats = &engine.stats;
+    let ops = stats.ops.lock().unwrap().clone();
     proto::WorkerProgress {
         records: stats.records.load(Relaxed),
         elements: stats.elements.load(Relaxed),
         batches: stats.batches.load(Relaxed),
         batch_bytes: stats.batch_bytes.load(Relaxed),
         skipped: stats.skipped().into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
-        op_seconds: stats.op_time.lock().unwrap().iter().map(Duration::as_secs_f64).collect(),
+        op_seconds: ops.iter().map(|t| t.time.as_secs_f64()).collect(),
+        op_elements_in: ops.iter().map(|t| t.elements_in).collect(),
+        op_elements_out: ops.iter().map(|t| t.elements_out).collect(),
         error: error.unwrap_or_default(),
         cache: engine.cache.as_ref().map(|c| c.progress()),
         warnings: stats.warnings(),

@@ -2,8 +2,6 @@
 //! (the cache chooses where to cache from the sizes), and for a put, encoded at the put's
 //! hint into the split's chunk file. A split read from the cache starts after its hint.
 
-use std::time::Duration;
-
 use stoker_api::proto::HintBytes;
 
 use super::Engine;
@@ -11,6 +9,7 @@ use crate::apply::{self, ElementError, ElementKey};
 use crate::cache::chunk;
 use crate::cache::store::{LeaseKind, SplitWriter};
 use crate::element::Element;
+use crate::op_tally::OpTally;
 
 /// One element's outcome: kept, filtered out, or failed.
 pub(super) type Transformed = Result<Option<Element>, ElementError>;
@@ -61,13 +60,13 @@ pub(super) fn run_plan(
     position: u64,
     mut element: Element,
     key: ElementKey,
-    timings: &mut [Duration],
+    tally: &mut [OpTally],
     at_hints: &mut AtHints,
 ) -> Transformed {
     let mut from = range.start;
     for &at in plan.measure.iter().filter(|&&at| range.contains(&(at as usize))) {
         let to = at as usize + 1;
-        element = match apply::apply_range(transforms, from..to, element, key, timings)? {
+        element = match apply::apply_range(transforms, from..to, element, key, tally)? {
             Some(e) => e,
             None => return Ok(None),
         };
@@ -79,7 +78,7 @@ pub(super) fn run_plan(
             at_hints.count += 1;
         }
     }
-    apply::apply_range(transforms, from..range.end, element, key, timings)
+    apply::apply_range(transforms, from..range.end, element, key, tally)
 }
 
 /// What a split's chunks left at the hints so far: its chunk file being written (for a put)

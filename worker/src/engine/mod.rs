@@ -29,6 +29,7 @@ use crate::budget::{MemoryBudget, Rows, Unsent};
 use crate::cached::{CacheConfig, EngineCache, SplitCache};
 use crate::formats::Corrupt;
 use crate::loaded::Loaded;
+use crate::op_tally::OpTally;
 use crate::source::{DataSource, SourceError};
 use batcher::Batcher;
 pub use mix::Mix;
@@ -117,8 +118,8 @@ pub struct Stats {
     pub batch_bytes: AtomicU64,
     /// Skipped records and elements by reason.
     pub skipped: Mutex<BTreeMap<&'static str, u64>>,
-    /// Time per transform index, summed over threads.
-    pub op_time: Mutex<Vec<Duration>>,
+    /// Time and elements per transform index, summed over threads.
+    pub ops: Mutex<Vec<OpTally>>,
     /// Set once the memory budget has capped the shuffle buffer below `shuffle.bufferSize`.
     pub shuffle_cap: Mutex<Option<ShuffleCap>>,
     /// The most bytes the shuffle buffer held (as `batcher::row_cost` counts them).
@@ -181,6 +182,21 @@ impl Stats {
             let f = failures.entry(*index).or_default();
             *f.by_reason.entry(failure.reason()).or_default() += 1;
             f.last = error.to_string();
+        }
+    }
+
+    /// Op `index` took `elements_in` and passed on `elements_out` outside the per-element
+    /// tallies (`echo` and `pack` work on a chunk's or a split's rows).
+    fn count_op(&self, index: usize, elements_in: u64, elements_out: u64) {
+        self.count_op_time(index, Duration::ZERO, elements_in, elements_out);
+    }
+
+    fn count_op_time(&self, index: usize, time: Duration, elements_in: u64, elements_out: u64) {
+        let mut ops = self.ops.lock().unwrap();
+        if let Some(op) = ops.get_mut(index) {
+            op.time += time;
+            op.elements_in += elements_in;
+            op.elements_out += elements_out;
         }
     }
 
@@ -322,7 +338,7 @@ impl Engine {
             .map_err(|e| EngineError::Load(e.to_string()))?
             .map_err(EngineError::Load)?;
         let stats = Arc::new(Stats::default());
-        *stats.op_time.lock().unwrap() = vec![Duration::ZERO; pipeline.data_plane.transforms.len()];
+        *stats.ops.lock().unwrap() = OpTally::for_ops(pipeline.data_plane.transforms.len());
         *stats.source_rows.lock().unwrap() = vec![0; sources.len()];
         let budget = Arc::new(MemoryBudget::new(config.memory_budget));
         Ok(Engine {
@@ -482,7 +498,13 @@ impl Engine {
                 };
                 let rows = u64::from(factor.unwrap_or(1));
                 self.read_order(epoch, split.id, &at_read, rows, &mut elements);
-                let packing = packer.map(|packer| transform::Packing { packer, next: 0, skip, stats: &self.stats });
+                let packing = packer.map(|packer| transform::Packing {
+                    packer,
+                    next: 0,
+                    skip,
+                    stats: &self.stats,
+                    index: self.pipeline.data_plane.transforms.len() - 1,
+                });
                 let input = transform::SplitInput { taken, elements, table: None };
                 if !flow.split(&split, input, plan, packing, maker, &mut batcher)? {
                     return Ok(false);

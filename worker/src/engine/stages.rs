@@ -4,7 +4,7 @@
 //! batched ops is one stage.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rayon::prelude::*;
 use stoker_api::{Transform, echo_position, row};
@@ -13,6 +13,7 @@ use super::Engine;
 use super::hints::{self, AtHints, SplitPlan, Transformed};
 use crate::apply::{self, ElementError, ElementKey};
 use crate::element::Element;
+use crate::op_tally::OpTally;
 
 /// Where a chunk's elements meet between runs of per-element ops.
 enum Stop {
@@ -29,8 +30,8 @@ pub(super) struct InFlight {
     pub(super) position: u64,
     key: ElementKey,
     pub(super) result: Transformed,
-    /// Time per transform index.
-    pub(super) timings: Vec<Duration>,
+    /// Time and elements per transform index.
+    pub(super) tally: Vec<OpTally>,
     pub(super) at_hints: AtHints,
 }
 
@@ -54,7 +55,7 @@ impl Engine {
                 // whether the prefix ran now or before the element was cached.
                 key: ElementKey { seed, epoch, element: (split << 32) | position },
                 result: Ok(Some(element)),
-                timings: vec![Duration::ZERO; list.len()],
+                tally: OpTally::for_ops(list.len()),
                 at_hints: AtHints::default(),
             })
             .collect();
@@ -78,7 +79,7 @@ impl Engine {
                             f.position,
                             element,
                             f.key,
-                            &mut f.timings,
+                            &mut f.tally,
                             &mut f.at_hints,
                         );
                     }
@@ -86,7 +87,7 @@ impl Engine {
             });
             match at {
                 Stop::Batched(n) => self.call_batched(stop, n, &mut flights),
-                Stop::Echo(factor) => flights = self.echo(split, factor, &plan.delivered, flights),
+                Stop::Echo(factor) => flights = self.echo(split, stop, factor, &plan.delivered, flights),
                 Stop::End => {}
             }
             from = stop + 1;
@@ -99,14 +100,18 @@ impl Engine {
     /// buffer mixes them. A copy's position (`echo_position`) is its provenance and the key of
     /// its random draws (copy 0 keeps the element's own); copies at `delivered` (an earlier
     /// attempt at the split sent them) are left out. Failed and filtered elements pass once.
-    fn echo(&self, split: u64, factor: u32, delivered: &[u32], flights: Vec<InFlight>) -> Vec<InFlight> {
+    /// The echo op (`index`) counts the live elements in and their copies out, those left out
+    /// included.
+    fn echo(&self, split: u64, index: usize, factor: u32, delivered: &[u32], flights: Vec<InFlight>) -> Vec<InFlight> {
         let ops = self.pipeline.data_plane.transforms.len();
         let sent = |position: u64| delivered.binary_search(&(position as u32)).is_ok();
         let mut out = Vec::with_capacity(flights.len() * factor as usize);
         let mut live = Vec::new();
         let mut skipped = 0;
+        let mut alive = 0;
         for f in flights {
             if let Ok(Some(element)) = &f.result {
+                alive += 1;
                 if factor > 1 {
                     live.push((f.position, f.key, element.clone()));
                 }
@@ -129,11 +134,12 @@ impl Engine {
                     key: ElementKey { element: row(split, position), ..*key },
                     result: Ok(Some(element.clone())),
                     // The ops before the echo ran once, on copy 0.
-                    timings: vec![Duration::ZERO; ops],
+                    tally: OpTally::for_ops(ops),
                     at_hints: AtHints::default(),
                 });
             }
         }
+        self.stats.count_op(index, alive, alive * u64::from(factor.max(1)));
         self.stats.redelivery_skipped.fetch_add(skipped, Ordering::Relaxed);
         self.stats.echoed.fetch_add(live.len() as u64 * u64::from(factor.saturating_sub(1)), Ordering::Relaxed);
         out
@@ -161,7 +167,9 @@ impl Engine {
                 let results = pool.call_batch(index, elements);
                 let share = started.elapsed() / group.len() as u32;
                 for (f, result) in group.iter_mut().zip(results) {
-                    f.timings[index] += share;
+                    f.tally[index].time += share;
+                    f.tally[index].elements_in += 1;
+                    f.tally[index].elements_out += u64::from(matches!(result, Ok(Some(_))));
                     f.result =
                         result.map_err(|failure| ElementError::Python { index, function: function.clone(), failure });
                 }

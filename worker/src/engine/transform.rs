@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::{Scope, ScopedJoinHandle};
-use std::time::Duration;
+use std::time::Instant;
 
 use stoker_api::OnError;
 
@@ -23,6 +23,7 @@ use super::{Engine, EngineError, Ready, Split};
 use crate::apply;
 use crate::budget::Rows;
 use crate::element::Element;
+use crate::op_tally::OpTally;
 use crate::table::{self, Table};
 
 type Transformed = Result<(Vec<(u64, Row)>, AtHints), EngineError>;
@@ -297,12 +298,10 @@ impl Engine {
         let p = &self.pipeline;
         let results = self.run_stages(epoch, split, chunk, plan);
         let mut rows = Vec::with_capacity(results.len());
-        let mut op_time = vec![Duration::ZERO; p.data_plane.transforms.len()];
+        let mut ops = OpTally::for_ops(p.data_plane.transforms.len());
         let mut all_hints = AtHints::default();
-        for InFlight { position, result, timings, at_hints, .. } in results {
-            for (total, t) in op_time.iter_mut().zip(timings) {
-                *total += t;
-            }
+        for InFlight { position, result, tally, at_hints, .. } in results {
+            OpTally::add_all(&mut ops, &tally);
             all_hints.merge(at_hints);
             match result {
                 Ok(Some(element)) => {
@@ -323,9 +322,7 @@ impl Engine {
                 }
             }
         }
-        for (total, t) in self.stats.op_time.lock().unwrap().iter_mut().zip(op_time) {
-            *total += t;
-        }
+        OpTally::add_all(&mut self.stats.ops.lock().unwrap(), &ops);
         Ok((rows, all_hints))
     }
 }
@@ -342,16 +339,16 @@ impl Engine {
         let applied: Vec<_> = self.pool.install(|| {
             (pieces.into_par_iter())
                 .map(|piece| {
-                    let mut timings = vec![Duration::ZERO; p.transforms.len()];
-                    let applied = table::apply::apply(&p.transforms, &self.loaded, p.on_error, piece, &mut timings);
-                    (applied, timings)
+                    let mut tally = OpTally::for_ops(p.transforms.len());
+                    let applied = table::apply::apply(&p.transforms, &self.loaded, p.on_error, piece, &mut tally);
+                    (applied, tally)
                 })
                 .collect()
         });
         let mut rows = Vec::with_capacity(chunk.len());
-        let mut op_time = vec![Duration::ZERO; p.transforms.len()];
-        for (applied, timings) in applied {
-            op_time.iter_mut().zip(timings).for_each(|(total, t)| *total += t);
+        let mut ops = OpTally::for_ops(p.transforms.len());
+        for (applied, tally) in applied {
+            OpTally::add_all(&mut ops, &tally);
             let applied = applied.map_err(|error| EngineError::Table { split, error })?;
             self.stats.filtered.fetch_add(applied.filtered, Ordering::Relaxed);
             if applied.skipped_null > 0 {
@@ -361,9 +358,7 @@ impl Engine {
             self.stats.elements.fetch_add(applied.table.len() as u64, Ordering::Relaxed);
             rows.extend(applied.table.into_rows().into_iter().map(|(position, row)| (position, Row::Table(row))));
         }
-        for (total, t) in self.stats.op_time.lock().unwrap().iter_mut().zip(op_time) {
-            *total += t;
-        }
+        OpTally::add_all(&mut self.stats.ops.lock().unwrap(), &ops);
         Ok((rows, AtHints::default()))
     }
 }
@@ -376,10 +371,14 @@ pub(super) struct Packing<'a> {
     pub(super) next: u64,
     pub(super) skip: Vec<u32>,
     pub(super) stats: &'a super::Stats,
+    /// The pack op's index (the last transform), for its tally.
+    pub(super) index: usize,
 }
 
 impl Packing<'_> {
     fn pack(&mut self, rows: Vec<(u64, Row)>) -> Result<Vec<(u64, Row)>, String> {
+        let started = Instant::now();
+        let (given, made) = (rows.len() as u64, self.next);
         let mut packed = Vec::new();
         for (_, row) in rows {
             let tokens = pack::tokens(&row, self.packer.field())?;
@@ -387,11 +386,13 @@ impl Packing<'_> {
                 self.keep(row, &mut packed);
             }
         }
+        self.stats.count_op_time(self.index, started.elapsed(), given, self.next - made);
         Ok(packed)
     }
 
     fn finish(&mut self) -> Option<Vec<(u64, Row)>> {
         let row = self.packer.finish()?;
+        self.stats.count_op(self.index, 0, 1);
         let mut last = Vec::new();
         self.keep(row, &mut last);
         Some(last)

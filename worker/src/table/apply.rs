@@ -1,7 +1,7 @@
 //! Runs a pipeline's ops on a table, op by op, each over whole columns: the columnar twin of
 //! `crate::apply` (which runs them element by element).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arrow_array::ArrayRef;
 use stoker_api::{OnError, Transform};
@@ -9,6 +9,7 @@ use stoker_api::{OnError, Transform};
 use super::ops;
 use super::{Table, dictionary};
 use crate::loaded::Loaded;
+use crate::op_tally::OpTally;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
@@ -40,18 +41,19 @@ pub struct Applied {
     pub skipped_null: u64,
 }
 
-/// Applies `transforms` (all columnar) to `table` in order; `timings[i]` accumulates op i's
-/// time.
+/// Applies `transforms` (all columnar) to `table` in order; `tally[i]` accumulates op i's
+/// time and rows in and out.
 pub fn apply(
     transforms: &[Transform],
     loaded: &Loaded,
     on_error: OnError,
     mut table: Table,
-    timings: &mut [Duration],
+    tally: &mut [OpTally],
 ) -> Result<Applied, TableError> {
     let (mut filtered, mut skipped_null) = (0, 0);
     for (index, transform) in transforms.iter().enumerate() {
         let started = Instant::now();
+        let rows_in = table.len() as u64;
         let op = transform.name();
         let missing = |table: &Table, field: &str| TableError::MissingField {
             index,
@@ -134,7 +136,9 @@ pub fn apply(
             }
             other => unreachable!("{} is not a columnar op (Transform::is_columnar)", other.name()),
         }
-        timings[index] += started.elapsed();
+        tally[index].time += started.elapsed();
+        tally[index].elements_in += rows_in;
+        tally[index].elements_out += table.len() as u64;
     }
     // The rows outlive the ops: they need not keep the dictionaries' results alive.
     table.memo = Default::default();

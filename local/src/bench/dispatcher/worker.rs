@@ -226,6 +226,8 @@ fn progress(beats: u64) -> proto::WorkerProgress {
         batch_bytes: elements * 150_000,
         skipped: [("corrupt_jpeg".to_string(), beats / 100)].into(),
         op_seconds: (1..=5).map(|op| beats as f64 * 0.15 * op as f64).collect(),
+        op_elements_in: vec![elements; 5],
+        op_elements_out: vec![elements; 5],
         error: String::new(),
         cache: None,
         warnings: Vec::new(),
