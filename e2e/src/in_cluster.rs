@@ -187,6 +187,30 @@ impl InCluster {
     /// `GET path` on a pod's metrics/health port: at the pod's address where this machine
     /// reaches it, else through the API server's pod proxy.
     pub async fn get(&self, name: &str, path: &str) -> anyhow::Result<crate::http::Response> {
+        if self.pods_reachable {
+            return crate::http::get(self.metrics_addr(name).await?, path).await;
+        }
+        let port = self.metrics_port(name).await?;
+        let uri = format!("/api/v1/namespaces/{OPERATOR_NAMESPACE}/pods/{name}:{port}/proxy{path}");
+        let req = http::Request::get(uri).body(kube::client::Body::from(Vec::new()))?;
+        let resp = self.client.send(req).await?;
+        let status = resp.status().as_u16();
+        use http_body_util::BodyExt as _;
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        Ok(crate::http::Response { status, body: String::from_utf8_lossy(&bytes).into_owned() })
+    }
+
+    /// A pod's metrics/health address, where this machine reaches pods (kubelet, not kind).
+    pub async fn metrics_addr(&self, name: &str) -> anyhow::Result<std::net::SocketAddr> {
+        anyhow::ensure!(self.pods_reachable, "this machine does not reach the operator pods' addresses");
+        let port = self.metrics_port(name).await?;
+        let pod = self.pods().get(name).await?;
+        let ip = pod.status.and_then(|s| s.pod_ip).with_context(|| format!("pod {name} has no address"))?;
+        let ip: std::net::IpAddr = ip.parse().with_context(|| format!("pod {name}'s address {ip}"))?;
+        Ok(std::net::SocketAddr::new(ip, port))
+    }
+
+    async fn metrics_port(&self, name: &str) -> anyhow::Result<u16> {
         let pod = self.pods().get(name).await?;
         let port = pod
             .spec
@@ -196,18 +220,7 @@ impl InCluster {
             .find(|p| matches!(p.name.as_deref(), Some("metrics" | "http")))
             .map(|p| p.container_port)
             .unwrap_or(8080);
-        if self.pods_reachable {
-            let ip = pod.status.and_then(|s| s.pod_ip).with_context(|| format!("pod {name} has no address"))?;
-            let ip: std::net::IpAddr = ip.parse().with_context(|| format!("pod {name}'s address {ip}"))?;
-            return crate::http::get(std::net::SocketAddr::new(ip, port as u16), path).await;
-        }
-        let uri = format!("/api/v1/namespaces/{OPERATOR_NAMESPACE}/pods/{name}:{port}/proxy{path}");
-        let req = http::Request::get(uri).body(kube::client::Body::from(Vec::new()))?;
-        let resp = self.client.send(req).await?;
-        let status = resp.status().as_u16();
-        use http_body_util::BodyExt as _;
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        Ok(crate::http::Response { status, body: String::from_utf8_lossy(&bytes).into_owned() })
+        Ok(port as u16)
     }
 
     /// The last `lines` log lines of every operator pod, prefixed with its name (kubectl with

@@ -19,7 +19,13 @@ use crate::process::ManagedProcess;
 /// The label the operator puts on worker Deployments.
 const WORKER_SELECTOR: &str = "app.kubernetes.io/component=worker";
 
-type Pods = Arc<Mutex<BTreeMap<String, Vec<ManagedProcess>>>>;
+/// A worker process and the address of its metrics endpoint.
+struct Pod {
+    process: ManagedProcess,
+    metrics: std::net::SocketAddr,
+}
+
+type Pods = Arc<Mutex<BTreeMap<String, Vec<Pod>>>>;
 
 pub struct ProcessKubelet {
     pods: Pods,
@@ -69,7 +75,14 @@ impl ProcessKubelet {
     /// Worker processes running for a Deployment.
     pub fn running(&self, deployment: &str) -> usize {
         let mut pods = self.pods.lock().unwrap();
-        pods.get_mut(deployment).map_or(0, |v| v.iter_mut().filter_map(|p| p.is_running().then_some(())).count())
+        pods.get_mut(deployment)
+            .map_or(0, |v| v.iter_mut().filter_map(|p| p.process.is_running().then_some(())).count())
+    }
+
+    /// The metrics endpoints of the namespace's running workers.
+    pub fn metrics_addrs(&self) -> Vec<std::net::SocketAddr> {
+        let mut pods = self.pods.lock().unwrap();
+        pods.values_mut().flatten().filter_map(|p| p.process.is_running().then_some(p.metrics)).collect()
     }
 
     /// Kills one of a Deployment's workers abruptly, like a node failure; a replacement starts
@@ -78,7 +91,7 @@ impl ProcessKubelet {
         let mut pods = self.pods.lock().unwrap();
         match pods.get_mut(deployment).and_then(|v| v.pop()) {
             Some(mut p) => {
-                p.kill();
+                p.process.kill();
                 true
             }
             None => false,
@@ -110,11 +123,11 @@ fn sync(
         let Some(name) = d.metadata.name.clone() else { continue };
         let want = d.spec.replicas.unwrap_or(1).max(0) as usize;
         let running = pods.entry(name.clone()).or_default();
-        running.retain_mut(ManagedProcess::is_running);
+        running.retain_mut(|p| p.process.is_running());
         while running.len() > want {
             let mut p = running.pop().expect("more than wanted");
             // Off the runtime: terminating waits for the worker to exit.
-            std::thread::spawn(move || p.terminate());
+            std::thread::spawn(move || p.process.terminate());
         }
         while running.len() < want {
             *started += 1;
@@ -138,7 +151,7 @@ fn spawn(
     log_dir: &std::path::Path,
     projected: &Volumes,
     n: u64,
-) -> anyhow::Result<ManagedProcess> {
+) -> anyhow::Result<Pod> {
     let container = d
         .spec
         .template
@@ -181,15 +194,18 @@ fn spawn(
     env.retain(|(k, _)| {
         !matches!(k.as_str(), "STOKER_LISTEN" | "STOKER_METRICS_ADDR" | "STOKER_DISPATCHER" | "STOKER_THREADS")
     });
-    // The workers share this host's ports: each takes free ones.
+    // The workers share this host's ports: each takes free ones (its metrics port chosen here,
+    // so a Prometheus can be told where to scrape).
+    let metrics = crate::ports::free_addr();
     env.push(("STOKER_LISTEN".into(), "127.0.0.1:0".into()));
-    env.push(("STOKER_METRICS_ADDR".into(), "127.0.0.1:0".into()));
+    env.push(("STOKER_METRICS_ADDR".into(), metrics.to_string()));
     env.push(("STOKER_DISPATCHER".into(), with_scheme(dispatcher_url, &scheme)));
     // One transform thread per worker: this machine's cores are shared by all of them.
     env.push(("STOKER_THREADS".into(), "1".into()));
     let name = format!("{}-{n}", d.metadata.name.as_deref().unwrap_or("worker"));
     let log = log_dir.join(format!("{name}.log"));
-    ManagedProcess::spawn(&name, binary, &Vec::<String>::new(), &env, &log)
+    let process = ManagedProcess::spawn(&name, binary, &Vec::<String>::new(), &env, &log)?;
+    Ok(Pod { process, metrics })
 }
 
 /// What the kubelet puts in a pod's volumes: projected ServiceAccount tokens (one TokenRequest

@@ -15,6 +15,7 @@
 
 pub mod cluster;
 pub(crate) mod control_plane;
+pub mod dashboard;
 pub mod http;
 pub mod in_cluster;
 pub mod k8s;
@@ -25,6 +26,7 @@ pub mod local;
 pub mod node;
 pub mod ports;
 pub mod process;
+pub mod prometheus;
 pub mod provider;
 pub mod tenants;
 pub mod tools;

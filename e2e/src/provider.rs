@@ -230,6 +230,11 @@ pub trait Cluster: Send + Sync {
         self.chart_operator()?.get(name, path).await
     }
 
+    /// The address of one instance's metrics endpoint, for a Prometheus on this machine.
+    async fn operator_metrics_addr(&self, name: &str) -> anyhow::Result<std::net::SocketAddr> {
+        self.chart_operator()?.metrics_addr(name).await
+    }
+
     /// The last `lines` log lines of every operator instance, labelled.
     async fn operator_logs(&self, lines: usize) -> String {
         match self.chart_operator() {

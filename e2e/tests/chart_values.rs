@@ -54,6 +54,7 @@ async fn defaults_run_two_elected_replicas_with_the_crd_kept() {
     assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
     assert!(find(&objects, "ServiceMonitor").is_none());
     assert!(find(&objects, "PodMonitor").is_none());
+    assert!(named(&objects, "ConfigMap", "stoker-dashboard").is_none(), "the dashboard is off by default");
 }
 
 #[tokio::test]
@@ -67,6 +68,8 @@ async fn values_reach_the_operator() {
         "images.worker.tag=v9",
         "serviceMonitor.enabled=true",
         "podMonitor.enabled=true",
+        "dashboard.enabled=true",
+        "dashboard.namespace=monitoring",
         "crds.install=false",
     ])
     .await
@@ -84,11 +87,21 @@ async fn values_reach_the_operator() {
     let env = &find(&objects, "Deployment").unwrap()["spec"]["template"]["spec"]["containers"][0]["env"];
     let cap = env.as_array().unwrap().iter().find(|e| e["name"] == "STOKER_NAMESPACE_WORKER_CAP");
     assert_eq!(cap.map(|e| &e["value"]), Some(&Value::from("8")), "{env}");
-    assert!(find(&objects, "ServiceMonitor").is_some());
+    let operator = find(&objects, "ServiceMonitor").expect("a ServiceMonitor");
     // The workers' PodMonitor selects the pods the operator labels, on the port it names.
     let workers = find(&objects, "PodMonitor").expect("a PodMonitor");
     assert_eq!(workers["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"], "stoker-worker");
     assert_eq!(workers["spec"]["podMetricsEndpoints"][0]["port"], "metrics");
+    // Both keep the series' own namespace label (the pipeline's), which the dashboard selects on.
+    assert_eq!(operator["spec"]["endpoints"][0]["honorLabels"], true);
+    assert_eq!(workers["spec"]["podMetricsEndpoints"][0]["honorLabels"], true);
+    // The dashboard, for Grafana's sidecar, where it looks, holding the file as it is.
+    let dashboard = named(&objects, "ConfigMap", "stoker-dashboard").expect("the dashboard ConfigMap");
+    assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value = serde_json::from_str(dashboard["data"]["stoker-pipelines.json"].as_str().unwrap()).unwrap();
+    let file = std::fs::read_to_string(workspace_root().join("charts/stoker/files/dashboards/stoker-pipelines.json"));
+    assert_eq!(json, serde_json::from_str::<Value>(&file.unwrap()).unwrap());
     assert!(find(&objects, "CustomResourceDefinition").is_none());
 }
 

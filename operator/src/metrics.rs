@@ -20,6 +20,7 @@ pub struct Metrics {
     failures: IntCounterVec,
     duration: Histogram,
     pipelines: IntGaugeVec,
+    pipeline_workers: IntGaugeVec,
     pub leader: IntGauge,
     workers: IntGaugeVec,
     batch_time: GaugeVec,
@@ -50,6 +51,14 @@ impl Default for Metrics {
         )
         .unwrap();
         let pipelines = IntGaugeVec::new(Opts::new("stoker_pipelines", "DataPipelines by phase"), &["phase"]).unwrap();
+        let pipeline_workers = IntGaugeVec::new(
+            Opts::new(
+                "stoker_pipeline_workers",
+                "Each pipeline's worker pods as its status shows them: desired, ready",
+            ),
+            &["namespace", "pipeline", "state"],
+        )
+        .unwrap();
         let leader = IntGauge::new("stoker_leader", "1 while this operator process holds the leader lease").unwrap();
         let labels = &["namespace", "pipeline"];
         let workers = IntGaugeVec::new(
@@ -147,6 +156,7 @@ impl Default for Metrics {
         registry.register(Box::new(failures.clone())).unwrap();
         registry.register(Box::new(duration.clone())).unwrap();
         registry.register(Box::new(pipelines.clone())).unwrap();
+        registry.register(Box::new(pipeline_workers.clone())).unwrap();
         registry.register(Box::new(leader.clone())).unwrap();
         Metrics {
             registry,
@@ -154,6 +164,7 @@ impl Default for Metrics {
             failures,
             duration,
             pipelines,
+            pipeline_workers,
             leader,
             workers,
             batch_time,
@@ -181,13 +192,22 @@ impl Metrics {
         self.failures.with_label_values(&[kind]).inc();
     }
 
-    /// Recounts pipelines by phase from the controller's cache, so deleted pipelines drop out.
+    /// Recounts pipelines by phase, and each one's desired and ready workers, from the
+    /// controller's cache, so deleted pipelines drop out.
     pub fn count_phases<'a>(&self, pipelines: impl IntoIterator<Item = &'a DataPipeline>) {
         self.pipelines.reset();
+        self.pipeline_workers.reset();
         for dp in pipelines {
             let phase =
                 dp.status.as_ref().and_then(|s| s.phase).map_or("Unknown".to_string(), |p: Phase| format!("{p:?}"));
             self.pipelines.with_label_values(&[&phase]).inc();
+            if let Some(w) = dp.status.as_ref().and_then(|s| s.workers.as_ref()) {
+                let key = PipelineKey::of(dp);
+                for (state, n) in [("desired", w.desired), ("ready", w.ready)] {
+                    let labels = [key.namespace.as_str(), key.name.as_str(), state];
+                    self.pipeline_workers.with_label_values(&labels).set(i64::from(n));
+                }
+            }
         }
     }
 
@@ -204,6 +224,10 @@ impl Metrics {
             self.wait.with_label_values(&labels).set(r.wait_fraction.unwrap_or(0.0));
             self.converged.with_label_values(&labels).set(i64::from(r.converged));
             self.held_back.with_label_values(&labels).set(i64::from(r.held_back));
+        }
+        for key in records.keys() {
+            // At 0 from the first round, so increase() over it has data before the first rescale.
+            self.rescales.with_label_values(&[key.namespace.as_str(), key.name.as_str()]);
         }
         for r in rescales {
             self.rescales.with_label_values(&[r.pipeline.namespace.as_str(), r.pipeline.name.as_str()]).inc();
@@ -283,6 +307,26 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_pipelines_workers_are_recounted_from_the_cache() {
+        let metrics = Metrics::default();
+        let mut dp = DataPipeline::new(
+            "imagenet",
+            stoker_api::from_yaml("source: {uri: 'file:///d', format: jsonl}\nbatchSize: 4\n").unwrap(),
+        );
+        dp.metadata.namespace = Some("team-a".into());
+        dp.status = Some(stoker_api::DataPipelineStatus {
+            workers: Some(stoker_api::WorkersStatus::new(3, 2)),
+            ..Default::default()
+        });
+        metrics.count_phases([&dp]);
+        let text = metrics.render();
+        let line = r#"stoker_pipeline_workers{namespace="team-a",pipeline="imagenet",state="ready"} 2"#;
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        metrics.count_phases([]);
+        assert!(!metrics.render().contains("stoker_pipeline_workers{"), "a deleted pipeline drops out");
+    }
 
     #[test]
     fn consumers_wait_for_data_is_exported_per_pipeline() {

@@ -29,14 +29,22 @@ pub struct WorkerMetrics {
 impl WorkerMetrics {
     pub fn of(engine: &Engine) -> Self {
         let pipeline = engine.pipeline();
-        WorkerMetrics {
-            stats: engine.stats.clone(),
-            budget: engine.budget().clone(),
-            cache: engine.cache.clone(),
-            namespace: pipeline.namespace.clone(),
-            pipeline: pipeline.name.clone(),
-            ops: pipeline.data_plane.transforms.iter().map(|t| t.name()).collect(),
-        }
+        let ops = pipeline.data_plane.transforms.iter().map(|t| t.name()).collect();
+        let (namespace, name) = (pipeline.namespace.clone(), pipeline.name.clone());
+        Self::new(engine.stats.clone(), engine.budget().clone(), engine.cache.clone(), namespace, name, ops)
+    }
+
+    /// The metrics of these counters, under the pipeline's labels (`ops`: each transform's
+    /// name, by index).
+    pub fn new(
+        stats: Arc<Stats>,
+        budget: Arc<MemoryBudget>,
+        cache: Option<Arc<EngineCache>>,
+        namespace: String,
+        pipeline: String,
+        ops: Vec<&'static str>,
+    ) -> Self {
+        WorkerMetrics { stats, budget, cache, namespace, pipeline, ops }
     }
 
     /// The metrics in Prometheus's text format.
@@ -122,18 +130,17 @@ impl WorkerMetrics {
             "The most bytes the shuffle buffer held",
             stats.shuffle_peak_bytes.load(Relaxed) as i64,
         );
-        if let Some(cache) = &self.cache {
-            let progress = cache.progress();
-            let splits = "Splits written to and read from the cache volume";
-            families.counter("cache_splits_total", splits, &[("direction", "write")], progress.splits_written);
-            families.counter("cache_splits_total", splits, &[("direction", "read")], progress.splits_read);
-            families.counter(
-                "cache_elements_read_total",
-                "Elements read from the cache volume instead of computed",
-                &[],
-                progress.elements_read,
-            );
-        }
+        // Without a cache, zeros: a dashboard's hit rate is then 0, not missing.
+        let progress = self.cache.as_ref().map(|c| c.progress()).unwrap_or_default();
+        let splits = "Splits written to and read from the cache volume";
+        families.counter("cache_splits_total", splits, &[("direction", "write")], progress.splits_written);
+        families.counter("cache_splits_total", splits, &[("direction", "read")], progress.splits_read);
+        families.counter(
+            "cache_elements_read_total",
+            "Elements read from the cache volume instead of computed",
+            &[],
+            progress.elements_read,
+        );
         families.encode()
     }
 }
@@ -256,14 +263,14 @@ mod tests {
             OpTally { time: Duration::from_millis(250), elements_in: 118, elements_out: 118 },
         ];
         let budget = Arc::new(MemoryBudget::new(1 << 20));
-        let metrics = WorkerMetrics {
-            stats: stats.clone(),
+        let metrics = WorkerMetrics::new(
+            stats.clone(),
             budget,
-            cache: None,
-            namespace: "team-a".into(),
-            pipeline: "imagenet".into(),
-            ops: vec!["decodeImage", "normalize"],
-        };
+            None,
+            "team-a".into(),
+            "imagenet".into(),
+            vec!["decodeImage", "normalize"],
+        );
         let text = metrics.render();
         assert_eq!(value(&text, "stoker_worker_records_read_total", &[]), Some(120.0), "{text}");
         assert_eq!(value(&text, "stoker_worker_batches_total", &[]), Some(7.0));
@@ -276,6 +283,8 @@ mod tests {
         assert_eq!(value(&text, "stoker_worker_op_elements_total", &decode_in), Some(120.0));
         assert_eq!(value(&text, "stoker_worker_memory_budget_bytes", &[]), Some(1048576.0));
         assert!(text.contains("# TYPE stoker_worker_op_seconds_total counter"), "{text}");
+        let written = [("direction", "write")];
+        assert_eq!(value(&text, "stoker_worker_cache_splits_total", &written), Some(0.0), "no cache: zeros");
         // Counted on, the next scrape sees the new values: nothing is cached between scrapes.
         stats.batches.store(9, Relaxed);
         assert_eq!(value(&metrics.render(), "stoker_worker_batches_total", &[]), Some(9.0));

@@ -173,6 +173,10 @@ impl Cluster for LocalControlPlane {
         Ok(self.operators.lock().await.instances())
     }
 
+    async fn operator_metrics_addr(&self, name: &str) -> anyhow::Result<std::net::SocketAddr> {
+        self.operators.lock().await.metrics_addr(name)
+    }
+
     async fn operator_get(&self, name: &str, path: &str) -> anyhow::Result<crate::http::Response> {
         let addr = self.operators.lock().await.metrics_addr(name)?;
         crate::http::get(addr, path).await

@@ -6,6 +6,7 @@ pub mod autoscaling;
 pub mod caching;
 pub mod chart;
 pub mod control_plane;
+pub mod dashboard;
 pub mod operator;
 pub mod pipelines;
 pub mod sample_pods;
@@ -65,6 +66,7 @@ pub static ALL: &[Scenario] = scenarios![
     pipelines::restart_writes_nothing,
     autoscaling::batch_time_autoscaling,
     caching::cache_decision_in_status,
+    dashboard::dashboard_queries_have_data,
     sweep::sweep_shares_one_production,
     tenancy::tenancy_tokens_and_permissions,
     tls::tls_end_to_end,
