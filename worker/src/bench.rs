@@ -3,6 +3,7 @@
 mod command;
 pub mod dlrm;
 pub mod memory;
+mod metrics_cost;
 mod read;
 
 pub use command::Bench;

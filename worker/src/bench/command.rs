@@ -29,6 +29,22 @@ pub enum Bench {
         #[arg(long, default_value_t = 3)]
         repeat: usize,
     },
+    /// What serving /metrics costs: ResNet-50 epochs with the endpoint off, and on while
+    /// scraped every --scrape-ms, alternating in one process; images/s of each and on/off.
+    MetricsCost {
+        /// The corpus; generated there (with --images) if it does not exist.
+        #[arg(long)]
+        corpus: PathBuf,
+        #[arg(long, default_value_t = 2000)]
+        images: usize,
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Rounds of one epoch off and one on.
+        #[arg(long, default_value_t = 6)]
+        rounds: usize,
+        #[arg(long, default_value_t = 100)]
+        scrape_ms: u64,
+    },
     /// ResNet-50 transforms with an autocache hint after decode and resize to 256: epoch
     /// times computing everything, writing the cache, and reading it back.
     Cache {
@@ -119,6 +135,11 @@ impl Bench {
             Bench::Preprocess { corpus, images, threads, repeat } => {
                 ensure_corpus(&corpus, images)?;
                 preprocess(&corpus, all_cores(threads), repeat).await
+            }
+            Bench::MetricsCost { corpus, images, threads, rounds, scrape_ms } => {
+                ensure_corpus(&corpus, images)?;
+                let scrape = Duration::from_millis(scrape_ms);
+                super::metrics_cost::command(&corpus, all_cores(threads), rounds, scrape).await
             }
             Bench::Cache { corpus, images, volume, threads, gets } => {
                 ensure_corpus(&corpus, images)?;
