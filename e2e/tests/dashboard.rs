@@ -50,7 +50,7 @@ fn worker_exposition() -> String {
     stats.skipped.lock().unwrap().insert("bad_json", 1);
     *stats.source_rows.lock().unwrap() = vec![3];
     let budget = Arc::new(MemoryBudget::new(1 << 20));
-    WorkerMetrics::new(stats, budget, None, "ml".into(), "imagenet".into(), vec!["cast"]).render()
+    WorkerMetrics::new(stats, budget, "ml".into(), "imagenet".into(), vec!["cast"]).render()
 }
 
 #[test]

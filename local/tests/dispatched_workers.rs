@@ -82,7 +82,7 @@ async fn read_epoch(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_share_an_epoch_and_a_killed_one_loses_and_repeats_nothing() {
-    let (s, _data) = setup(Duration::from_secs(3), "batchSize: 10\n").await;
+    let (s, data) = setup(Duration::from_secs(3), "batchSize: 10\n").await;
     s.workers.scale(&s.key, 2).await.unwrap();
     let mut options = ClientOptions::new("ns", "lines");
     options.prefetch = 2;
@@ -100,6 +100,16 @@ async fn two_workers_share_an_epoch_and_a_killed_one_loses_and_repeats_nothing()
     assert_eq!(texts.len(), 2, "both workers serve /metrics");
     let elements = support::metric_sum(&texts, "stoker_worker_elements_total", &s.key);
     assert!(elements >= (SHARDS * LINES) as f64, "{elements} elements counted: {texts:?}");
+    // What their streams sent, per job: at least the epoch's batches of 10 (the client's
+    // prefetch of the next epoch may add some), and the next epoch's queues, in production
+    // while the client holds its prefetch.
+    let sent = support::metric_sum(&texts, "stoker_worker_sent_batches_total", &s.key);
+    assert!(sent >= (SHARDS * LINES / 10) as f64, "{sent} batches sent: {texts:?}");
+    assert!(support::metric_sum(&texts, "stoker_worker_sent_bytes_total", &s.key) > 0.0);
+    let read = support::metric_sum(&texts, "stoker_worker_source_read_bytes_total", &s.key);
+    let corpus: u64 = std::fs::read_dir(data.path()).unwrap().map(|f| f.unwrap().metadata().unwrap().len()).sum();
+    assert!(read >= corpus as f64, "{read} bytes read of the {corpus} of the epoch's files: {texts:?}");
+    assert!(texts.iter().any(|t| t.contains("stoker_worker_queued_batches{")), "queues of the epochs in production");
 
     // Epoch 1: kill a worker after a few batches; its splits must reach the client anyway.
     let workers = &s.workers;

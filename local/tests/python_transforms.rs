@@ -118,6 +118,15 @@ async fn failures_cost_only_their_own_element_and_reach_the_status() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(warning.contains("last: transforms[0].python user_ops.troubled:"), "{warning}");
+    // The worker's metrics: a call per element, and the three processes the timeout, the exit
+    // and the memory limit killed, each replaced (an exception kills nothing).
+    let texts = s.scrape_workers().await;
+    let calls = support::metric_sum(&texts, "stoker_worker_python_calls_total", &s.key);
+    assert!(calls >= N as f64, "{calls} calls for {N} elements: {texts:?}");
+    let restarts = support::metric_sum(&texts, "stoker_worker_python_restarts_total", &s.key);
+    assert!(restarts >= 3.0, "{restarts} restarts: {texts:?}");
+    let started = support::metric_sum(&texts, "stoker_worker_python_processes_started_total", &s.key);
+    assert!(started >= 1.0 + restarts, "{started} processes started after {restarts} restarts");
     s.workers.stop_all().await;
 }
 

@@ -229,7 +229,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = stoker_worker::metrics::WorkerMetrics::of(&engine);
     // Batches matter more than their metrics: a worker whose metrics port is taken (a second
     // standalone worker on one host) serves without them, and says so.
-    if let Err(e) = stoker_worker::metrics::serve(args.metrics_addr, metrics, stopped(stopping.clone())).await {
+    let sent = metrics.sent();
+    if let Err(e) = stoker_worker::metrics::serve(args.metrics_addr, metrics.clone(), stopped(stopping.clone())).await {
         tracing::warn!(error = %e, "no /metrics; give this worker a free --metrics-addr (port 0 picks one)");
     }
     let shutdown = stopped(stopping.clone());
@@ -262,10 +263,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                     }
                 };
                 let abandoned_after = std::time::Duration::from_secs(args.abandoned_after_seconds);
-                let source = DispatchedSource::new(engine.clone(), link.clone(), args.max_batch_rate, abandoned_after);
+                let source =
+                    Arc::new(DispatchedSource::new(engine.clone(), link.clone(), args.max_batch_rate, abandoned_after));
+                let depths = Arc::downgrade(&source);
+                metrics.set_queues(Box::new(move || depths.upgrade().map(|s| s.queue_depths()).unwrap_or_default()));
                 link.spawn_heartbeats(engine, source.errors.clone(), HEARTBEAT_INTERVAL);
                 let served = if args.authorize_readers {
-                    let service = service(source, &shared, args.memory_budget, Some(&link))
+                    let service = service(source, &shared, args.memory_budget, Some(&link), &sent)
                         .with_authenticator(DispatcherReaders::new(link.client()));
                     tokio::select! {
                         served = stoker_worker::stream::serve_on(listener, service, &options, shutdown) => served,
@@ -273,7 +277,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                     }
                 } else {
                     tokio::select! {
-                        served = stoker_worker::stream::serve_on(listener, service(source, &shared, args.memory_budget, Some(&link)), &options, shutdown) => served,
+                        served = stoker_worker::stream::serve_on(listener, service(source, &shared, args.memory_budget, Some(&link), &sent), &options, shutdown) => served,
                         () = deadline => Ok(()),
                     }
                 };
@@ -282,7 +286,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             None => {
                 let (source, producer) = EngineSource::start(engine, args.epochs);
                 tokio::select! {
-                    served = stoker_worker::stream::serve_on(listener, service(source, &shared, args.memory_budget, None), &options, shutdown) => served?,
+                    served = stoker_worker::stream::serve_on(listener, service(source, &shared, args.memory_budget, None, &sent), &options, shutdown) => served?,
                     () = deadline => {}
                 }
                 if producer.is_finished() {
@@ -361,16 +365,17 @@ fn load(args: &RunArgs) -> anyhow::Result<WorkerPipeline> {
 
 /// The batch service of `source`, with shared memory as set up, keeping at most a quarter of
 /// the memory budget for streams whose connection broke; under the dispatcher, sending nothing
-/// again of before the worker registered again (`link`).
+/// again of before the worker registered again (`link`); counting what it sends into `sent`.
 fn service<S: stoker_worker::stream::BatchSource>(
     source: S,
     shared: &Option<Arc<stoker_worker::stream::SharedMemory>>,
     memory_budget: usize,
     link: Option<&Arc<Link>>,
+    sent: &Arc<stoker_worker::stream::SentByJob>,
 ) -> StreamService<S> {
     let mut resumes = stoker_worker::stream::Resumes::new(memory_budget as u64 / 4);
     if let Some(link) = link.cloned() {
         resumes = resumes.with_generation(Box::new(move || link.generation()));
     }
-    StreamService::new(source).with_shared_memory(shared.clone()).with_resumes(resumes)
+    StreamService::new(source).with_shared_memory(shared.clone()).with_resumes(resumes).with_sent(sent.clone())
 }

@@ -5,21 +5,34 @@
 //! split or client.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, OnceLock};
 
 use prometheus::{Encoder, IntGauge, Opts, Registry};
 
 use crate::budget::MemoryBudget;
 use crate::cached::EngineCache;
 use crate::engine::{Engine, Stats};
+use crate::python::PythonCounts;
+use crate::source::SourceReads;
+use crate::stream::SentByJob;
 
-/// What a scrape reads: the engine's counters, its memory budget and its cache.
+/// The batches each epoch in production holds that no stream took yet: (job, epoch, batches).
+pub type QueueDepths = Box<dyn Fn() -> Vec<(stoker_api::JobName, u64, usize)> + Send + Sync>;
+
+/// What a scrape reads: the engine's counters, its memory budget, its cache and Python pool,
+/// what the streams sent, and (under the dispatcher) the epochs' queues.
 #[derive(Clone)]
 pub struct WorkerMetrics {
     stats: Arc<Stats>,
     budget: Arc<MemoryBudget>,
     cache: Option<Arc<EngineCache>>,
+    python: Option<Arc<PythonCounts>>,
+    /// What was read from each source of the mix, in spec order.
+    reads: Vec<Arc<SourceReads>>,
+    sent: Arc<SentByJob>,
+    /// Set once the batch source exists (after the endpoint is up).
+    queues: Arc<OnceLock<QueueDepths>>,
     namespace: String,
     pipeline: String,
     /// Each transform's name, by index.
@@ -31,7 +44,11 @@ impl WorkerMetrics {
         let pipeline = engine.pipeline();
         let ops = pipeline.data_plane.transforms.iter().map(|t| t.name()).collect();
         let (namespace, name) = (pipeline.namespace.clone(), pipeline.name.clone());
-        Self::new(engine.stats.clone(), engine.budget().clone(), engine.cache.clone(), namespace, name, ops)
+        let mut metrics = Self::new(engine.stats.clone(), engine.budget().clone(), namespace, name, ops);
+        metrics.cache = engine.cache.clone();
+        metrics.python = engine.python_counts();
+        metrics.reads = engine.source_reads();
+        metrics
     }
 
     /// The metrics of these counters, under the pipeline's labels (`ops`: each transform's
@@ -39,12 +56,33 @@ impl WorkerMetrics {
     pub fn new(
         stats: Arc<Stats>,
         budget: Arc<MemoryBudget>,
-        cache: Option<Arc<EngineCache>>,
         namespace: String,
         pipeline: String,
         ops: Vec<&'static str>,
     ) -> Self {
-        WorkerMetrics { stats, budget, cache, namespace, pipeline, ops }
+        WorkerMetrics {
+            stats,
+            budget,
+            cache: None,
+            python: None,
+            reads: Vec::new(),
+            sent: Arc::default(),
+            queues: Arc::default(),
+            namespace,
+            pipeline,
+            ops,
+        }
+    }
+
+    /// The counters the stream service counts what it sends into (`StreamService::with_sent`).
+    pub fn sent(&self) -> Arc<SentByJob> {
+        self.sent.clone()
+    }
+
+    /// Where the epochs' queue depths come from, once the batch source exists; every clone of
+    /// these metrics (the endpoint's) sees it. Only the first call counts.
+    pub fn set_queues(&self, depths: QueueDepths) {
+        let _ = self.queues.set(depths);
     }
 
     /// The metrics in Prometheus's text format.
@@ -109,6 +147,14 @@ impl WorkerMetrics {
                 *rows,
             );
         }
+        for (source, reads) in self.reads.iter().enumerate() {
+            let index = source.to_string();
+            let labels = [("source", index.as_str())];
+            let bytes = "Bytes read from each source of the mix (whole objects, or a Parquet file's ranges)";
+            families.counter("source_read_bytes_total", bytes, &labels, reads.bytes.load(Relaxed));
+            let seconds = "Time the reads from each source took, summed over the requests (concurrent ones each count)";
+            families.counter_f("source_read_seconds_total", seconds, &labels, reads.nanos.load(Relaxed) as f64 / 1e9);
+        }
         for (index, failures) in stats.python_failures.lock().unwrap().iter() {
             for (reason, count) in &failures.by_reason {
                 families.counter(
@@ -130,6 +176,32 @@ impl WorkerMetrics {
             "The most bytes the shuffle buffer held",
             stats.shuffle_peak_bytes.load(Relaxed) as i64,
         );
+        if let Some(python) = &self.python {
+            for (index, calls) in python.calls.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                let calls_help = "Calls of each python op (a batched call counts once)";
+                families.counter("python_calls_total", calls_help, &[("op_index", &index.to_string())], *calls);
+            }
+            let started = "Python processes started: the first, one per thread that found none idle, and replacements";
+            families.counter("python_processes_started_total", started, &[], python.started.load(Relaxed));
+            let lost = "Python processes a call killed (timeout, memory limit, crash), each replaced by the next call";
+            families.counter("python_restarts_total", lost, &[], python.lost.load(Relaxed));
+        }
+        for (job, sent) in self.sent.snapshot() {
+            let help = "Batches the worker's streams sent to each job's clients";
+            families.counter("sent_batches_total", help, &[("job", &job)], sent.batches);
+            let help = "Bytes of the tensors of the batches sent to each job's clients";
+            families.counter("sent_bytes_total", help, &[("job", &job)], sent.bytes);
+        }
+        if let Some(depths) = self.queues.get() {
+            for (job, epoch, batches) in depths() {
+                families.gauge_with(
+                    "queued_batches",
+                    "Batches made for each job's epoch in production and not yet taken by a stream",
+                    &[("job", job.as_str()), ("epoch", &epoch.to_string())],
+                    batches as i64,
+                );
+            }
+        }
         // Without a cache, zeros: a dashboard's hit rate is then 0, not missing.
         let progress = self.cache.as_ref().map(|c| c.progress()).unwrap_or_default();
         let splits = "Splits written to and read from the cache volume";
@@ -149,6 +221,7 @@ impl WorkerMetrics {
 struct Families {
     registry: Registry,
     counters: std::cell::RefCell<std::collections::BTreeMap<&'static str, prometheus::CounterVec>>,
+    gauges: std::cell::RefCell<std::collections::BTreeMap<&'static str, prometheus::IntGaugeVec>>,
     const_labels: std::collections::HashMap<String, String>,
 }
 
@@ -158,6 +231,7 @@ impl Families {
         Families {
             registry: Registry::new(),
             counters: Default::default(),
+            gauges: Default::default(),
             const_labels: const_labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         }
     }
@@ -186,6 +260,18 @@ impl Families {
         let gauge = IntGauge::with_opts(self.opts(name, help)).expect("a valid metric");
         self.registry.register(Box::new(gauge.clone())).expect("registered once");
         gauge.set(value);
+    }
+
+    fn gauge_with(&self, name: &'static str, help: &str, labels: &[(&str, &str)], value: i64) {
+        let mut gauges = self.gauges.borrow_mut();
+        let vec = gauges.entry(name).or_insert_with(|| {
+            let names: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();
+            let vec = prometheus::IntGaugeVec::new(self.opts(name, help), &names).expect("a valid metric");
+            self.registry.register(Box::new(vec.clone())).expect("registered once");
+            vec
+        });
+        let values: Vec<&str> = labels.iter().map(|(_, v)| *v).collect();
+        vec.with_label_values(&values).set(value);
     }
 
     fn encode(&self) -> String {
@@ -266,11 +352,12 @@ mod tests {
         let metrics = WorkerMetrics::new(
             stats.clone(),
             budget,
-            None,
             "team-a".into(),
             "imagenet".into(),
             vec!["decodeImage", "normalize"],
         );
+        metrics.sent().count(&"train".into(), 4096);
+        metrics.set_queues(Box::new(|| vec![("train".into(), 3, 2)]));
         let text = metrics.render();
         assert_eq!(value(&text, "stoker_worker_records_read_total", &[]), Some(120.0), "{text}");
         assert_eq!(value(&text, "stoker_worker_batches_total", &[]), Some(7.0));
@@ -283,6 +370,8 @@ mod tests {
         assert_eq!(value(&text, "stoker_worker_op_elements_total", &decode_in), Some(120.0));
         assert_eq!(value(&text, "stoker_worker_memory_budget_bytes", &[]), Some(1048576.0));
         assert!(text.contains("# TYPE stoker_worker_op_seconds_total counter"), "{text}");
+        assert_eq!(value(&text, "stoker_worker_sent_bytes_total", &[("job", "train")]), Some(4096.0));
+        assert_eq!(value(&text, "stoker_worker_queued_batches", &[("epoch", "3"), ("job", "train")]), Some(2.0));
         let written = [("direction", "write")];
         assert_eq!(value(&text, "stoker_worker_cache_splits_total", &written), Some(0.0), "no cache: zeros");
         // Counted on, the next scrape sees the new values: nothing is cached between scrapes.

@@ -3,6 +3,7 @@
 //! out as splits.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -41,6 +42,22 @@ pub struct DataSource {
     store: Arc<dyn ObjectStore>,
     prefix: Path,
     uri: String,
+    reads: Arc<SourceReads>,
+}
+
+/// What was read from one source: bytes, and the time its requests took (summed: requests in
+/// flight at once each count), for the worker's metrics.
+#[derive(Default, Debug)]
+pub struct SourceReads {
+    pub bytes: AtomicU64,
+    pub nanos: AtomicU64,
+}
+
+impl SourceReads {
+    pub fn add(&self, bytes: u64, took: std::time::Duration) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.nanos.fetch_add(took.as_nanos().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
+    }
 }
 
 /// Environment variables the cloud builders understand (AWS_*, GOOGLE_*, AZURE_*), so the
@@ -56,11 +73,16 @@ impl DataSource {
         let url = Url::parse(uri).map_err(|e| invalid(e.to_string()))?;
         let (store, prefix) =
             object_store::parse_url_opts(&url, store_options()).map_err(|e| invalid(e.to_string()))?;
-        Ok(DataSource { store: Arc::from(store), prefix, uri: uri.to_string() })
+        Ok(DataSource { store: Arc::from(store), prefix, uri: uri.to_string(), reads: Arc::default() })
     }
 
     pub fn uri(&self) -> &str {
         &self.uri
+    }
+
+    /// What was read from it so far.
+    pub fn reads(&self) -> &Arc<SourceReads> {
+        &self.reads
     }
 
     /// Every object under the prefix, sorted by path so every worker sees the same order.
@@ -85,14 +107,18 @@ impl DataSource {
 
     /// The whole object. Shards are read whole: records are parsed from one buffer without copies.
     pub async fn read(&self, shard: &Shard) -> Result<Bytes, SourceError> {
+        let started = std::time::Instant::now();
         let path = Path::from(shard.path.as_str());
         let object = self.store.get(&path).await.map_err(|e| self.error(e))?;
-        object.bytes().await.map_err(|e| self.error(e))
+        let bytes = object.bytes().await.map_err(|e| self.error(e))?;
+        self.reads.add(bytes.len() as u64, started.elapsed());
+        Ok(bytes)
     }
 
     /// A Parquet file of the source, read by ranges.
     pub fn parquet(&self, shard: &Shard) -> crate::formats::parquet::ParquetFile {
         crate::formats::parquet::ParquetFile::new(self.store.clone(), Path::from(shard.path.as_str()), shard.size)
+            .counting(self.reads.clone())
     }
 
     /// One whole object named by its URI (a tokenizer in a bucket), refused when larger than

@@ -13,6 +13,7 @@
 mod auth;
 mod body;
 mod resume;
+mod sent;
 mod server;
 mod shared;
 mod synthetic;
@@ -37,6 +38,7 @@ use crate::budget::Unsent;
 
 pub use auth::{AllowAll, Authenticator, Caller};
 pub use resume::{Pulled, Resumes};
+pub use sent::{Sent, SentByJob};
 pub use server::StreamServer;
 pub use shared::SharedMemory;
 pub use synthetic::SyntheticSource;
@@ -81,6 +83,14 @@ pub trait BatchSource: Send + Sync + 'static {
     fn subscribe(&self, subscription: &Subscription) -> Result<Batches, Status>;
 }
 
+/// A source shared with something else that reads it (the metrics read the dispatched
+/// source's queues).
+impl<S: BatchSource> BatchSource for Arc<S> {
+    fn subscribe(&self, subscription: &Subscription) -> Result<Batches, Status> {
+        S::subscribe(self, subscription)
+    }
+}
+
 /// Serving knobs; the defaults suit a cluster network.
 #[derive(Debug, Clone, Default)]
 pub struct ServerOptions {
@@ -112,6 +122,8 @@ pub struct StreamService<S, A = AllowAll> {
     shared: Option<Arc<SharedMemory>>,
     /// Streams kept for clients whose connection broke.
     resumes: Arc<Resumes>,
+    /// What the streams sent, per job, for the metrics.
+    sent: Arc<SentByJob>,
 }
 
 impl<S: BatchSource> StreamService<S> {
@@ -122,6 +134,7 @@ impl<S: BatchSource> StreamService<S> {
             compression: None,
             shared: None,
             resumes: Arc::default(),
+            sent: Arc::default(),
         }
     }
 }
@@ -134,7 +147,14 @@ impl<S: BatchSource, A: Authenticator> StreamService<S, A> {
             compression: self.compression,
             shared: self.shared,
             resumes: self.resumes,
+            sent: self.sent,
         }
+    }
+
+    /// Counts what the streams send, per job, into `sent` (the worker's metrics read it).
+    pub fn with_sent(mut self, sent: Arc<SentByJob>) -> Self {
+        self.sent = sent;
+        self
     }
 
     /// Hands batches to consumers that map files from `shared`'s directory (the same host and
@@ -256,7 +276,14 @@ impl<S: BatchSource, A: Authenticator> BatchStream for StreamService<S, A> {
             shared_memory = shared.is_some(),
             "consumer subscribed"
         );
-        let mut batches = self.source.subscribe(&subscription)?;
+        let (sent, job) = (self.sent.clone(), subscription.job.clone());
+        // Each batch once, as the source hands it to the job's stream (a resumed stream's
+        // replays are not counted again).
+        let mut batches: Batches = Box::pin(self.source.subscribe(&subscription)?.inspect(move |outgoing| {
+            if let Ok(outgoing) = outgoing {
+                sent.count(&job, outgoing.batch.payload_bytes() as u64);
+            }
+        }));
         let mut pulled = None;
         if let Some(resume) = &resume {
             let resumed = self.resumes.stream(&subscription, resume, limit, batches)?;

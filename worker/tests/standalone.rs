@@ -35,6 +35,11 @@ async fn a_client_streams_one_epoch_from_two_standalone_workers() {
     let data = tempfile::tempdir().unwrap();
     generate(data.path(), &CorpusSpec { images: 12, classes: 3, min_side: 250, max_side: 280, ..Default::default() })
         .unwrap();
+    let image_bytes: u64 = std::fs::read_dir(data.path())
+        .unwrap()
+        .flat_map(|class| std::fs::read_dir(class.unwrap().path()).unwrap())
+        .map(|image| image.unwrap().metadata().unwrap().len())
+        .sum();
     let manifest = data.path().join("pipeline.yaml");
     std::fs::write(
         &manifest,
@@ -96,6 +101,15 @@ async fn a_client_streams_one_epoch_from_two_standalone_workers() {
         };
         assert_eq!(series("stoker_worker_batches_total"), Some(3.0), "{text}");
         assert_eq!(series("stoker_worker_records_read_total"), Some(12.0), "{text}");
+        // Every series of `name`, whatever its other labels.
+        let sum = |name: &str| -> f64 {
+            let prefix = format!("{name}{{");
+            text.lines().filter_map(|l| l.strip_prefix(&prefix)?.rsplit_once("} ")?.1.parse::<f64>().ok()).sum()
+        };
+        // It read each image whole, once, from its one source; and sent its three batches.
+        assert_eq!(sum("stoker_worker_source_read_bytes_total"), image_bytes as f64, "{text}");
+        assert!(sum("stoker_worker_source_read_seconds_total") > 0.0, "{text}");
+        assert_eq!(sum("stoker_worker_sent_batches_total"), 3.0, "{text}");
         // Labels in the text format's order; normalize is folded into the crop, which it is
         // timed with (docs/observability.md).
         for (index, op, timed) in [(0, "decodeImage", true), (1, "randomResizedCrop", true), (2, "normalize", false)] {

@@ -64,8 +64,16 @@ fn without_colours(line: &str) -> String {
 /// The sum over `texts` of the series `name` with exactly the pipeline's labels.
 #[allow(dead_code)]
 pub fn metric_sum(texts: &[String], name: &str, key: &PipelineKey) -> f64 {
-    let series = format!(r#"{name}{{namespace="{}",pipeline="{}"}} "#, key.namespace, key.name);
-    let values = texts.iter().filter_map(|t| t.lines().find_map(|l| l.strip_prefix(&series)?.parse::<f64>().ok()));
+    // Every series of `name` with the pipeline's labels, whatever others it has (the text
+    // format sorts labels by name).
+    let (namespace, pipeline) = (format!(r#"namespace="{}""#, key.namespace), format!(r#"pipeline="{}""#, key.name));
+    let prefix = format!("{name}{{");
+    let values = texts.iter().flat_map(|t| t.lines()).filter_map(|l| {
+        let (series, value) = l.strip_prefix(&prefix)?.rsplit_once("} ")?;
+        let labels: Vec<&str> = series.split(',').collect();
+        (labels.contains(&namespace.as_str()) && labels.contains(&pipeline.as_str()))
+            .then(|| value.parse::<f64>().ok())?
+    });
     values.sum()
 }
 

@@ -183,6 +183,24 @@ impl DispatchedSource {
         }
     }
 
+    /// Each epoch in production: its job, its number, and the batches made and not yet taken
+    /// by a stream (summed over ranks), for the metrics. An epoch a stream is taking a batch
+    /// from at this moment counts what it can see.
+    pub fn queue_depths(&self) -> Vec<(JobName, u64, usize)> {
+        let epochs = self.epochs.lock().unwrap();
+        let mut depths: Vec<(JobName, u64, usize)> = epochs
+            .iter()
+            .map(|((job, epoch), e)| {
+                let queued = (e.batches.iter())
+                    .filter_map(|hand| hand.try_lock().ok().map(|h| h.queue.len() + usize::from(h.pending.is_some())))
+                    .sum();
+                (job.clone(), *epoch, queued)
+            })
+            .collect();
+        depths.sort();
+        depths
+    }
+
     fn epoch(&self, key: EpochKey, shape: JobShape) -> Result<Arc<EpochJob>, Status> {
         let mut epochs = self.epochs.lock().unwrap();
         if let Some(epoch_job) = epochs.get(&key) {

@@ -367,6 +367,16 @@ impl Engine {
         &self.pipeline
     }
 
+    /// What was read from each source of the mix, in spec order.
+    pub fn source_reads(&self) -> Vec<Arc<crate::source::SourceReads>> {
+        self.sources.iter().map(|s| s.reads().clone()).collect()
+    }
+
+    /// The counters of its `python` ops' process pool, if it has any.
+    pub fn python_counts(&self) -> Option<Arc<crate::python::PythonCounts>> {
+        self.loaded.python.as_ref().map(|p| p.counts())
+    }
+
     /// The memory budget its rows and batches are held under.
     pub fn budget(&self) -> &Arc<MemoryBudget> {
         &self.budget

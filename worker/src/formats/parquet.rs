@@ -39,6 +39,7 @@ use parquet::file::statistics::Statistics;
 use stoker_api::{Filter, FilterOp};
 
 use crate::element::{Element, Field};
+use crate::source::SourceReads;
 
 /// Why a Parquet file cannot be read as asked.
 #[derive(Debug, thiserror::Error)]
@@ -67,11 +68,18 @@ pub struct ParquetFile {
     fetched: Arc<AtomicU64>,
     /// How many groups of columns a read decodes at once, each on a thread of the runtime.
     decoders: usize,
+    /// Its source's read counters, which every fetch adds to.
+    reads: Option<Arc<SourceReads>>,
 }
 
 impl ParquetFile {
     pub fn new(store: Arc<dyn ObjectStore>, path: Path, size: u64) -> Self {
-        ParquetFile { store, path, size, footer: None, fetched: Arc::default(), decoders: 1 }
+        ParquetFile { store, path, size, footer: None, fetched: Arc::default(), decoders: 1, reads: None }
+    }
+
+    /// The file whose fetches count into its source's `reads` too.
+    pub fn counting(self, reads: Arc<SourceReads>) -> Self {
+        ParquetFile { reads: Some(reads), ..self }
     }
 
     /// The file whose footer is `footer` (as `metadata` read it before).
@@ -92,7 +100,13 @@ impl ParquetFile {
     }
 
     fn reader(&self) -> Ranges {
-        Ranges { store: self.store.clone(), path: self.path.clone(), size: self.size, fetched: self.fetched.clone() }
+        Ranges {
+            store: self.store.clone(),
+            path: self.path.clone(),
+            size: self.size,
+            fetched: self.fetched.clone(),
+            reads: self.reads.clone(),
+        }
     }
 
     fn error(&self, source: ParquetError) -> ParquetReadError {
@@ -449,6 +463,16 @@ struct Ranges {
     path: Path,
     size: u64,
     fetched: Arc<AtomicU64>,
+    reads: Option<Arc<SourceReads>>,
+}
+
+impl Ranges {
+    /// Counts a fetch of `bytes` that took from `started` until now.
+    fn count(&self, bytes: u64, started: std::time::Instant) {
+        if let Some(reads) = &self.reads {
+            reads.add(bytes, started.elapsed());
+        }
+    }
 }
 
 fn store_error(e: object_store::Error) -> ParquetError {
@@ -457,13 +481,27 @@ fn store_error(e: object_store::Error) -> ParquetError {
 
 impl AsyncFileReader for Ranges {
     fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
-        self.fetched.fetch_add(range.end - range.start, Ordering::Relaxed);
-        self.store.get_range(&self.path, range).map(|r| r.map_err(store_error)).boxed()
+        let bytes = range.end - range.start;
+        self.fetched.fetch_add(bytes, Ordering::Relaxed);
+        async move {
+            let started = std::time::Instant::now();
+            let got = self.store.get_range(&self.path, range).await.map_err(store_error)?;
+            self.count(bytes, started);
+            Ok(got)
+        }
+        .boxed()
     }
 
     fn get_byte_ranges(&mut self, ranges: Vec<Range<u64>>) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
-        self.fetched.fetch_add(ranges.iter().map(|r| r.end - r.start).sum(), Ordering::Relaxed);
-        async move { self.store.get_ranges(&self.path, &ranges).await.map_err(store_error) }.boxed()
+        let bytes = ranges.iter().map(|r| r.end - r.start).sum();
+        self.fetched.fetch_add(bytes, Ordering::Relaxed);
+        async move {
+            let started = std::time::Instant::now();
+            let got = self.store.get_ranges(&self.path, &ranges).await.map_err(store_error)?;
+            self.count(bytes, started);
+            Ok(got)
+        }
+        .boxed()
     }
 
     fn get_metadata<'a>(
@@ -719,6 +757,12 @@ mod tests {
         let before = file.fetched();
         assert_eq!(read(&file, 1..2, Some(&["label", "city"])).len(), 4);
         assert_eq!(file.fetched() - before, chunks, "the two chunks alone");
+        // Counted for its source too (the worker's metrics), the same bytes.
+        let reads = Arc::new(SourceReads::default());
+        let file = file.counting(reads.clone());
+        assert_eq!(read(&file, 1..2, Some(&["label", "city"])).len(), 4);
+        assert_eq!(reads.bytes.load(Ordering::Relaxed), chunks);
+        assert!(reads.nanos.load(Ordering::Relaxed) > 0);
         assert_eq!(rows[0].keys().collect::<Vec<_>>(), ["city", "label"], "only the named columns");
         assert_eq!(rows[0]["label"], Field::Float32(vec![2.0]));
         assert_eq!(rows[1]["city"], Field::Bytes(Bytes::from_static(b"lima")));

@@ -8,7 +8,9 @@
 mod exchange;
 mod process;
 
-use std::sync::Mutex;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stoker_api::Transform;
@@ -97,6 +99,20 @@ impl Failure {
 pub struct PythonPool {
     ops: PythonOps,
     idle: Mutex<Vec<PythonProcess>>,
+    counts: Arc<PythonCounts>,
+}
+
+/// What the pool did, for the worker's metrics.
+#[derive(Default, Debug)]
+pub struct PythonCounts {
+    /// Calls per op index (a batched call counts once).
+    pub calls: Mutex<BTreeMap<usize, u64>>,
+    /// Processes started: the first, one more per thread that found none idle, and each
+    /// replacement.
+    pub started: AtomicU64,
+    /// Processes a call killed (a timeout, its memory limit, a crash, a reply it could not
+    /// read): the next call starts a fresh one.
+    pub lost: AtomicU64,
 }
 
 impl PythonPool {
@@ -104,7 +120,13 @@ impl PythonPool {
     /// with the reason rather than failing every element.
     pub fn start(ops: PythonOps) -> Result<PythonPool, String> {
         let first = PythonProcess::start(&ops)?;
-        Ok(PythonPool { ops, idle: Mutex::new(vec![first]) })
+        let counts = Arc::new(PythonCounts { started: AtomicU64::new(1), ..Default::default() });
+        Ok(PythonPool { ops, idle: Mutex::new(vec![first]), counts })
+    }
+
+    /// The pool's counters, shared.
+    pub fn counts(&self) -> Arc<PythonCounts> {
+        self.counts.clone()
     }
 
     fn op(&self, index: usize) -> &PythonOp {
@@ -121,15 +143,25 @@ impl PythonPool {
         read: impl FnOnce(Reply, &Shared) -> Result<R, Failure>,
     ) -> Result<R, Failure> {
         let op = self.op(index);
+        *self.counts.calls.lock().unwrap_or_else(|e| e.into_inner()).entry(index).or_default() += 1;
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut process = match idle {
             Some(p) => p,
-            None => PythonProcess::start(&self.ops).map_err(Failure::Start)?,
+            None => {
+                let started = PythonProcess::start(&self.ops).map_err(Failure::Start)?;
+                self.counts.started.fetch_add(1, Ordering::Relaxed);
+                started
+            }
         };
-        let request =
-            request(process.shared()).map_err(|e| Failure::Died(format!("writing the input to shared memory: {e}")))?;
+        // A process not given back (an early return below) is dropped, which kills it.
+        let lost = |failure: Failure| {
+            self.counts.lost.fetch_add(1, Ordering::Relaxed);
+            failure
+        };
+        let request = request(process.shared())
+            .map_err(|e| lost(Failure::Died(format!("writing the input to shared memory: {e}"))))?;
         let timeout = Duration::from_secs(op.spec.timeout_seconds.into());
-        let reply = process.call(&request, timeout, u64::from(op.spec.memory_limit_mib) << 20)?;
+        let reply = process.call(&request, timeout, u64::from(op.spec.memory_limit_mib) << 20).map_err(lost)?;
         let result = match reply {
             Reply::Error { error, traceback } => {
                 tracing::warn!(op = index, module = %op.spec.module, function = %op.spec.function, %traceback, "a python transform raised");
