@@ -24,7 +24,13 @@ fn names_scope_columns_and_status_subresource() {
     assert!(version["subresources"]["status"].is_object());
     let columns: Vec<&str> =
         version["additionalPrinterColumns"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-    assert_eq!(columns, ["Workers", "Batch time", "Cache", "Phase", "Age"]);
+    assert_eq!(columns, ["Workers", "Batch time", "Cache", "Dominant op", "Phase", "Age"]);
+    // The dominant op only with `kubectl get -o wide`.
+    let wide: Vec<&str> = (version["additionalPrinterColumns"].as_array().unwrap().iter())
+        .filter(|c| c["priority"] == 1)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(wide, ["Dominant op"]);
 }
 
 #[test]

@@ -23,5 +23,6 @@ pub mod restart_markers;
 pub mod serve;
 pub mod shuffle;
 pub mod source;
+pub mod source_reads;
 pub mod stream;
 pub mod table;

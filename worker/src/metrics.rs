@@ -14,7 +14,7 @@ use crate::budget::MemoryBudget;
 use crate::cached::EngineCache;
 use crate::engine::{Engine, Stats};
 use crate::python::PythonCounts;
-use crate::source::SourceReads;
+use crate::source_reads::SourceReads;
 use crate::stream::SentByJob;
 
 /// The batches each epoch in production holds that no stream took yet: (job, epoch, batches).

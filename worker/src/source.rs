@@ -3,13 +3,14 @@
 //! out as splits.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use url::Url;
+
+use crate::source_reads::SourceReads;
 
 /// One object under the source prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,21 +44,6 @@ pub struct DataSource {
     prefix: Path,
     uri: String,
     reads: Arc<SourceReads>,
-}
-
-/// What was read from one source: bytes, and the time its requests took (summed: requests in
-/// flight at once each count), for the worker's metrics.
-#[derive(Default, Debug)]
-pub struct SourceReads {
-    pub bytes: AtomicU64,
-    pub nanos: AtomicU64,
-}
-
-impl SourceReads {
-    pub fn add(&self, bytes: u64, took: std::time::Duration) {
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.nanos.fetch_add(took.as_nanos().min(u128::from(u64::MAX)) as u64, Ordering::Relaxed);
-    }
 }
 
 /// Environment variables the cloud builders understand (AWS_*, GOOGLE_*, AZURE_*), so the

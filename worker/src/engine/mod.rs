@@ -368,7 +368,7 @@ impl Engine {
     }
 
     /// What was read from each source of the mix, in spec order.
-    pub fn source_reads(&self) -> Vec<Arc<crate::source::SourceReads>> {
+    pub fn source_reads(&self) -> Vec<Arc<crate::source_reads::SourceReads>> {
         self.sources.iter().map(|s| s.reads().clone()).collect()
     }
 

@@ -39,7 +39,7 @@ use parquet::file::statistics::Statistics;
 use stoker_api::{Filter, FilterOp};
 
 use crate::element::{Element, Field};
-use crate::source::SourceReads;
+use crate::source_reads::SourceReads;
 
 /// Why a Parquet file cannot be read as asked.
 #[derive(Debug, thiserror::Error)]
