@@ -13,18 +13,25 @@ use super::memory::MemoryBench;
 use crate::corpus::{self, CorpusSpec};
 use crate::stream::{self, ServerOptions, StreamService, SyntheticSource};
 
+/// The ResNet-50 benchmarks' image folder and threads.
+#[derive(clap::Args)]
+pub struct ImageCorpus {
+    /// The corpus; generated there (with --images) if it does not exist.
+    #[arg(long)]
+    corpus: PathBuf,
+    #[arg(long, default_value_t = 2000)]
+    images: usize,
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
 /// `stoker-worker bench ...` (see docs/performance.md).
 #[derive(Subcommand)]
 pub enum Bench {
     /// ResNet-50 training transforms over an image folder: images/s and images/s per core.
     Preprocess {
-        /// The corpus; generated there (with --images) if it does not exist.
-        #[arg(long)]
-        corpus: PathBuf,
-        #[arg(long, default_value_t = 2000)]
-        images: usize,
-        #[arg(long)]
-        threads: Option<usize>,
+        #[command(flatten)]
+        images: ImageCorpus,
         /// Epochs to time; the best is reported.
         #[arg(long, default_value_t = 3)]
         repeat: usize,
@@ -32,13 +39,8 @@ pub enum Bench {
     /// What serving /metrics costs: ResNet-50 epochs with the endpoint off, and on while
     /// scraped every --scrape-ms, alternating in one process; images/s of each and on/off.
     MetricsCost {
-        /// The corpus; generated there (with --images) if it does not exist.
-        #[arg(long)]
-        corpus: PathBuf,
-        #[arg(long, default_value_t = 2000)]
-        images: usize,
-        #[arg(long)]
-        threads: Option<usize>,
+        #[command(flatten)]
+        images: ImageCorpus,
         /// Rounds of one epoch off and one on.
         #[arg(long, default_value_t = 6)]
         rounds: usize,
@@ -132,11 +134,11 @@ pub enum Bench {
 impl Bench {
     pub async fn run(self) -> anyhow::Result<()> {
         match self {
-            Bench::Preprocess { corpus, images, threads, repeat } => {
+            Bench::Preprocess { images: ImageCorpus { corpus, images, threads }, repeat } => {
                 ensure_corpus(&corpus, images)?;
                 preprocess(&corpus, all_cores(threads), repeat).await
             }
-            Bench::MetricsCost { corpus, images, threads, rounds, scrape_ms } => {
+            Bench::MetricsCost { images: ImageCorpus { corpus, images, threads }, rounds, scrape_ms } => {
                 ensure_corpus(&corpus, images)?;
                 let scrape = Duration::from_millis(scrape_ms);
                 super::metrics_cost::command(&corpus, all_cores(threads), rounds, scrape).await

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::cached::SplitCache;
@@ -98,14 +98,14 @@ impl Scraping {
         let scraper = {
             let stop = stop.clone();
             tokio::spawn(async move {
-                let scrapes = AtomicU64::new(0);
+                let mut scrapes = 0;
                 while !stop.load(Ordering::Relaxed) {
                     let text = metrics::scrape(bound).await?;
                     anyhow::ensure!(text.contains("stoker_worker_op_seconds_total"), "a scrape without the ops");
-                    scrapes.fetch_add(1, Ordering::Relaxed);
+                    scrapes += 1;
                     tokio::time::sleep(every).await;
                 }
-                Ok(scrapes.load(Ordering::Relaxed))
+                Ok(scrapes)
             })
         };
         Ok(Scraping { stop, scraper, shutdown })

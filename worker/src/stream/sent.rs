@@ -25,7 +25,11 @@ impl SentByJob {
     pub fn count(&self, job: &JobName, bytes: u64) {
         let mut jobs = self.0.lock().unwrap();
         let key = if jobs.contains_key(job.as_str()) || jobs.len() < MAX_JOBS { job.as_str() } else { OTHER_JOBS };
-        let sent = jobs.entry(key.to_string()).or_default();
+        // Per batch: a new key only the first time a job is seen.
+        if !jobs.contains_key(key) {
+            jobs.insert(key.to_string(), Sent::default());
+        }
+        let sent = jobs.get_mut(key).expect("inserted above");
         sent.batches += 1;
         sent.bytes += bytes;
     }
