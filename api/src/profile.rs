@@ -15,7 +15,8 @@ pub const DOMINANT_MARGIN: f64 = 0.05;
 pub const DOMINANT_MIN_ELEMENTS: u64 = 1000;
 
 /// What one op did, summed over workers: its thread time and the elements into and out of it.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
 pub struct OpTotals {
     pub seconds: f64,
     pub elements_in: u64,
@@ -77,6 +78,73 @@ pub struct OpProfile {
     /// or failures, the factor after `echo`, packed rows per text after `pack`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub out_per_in: Option<f64>,
+}
+
+/// What `stoker-worker profile` measured running a pipeline on a sample of its data, on this
+/// machine, as one worker of `threads` threads (its JSON output, which `stoker profile` reads).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SampleProfile {
+    pub threads: u32,
+    /// Splits in an epoch, and those the timed run produced.
+    pub splits: u64,
+    pub splits_sampled: u64,
+    /// Records read and rows batched by the timed run (rows differ after a filter, `echo` or
+    /// `pack`), in `wall_seconds` from its first read to its last batch.
+    pub records: u64,
+    pub rows: u64,
+    pub wall_seconds: f64,
+    /// The worker process's CPU time in the timed run, all its threads (reading, parsing and
+    /// batching run beside the transform threads).
+    pub cpu_seconds: f64,
+    /// Bytes read from the source.
+    pub read_bytes: u64,
+    /// Bytes of the batches' tensors.
+    pub batch_bytes: u64,
+    /// Records and elements skipped as corrupt or failed (`onError: skip`).
+    pub skipped: u64,
+    /// What the worker warns about running the pipeline (a shuffle buffer capped by the
+    /// memory budget, ...), as its status would show it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// Each transform, in spec order.
+    pub ops: Vec<SampledOp>,
+    /// The cache volume's sequential throughput, when a directory was given to probe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_volume: Option<VolumeThroughput>,
+    /// For a `decodeImage` followed by a `randomResizedCrop`: the two on the sample's JPEGs as
+    /// they are and rewritten with restart markers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_markers: Option<RestartMarkersWhatIf>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SampledOp {
+    #[serde(flatten)]
+    pub totals: OpTotals,
+    /// Mean encoded bytes of an element leaving the op (measured on a part of the sample run
+    /// op by op); absent on the columnar path, which runs the ops on whole columns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_element: Option<f64>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeThroughput {
+    pub write_bytes_per_second: f64,
+    pub read_bytes_per_second: f64,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RestartMarkersWhatIf {
+    /// The index of the `decodeImage`.
+    pub decode_index: u32,
+    /// JPEGs timed, one thread, the best of the rounds for each side.
+    pub images: u32,
+    pub micros_as_they_are: f64,
+    pub micros_with_markers: f64,
 }
 
 impl ProfileStatus {

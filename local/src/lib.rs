@@ -8,6 +8,7 @@
 //! - [`demo`]: a synthetic trainer against a generated corpus, for `stoker demo`;
 //! - [`tls`]: `stoker local --tls`'s throwaway CA and certificates;
 //! - [`cli`]: what the `stoker` subcommands print;
+//! - [`profile`]: `stoker profile`, a pipeline measured on a sample and its workers planned;
 //! - [`bench`]: `stoker bench dispatcher` (one dispatcher under simulated workers and clients)
 //!   and `stoker bench autoscaler --local` (the autoscaling policies on local processes).
 
@@ -15,6 +16,7 @@ pub mod bench;
 pub mod cli;
 pub mod demo;
 pub mod mode;
+pub mod profile;
 pub mod tls;
 pub mod workers;
 

@@ -1,6 +1,7 @@
 //! `stoker`: the user's command line. `demo` shows the autoscaler converge on this machine;
 //! `local` runs a pipeline without Kubernetes; `check` validates DataPipeline files offline;
-//! `explain` shows what the operator makes of manifests.
+//! `explain` shows what the operator makes of manifests; `profile` measures a pipeline on
+//! this machine and plans its workers.
 
 use std::path::{Path, PathBuf};
 
@@ -49,6 +50,10 @@ enum Command {
     /// Run a DataPipeline on this machine: dispatcher, autoscaler and worker processes, no
     /// Kubernetes. Training clients connect to the printed dispatcher URL.
     Local(LocalArgs),
+    /// Run a pipeline on a sample of its data on this machine and print what each op costs,
+    /// the workers a target rate needs, the training step with and without them, and what
+    /// caching or rewriting the data would save (docs/observability.md). No cluster.
+    Profile(ProfileArgs),
     /// Benchmarks (see docs/performance.md).
     Bench {
         #[command(subcommand)]
@@ -164,6 +169,34 @@ struct LocalArgs {
     tls: bool,
 }
 
+#[derive(clap::Args)]
+struct ProfileArgs {
+    /// The DataPipeline manifest.
+    #[arg(short = 'f', long = "filename")]
+    file: PathBuf,
+    /// Records the timed run reads (whole splits, at least one).
+    #[arg(long, default_value_t = 2000)]
+    elements: u64,
+    /// Threads of a worker, the size the plan is for; default: the spec's worker CPU limit,
+    /// else its request, else 1.
+    #[arg(long)]
+    worker_threads: Option<u32>,
+    /// The elements (batch rows) per second the trainer needs.
+    #[arg(long, conflicts_with = "trainer_step_ms")]
+    target_rate: Option<f64>,
+    /// The trainer's step time with its data always ready, in ms (a batch of spec.batchSize a
+    /// step): the target, and the what-if of the step at each worker count.
+    #[arg(long)]
+    trainer_step_ms: Option<f64>,
+    /// The workers the pipeline runs with now, for the what-if (default: spec.workers.min, at least 1).
+    #[arg(long)]
+    workers: Option<u32>,
+    /// A directory on the cache volume to probe (default: the one `stoker local` uses,
+    /// ~/.cache/stoker/volumes/<namespace>).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -185,6 +218,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Explain { samples, yaml } => explain(&samples, yaml),
+        Command::Profile(args) => profile(args).await,
         Command::Bench { bench: Bench::Autoscaler { local: true, seconds, scenario, tenants, .. } } => {
             stoker_local::cli::quiet_logs();
             use stoker_local::bench::policies;
@@ -288,6 +322,33 @@ async fn main() -> anyhow::Result<()> {
             stoker_local::cli::local(dp, settings).await
         }
     }
+}
+
+async fn profile(args: ProfileArgs) -> anyhow::Result<()> {
+    use stoker_local::profile::{self, Ask, Plan, SampleRun, Target};
+    let dp = load(&args.file)?;
+    check(&dp)?;
+    let namespace = dp.namespace().unwrap_or_else(|| "default".into());
+    let threads = args.worker_threads.unwrap_or_else(|| profile::spec_threads(&dp.spec));
+    let run = SampleRun {
+        worker: &stoker_local::workers::worker_binary(),
+        manifest: &args.file,
+        elements: args.elements,
+        threads,
+        cache_dir: Some(
+            args.cache_dir.unwrap_or_else(|| stoker_local::cli::cache_dir().join("volumes").join(namespace)),
+        ),
+    };
+    let sample = tokio::task::block_in_place(|| profile::sample(&run))?;
+    let target = match (args.target_rate, args.trainer_step_ms) {
+        (Some(rate), _) => Some(Target::Rate(rate)),
+        (_, Some(ms)) => Some(Target::Step { ms }),
+        _ => None,
+    };
+    let ask = Ask { target, workers_now: args.workers.unwrap_or(dp.spec.workers.min.max(1) as u32) };
+    let plan = Plan::of(&dp.spec, &sample, &ask);
+    print!("{}", profile::render::text(&dp.name_any(), &sample, &plan));
+    Ok(())
 }
 
 /// A manifest as the API server would store it (schema and unknown fields checked).

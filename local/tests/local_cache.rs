@@ -14,17 +14,9 @@ use stoker_local::workers::{LocalWorkerConfig, worker_binary};
 use stoker_local::{Local, LocalOptions};
 use stoker_worker::cache::store::{CacheDir, Entry, LeaseKind};
 
-const IMAGES: usize = 384;
+mod support;
 
-fn corpus(dir: &Path) {
-    let status = std::process::Command::new(worker_binary())
-        .args(["corpus", "--images", &IMAGES.to_string(), "--classes", "4", "--out"])
-        .arg(dir)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "generating the corpus failed");
-}
+const IMAGES: usize = 384;
 
 /// The prefix up to the hint (index 2) is the expensive part; what follows differs per pipeline.
 fn manifest(data: &Path, mode: &str, after: &str) -> String {
@@ -109,7 +101,7 @@ async fn an_expensive_prefix_is_cached_in_the_first_epoch_and_shared_by_the_same
     );
     let (data, volume, logs) =
         (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    corpus(data.path());
+    support::image_corpus(data.path(), IMAGES);
 
     // Auto: the first epoch is measured while it writes; reading must win here.
     let first = Local::start(options(
@@ -191,7 +183,7 @@ async fn an_expensive_prefix_is_cached_in_the_first_epoch_and_shared_by_the_same
 async fn a_worker_killed_while_writing_leaves_an_entry_nobody_reads_until_it_is_completed() {
     let (data, volume, logs) =
         (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    corpus(data.path());
+    support::image_corpus(data.path(), IMAGES);
     let local = Local::start(options(
         "killed",
         &manifest(data.path(), "Always", "randomFlip: {horizontal: true}"),
@@ -260,7 +252,7 @@ fn entry_of(volume: &CacheDir, hex_byte: &str, bytes: usize, ago: Duration) -> E
 async fn over_the_cap_the_least_recently_used_entry_goes_and_one_in_use_stays() {
     let (data, volume, logs) =
         (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    corpus(data.path());
+    support::image_corpus(data.path(), IMAGES);
     // Entries of earlier jobs: 3 MB in all. The pipeline's own entry is about 3 MB (384
     // elements of 48x48x3 bytes and their headers), and the cap is 90% of 6 MB = 5.4 MB: so
     // once it completes exactly one 1 MB entry must go.

@@ -132,6 +132,24 @@ enum Command {
         #[arg(long, default_value_t = 32)]
         segment_px: usize,
     },
+    /// Run a pipeline on a sample of its data on this machine, as one worker of --threads, and
+    /// print what each op costs as JSON: what `stoker profile` plans from
+    /// (docs/observability.md).
+    Profile {
+        /// A DataPipeline manifest.
+        #[arg(long)]
+        pipeline: PathBuf,
+        /// Records the timed run reads (whole splits, at least one).
+        #[arg(long, default_value_t = 2000)]
+        elements: u64,
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        #[arg(long, default_value_t = 512 << 20)]
+        memory_budget: usize,
+        /// A directory on the cache volume, whose throughput is probed for the autocache verdict.
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
     /// Benchmarks (see docs/performance.md).
     #[cfg(feature = "bench")]
     Bench {
@@ -182,6 +200,12 @@ async fn main() -> anyhow::Result<()> {
             if let Some(refusal) = r.first_refusal {
                 println!("left as they were: JPEGs libjpeg could not read or damaged shards, the first {refusal}");
             }
+            Ok(())
+        }
+        Some(Command::Profile { pipeline, elements, threads, memory_budget, cache_dir }) => {
+            let options = stoker_worker::profile::SampleOptions { elements, threads, memory_budget, cache_dir };
+            let profile = stoker_worker::profile::sample(manifest(&pipeline)?, &options).await?;
+            println!("{}", serde_json::to_string(&profile)?);
             Ok(())
         }
         #[cfg(feature = "bench")]
@@ -347,13 +371,7 @@ fn advertised(bound: SocketAddr) -> String {
 
 fn load(args: &RunArgs) -> anyhow::Result<WorkerPipeline> {
     let pipeline = match &args.pipeline {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            let dp = stoker_api::parse_manifest(&text).with_context(|| format!("loading {}", path.display()))?;
-            let name = dp.metadata.name.clone().unwrap_or_default();
-            let namespace = dp.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-            WorkerPipeline::new(&namespace, &name, &dp.spec)
-        }
+        Some(path) => manifest(path)?,
         None => {
             let json =
                 std::env::var("STOKER_PIPELINE").context("no --pipeline given and STOKER_PIPELINE is not set")?;
@@ -361,6 +379,15 @@ fn load(args: &RunArgs) -> anyhow::Result<WorkerPipeline> {
         }
     };
     Ok(pipeline)
+}
+
+/// The pipeline of a DataPipeline manifest, validated.
+fn manifest(path: &std::path::Path) -> anyhow::Result<WorkerPipeline> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let dp = stoker_api::parse_manifest(&text).with_context(|| format!("loading {}", path.display()))?;
+    let name = dp.metadata.name.clone().unwrap_or_default();
+    let namespace = dp.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+    Ok(WorkerPipeline::new(&namespace, &name, &dp.spec))
 }
 
 /// The batch service of `source`, with shared memory as set up, keeping at most a quarter of

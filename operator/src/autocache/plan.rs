@@ -46,6 +46,33 @@ pub struct Measured {
     pub threads: u32,
 }
 
+impl Measured {
+    /// What the measurements say at the hints `at` (those measured), for an epoch of `splits`.
+    pub fn profile(&self, at: impl Iterator<Item = u32>, splits: u64) -> Profile {
+        let per_element = |seconds: f64| seconds / self.elements.max(1) as f64;
+        let hints = at
+            .filter_map(|at| {
+                let &HintBytes { elements, bytes, .. } = self.hint_bytes.iter().find(|b| b.at == at)?;
+                let prefix: f64 = self.op_seconds.iter().take(at as usize).sum();
+                Some(HintProfile {
+                    at,
+                    prefix_seconds: per_element(prefix),
+                    bytes: bytes as f64 / elements.max(1) as f64,
+                })
+            })
+            .collect();
+        Profile {
+            elements: self.elements as f64 / self.splits.max(1) as f64 * splits as f64,
+            total_seconds: per_element(self.op_seconds.iter().sum()),
+            hints,
+            workers: self.workers,
+            threads: self.threads,
+            write_bytes_per_second: self.write_bytes_per_second,
+            read_bytes_per_second: self.read_bytes_per_second,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 enum Phase {
     Compute,
@@ -143,29 +170,7 @@ impl CachePlan {
         if !enough || m.write_bytes_per_second <= 0.0 || m.read_bytes_per_second <= 0.0 {
             return;
         }
-        let per_element = |seconds: f64| seconds / m.elements as f64;
-        let hints = self
-            .hints
-            .iter()
-            .filter_map(|h| {
-                let &HintBytes { elements, bytes, .. } = m.hint_bytes.iter().find(|b| b.at == h.at)?;
-                let prefix: f64 = m.op_seconds.iter().take(h.at as usize).sum();
-                Some(HintProfile {
-                    at: h.at,
-                    prefix_seconds: per_element(prefix),
-                    bytes: bytes as f64 / elements.max(1) as f64,
-                })
-            })
-            .collect();
-        let profile = Profile {
-            elements: m.elements as f64 / m.splits as f64 * self.splits as f64,
-            total_seconds: per_element(m.op_seconds.iter().sum()),
-            hints,
-            workers: m.workers,
-            threads: m.threads,
-            write_bytes_per_second: m.write_bytes_per_second,
-            read_bytes_per_second: m.read_bytes_per_second,
-        };
+        let profile = m.profile(self.hints.iter().map(|h| h.at), self.splits);
         let decision = decide(self.mode, &profile);
         let writing = writing.clone();
         self.phase = match decision.choice {

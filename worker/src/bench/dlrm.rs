@@ -56,18 +56,18 @@ pub async fn command(data: &Path, threads: usize, batch_size: u32, repeat: usize
     );
     let engine = Arc::new(Engine::open(pipeline, EngineConfig { threads, ..Default::default() }).await?);
     for run in 1..=repeat.max(1) {
-        let cpu = super::read::process_cpu();
+        let cpu = crate::cpu_time::process_cpu();
         let (rows, seconds) = epoch(&engine, run as u64).await?;
-        let cpu = super::read::process_cpu() - cpu;
+        let cpu = crate::cpu_time::process_cpu() - cpu;
         let rate = rows as f64 / seconds;
         println!(
             "stoker run {run}: {rows} rows in {seconds:.2} s ({cpu:.2} CPU-s): {rate:.0} rows/s, {:.0} rows/s per core",
             rate / threads as f64
         );
         for (name, dictionaries) in [("floor", false), ("dictionary floor", true)] {
-            let floor_cpu = super::read::process_cpu();
+            let floor_cpu = crate::cpu_time::process_cpu();
             let floor = floor(&files, &columns, threads, dictionaries)?;
-            let floor_cpu = super::read::process_cpu() - floor_cpu;
+            let floor_cpu = crate::cpu_time::process_cpu() - floor_cpu;
             anyhow::ensure!(floor.0 as u64 == rows, "the {name} read {} rows, the engine {rows}", floor.0);
             let floor_rate = floor.0 as f64 / floor.1;
             println!(

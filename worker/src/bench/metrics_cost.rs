@@ -28,7 +28,7 @@ pub async fn command(corpus: &Path, threads: usize, rounds: usize, scrape: Durat
         for on in if round % 2 == 1 { [false, true] } else { [true, false] } {
             epoch += 1;
             let scraping = if on { Some(Scraping::start(&engine, scrape).await?) } else { None };
-            let cpu = super::read::process_cpu();
+            let cpu = crate::cpu_time::process_cpu();
             let (images, seconds) = super::timed_epoch(&engine, epoch, SplitCache::Compute).await?;
             if let Some(scraping) = scraping {
                 scrapes = scraping.stop().await?;
@@ -36,7 +36,7 @@ pub async fn command(corpus: &Path, threads: usize, rounds: usize, scrape: Durat
             }
             let side = usize::from(on);
             rates[side] = images as f64 / seconds;
-            cpu_ms[side] = (super::read::process_cpu() - cpu) * 1e3 / images as f64;
+            cpu_ms[side] = (crate::cpu_time::process_cpu() - cpu) * 1e3 / images as f64;
         }
         println!(
             "round {round}: off {:.0} images/s, {:.3} CPU-ms/image; on {:.0} images/s, {:.3} CPU-ms/image \
@@ -56,10 +56,10 @@ pub async fn command(corpus: &Path, threads: usize, rounds: usize, scrape: Durat
     // scraper's side of each request included, so an upper bound), as a share of the worker's
     // cores at this interval and at a Prometheus's 15 s.
     let scraping = Scraping::start(&engine, Duration::ZERO).await?;
-    let cpu = super::read::process_cpu();
+    let cpu = crate::cpu_time::process_cpu();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let scrapes = scraping.stop().await?;
-    let per_scrape = (super::read::process_cpu() - cpu) / scrapes as f64;
+    let per_scrape = (crate::cpu_time::process_cpu() - cpu) / scrapes as f64;
     let share = |every: f64| per_scrape / every / threads as f64 * 100.0;
     println!(
         "one scrape: {:.0} CPU-us (mean of {scrapes}, back to back); every {} ms it takes {:.3}% of {threads} cores, \

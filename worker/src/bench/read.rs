@@ -25,7 +25,7 @@ pub async fn command(bench: &ReadBench) -> anyhow::Result<()> {
     for _ in 0..WARM_UP {
         client.next().await.context("the workers' streams ended")??;
     }
-    let cpu = process_cpu();
+    let cpu = crate::cpu_time::process_cpu();
     let start = Instant::now();
     let (mut bytes, mut batches) = (0u64, 0u64);
     while start.elapsed() < Duration::from_secs_f64(bench.seconds) {
@@ -34,7 +34,7 @@ pub async fn command(bench: &ReadBench) -> anyhow::Result<()> {
         batches += 1;
     }
     let seconds = start.elapsed().as_secs_f64();
-    let cpu = process_cpu() - cpu;
+    let cpu = crate::cpu_time::process_cpu() - cpu;
     let how = if bench.shared_memory {
         "shared memory".to_string()
     } else {
@@ -48,16 +48,4 @@ pub async fn command(bench: &ReadBench) -> anyhow::Result<()> {
         cpu / (bytes as f64 / 1e9),
     );
     Ok(())
-}
-
-/// This process's user and system CPU time so far, in seconds.
-pub(super) fn process_cpu() -> f64 {
-    // SAFETY: getrusage writes the zeroed struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }

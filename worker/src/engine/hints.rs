@@ -135,6 +135,12 @@ impl Engine {
 
     /// A split went through: its chunk file goes in place, and its measurements are counted.
     pub(super) fn finish_hints(&self, plan: &SplitPlan, at_hints: SplitAtHints) {
+        if plan.from == 0 && self.measure_ops.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut op_bytes = self.stats.op_bytes.lock().unwrap();
+            for size in &at_hints.measured {
+                HintBytes::add_into(&mut op_bytes, size);
+            }
+        }
         let Some(engine_cache) = &self.cache else { return };
         if let (Some(writer), Some((at, fingerprint))) = (at_hints.writing, &plan.put) {
             match writer.finish() {

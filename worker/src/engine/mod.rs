@@ -131,6 +131,8 @@ pub struct Stats {
     /// What a row weighed in the last chunk with rows, in any run: a new run reserves its
     /// first chunk's rows at it (`Batcher::chunk_len`).
     pub row_bytes: AtomicU64,
+    /// Elements and their encoded bytes after each op, while `Engine::measure_op_sizes` is on.
+    pub op_bytes: Mutex<Vec<stoker_api::proto::HintBytes>>,
 }
 
 /// What one `python` op failed on: counts by reason and the last failure's message.
@@ -279,6 +281,9 @@ pub struct Engine {
     pub cache: Option<Arc<EngineCache>>,
     /// Splits made here for several jobs of a share group.
     pub shared: Arc<SharedSplits>,
+    /// Splits read from now on measure their elements after every op (`stoker-worker
+    /// profile`): the ops then run one at a time, unfused.
+    measure_ops: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -355,7 +360,19 @@ impl Engine {
             loaded,
             stats,
             cache,
+            measure_ops: Default::default(),
         })
+    }
+
+    /// From the next split read, whether elements are measured after every op (into
+    /// `stats.op_bytes`) instead of at the autocache hints only.
+    pub fn measure_op_sizes(&self, on: bool) {
+        self.measure_ops.store(on, Ordering::Relaxed);
+    }
+
+    /// The pipeline's transforms with what its ops loaded, to run on elements directly.
+    pub fn transforms(&self) -> crate::apply::Transforms<'_> {
+        crate::apply::Transforms { list: &self.pipeline.data_plane.transforms, loaded: &self.loaded }
     }
 
     /// Which splits each epoch reads.

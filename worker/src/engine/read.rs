@@ -177,7 +177,11 @@ impl Engine {
             (Fetched::Cached(_), _, _) => unreachable!("only a Get with a cache reads the cache"),
         };
         let elements = self.parse(split, data)?.into_iter().enumerate().map(|(i, e)| (i as u64, e)).collect();
-        let measure = self.cache.as_ref().map(|c| c.hints.iter().map(|(at, _)| *at).collect()).unwrap_or_default();
+        let measure = if self.measure_ops.load(Ordering::Relaxed) {
+            (0..self.pipeline.data_plane.transforms.len() as u32).collect()
+        } else {
+            self.cache.as_ref().map(|c| c.hints.iter().map(|(at, _)| *at).collect()).unwrap_or_default()
+        };
         let put = match cache {
             SplitCache::Put { at, fingerprint } => Some((*at, fingerprint.clone())),
             _ => None,
@@ -201,6 +205,16 @@ impl Engine {
         }
         if let Some(seed) = self.pipeline.data_plane.shuffle_seed() {
             order::shuffle(elements, seed, epoch, |(position, _)| (split << 32) | position);
+        }
+    }
+
+    /// A split's elements as read, before any transform (`stoker-worker profile`'s what-ifs).
+    /// Blocks: call it off the runtime's threads.
+    pub fn read_split(&self, split: &Split) -> Result<Vec<Element>, EngineError> {
+        match self.runtime.block_on(self.fetch(split, &SplitCache::Compute)).expect("the fetch task runs to completion")
+        {
+            Fetched::Source(data) => self.parse(split, data),
+            Fetched::Cached(_) => unreachable!("a compute fetch reads the source"),
         }
     }
 
