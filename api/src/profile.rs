@@ -123,8 +123,9 @@ pub struct SampleProfile {
 pub struct SampledOp {
     #[serde(flatten)]
     pub totals: OpTotals,
-    /// Mean encoded bytes of an element leaving the op (measured on a part of the sample run
-    /// op by op); absent on the columnar path, which runs the ops on whole columns.
+    /// Mean bytes of an element leaving the op, measured on a part of the sample run op by op:
+    /// its encoded size on the row path, its columns' Arrow bytes on the columnar path; absent
+    /// at a batched `python` op and `echo`, which run on whole chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_per_element: Option<f64>,
 }

@@ -222,3 +222,30 @@ async fn the_columns_read_are_those_the_ops_need() {
     let (batches, _) = epoch(spec).await.unwrap();
     assert_eq!(batches[0].tensors.keys().collect::<Vec<_>>(), ["i1", "id"]);
 }
+
+/// `stoker-worker profile` on the columnar path: every op given every row, and the columns'
+/// bytes measured after each (two float32 values a row after the concat and select).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_profile_measures_each_op_on_the_columnar_path() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("part-0.parquet"));
+    let transforms = "- fillNull: {fields: [i1], value: 0}\n\
+         - log1p: {fields: [i1]}\n\
+         - concat: {fields: [i1, i2], output: dense}\n\
+         - selectFields: {fields: [dense]}\n";
+    let options = stoker_worker::profile::SampleOptions {
+        elements: ROWS as u64,
+        threads: 2,
+        memory_budget: 256 << 20,
+        cache_dir: None,
+    };
+    let sample = stoker_worker::profile::sample(pipeline(dir.path(), transforms), &options).await.unwrap();
+    assert_eq!((sample.records, sample.rows), (ROWS as u64, ROWS as u64), "{sample:?}");
+    for (i, op) in sample.ops.iter().enumerate() {
+        assert_eq!(op.totals.elements_in, ROWS as u64, "transforms[{i}]: {sample:?}");
+        assert!(op.bytes_per_element.is_some_and(|b| b > 0.0), "transforms[{i}]'s bytes: {sample:?}");
+    }
+    let dense = sample.ops[3].bytes_per_element.unwrap();
+    assert!((8.0..16.0).contains(&dense), "two float32s a row, and their nulls at most: {dense}");
+    assert!(sample.restart_markers.is_none());
+}

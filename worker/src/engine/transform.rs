@@ -12,6 +12,7 @@ use std::thread::{Scope, ScopedJoinHandle};
 use std::time::Instant;
 
 use stoker_api::OnError;
+use stoker_api::proto::HintBytes;
 
 use super::batcher::Batcher;
 use super::hints::{AtHints, SplitAtHints, SplitPlan};
@@ -336,19 +337,27 @@ impl Engine {
         let per = chunk.len().div_ceil(self.config.threads.max(1)).max(TABLE_PIECE_ROWS);
         let pieces: Vec<Table> =
             (0..chunk.len()).step_by(per).map(|o| chunk.slice(o, per.min(chunk.len() - o))).collect();
+        let measuring = self.measure_ops.load(Ordering::Relaxed);
         let applied: Vec<_> = self.pool.install(|| {
             (pieces.into_par_iter())
                 .map(|piece| {
                     let mut tally = OpTally::for_ops(p.transforms.len());
-                    let applied = table::apply::apply(&p.transforms, &self.loaded, p.on_error, piece, &mut tally);
-                    (applied, tally)
+                    let mut sizes = Vec::new();
+                    let measure = measuring.then_some(&mut sizes);
+                    let applied =
+                        table::apply::apply(&p.transforms, &self.loaded, p.on_error, piece, &mut tally, measure);
+                    (applied, tally, sizes)
                 })
                 .collect()
         });
         let mut rows = Vec::with_capacity(chunk.len());
         let mut ops = OpTally::for_ops(p.transforms.len());
-        for (applied, tally) in applied {
+        for (applied, tally, sizes) in applied {
             OpTally::add_all(&mut ops, &tally);
+            if !sizes.is_empty() {
+                let mut op_bytes = self.stats.op_bytes.lock().unwrap();
+                sizes.iter().for_each(|size| HintBytes::add_into(&mut op_bytes, size));
+            }
             let applied = applied.map_err(|error| EngineError::Table { split, error })?;
             self.stats.filtered.fetch_add(applied.filtered, Ordering::Relaxed);
             if applied.skipped_null > 0 {

@@ -4,6 +4,7 @@
 use std::time::Instant;
 
 use arrow_array::ArrayRef;
+use stoker_api::proto::HintBytes;
 use stoker_api::{OnError, Transform};
 
 use super::ops;
@@ -42,13 +43,15 @@ pub struct Applied {
 }
 
 /// Applies `transforms` (all columnar) to `table` in order; `tally[i]` accumulates op i's
-/// time and rows in and out.
+/// time and rows in and out, and `sizes` (when measuring, `stoker-worker profile`) the rows
+/// and bytes of the columns after it.
 pub fn apply(
     transforms: &[Transform],
     loaded: &Loaded,
     on_error: OnError,
     mut table: Table,
     tally: &mut [OpTally],
+    mut sizes: Option<&mut Vec<HintBytes>>,
 ) -> Result<Applied, TableError> {
     let (mut filtered, mut skipped_null) = (0, 0);
     for (index, transform) in transforms.iter().enumerate() {
@@ -139,6 +142,11 @@ pub fn apply(
         tally[index].time += started.elapsed();
         tally[index].elements_in += rows_in;
         tally[index].elements_out += table.len() as u64;
+        if let Some(sizes) = sizes.as_deref_mut() {
+            // A piece's columns are slices of its chunk's: only the slices' bytes count.
+            let bytes = table.columns.values().map(|c| c.to_data().get_slice_memory_size().unwrap_or(0) as u64).sum();
+            HintBytes::add_into(sizes, &HintBytes { at: index as u32, elements: table.len() as u64, bytes });
+        }
     }
     // The rows outlive the ops: they need not keep the dictionaries' results alive.
     table.memo = Default::default();
