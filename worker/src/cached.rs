@@ -20,7 +20,7 @@ const LEASE_TTL: Duration = Duration::from_secs(60);
 /// decision against caching), and is removed.
 const INCOMPLETE_TTL: Duration = Duration::from_secs(600);
 /// Bytes written and read back to measure the volume.
-const PROBE_BYTES: usize = 64 << 20;
+pub const PROBE_BYTES: usize = 64 << 20;
 
 #[derive(Clone, Debug)]
 pub struct CacheConfig {

@@ -129,7 +129,7 @@ enum Command {
         output: PathBuf,
         /// The widest a segment between two markers may be, in pixels: narrower segments cut
         /// closer to a window, and each costs a few bytes.
-        #[arg(long, default_value_t = 32)]
+        #[arg(long, default_value_t = stoker_worker::restart_markers::SEGMENT_PX)]
         segment_px: usize,
     },
     /// Run a pipeline on a sample of its data on this machine, as one worker of --threads, and

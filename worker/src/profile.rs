@@ -22,21 +22,19 @@ use stoker_api::{
 
 use crate::apply::{self, ElementKey};
 use crate::cache::store::CacheDir;
+use crate::cached::PROBE_BYTES;
 use crate::cpu_time::process_cpu;
 use crate::element::Field;
 use crate::engine::{Assigned, Engine, EngineConfig};
 use crate::op_tally::OpTally;
 use crate::ops::{add_restart_markers, is_jpeg};
+use crate::restart_markers::SEGMENT_PX;
 
 /// The JPEGs the restart-marker what-if times, the elements it looks through for them (a
 /// corpus of PNGs is not read to its end), and its rounds per side.
 const WHAT_IF_IMAGES: usize = 32;
 const WHAT_IF_LOOKED_AT: usize = 256;
 const WHAT_IF_ROUNDS: usize = 3;
-/// As `stoker-worker add-restart-markers` writes them by default.
-const SEGMENT_PX: usize = 32;
-/// Bytes written and read back to probe the cache volume.
-const PROBE_BYTES: usize = 64 << 20;
 
 pub struct SampleOptions {
     /// Records the timed run reads (it reads whole splits, at least one).

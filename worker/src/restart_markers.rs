@@ -14,6 +14,9 @@ use bytes::Bytes;
 use rayon::prelude::*;
 
 use crate::formats::{example, tfrecord};
+
+/// The widest segment between two markers, in pixels, unless told otherwise.
+pub const SEGMENT_PX: usize = 32;
 use crate::ops::{add_restart_markers, is_jpeg};
 
 /// What a rewrite did.
