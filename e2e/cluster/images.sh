@@ -36,7 +36,18 @@ case "${STOKER_IMAGE_PROFILE:-release}" in
   *) echo "images: STOKER_IMAGE_PROFILE is release or dev, not ${STOKER_IMAGE_PROFILE}" >&2; exit 2 ;;
 esac
 OUT="$ROOT/target/$PROFILE_DIR"
-build_binaries() { (cd "$ROOT" && cargo build --locked -q "${BUILD[@]}"); }
+# Run from a test, this script inherits what cargo sets for the test binary (CARGO_MANIFEST_DIR,
+# CARGO_PKG_NAME, ...). ring's build script declares it reruns when those change, so a nested
+# build with them recompiled ring and the 20 crates above it here, and again in the next tier
+# (about 2 minutes each); they mean nothing to a build of the workspace, so they are dropped.
+build_binaries() {
+  (
+    cd "$ROOT"
+    # shellcheck disable=SC2046 # one name per word is what unset needs
+    unset OUT_DIR $(compgen -e | grep -E '^CARGO_(MANIFEST_|PKG_|CRATE_|BIN_|PRIMARY_PACKAGE|TARGET_TMPDIR)')
+    cargo build --locked -q "${BUILD[@]}"
+  )
+}
 
 # A root filesystem tar of the files a dynamically linked Rust binary needs at run time.
 base_rootfs() {

@@ -2,13 +2,11 @@
 //! and categorical strings with nulls, an id list) preprocessed as DLRM does, every value
 //! checked against a reference computed here row by row, every row once.
 
-mod engine_support;
-
 use std::sync::Arc;
 
+use crate::engine_support::{epoch, int64s};
 use arrow_array::builder::{ListBuilder, StringBuilder};
 use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch};
-use engine_support::{epoch, int64s};
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use stoker_api::{Batch, WorkerPipeline};
@@ -65,7 +63,7 @@ fn pipeline(dir: &std::path::Path, transforms: &str) -> WorkerPipeline {
         "source: {{uri: 'file://{}/', format: parquet}}\nbatchSize: 512\nshuffle: {{bufferSize: 2000}}\npadValue: -1\ntransforms:\n{transforms}",
         dir.display()
     );
-    engine_support::pipeline("features", &manifest)
+    crate::engine_support::pipeline("features", &manifest)
 }
 
 fn float32s(batch: &Batch, field: &str) -> Vec<f32> {

@@ -9,8 +9,6 @@
 //! after it, so the fill shows where the nulls went. Needs STOKER_PYTHON naming a Python with
 //! numpy, pyarrow and xxhash (`make venv` makes one).
 
-mod engine_support;
-
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -81,12 +79,12 @@ fn pipeline(transforms: &str) -> WorkerPipeline {
          shuffle: {{bufferSize: 1500}}\npadValue: {PAD}\ntransforms:\n{transforms}",
         reference().dir.display()
     );
-    engine_support::pipeline("features-numpy", &manifest)
+    crate::engine_support::pipeline("features-numpy", &manifest)
 }
 
 /// One epoch of the pipeline's batches; every row counted once by the engine.
 async fn epoch(transforms: &str) -> Result<Vec<Batch>, EngineError> {
-    let (batches, engine) = engine_support::epoch(pipeline(transforms)).await?;
+    let (batches, engine) = crate::engine_support::epoch(pipeline(transforms)).await?;
     assert_eq!(engine.stats.elements.load(Ordering::Relaxed), reference().rows as u64, "{transforms}");
     Ok(batches)
 }

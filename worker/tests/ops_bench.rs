@@ -1,5 +1,5 @@
 //! A by-hand throughput check of the ResNet-50 training transforms on one core, not a test:
-//! cargo test --release -p stoker-worker --test ops_bench -- --ignored --nocapture
+//! cargo test --release -p stoker-worker --test worker ops_bench:: -- --ignored --nocapture
 
 use std::time::Instant;
 

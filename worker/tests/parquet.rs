@@ -1,12 +1,10 @@
 //! Parquet sources through the engine: row-group splits, projection, and files that cannot be
 //! read.
 
-mod engine_support;
-
 use std::sync::Arc;
 
+use crate::engine_support::{epoch, int64s};
 use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
-use engine_support::{epoch, int64s};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
@@ -39,7 +37,7 @@ fn pipeline(dir: &std::path::Path, extra: &str) -> WorkerPipeline {
 fn pipeline_with(dir: &std::path::Path, extra: &str, transforms: &str) -> WorkerPipeline {
     let manifest =
         format!("source: {{uri: 'file://{}/', format: parquet{extra}}}\nbatchSize: 1000\n{transforms}", dir.display());
-    engine_support::pipeline("parquet", &manifest)
+    crate::engine_support::pipeline("parquet", &manifest)
 }
 
 #[tokio::test(flavor = "multi_thread")]

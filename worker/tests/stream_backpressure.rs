@@ -2,13 +2,11 @@
 //! only by what the bounded buffers hold (client prefetch, the HTTP/2 window, one batch in
 //! each stage), never by an unbounded producer.
 
-mod stream_support;
-
 use std::time::Duration;
 
+use crate::stream_support::{connect, options, start};
 use stoker_api::DType;
 use stoker_worker::stream::SyntheticSource;
-use stream_support::{connect, options, start};
 
 const BATCH_BYTES: usize = 1 << 20;
 const PREFETCH: usize = 4;

@@ -1,16 +1,14 @@
 //! Stream throughput by hand (ignored in normal runs): two loopback workers serving ready
 //! ~4 MiB batches, one Rust client, GB/s of tensor payload.
 //!
-//!     cargo test --release -p stoker-worker --test stream_bench -- --ignored --nocapture
-
-mod stream_support;
+//!     cargo test --release -p stoker-worker --test worker stream_bench:: -- --ignored --nocapture
 
 use std::time::{Duration, Instant};
 
+use crate::stream_support::{connect, options, start};
 use stoker_api::DType;
 use stoker_client::ClientOptions;
 use stoker_worker::stream::SyntheticSource;
-use stream_support::{connect, options, start};
 
 /// 14 float16 HWC 224x224 images (4.02 MiB) and their labels: an ImageNet batch after normalize.
 fn ready_batches() -> SyntheticSource {

@@ -1,9 +1,8 @@
 //! The batch stream end to end on loopback: worker server, Rust client, real gRPC.
 
-mod stream_support;
-
 use std::sync::{Arc, Mutex};
 
+use crate::stream_support::{connect, images, options, start, start_with};
 use stoker_api::DType;
 use stoker_api::proto::batch_stream_client::BatchStreamClient;
 use stoker_api::proto::{PipelineRef, StreamRequest};
@@ -11,7 +10,6 @@ use stoker_client::{CompressionEncoding, Error};
 use stoker_worker::stream::{
     BatchSource, Batches, Caller, ServerOptions, StreamService, Subscription, SyntheticSource,
 };
-use stream_support::{connect, images, options, start, start_with};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 
