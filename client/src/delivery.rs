@@ -56,6 +56,10 @@ struct Inner {
     /// done once, however many batches complete it (a dead worker's last batch still in the
     /// queue, and the empty production of its rows, all held, by the worker after it).
     done: BTreeSet<SplitId>,
+    /// The job's open epoch as the dispatcher last said: every split of the epochs before it is
+    /// done, so a batch completing one of them completes nothing (the second of two batches
+    /// above, when the first finished the epoch and `done` forgot it).
+    open: u64,
     /// Dispatchers this client rejoined another after: their batches are refused.
     retired: BTreeSet<u64>,
     /// Batches recorded and not yet in the queue: per (split, worker), where their positions
@@ -199,8 +203,8 @@ impl Delivery {
                 inner.rows.remove(&id);
                 inner.reported.remove(&id);
             }
-            // A rejoin told the dispatcher already, or an earlier batch did.
-            if inner.arrived.get(&id) != Some(&true) && inner.done.insert(id) {
+            // A rejoin told the dispatcher already, or an earlier batch did, or the epoch is over.
+            if id.0 >= inner.open && inner.arrived.get(&id) != Some(&true) && inner.done.insert(id) {
                 inner.completed.push(id);
             }
         }
@@ -260,6 +264,7 @@ impl Delivery {
     /// last one (kept: another rank may need it for its final quota).
     pub(crate) fn finished_before(&self, open: u64) {
         let mut inner = self.inner.lock().unwrap();
+        inner.open = inner.open.max(open);
         inner.rows.retain(|(epoch, _), _| *epoch >= open);
         inner.reported.retain(|(epoch, _), _| *epoch >= open);
         inner.arrived.retain(|(epoch, _), _| *epoch >= open);
@@ -408,6 +413,24 @@ mod tests {
         assert_eq!(d.take(&listed(&["b"])).completed, [(2, 2)]);
         d.taken(&batch(2, &[], &[2]));
         assert_eq!(d.take(&listed(&["b"])), Acknowledgement::default(), "done once");
+    }
+
+    #[test]
+    fn a_split_completed_again_after_its_epoch_finished_is_not_acknowledged() {
+        // As above, but the first batch finished epoch 2: the client heard epoch 3 is open (and
+        // forgot epoch 2's splits) before the empty production came.
+        let d = Delivery::default();
+        d.record(&"a".into(), &batch(2, &[(2, 0), (2, 1)], &[2])).unwrap().keep();
+        d.taken(&batch(2, &[(2, 0), (2, 1)], &[2]));
+        assert_eq!(d.take(&listed(&["a"])).completed, [(2, 2)]);
+        d.finished_before(3);
+        d.record(&"b".into(), &batch(2, &[], &[2])).unwrap().keep();
+        d.taken(&batch(2, &[], &[2]));
+        assert_eq!(d.take(&listed(&["b"])), Acknowledgement::default(), "epoch 2 is over");
+        // An older open epoch heard late moves nothing back.
+        d.finished_before(1);
+        d.taken(&batch(2, &[], &[2]));
+        assert_eq!(d.take(&listed(&["b"])), Acknowledgement::default());
     }
 
     #[test]

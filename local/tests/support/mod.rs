@@ -216,10 +216,8 @@ pub fn kept_logs(default: &std::path::Path) -> std::path::PathBuf {
     dir
 }
 
-/// The workers' memory budget: 64 MiB, or `STOKER_TEST_WORKER_BUDGET_MIB` (benchmarks run
-/// them at a deployment's size).
-#[allow(dead_code)]
 /// `stoker-worker corpus`: `images` generated JPEGs in 4 class folders under `dir`.
+#[allow(dead_code)]
 pub fn image_corpus(dir: &std::path::Path, images: usize) {
     let status = std::process::Command::new(worker_binary())
         .args(["corpus", "--images", &images.to_string(), "--classes", "4", "--out"])
@@ -230,6 +228,8 @@ pub fn image_corpus(dir: &std::path::Path, images: usize) {
     assert!(status.success(), "generating the corpus failed");
 }
 
+/// The workers' memory budget: 64 MiB, or `STOKER_TEST_WORKER_BUDGET_MIB` (benchmarks run
+/// them at a deployment's size).
 pub fn worker_budget() -> usize {
     std::env::var("STOKER_TEST_WORKER_BUDGET_MIB").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(64) << 20
 }
