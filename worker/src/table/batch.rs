@@ -39,6 +39,9 @@ pub fn stack(rows: &[&TableRow], shaping: &Shaping) -> Result<BTreeMap<String, S
     if let Some(extra) = tables.iter().flat_map(|t| t.columns.keys()).find(|k| !first.table.columns.contains_key(*k)) {
         return Err(BatchError::MissingField { field: extra.clone() });
     }
+    // Consecutive rows of one table (an unshuffled batch) are copied as one run per column: a
+    // gather row by row was most of the batcher thread's time on DLRM's 27 columns.
+    let run = (tables.len() == 1 && at.windows(2).all(|w| w[1].1 == w[0].1 + 1)).then_some(at[0].1);
     let mut tensors = BTreeMap::new();
     for field in first.table.columns.keys() {
         let parts: Vec<ArrayRef> = (tables.iter())
@@ -53,7 +56,10 @@ pub fn stack(rows: &[&TableRow], shaping: &Shaping) -> Result<BTreeMap<String, S
         // Gathered into buffers of the batch's own, also when its rows are a run of one table
         // (no shuffle): a slice would keep the whole table alive for as long as the batch
         // waits for its client, and the budget counts only the batch's bytes.
-        let gathered = arrow_select::interleave::interleave(&parts, &at).expect("rows within their tables");
+        let gathered = match run {
+            Some(start) => copy_run(parts[0], start, at.len()),
+            None => arrow_select::interleave::interleave(&parts, &at).expect("rows within their tables"),
+        };
         let gathered = column::plain(&gathered);
         let tensor = match shaping.jagged.contains(field) {
             true => jagged(field, &gathered)?,
@@ -62,6 +68,14 @@ pub fn stack(rows: &[&TableRow], shaping: &Shaping) -> Result<BTreeMap<String, S
         tensors.insert(field.clone(), tensor);
     }
     Ok(tensors)
+}
+
+/// `rows` rows of `column` from `start`, copied into buffers of their own.
+fn copy_run(column: &dyn Array, start: usize, rows: usize) -> ArrayRef {
+    let data = column.to_data();
+    let mut copy = arrow_data::transform::MutableArrayData::new(vec![&data], false, rows);
+    copy.try_extend(0, start, start + rows).expect("a run within its table, of a batch's size");
+    arrow_array::make_array(copy.freeze())
 }
 
 /// One column of the batch as a tensor whose first dimension is the rows.
@@ -285,6 +299,50 @@ mod tests {
         nulls.append_null();
         let rows_null = rows(vec![("ids", Arc::new(nulls.finish()))]);
         assert!(matches!(stack(&[&rows_null[0]], &jagged_ids()), Err(BatchError::Null { .. })));
+    }
+
+    /// An unshuffled batch (consecutive rows of one table) is copied as a run; the same rows
+    /// from two tables are gathered row by row: both make the same tensors, for every kind of
+    /// column a table holds.
+    #[test]
+    fn a_run_of_consecutive_rows_makes_the_tensors_a_gather_makes() {
+        use arrow_array::builder::{Float32Builder, StringDictionaryBuilder};
+        let columns = || -> Vec<(&str, ArrayRef)> {
+            let mut padded = ListBuilder::new(Int32Builder::new());
+            let mut jag = ListBuilder::new(Int32Builder::new());
+            let mut fixed = FixedSizeListBuilder::new(Float32Builder::new(), 2);
+            let mut keyed = StringDictionaryBuilder::<arrow_array::types::Int32Type>::new();
+            for i in 0..10 {
+                padded.values().append_slice(&(0..i % 3).collect::<Vec<_>>());
+                padded.append(true);
+                jag.values().append_slice(&(i..2 * i).collect::<Vec<_>>());
+                jag.append(true);
+                fixed.values().append_slice(&[i as f32, -(i as f32)]);
+                fixed.append(true);
+                keyed.append_value(["x", "y"][i as usize % 2]);
+            }
+            vec![
+                ("padded", Arc::new(padded.finish())),
+                ("jag", Arc::new(jag.finish())),
+                ("fixed", Arc::new(fixed.finish())),
+                ("keyed", Arc::new(keyed.finish())),
+                ("text", Arc::new(arrow_array::StringArray::from_iter_values((0..10).map(|i| format!("t{i}"))))),
+                ("int", Arc::new(arrow_array::Int32Array::from_iter_values(0..10))),
+                ("real", Arc::new(arrow_array::Float64Array::from_iter_values((0..10).map(f64::from)))),
+            ]
+        };
+        let (a, b) = (rows(columns()), rows(columns()));
+        let shaping = Shaping { pad: Some(-1.0), jagged: ["jag".to_string()].into() };
+        let run = stack(&a[3..8].iter().collect::<Vec<_>>(), &shaping).unwrap();
+        let gathered = stack(&[&a[3], &a[4], &b[5], &b[6], &b[7]], &shaping).unwrap();
+        assert_eq!(run.keys().collect::<Vec<_>>(), gathered.keys().collect::<Vec<_>>());
+        for (field, t) in &run {
+            let (t, g) = (t.join(), gathered[field].join());
+            assert_eq!((t.dtype, &t.shape, t.layout, &t.data), (g.dtype, &g.shape, g.layout, &g.data), "{field}");
+        }
+        let ints =
+            run["int"].join().data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
+        assert_eq!(ints, [3, 4, 5, 6, 7], "the run's own rows");
     }
 
     #[test]
