@@ -39,9 +39,11 @@ pub fn stack(rows: &[&TableRow], shaping: &Shaping) -> Result<BTreeMap<String, S
     if let Some(extra) = tables.iter().flat_map(|t| t.columns.keys()).find(|k| !first.table.columns.contains_key(*k)) {
         return Err(BatchError::MissingField { field: extra.clone() });
     }
-    // Consecutive rows of one table (an unshuffled batch) are copied as one run per column: a
-    // gather row by row was most of the batcher thread's time on DLRM's 27 columns.
-    let run = (tables.len() == 1 && at.windows(2).all(|w| w[1].1 == w[0].1 + 1)).then_some(at[0].1);
+    // Consecutive rows of a table (an unshuffled batch, whose rows come from one table or
+    // from the pieces the ops split it into) are copied as one run per column: a gather row
+    // by row was most of the batcher thread's time on DLRM's 27 columns.
+    let runs = runs(&at);
+    let long_runs = runs.len() * RUN_ROWS <= at.len();
     let mut tensors = BTreeMap::new();
     for field in first.table.columns.keys() {
         let parts: Vec<ArrayRef> = (tables.iter())
@@ -53,14 +55,7 @@ pub fn stack(rows: &[&TableRow], shaping: &Shaping) -> Result<BTreeMap<String, S
             other: other.to_string(),
         })?;
         let parts: Vec<&dyn Array> = parts.iter().map(|p| p.as_ref()).collect();
-        // Gathered into buffers of the batch's own, also when its rows are a run of one table
-        // (no shuffle): a slice would keep the whole table alive for as long as the batch
-        // waits for its client, and the budget counts only the batch's bytes.
-        let gathered = match run {
-            Some(start) => copy_run(parts[0], start, at.len()),
-            None => arrow_select::interleave::interleave(&parts, &at).expect("rows within their tables"),
-        };
-        let gathered = column::plain(&gathered);
+        let gathered = column::plain(&gather(&parts, &at, long_runs.then_some(&runs)));
         let tensor = match shaping.jagged.contains(field) {
             true => jagged(field, &gathered)?,
             false => tensor(field, &gathered, shaping.pad)?.into(),
@@ -70,11 +65,43 @@ pub fn stack(rows: &[&TableRow], shaping: &Shaping) -> Result<BTreeMap<String, S
     Ok(tensors)
 }
 
-/// `rows` rows of `column` from `start`, copied into buffers of their own.
-fn copy_run(column: &dyn Array, start: usize, rows: usize) -> ArrayRef {
-    let data = column.to_data();
-    let mut copy = arrow_data::transform::MutableArrayData::new(vec![&data], false, rows);
-    copy.try_extend(0, start, start + rows).expect("a run within its table, of a batch's size");
+/// Rows per run, on average, from which a batch is copied run by run rather than gathered row
+/// by row.
+const RUN_ROWS: usize = 8;
+
+/// The batch's rows (table, row) as runs of consecutive rows of one table: (table, first row,
+/// rows).
+fn runs(at: &[(usize, usize)]) -> Vec<(usize, usize, usize)> {
+    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+    for &(table, row) in at {
+        match runs.last_mut() {
+            Some((t, start, len)) if *t == table && *start + *len == row => *len += 1,
+            _ => runs.push((table, row, 1)),
+        }
+    }
+    runs
+}
+
+/// The rows `at` (table, row) of `parts` (one column of each table), in buffers of the batch's
+/// own, also when its rows are a run of one table (no shuffle): a slice would keep the whole
+/// table alive for as long as the batch waits for its client, and the budget counts only the
+/// batch's bytes. Copied run by run where `runs` are given, except runs of several dictionary
+/// columns: a copy would join their dictionaries whole, where a gather joins what it takes.
+fn gather(parts: &[&dyn Array], at: &[(usize, usize)], runs: Option<&Vec<(usize, usize, usize)>>) -> ArrayRef {
+    let dictionaries = parts.len() > 1 && matches!(parts[0].data_type(), DataType::Dictionary(..));
+    match runs {
+        Some(runs) if !dictionaries => copy_runs(parts, runs, at.len()),
+        _ => arrow_select::interleave::interleave(parts, at).expect("rows within their tables"),
+    }
+}
+
+/// `runs` of `parts` (one column of each table) copied, in order, into buffers of their own.
+fn copy_runs(parts: &[&dyn Array], runs: &[(usize, usize, usize)], rows: usize) -> ArrayRef {
+    let data: Vec<arrow_data::ArrayData> = parts.iter().map(|p| p.to_data()).collect();
+    let mut copy = arrow_data::transform::MutableArrayData::new(data.iter().collect(), false, rows);
+    for &(table, start, len) in runs {
+        copy.try_extend(table, start, start + len).expect("runs within their tables, of a batch's size");
+    }
     arrow_array::make_array(copy.freeze())
 }
 
@@ -343,6 +370,47 @@ mod tests {
         let ints =
             run["int"].join().data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
         assert_eq!(ints, [3, 4, 5, 6, 7], "the run's own rows");
+    }
+
+    #[test]
+    fn runs_of_several_tables_copied_are_the_rows_a_gather_takes() {
+        use arrow_array::builder::{Float32Builder, StringDictionaryBuilder};
+        // Two pieces of a table, as the ops split one: each column's values differ by piece.
+        let piece = |p: i32| -> Vec<ArrayRef> {
+            let mut list = ListBuilder::new(Int32Builder::new());
+            let mut fixed = FixedSizeListBuilder::new(Float32Builder::new(), 2);
+            let mut keyed = StringDictionaryBuilder::<arrow_array::types::Int32Type>::new();
+            for i in 0..12 {
+                list.values().append_slice(&(p..p + i % 4).collect::<Vec<_>>());
+                list.append(i % 5 != 0);
+                fixed.values().append_slice(&[(p + i) as f32, -(i as f32)]);
+                fixed.append(true);
+                keyed.append_value(format!("{p}-{}", i % 3));
+            }
+            vec![
+                Arc::new(list.finish()),
+                Arc::new(fixed.finish()),
+                Arc::new(keyed.finish()),
+                Arc::new(arrow_array::StringArray::from_iter(
+                    (0..12).map(|i| (i % 4 != 0).then(|| format!("{p}:{i}"))),
+                )),
+                Arc::new(arrow_array::Int64Array::from_iter(
+                    (0..12).map(|i| (i % 3 != 0).then_some(p as i64 * 100 + i)),
+                )),
+            ]
+        };
+        let (a, b) = (piece(1), piece(2));
+        // Three runs: the end of the first piece, the second, the first's start.
+        let at: Vec<(usize, usize)> =
+            (7..12).map(|r| (0, r)).chain((0..12).map(|r| (1, r))).chain((0..4).map(|r| (0, r))).collect();
+        let runs = runs(&at);
+        assert_eq!(runs, [(0, 7, 5), (1, 0, 12), (0, 0, 4)]);
+        for (a, b) in a.iter().zip(&b) {
+            let parts = [a.as_ref(), b.as_ref()];
+            let copied = gather(&parts, &at, Some(&runs));
+            let gathered = gather(&parts, &at, None);
+            assert_eq!(copied.to_data(), gathered.to_data(), "{}", a.data_type());
+        }
     }
 
     #[test]
