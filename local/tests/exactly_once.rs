@@ -17,15 +17,27 @@ use stoker_operator::autoscaling::Scaler;
 const FILES: i64 = 4;
 const LINES: i64 = 1000;
 
-/// Reads one epoch to its end with `next_in_epoch`: how often each record arrived, and each
-/// echo copy of it (0 without echo), checking every batch is of that epoch and its provenance
-/// matches its content. `each_batch` sees the batch count so far.
-async fn read_epoch(client: &mut Client, mut each_batch: impl FnMut(usize)) -> BTreeMap<(i64, u32), u32> {
+/// What a read of one epoch saw.
+struct Read {
+    /// How often each record arrived, and each echo copy of it (0 without echo).
+    seen: BTreeMap<(i64, u32), u32>,
+    /// The longest the trainer waited for a batch, or for the epoch's end.
+    longest_wait: Duration,
+}
+
+/// Reads one epoch to its end with `next_in_epoch`, checking every batch is of that epoch and
+/// its provenance matches its content. `each_batch` sees the batch count so far.
+async fn read_epoch(client: &mut Client, mut each_batch: impl FnMut(usize)) -> Read {
     let epoch = client.epoch();
     let mut seen: BTreeMap<(i64, u32), u32> = BTreeMap::new();
     let mut batches = 0;
+    let mut longest_wait = Duration::ZERO;
     let read = async {
-        while let Some(batch) = client.next_in_epoch().await {
+        loop {
+            let asked = std::time::Instant::now();
+            let next = client.next_in_epoch().await;
+            longest_wait = longest_wait.max(asked.elapsed());
+            let Some(batch) = next else { break };
             let batch = batch.expect("no error reaches the caller");
             assert_eq!(batch.epoch, epoch, "a batch of another epoch inside epoch {epoch}");
             // Record i of file f is position i of split f.
@@ -42,29 +54,47 @@ async fn read_epoch(client: &mut Client, mut each_batch: impl FnMut(usize)) -> B
     tokio::time::timeout(Duration::from_secs(90), read)
         .await
         .unwrap_or_else(|_| panic!("epoch {epoch} did not end within 90 s"));
-    seen
+    Read { seen, longest_wait }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn epochs_end_cleanly_and_a_worker_killed_mid_split_costs_no_record_and_repeats_none() {
-    worker_lost_mid_split(false, 1).await
+    worker_lost_mid_split(Loss::Killed, 1).await
 }
 
 /// With `echo` (factor 2) each row a record's copy: a worker killed mid-split costs no copy
 /// and repeats none, the copies it had sent skipped where the split is produced again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_echo_a_worker_killed_mid_split_costs_no_copy_and_repeats_none() {
-    worker_lost_mid_split(false, 2).await
+    worker_lost_mid_split(Loss::Killed, 2).await
 }
 
 /// SIGTERM, as a scale-down or a deleted pod gives (the kubelet's SIGKILL follows 2 s later).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_stopped_mid_split_costs_no_record_and_repeats_none() {
-    worker_lost_mid_split(true, 1).await
+    worker_lost_mid_split(Loss::Stopped, 1).await
+}
+
+/// SIGSTOP for 10 s, then SIGCONT: a worker that stops making progress with its connections
+/// up (a node under memory pressure, a long pause, a frozen cgroup), past its 3 s timeout,
+/// then wakes in the next epoch and goes on with what it had, its batches of splits since made
+/// by the other. The trainer waits no longer than the timeout and the recovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_frozen_past_its_timeout_then_thawed_costs_no_record_and_repeats_none() {
+    worker_lost_mid_split(Loss::Frozen(Duration::from_secs(10)), 1).await
+}
+
+/// How the worker is lost mid-split.
+#[derive(Clone, Copy)]
+enum Loss {
+    Killed,
+    Stopped,
+    /// Frozen for this long, then thawed.
+    Frozen(Duration),
 }
 
 /// `echo`: the pipeline with an `echo` op of this factor at its end (1: none).
-async fn worker_lost_mid_split(graceful: bool, echo: u32) {
+async fn worker_lost_mid_split(loss: Loss, echo: u32) {
     let data = tempfile::tempdir().unwrap();
     // 40 batches a second each: an epoch lasts seconds, so both workers are mid-split when
     // their heartbeats (every second) show they delivered.
@@ -81,7 +111,7 @@ async fn worker_lost_mid_split(graceful: bool, echo: u32) {
     let all = (FILES * LINES) as usize * echo as usize;
 
     assert_eq!(client.epoch(), 0);
-    let first = read_epoch(&mut client, |_| {}).await;
+    let first = read_epoch(&mut client, |_| {}).await.seen;
     assert_eq!(first.len(), all, "epoch 0: every record");
     assert!(first.keys().all(|&(_, copy)| copy < echo), "copies 0 to {echo} - 1");
     assert!(first.values().all(|&n| n == 1), "epoch 0: none twice");
@@ -91,23 +121,52 @@ async fn worker_lost_mid_split(graceful: bool, echo: u32) {
     // are of those two; both must still arrive whole, once.
     assert_eq!(client.epoch(), 1, "the next epoch follows");
     let mut killed = None;
+    let thawed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let second = read_epoch(&mut client, |batches| {
         let delivering =
             s.dispatcher.with_state(|st| st.worker_progress(&s.key)).iter().filter(|w| w.2.batches > 0).count();
         if killed.is_none() && batches >= 30 && delivering == 2 {
-            killed = if graceful {
-                // As the autoscaler scales down, and as the kubelet stops a deleted pod.
-                let scaled = s.workers.scale(&s.key, 1);
-                tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(scaled)).ok()
-            } else {
-                s.workers.kill_one(&s.key).map(|_| ())
+            killed = match loss {
+                Loss::Stopped => {
+                    // As the autoscaler scales down, and as the kubelet stops a deleted pod.
+                    let scaled = s.workers.scale(&s.key, 1);
+                    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(scaled)).ok()
+                }
+                Loss::Killed => s.workers.kill_one(&s.key).map(|_| ()),
+                Loss::Frozen(how_long) => s.workers.pids(&s.key).first().map(|&pid| {
+                    let pid = pid as libc::pid_t;
+                    // SAFETY: signals to a worker process this test started and still owns.
+                    unsafe { libc::kill(pid, libc::SIGSTOP) };
+                    let thawed = thawed.clone();
+                    std::thread::spawn(move || {
+                        std::thread::sleep(how_long);
+                        unsafe { libc::kill(pid, libc::SIGCONT) };
+                        thawed.store(true, std::sync::atomic::Ordering::SeqCst);
+                    });
+                }),
             };
         }
     })
     .await;
     assert!(killed.is_some(), "both workers never delivered, so none was killed");
     let third = read_epoch(&mut client, |_| {}).await;
-    for (epoch, seen) in [(1, &second), (2, &third)] {
+    let longest_wait = second.longest_wait.max(third.longest_wait);
+    eprintln!("the trainer waited at most {longest_wait:?} for a batch after the loss");
+    if let Loss::Frozen(_) = loss {
+        assert!(thawed.load(std::sync::atomic::Ordering::SeqCst), "the worker was thawed before epoch 2 ended");
+        // At most the worker's timeout (3 s) and the recovery, not the freeze: a thawed worker's
+        // producer stuck behind batches made before the freeze once held the client's epoch
+        // for a minute.
+        assert!(longest_wait < Duration::from_secs(7), "the trainer waited {longest_wait:?} for a batch");
+        // The thawed worker registered again and is listed (it heartbeats once a second).
+        let listed = || s.dispatcher.with_state(|st| st.worker_progress(&s.key)).len();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while listed() < 2 {
+            assert!(std::time::Instant::now() < deadline, "the thawed worker is not listed again within 20 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for (epoch, seen) in [(1, &second.seen), (2, &third.seen)] {
         let repeats: u32 = seen.values().map(|n| n - 1).sum();
         assert_eq!((seen.len(), repeats), (all, 0), "epoch {epoch}: every record, none twice");
     }

@@ -39,6 +39,24 @@ struct Hand {
     pending: Option<Queued>,
 }
 
+impl Hand {
+    /// Drops the batches queued before this worker registered again (`generation`), up to the
+    /// first made since: no stream would send them (see `DispatchedSource::subscribe`).
+    fn drop_stale(&mut self, generation: u64) {
+        let stale = |q: &Queued| q.item.is_ok() && q.generation != generation;
+        if self.pending.as_ref().is_some_and(|q| !stale(q)) {
+            return;
+        }
+        self.pending = None;
+        while let Ok(queued) = self.queue.try_recv() {
+            if !stale(&queued) {
+                self.pending = Some(queued);
+                return;
+            }
+        }
+    }
+}
+
 /// (job, epoch)
 type EpochKey = (JobName, u64);
 
@@ -82,6 +100,24 @@ impl EpochJob {
     /// How long no stream has read the epoch; None while one does.
     fn unread_for(&self) -> Option<Duration> {
         self.attached.lock().unwrap().1.map(|since| since.elapsed())
+    }
+
+    /// With no stream reading the epoch, drops what its producer made before this worker
+    /// registered again (`generation`). A producer waiting for room behind such batches (made
+    /// before the worker was frozen past its timeout, say) would otherwise wait until the epoch
+    /// is abandoned when its client has finished the epoch and opens no stream to take them:
+    /// a minute, with the job's next epoch on this worker waiting behind it (`Busy`) and the
+    /// client's stream of that epoch kept open, so the client's epoch never ended.
+    fn drop_stale(&self, generation: u64) {
+        if self.unread_for().is_none() {
+            // A stream reading it drops them itself.
+            return;
+        }
+        for hand in &self.batches {
+            if let Ok(mut hand) = hand.try_lock() {
+                hand.drop_stale(generation);
+            }
+        }
     }
 
     /// Ends the epoch's queues: its producer's sends fail, its run ends, and so does it.
@@ -145,17 +181,21 @@ pub const MAX_EPOCH_PRODUCERS: usize = 64;
 
 impl DispatchedSource {
     /// `max_batch_rate` caps the batches per second this worker sends per job and epoch; an
-    /// epoch no stream has read for `abandoned_after` stops.
+    /// epoch no stream has read for `abandoned_after` stops, and one no stream reads loses its
+    /// batches made before this worker registered again (within a second).
     pub fn new(engine: Arc<Engine>, link: Arc<Link>, max_batch_rate: Option<f64>, abandoned_after: Duration) -> Self {
         let min_interval = max_batch_rate.filter(|r| *r > 0.0).map(|r| Duration::from_secs_f64(1.0 / r));
         let epochs: Arc<Mutex<HashMap<EpochKey, Arc<EpochJob>>>> = Arc::default();
         let watched = Arc::downgrade(&epochs);
+        let registered = link.clone();
         std::thread::Builder::new()
             .name("stoker-abandoned".into())
             .spawn(move || {
                 while let Some(epochs) = watched.upgrade() {
                     let abandoned: Vec<(EpochKey, Arc<EpochJob>)> = {
                         let mut epochs = epochs.lock().unwrap();
+                        let generation = registered.generation();
+                        epochs.values().for_each(|e| e.drop_stale(generation));
                         let keys: Vec<EpochKey> = epochs
                             .iter()
                             .filter(|(_, e)| e.unread_for().is_some_and(|d| d >= abandoned_after))
@@ -168,7 +208,7 @@ impl DispatchedSource {
                         tracing::info!(%job, epoch, "no consumer read the epoch for {abandoned_after:?}: its producer stops");
                         epoch_job.close();
                     }
-                    std::thread::sleep((abandoned_after / 4).clamp(Duration::from_millis(100), Duration::from_secs(5)));
+                    std::thread::sleep((abandoned_after / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)));
                 }
             })
             .expect("spawning the abandoned-epoch watcher");
@@ -521,5 +561,42 @@ fn produce(
             Some(n) => n,
             None => ask()?,
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(generation: u64, ok: bool) -> Queued {
+        let item = if ok { Ok(Batch::completions(0, vec![generation])) } else { Err(Status::internal("failed")) };
+        Queued { generation, item, unsent: None }
+    }
+
+    fn hand(items: Vec<Queued>, pending: Option<Queued>) -> Hand {
+        let (tx, queue) = tokio::sync::mpsc::channel(items.len().max(1));
+        items.into_iter().for_each(|q| tx.try_send(q).unwrap());
+        Hand { queue, pending }
+    }
+
+    fn generations(hand: &mut Hand) -> Vec<(u64, bool)> {
+        let pending = hand.pending.take().into_iter();
+        let queued = std::iter::from_fn(|| hand.queue.try_recv().ok());
+        pending.chain(queued).map(|q| (q.generation, q.item.is_ok())).collect()
+    }
+
+    #[test]
+    fn batches_made_before_registering_again_are_dropped_up_to_the_first_made_since() {
+        let mut h = hand(vec![queued(1, true), queued(1, true), queued(2, true), queued(1, true)], None);
+        h.drop_stale(2);
+        assert_eq!(generations(&mut h), [(2, true), (1, true)], "the first fresh one and what follows it stay");
+        // A failure is never stale: every stream must see it.
+        let mut h = hand(vec![queued(1, true), queued(1, false)], Some(queued(1, true)));
+        h.drop_stale(2);
+        assert_eq!(generations(&mut h), [(1, false)]);
+        // A fresh batch held for the next stream stays, and so does what is behind it.
+        let mut h = hand(vec![queued(1, true)], Some(queued(2, true)));
+        h.drop_stale(2);
+        assert_eq!(generations(&mut h), [(2, true), (1, true)]);
     }
 }
