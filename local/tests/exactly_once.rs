@@ -84,6 +84,13 @@ async fn a_worker_frozen_past_its_timeout_then_thawed_costs_no_record_and_repeat
     worker_lost_mid_split(Loss::Frozen(Duration::from_secs(10)), 1).await
 }
 
+/// A worker slowed to a quarter of its speed for 20 s (stopped 300 ms of every 400, as a node
+/// whose cores a neighbour takes): its heartbeats still arrive, so it is never taken for dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_slowed_mid_split_costs_no_record_and_repeats_none() {
+    worker_lost_mid_split(Loss::Slowed(Duration::from_secs(20)), 1).await
+}
+
 /// How the worker is lost mid-split.
 #[derive(Clone, Copy)]
 enum Loss {
@@ -91,6 +98,8 @@ enum Loss {
     Stopped,
     /// Frozen for this long, then thawed.
     Frozen(Duration),
+    /// Running a quarter of the time for this long.
+    Slowed(Duration),
 }
 
 /// `echo`: the pipeline with an `echo` op of this factor at its end (1: none).
@@ -133,6 +142,19 @@ async fn worker_lost_mid_split(loss: Loss, echo: u32) {
                     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(scaled)).ok()
                 }
                 Loss::Killed => s.workers.kill_one(&s.key).map(|_| ()),
+                Loss::Slowed(how_long) => s.workers.pids(&s.key).first().map(|&pid| {
+                    let pid = pid as libc::pid_t;
+                    std::thread::spawn(move || {
+                        let until = std::time::Instant::now() + how_long;
+                        while std::time::Instant::now() < until {
+                            // SAFETY: signals to a worker process this test started and owns.
+                            unsafe { libc::kill(pid, libc::SIGSTOP) };
+                            std::thread::sleep(Duration::from_millis(300));
+                            unsafe { libc::kill(pid, libc::SIGCONT) };
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    });
+                }),
                 Loss::Frozen(how_long) => s.workers.pids(&s.key).first().map(|&pid| {
                     let pid = pid as libc::pid_t;
                     // SAFETY: signals to a worker process this test started and still owns.
@@ -152,6 +174,9 @@ async fn worker_lost_mid_split(loss: Loss, echo: u32) {
     let third = read_epoch(&mut client, |_| {}).await;
     let longest_wait = second.longest_wait.max(third.longest_wait);
     eprintln!("the trainer waited at most {longest_wait:?} for a batch after the loss");
+    if let Loss::Slowed(_) = loss {
+        assert!(longest_wait < Duration::from_secs(7), "the trainer waited {longest_wait:?} for a batch");
+    }
     if let Loss::Frozen(_) = loss {
         assert!(thawed.load(std::sync::atomic::Ordering::SeqCst), "the worker was thawed before epoch 2 ended");
         // At most the worker's timeout (3 s) and the recovery, not the freeze: a thawed worker's
@@ -172,8 +197,13 @@ async fn worker_lost_mid_split(loss: Loss, echo: u32) {
     }
     let jobs = s.dispatcher.with_state(|st| st.jobs(&s.key));
     eprintln!("after the kill: dispatcher: {:?}", jobs[0]);
-    assert!(jobs[0].requeued >= 1, "the dead worker's split was produced again: {:?}", jobs[0]);
-    assert!(jobs[0].skipped > 0, "the rows the client had were skipped, not produced again: {:?}", jobs[0]);
+    if let Loss::Slowed(_) = loss {
+        // Its heartbeats (every second) came within its timeout (3 s).
+        assert_eq!(jobs[0].requeued, 0, "a slowed worker was taken for dead: {:?}", jobs[0]);
+    } else {
+        assert!(jobs[0].requeued >= 1, "the dead worker's split was produced again: {:?}", jobs[0]);
+        assert!(jobs[0].skipped > 0, "the rows the client had were skipped, not produced again: {:?}", jobs[0]);
+    }
     // The counters status and metrics show.
     let delivery = s.dispatcher.with_state(|st| st.delivery_statuses()).remove(&s.key).unwrap();
     assert_eq!(delivery.redeliveries_skipped, jobs[0].skipped);
