@@ -106,8 +106,9 @@ impl EpochJob {
     /// registered again (`generation`). A producer waiting for room behind such batches (made
     /// before the worker was frozen past its timeout, say) would otherwise wait until the epoch
     /// is abandoned when its client has finished the epoch and opens no stream to take them:
-    /// a minute, with the job's next epoch on this worker waiting behind it (`Busy`) and the
-    /// client's stream of that epoch kept open, so the client's epoch never ended.
+    /// a minute, with the job's next epoch on this worker waiting behind it (`Busy`), never
+    /// told that it was over, and the client's stream of that next epoch, so the client's end
+    /// of it, held open as long.
     fn drop_stale(&self, generation: u64) {
         if self.unread_for().is_none() {
             // A stream reading it drops them itself.
