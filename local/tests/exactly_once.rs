@@ -102,6 +102,12 @@ enum Loss {
     Slowed(Duration),
 }
 
+/// Sends `signal` to the worker process `pid`.
+fn signal(pid: u32, signal: libc::c_int) {
+    // SAFETY: a signal to a worker process this test started and still owns.
+    unsafe { libc::kill(pid as libc::pid_t, signal) };
+}
+
 /// `echo`: the pipeline with an `echo` op of this factor at its end (1: none).
 async fn worker_lost_mid_split(loss: Loss, echo: u32) {
     let data = tempfile::tempdir().unwrap();
@@ -143,26 +149,22 @@ async fn worker_lost_mid_split(loss: Loss, echo: u32) {
                 }
                 Loss::Killed => s.workers.kill_one(&s.key).map(|_| ()),
                 Loss::Slowed(how_long) => s.workers.pids(&s.key).first().map(|&pid| {
-                    let pid = pid as libc::pid_t;
                     std::thread::spawn(move || {
                         let until = std::time::Instant::now() + how_long;
                         while std::time::Instant::now() < until {
-                            // SAFETY: signals to a worker process this test started and owns.
-                            unsafe { libc::kill(pid, libc::SIGSTOP) };
+                            signal(pid, libc::SIGSTOP);
                             std::thread::sleep(Duration::from_millis(300));
-                            unsafe { libc::kill(pid, libc::SIGCONT) };
+                            signal(pid, libc::SIGCONT);
                             std::thread::sleep(Duration::from_millis(100));
                         }
                     });
                 }),
                 Loss::Frozen(how_long) => s.workers.pids(&s.key).first().map(|&pid| {
-                    let pid = pid as libc::pid_t;
-                    // SAFETY: signals to a worker process this test started and still owns.
-                    unsafe { libc::kill(pid, libc::SIGSTOP) };
+                    signal(pid, libc::SIGSTOP);
                     let thawed = thawed.clone();
                     std::thread::spawn(move || {
                         std::thread::sleep(how_long);
-                        unsafe { libc::kill(pid, libc::SIGCONT) };
+                        signal(pid, libc::SIGCONT);
                         thawed.store(true, std::sync::atomic::Ordering::SeqCst);
                     });
                 }),

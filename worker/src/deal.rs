@@ -29,6 +29,15 @@ pub struct Queued {
     pub unsent: Option<Unsent>,
 }
 
+impl Queued {
+    /// A batch made before this worker registered again (as `generation`): its splits were
+    /// handed to others, or the new dispatcher never gave them out, so no stream sends it. A
+    /// failure is never stale: every stream must see it.
+    pub fn stale(&self, generation: u64) -> bool {
+        self.item.is_ok() && self.generation != generation
+    }
+}
+
 pub struct Deal {
     queues: Vec<mpsc::Sender<Queued>>,
     /// The rank the next batch with tensors goes to.

@@ -43,13 +43,12 @@ impl Hand {
     /// Drops the batches queued before this worker registered again (`generation`), up to the
     /// first made since: no stream would send them (see `DispatchedSource::subscribe`).
     fn drop_stale(&mut self, generation: u64) {
-        let stale = |q: &Queued| q.item.is_ok() && q.generation != generation;
-        if self.pending.as_ref().is_some_and(|q| !stale(q)) {
+        if self.pending.as_ref().is_some_and(|q| !q.stale(generation)) {
             return;
         }
         self.pending = None;
         while let Ok(queued) = self.queue.try_recv() {
-            if !stale(&queued) {
+            if !queued.stale(generation) {
                 self.pending = Some(queued);
                 return;
             }
@@ -375,9 +374,7 @@ impl BatchSource for DispatchedSource {
                             None => hand.queue.recv().await?,
                         };
                         let now = link.generation();
-                        if queued.item.is_ok() && queued.generation != now {
-                            // Made before the dispatcher forgot this worker: its splits were
-                            // handed to others, or the new dispatcher never gave them out.
+                        if queued.stale(now) {
                             tracing::debug!(epoch, "dropped a batch made before this worker registered again");
                             continue;
                         }
