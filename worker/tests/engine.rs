@@ -46,6 +46,50 @@ fn collect(rx: Receiver<Ready>) -> Vec<Batch> {
     rx.iter().map(|r| r.batch.join()).collect()
 }
 
+/// A tensor's int64 values.
+fn int64s(t: &stoker_api::Tensor) -> Vec<i64> {
+    t.data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+/// Every `x` of every batch, sorted.
+fn sorted_xs(rx: Receiver<Ready>) -> Vec<i64> {
+    let mut xs: Vec<i64> = collect(rx).iter().flat_map(|b| int64s(&b.tensors["x"])).collect();
+    xs.sort_unstable();
+    xs
+}
+
+/// Waits (30 s at most) until `done`, which says what is awaited when it does not come.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let since = std::time::Instant::now();
+    while !done() {
+        assert!(since.elapsed() < Duration::from_secs(30), "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// What a worker's share groups did: productions made, rows taken from copies, copies made
+/// again.
+fn shared_counts(engine: &Engine) -> (u64, u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let stats = &engine.shared.stats;
+    (stats.made.load(Relaxed), stats.rows_taken.load(Relaxed), stats.made_again.load(Relaxed))
+}
+
+/// `files` JSONL files of `lines` records each, file `f`'s `x` running from `f * stride`.
+fn jsonl_files(files: i64, lines: i64, stride: i64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for file in 0..files {
+        let text: String = (0..lines).map(|i| format!("{{\"x\": {}}}\n", file * stride + i)).collect();
+        std::fs::write(dir.path().join(format!("{file}.jsonl")), text).unwrap();
+    }
+    dir
+}
+
+/// A JSONL pipeline over the files in `dir`, batches of `batch`, nothing else.
+fn jsonl_spec(dir: &std::path::Path, batch: usize) -> stoker_api::DataPipelineSpec {
+    stoker_api::from_yaml(&format!("source: {{uri: '{}', format: jsonl}}\nbatchSize: {batch}\n", uri(dir))).unwrap()
+}
+
 fn config(threads: usize) -> EngineConfig {
     EngineConfig { threads, files_per_split: 8, ..Default::default() }
 }
@@ -266,14 +310,8 @@ async fn splits_complete_once_their_last_element_is_batched() {
 /// reaches the client, and a worker killed in between would lose the batch for good.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_split_ending_on_a_batch_boundary_is_carried_by_that_batch() {
-    let dir = tempfile::tempdir().unwrap();
-    for shard in 0..3 {
-        let lines: String = (0..4).map(|i| format!("{{\"x\": {}}}\n", shard * 10 + i)).collect();
-        std::fs::write(dir.path().join(format!("{shard}.jsonl")), lines).unwrap();
-    }
-    let manifest = format!("source: {{uri: '{}', format: jsonl}}\nbatchSize: 4\n", uri(dir.path()));
-    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
-    let engine = Engine::open(WorkerPipeline::new("ns", "t", &spec), config(2)).await.unwrap();
+    let dir = jsonl_files(3, 4, 10);
+    let engine = Engine::open(WorkerPipeline::new("ns", "t", &jsonl_spec(dir.path(), 4)), config(2)).await.unwrap();
     let (ready, leftover) = run_dispatched(engine).await;
     let completes: Vec<Vec<u64>> = ready.into_iter().map(|r| r.completes).collect();
     assert_eq!(completes, [vec![0], vec![1], vec![2]], "each batch is one split and completes it");
@@ -501,6 +539,107 @@ async fn echo_produced_again_leaves_out_the_copies_delivered_before() {
     assert_eq!(engine.stats.redelivery_skipped.load(std::sync::atomic::Ordering::Relaxed), 5);
 }
 
+/// An engine over `files` JSONL files of `lines` lines each (`x` counting from 0 across
+/// them), a split a file, batches of 4, one thread.
+async fn share_group_engine(files: i64, lines: i64) -> (tempfile::TempDir, std::sync::Arc<Engine>) {
+    let dir = jsonl_files(files, lines, lines);
+    let spec = jsonl_spec(dir.path(), 4);
+    let config = EngineConfig { files_per_split: 1, ..config(1) };
+    let engine = Engine::open(WorkerPipeline::new("ns", "shared", &spec), config).await.unwrap();
+    (dir, std::sync::Arc::new(engine))
+}
+
+/// The splits `ids` of epoch 0, each a production (key `(1, id)`) for two jobs.
+fn productions(engine: &Engine, ids: std::ops::Range<u64>) -> Vec<Assigned> {
+    let splits = engine.mix().epoch(0);
+    let production = |id| Some(stoker_worker::engine::Shared { key: (1, id), takers: 2 });
+    let chosen: Vec<_> = splits
+        .into_iter()
+        .filter(|s| ids.contains(&s.id))
+        .map(|s| Assigned { shared: production(s.id), ..Assigned::whole(s) })
+        .collect();
+    assert_eq!(chosen.len(), ids.count(), "a split a file");
+    chosen
+}
+
+/// Two jobs of a share group on one worker, four productions for both: the first producer's
+/// consumer stops reading once it has a batch, the second's reads everything. The held-up
+/// producer made the first; the fast one makes the other three itself at once rather than
+/// waiting, split after split, for a copy the held-up one had claimed and could not begin.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_producer_held_by_its_consumer_claims_no_production_it_cannot_begin() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (_dir, engine) = share_group_engine(4, 40).await;
+    let assigned = |engine: &Engine| productions(engine, 0..4);
+
+    // The held-up consumer takes nothing: its producer stops at a full channel, in the first
+    // split's batches.
+    let (held_tx, held_rx) = sync_channel(1);
+    let held = {
+        let engine = engine.clone();
+        std::thread::spawn(move || engine.run_splits(0, assigned(&engine), &held_tx).map(drop))
+    };
+    // Held: it made the first production and sent a batch of it (and counted a second).
+    wait_until("the held-up producer makes a production", || {
+        shared_counts(&engine).0 == 1 && engine.stats.batches.load(Relaxed) >= 2
+    });
+
+    let (tx, rx) = sync_channel(1024);
+    let fast = {
+        let engine = engine.clone();
+        tokio::task::spawn_blocking(move || engine.run_splits(0, assigned(&engine), &tx).map(drop))
+    };
+    fast.await.unwrap().unwrap();
+    assert_eq!(sorted_xs(rx), (0..160).collect::<Vec<i64>>(), "every line once");
+    // Made: one by the held-up producer, three by the other; the first taken whole; no copy
+    // waited for and then made again.
+    assert_eq!(shared_counts(&engine), (4, 40, 0), "made, rows taken, made again");
+    drop(held_rx);
+    held.join().unwrap().unwrap();
+}
+
+/// Two jobs of a share group on one worker, two productions of splits of 200 lines (four
+/// chunks each) for both. The first producer makes the first and its consumer reads it all;
+/// the second takes that copy for a consumer that stops reading after a batch, so it has the
+/// copy's rows still to send when it comes to the second production. It leaves that one to
+/// the first producer, which makes it at once: claimed, it would have recorded a chunk and
+/// stopped, and the first producer would have waited for its copy and made the rest again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_producer_with_a_copy_still_to_send_claims_no_production() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (_dir, engine) = share_group_engine(2, 200).await;
+    // On a thread of its own: the engine blocks on its runtime.
+    let made_alone = |engine: &std::sync::Arc<Engine>, ids: std::ops::Range<u64>| {
+        let engine = engine.clone();
+        std::thread::spawn(move || {
+            let (tx, rx) = sync_channel(1024);
+            engine.run_splits(0, productions(&engine, ids), &tx).unwrap();
+            drop(tx);
+            sorted_xs(rx)
+        })
+        .join()
+        .unwrap()
+    };
+    assert_eq!(made_alone(&engine, 0..1), (0..200).collect::<Vec<i64>>(), "the first production");
+    let batches = engine.stats.batches.load(Relaxed);
+
+    // The held-up consumer takes one batch of the copy and stops.
+    let (held_tx, held_rx) = sync_channel(1);
+    let held = {
+        let engine = engine.clone();
+        std::thread::spawn(move || engine.run_splits(0, productions(&engine, 0..2), &held_tx).map(drop))
+    };
+    wait_until("the held-up producer takes the copy and sends from it", || {
+        shared_counts(&engine).1 == 200 && engine.stats.batches.load(Relaxed) >= batches + 2
+    });
+
+    assert_eq!(made_alone(&engine, 1..2), (200..400).collect::<Vec<i64>>(), "the second production");
+    // Made: both by the first producer; only the first copy taken; none made again.
+    assert_eq!(shared_counts(&engine), (2, 200, 0), "made, rows taken, made again");
+    drop(held_rx);
+    held.join().unwrap().unwrap();
+}
+
 /// Two jobs of a share group on one worker, one production of a split for both: the first
 /// producer makes it for a consumer that stops reading after a batch, the second takes the
 /// rows made so far once the copy stops growing and makes only the rest. It gets every line
@@ -512,8 +651,7 @@ async fn a_taker_takes_what_a_held_up_maker_made_and_makes_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let lines: String = (0..1000).map(|i| format!("{{\"x\": {i}}}\n")).collect();
     std::fs::write(dir.path().join("a.jsonl"), lines).unwrap();
-    let manifest = format!("source: {{uri: '{}', format: jsonl}}\nbatchSize: 4\n", uri(dir.path()));
-    let spec: stoker_api::DataPipelineSpec = stoker_api::from_yaml(&manifest).unwrap();
+    let spec = jsonl_spec(dir.path(), 4);
     let engine =
         std::sync::Arc::new(Engine::open(WorkerPipeline::new("ns", "shared", &spec), config(1)).await.unwrap());
     let production = Shared { key: (1, 7), takers: 2 };
@@ -528,11 +666,7 @@ async fn a_taker_takes_what_a_held_up_maker_made_and_makes_the_rest() {
         let engine = engine.clone();
         std::thread::spawn(move || engine.run_splits(0, [assigned(&engine)], &maker_tx).map(drop))
     };
-    let made = std::time::Instant::now();
-    while engine.shared.stats.made.load(Relaxed) == 0 {
-        assert!(made.elapsed() < Duration::from_secs(30), "the first producer claims the production");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("the first producer claims the production", || shared_counts(&engine).0 == 1);
 
     let (tx, rx) = sync_channel(1024);
     let started = std::time::Instant::now();
@@ -542,18 +676,10 @@ async fn a_taker_takes_what_a_held_up_maker_made_and_makes_the_rest() {
     };
     taker.await.unwrap().unwrap();
     let took = started.elapsed();
-    let mut xs: Vec<i64> = collect(rx)
-        .iter()
-        .flat_map(|b| {
-            b.tensors["x"].data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>()
-        })
-        .collect();
-    xs.sort_unstable();
-    assert_eq!(xs, (0..1000).collect::<Vec<i64>>(), "every line once");
-    let stats = &engine.shared.stats;
-    let taken = stats.rows_taken.load(Relaxed);
+    assert_eq!(sorted_xs(rx), (0..1000).collect::<Vec<i64>>(), "every line once");
+    let (_, taken, made_again) = shared_counts(&engine);
     assert!(taken > 0 && taken < 1000, "part taken: {taken} rows");
-    assert_eq!(stats.made_again.load(Relaxed), 1, "the rest made");
+    assert_eq!(made_again, 1, "the rest made");
     assert!(
         took < stoker_worker::engine::TAKE_PATIENCE - Duration::from_secs(1),
         "the taker waited {took:?}: its patience, not the copy's stillness"

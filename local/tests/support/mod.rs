@@ -205,8 +205,11 @@ pub fn kept_logs(default: &std::path::Path) -> std::path::PathBuf {
     };
     // The test harness names each test's thread after the test.
     let test = std::thread::current().name().unwrap_or("test").replace("::", "-");
-    let dir = root.join(test);
-    std::fs::create_dir_all(&dir).unwrap();
+    // A test that runs several scenarios keeps each one's logs: the second gets `<test>-2`.
+    let dir = (1..)
+        .map(|n| if n == 1 { root.join(&test) } else { root.join(format!("{test}-{n}")) })
+        .find(|dir| std::fs::create_dir(dir).is_ok())
+        .unwrap();
     let file = std::fs::OpenOptions::new().create(true).append(true).open(root.join("test.log")).unwrap();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())

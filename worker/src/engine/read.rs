@@ -7,7 +7,6 @@ use futures::StreamExt;
 use stoker_api::{Filter, OnError, SourceFormat, Transform, order};
 
 use super::hints::SplitPlan;
-use super::shared::Claim;
 use super::{Assigned, Engine, EngineError, Split};
 use crate::cache::chunk;
 use crate::cache::store::LeaseKind;
@@ -58,18 +57,15 @@ impl<'e, I: Iterator<Item = Assigned>> Prefetch<'e, I> {
 }
 
 impl<I: Iterator<Item = Assigned>> Iterator for Prefetch<'_, I> {
-    type Item = (Assigned, Fetched, Option<Claim>);
+    type Item = (Assigned, Fetched);
 
+    /// The next split and its read (a shared production's taker keeps it for what the copy
+    /// lacks). A shared production is claimed by the caller, when it can begin it at once.
     fn next(&mut self) -> Option<Self::Item> {
         let (fetching, assigned) = self.next.take()?;
         let fetched = self.engine.runtime.block_on(fetching).expect("the fetch task runs to completion");
-        // A shared production is claimed when the producer comes to it, not when its read
-        // starts a split ahead: the first to come makes it at once. (Claimed a split ahead, a
-        // slow job's producer, held by its own consumer, made the fast ones wait for what it
-        // had claimed and not begun.) A taker keeps the read for what the copy lacks.
-        let claim = assigned.shared.map(|shared| self.engine.shared.claim(shared));
         self.next = self.start();
-        Some((assigned, fetched, claim))
+        Some((assigned, fetched))
     }
 }
 
