@@ -132,30 +132,38 @@ async fn the_workers_predicted_for_a_target_make_the_predicted_rate_under_local_
         assert!(warm.elapsed() < Duration::from_secs(60), "the workers never got going");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (from, started, cpu) = (rows.load(Ordering::Relaxed), Instant::now(), stoker_worker::cpu_time::process_cpu());
+    let pids = local.workers.pids(&local.key);
+    let workers_cpu = || pids.iter().copied().map(support::cpu_seconds).sum::<f64>();
+    let (from, started) = (rows.load(Ordering::Relaxed), Instant::now());
+    let (machine_from, workers_from) = (support::machine_cpu_seconds(), workers_cpu());
     tokio::time::sleep(WINDOW).await;
     let seconds = started.elapsed().as_secs_f64();
     let measured = (rows.load(Ordering::Relaxed) - from) as f64 / seconds;
-    // This process is the client and the dispatcher: the cores they took from the workers.
-    let here = (stoker_worker::cpu_time::process_cpu() - cpu) / seconds;
+    let workers_cores = (workers_cpu() - workers_from) / seconds;
+    // Everything else the machine ran meanwhile: this process (the client and the dispatcher),
+    // and in `make test` the other tests' processes.
+    let others = (support::machine_cpu_seconds() - machine_from) / seconds - workers_cores;
     reader.abort();
     local.shutdown().await;
 
     // The workers are held to a core each in a cluster; here they share this machine's cores
-    // with the client and the dispatcher, so they make at most what the cores left give.
+    // with everything else it runs, so they make at most what the cores left give. The
+    // prediction there is the sample's rows per CPU-second on those cores: its rows per wall
+    // second (what the plan takes when lower) depend on what ran beside the sample.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    let cores_left = (cores - here).min(f64::from(workers.needed));
-    let on_cores_left = plan.rate_per_worker * cores_left;
+    let cores_left = (cores - others).min(f64::from(workers.needed));
+    let on_cores_left = sample.rows as f64 / sample.cpu_seconds * cores_left;
     let (ratio, ratio_left) = (measured / workers.predicted_rate, measured / on_cores_left);
     println!(
         "one worker: {:.0} elements/s; target {target:.0}: {} workers predicted to make {:.0} elements/s, measured {measured:.0} \
-         ({ratio:.2} of the prediction); the client and dispatcher took {here:.2} of {cores} cores, on the {cores_left:.2} \
-         left the prediction is {on_cores_left:.0} ({ratio_left:.2})",
+         ({ratio:.2} of the prediction) on {workers_cores:.2} cores; everything else took {others:.2} of {cores} cores, on \
+         the {cores_left:.2} left the prediction is {on_cores_left:.0} ({ratio_left:.2})",
         plan.rate_per_worker, workers.needed, workers.predicted_rate,
     );
-    // Observed on 2 cores: 0.77-0.86 of the prediction, 0.86-0.95 of it on the cores left (the
-    // sample does not send its batches; the workers here do).
-    assert!((0.6..=1.4).contains(&ratio), "predicted {:.0} elements/s, measured {measured:.0}", workers.predicted_rate);
+    // Observed on 2 cores alone: 0.77-0.86 of the prediction, 0.86-0.95 of it on the cores
+    // left (the sample does not send its batches; the workers here do). The first figure
+    // depends on what else runs: 0.60 with `make test`'s other tests beside it, where counting
+    // only this process's CPU as taken left a prediction of 1755 against 1171 measured (0.67).
     assert!(
         (0.75..=1.25).contains(&ratio_left),
         "predicted {on_cores_left:.0} elements/s on the cores left, measured {measured:.0}"

@@ -388,6 +388,18 @@ pub fn peak_rss(pid: u32) -> u64 {
     kib.trim().parse::<u64>().unwrap() << 10
 }
 
+/// The CPU-seconds every process of the machine has used since it booted (`/proc/stat`).
+#[allow(dead_code)] // not every test uses it
+pub fn machine_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let all = stat.lines().next().unwrap().strip_prefix("cpu ").unwrap();
+    // user nice system idle iowait irq softirq steal: everything but idle and iowait.
+    let ticks: Vec<f64> = all.split_whitespace().map(|t| t.parse().unwrap()).collect();
+    let busy: f64 = ticks[..8].iter().enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum();
+    // SAFETY: sysconf only reads a system constant.
+    busy / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
 /// The CPU-seconds (user and system) process `pid` has used.
 #[allow(dead_code)] // not every test uses it
 pub fn cpu_seconds(pid: u32) -> f64 {
