@@ -64,7 +64,9 @@ impl Node<'_> {
             "--oom-score-adj=0".to_string(),
             "--image-gc-high-threshold=100".to_string(),
             "--image-gc-low-threshold=99".to_string(),
-            "--v=1".to_string(),
+            // 2: the kubelet logs each pod's deletion and each container it kills, which the
+            // diagnostics show (`NodeCluster::pod_deletions`).
+            "--v=2".to_string(),
         ];
         ManagedProcess::spawn("kubelet", &tools::tool("kubelet")?, &args, &[], &self.dir.join("kubelet.log"))
     }

@@ -163,6 +163,13 @@ impl NodeCluster {
         format!("{}{tails}", self.control_plane.log_tails(lines))
     }
 
+    /// The kubelet's last `lines` lines on pods deleted and containers killed: how long each
+    /// pod took to go, when a namespace's deletion waits on its pods (once 125 s in CI, with
+    /// a grace period of 10 s, and the tails above did not say why).
+    fn pod_deletions(&self, lines: usize) -> String {
+        pod_deletions(&std::fs::read_to_string(self.dir.join("kubelet.log")).unwrap_or_default(), lines)
+    }
+
     /// Stops the daemons (kubelet first), unmounts what the kubelet mounted under the run's
     /// directory, and removes kube-proxy's rules.
     fn stop_daemons(&self) {
@@ -173,6 +180,13 @@ impl NodeCluster {
         unmount_under(&self.dir);
         let _ = std::process::Command::new(crate::tools::bin_dir().join("kube-proxy")).arg("--cleanup").status();
     }
+}
+
+/// The last `lines` lines of a kubelet's `log` on pods deleted and containers killed.
+fn pod_deletions(log: &str, lines: usize) -> String {
+    const SAID: [&str; 4] = ["SyncLoop (DELETE", "SyncLoop (REMOVE", "Killing container", "killContainer"];
+    let said: Vec<&str> = log.lines().filter(|l| SAID.iter().any(|s| l.contains(s))).collect();
+    said[said.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Detaches every mount below `dir` (the kubelet's volumes), deepest first.
@@ -253,10 +267,12 @@ impl Cluster for NodeCluster {
         let pods = self.kubectl(&["get", "pods", "-A", "-o", "wide"]).await.unwrap_or_else(|e| format!("{e:#}"));
         let engine = self.engine.lock().await.log_tail(15);
         format!(
-            "--- pods ---\n{pods}\n--- operator logs ---\n{}\n--- worker logs ---\n{}{}\n--- dockerd ---\n{engine}",
+            "--- pods ---\n{pods}\n--- operator logs ---\n{}\n--- worker logs ---\n{}{}\n--- dockerd ---\n{engine}\n\
+             --- the kubelet's pod deletions ---\n{}",
             self.operator_logs(40).await,
             self.worker_logs(20).await,
-            self.log_tails(15)
+            self.log_tails(15),
+            self.pod_deletions(40)
         )
     }
 
@@ -273,5 +289,20 @@ impl Drop for NodeCluster {
     fn drop(&mut self) {
         self.stop_daemons();
         self.control_plane.terminate();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_pod_deletions_are_the_kubelets_last_lines_on_deleting_and_killing() {
+        let log = "I1 kubelet.go:1904] SyncLoop (DELETE, \"api\"): \"a_ns\"\n\
+                   I2 prober.go:117] Readiness probe failed\n\
+                   I3 kuberuntime_container.go:635] \"Killing container with a grace period\" pod=\"ns/a\"\n\
+                   E4 kuberuntime_container.go:662] killContainer \"w\" failed\n\
+                   I5 kubelet.go:1898] SyncLoop (REMOVE, \"api\"): \"a_ns\"\n";
+        let all = super::pod_deletions(log, 40);
+        assert_eq!(all.lines().map(|l| &l[..2]).collect::<Vec<_>>(), ["I1", "I3", "E4", "I5"]);
+        assert_eq!(super::pod_deletions(log, 2).lines().map(|l| &l[..2]).collect::<Vec<_>>(), ["E4", "I5"]);
     }
 }
