@@ -88,7 +88,7 @@ struct Read {
 /// Rows `client` gets over `seconds`, the highest copy number among them, and the CPU-seconds
 /// `pids` used meanwhile.
 async fn read_counting(client: &mut Client, seconds: f64, pids: &[u32]) -> Read {
-    let cpu = || pids.iter().copied().map(support::cpu_seconds).sum::<f64>();
+    let cpu = || support::cpu_seconds_of(pids);
     let (start, cpu_before) = (Instant::now(), cpu());
     let (mut rows, mut top_copy) = (0u64, 0u32);
     while start.elapsed() < Duration::from_secs_f64(seconds) {
@@ -164,7 +164,7 @@ async fn held_at_max_with_the_client_waiting_the_echo_rises_and_the_rows_come_fa
 /// A trainer computing `compute` per batch for `seconds`: its time waiting for batches over its
 /// time in all, the steps (batches) it took, and the CPU-seconds `pids` used meanwhile.
 async fn train_for(client: &mut Client, compute: Duration, seconds: f64, pids: &[u32]) -> (f64, u64, f64) {
-    let cpu = || pids.iter().copied().map(support::cpu_seconds).sum::<f64>();
+    let cpu = || support::cpu_seconds_of(pids);
     let (start, cpu_before) = (Instant::now(), cpu());
     let (mut waited, mut steps) = (Duration::ZERO, 0u64);
     while start.elapsed() < Duration::from_secs_f64(seconds) {

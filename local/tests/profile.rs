@@ -133,7 +133,7 @@ async fn the_workers_predicted_for_a_target_make_the_predicted_rate_under_local_
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let pids = local.workers.pids(&local.key);
-    let workers_cpu = || pids.iter().copied().map(support::cpu_seconds).sum::<f64>();
+    let workers_cpu = || support::cpu_seconds_of(&pids);
     let (from, started) = (rows.load(Ordering::Relaxed), Instant::now());
     let (machine_from, workers_from) = (support::machine_cpu_seconds(), workers_cpu());
     tokio::time::sleep(WINDOW).await;

@@ -324,7 +324,7 @@ async fn sweep(all: bool, share: Option<&'static str>, stop: Option<Duration>) -
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let progress = s.dispatcher.with_state(|st| st.worker_progress(&s.key));
     let elements = progress.iter().map(|(_, _, p)| p.elements).sum();
-    let cpu_seconds = s.workers.pids(&s.key).into_iter().map(support::cpu_seconds).sum();
+    let cpu_seconds = support::cpu_seconds_of(&s.workers.pids(&s.key));
     let peak_rss = s.workers.pids(&s.key).into_iter().map(support::peak_rss).max().unwrap_or(0);
     let delivery = s.dispatcher.with_state(|st| st.delivery_statuses()).remove(&s.key).unwrap_or_default();
     if share.is_some() {

@@ -396,8 +396,19 @@ pub fn machine_cpu_seconds() -> f64 {
     // user nice system idle iowait irq softirq steal: everything but idle and iowait.
     let ticks: Vec<f64> = all.split_whitespace().map(|t| t.parse().unwrap()).collect();
     let busy: f64 = ticks[..8].iter().enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum();
+    seconds_of_ticks(busy)
+}
+
+/// Clock ticks (`/proc`'s unit of CPU time) in seconds.
+fn seconds_of_ticks(ticks: f64) -> f64 {
     // SAFETY: sysconf only reads a system constant.
-    busy / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// The CPU-seconds the processes `pids` have used, together.
+#[allow(dead_code)] // not every test uses it
+pub fn cpu_seconds_of(pids: &[u32]) -> f64 {
+    pids.iter().copied().map(cpu_seconds).sum()
 }
 
 /// The CPU-seconds (user and system) process `pid` has used.
@@ -407,7 +418,5 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     // The fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
     let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
     let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    // SAFETY: sysconf only reads a system constant.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    ticks / per_second as f64
+    seconds_of_ticks(ticks)
 }
